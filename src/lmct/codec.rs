@@ -1,0 +1,394 @@
+//! Typed views of LMCache's codec-tagged argument values (format spec §6), and their
+//! encoders in 0.5.6's exact shape.
+//!
+//! Views borrow from a frame and never fail loudly: a field of the wrong type makes the whole
+//! view `None`, which callers report as an undecodable argument.
+
+use super::msgpack::{self, Items, Kind, RawValue};
+
+pub const TAG_TUPLE: &str = "tuple";
+pub const TAG_SET: &str = "set";
+pub const TAG_OBJECT_KEY: &str = "ObjectKey";
+pub const TAG_LAYOUT: &str = "MemoryLayoutDesc";
+pub const TAG_GROUPED_KEYS: &str = "GroupedObjectKeys";
+pub const TAG_PREFETCH_SPEC: &str = "PrefetchTaskSpec";
+pub const TAG_LOCK_MODE: &str = "PrefetchLockMode";
+pub const TAG_TORCH_SIZE: &str = "torch.Size";
+pub const TAG_TORCH_DTYPE: &str = "torch.dtype";
+pub const TAG_PREFETCH_HANDLE: &str = "PrefetchHandle";
+pub const TAG_ATTN_WINDOW: &str = "AttnWindowDesc";
+pub const TAG_MEMORY_TAGS: &str = "MemoryTags";
+
+/// Every tag LMCache has registered; anything else is an unknown codec.
+pub const KNOWN_TAGS: &[&str] = &[
+    TAG_TUPLE,
+    TAG_SET,
+    TAG_OBJECT_KEY,
+    TAG_LAYOUT,
+    TAG_GROUPED_KEYS,
+    TAG_PREFETCH_SPEC,
+    TAG_LOCK_MODE,
+    TAG_TORCH_SIZE,
+    TAG_TORCH_DTYPE,
+    TAG_PREFETCH_HANDLE,
+    TAG_ATTN_WINDOW,
+    TAG_MEMORY_TAGS,
+];
+
+/// The identity of one stored KV chunk.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    pub chunk_hash: Vec<u8>,
+    pub model_name: String,
+    /// `(world_size<<24)|(global_rank<<16)|(local_world_size<<8)|local_rank`.
+    pub kv_rank: i64,
+    pub object_group_id: i64,
+    /// Empty unless the trace records salts (the cache-salt variant of schema 2).
+    pub cache_salt: String,
+}
+
+impl ObjectKey {
+    /// Appends the tagged key as LMCache 0.5.6 writes it: without `cache_salt`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        msgpack::put_map_len(out, 2);
+        msgpack::put_str(out, "__t__");
+        msgpack::put_str(out, TAG_OBJECT_KEY);
+        msgpack::put_str(out, "v");
+        msgpack::put_map_len(out, 4);
+        msgpack::put_str(out, "chunk_hash");
+        msgpack::put_bin(out, &self.chunk_hash);
+        msgpack::put_str(out, "model_name");
+        msgpack::put_str(out, &self.model_name);
+        msgpack::put_str(out, "kv_rank");
+        msgpack::put_int(out, self.kv_rank);
+        msgpack::put_str(out, "object_group_id");
+        msgpack::put_int(out, self.object_group_id);
+    }
+}
+
+/// Borrowed view of a tagged `ObjectKey`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ObjectKeyRef<'a> {
+    pub chunk_hash: &'a [u8],
+    pub model_name: &'a str,
+    pub kv_rank: i64,
+    pub object_group_id: i64,
+    pub cache_salt: Option<&'a str>,
+}
+
+impl<'a> ObjectKeyRef<'a> {
+    pub fn from_raw(v: RawValue<'a>) -> Option<Self> {
+        let p = v.tagged(TAG_OBJECT_KEY)?;
+        Some(ObjectKeyRef {
+            chunk_hash: p.get("chunk_hash")?.as_bin()?,
+            model_name: p.get("model_name")?.as_str()?,
+            kv_rank: p.get("kv_rank")?.as_i64()?,
+            object_group_id: p.get("object_group_id")?.as_i64()?,
+            cache_salt: match p.get("cache_salt") {
+                Some(s) => Some(s.as_str()?),
+                None => None,
+            },
+        })
+    }
+
+    pub fn to_owned(&self) -> ObjectKey {
+        ObjectKey {
+            chunk_hash: self.chunk_hash.to_vec(),
+            model_name: self.model_name.to_owned(),
+            kv_rank: self.kv_rank,
+            object_group_id: self.object_group_id,
+            cache_salt: self.cache_salt.unwrap_or_default().to_owned(),
+        }
+    }
+}
+
+/// Decodes an array of tagged keys; `None` if any element is not a key.
+pub fn object_keys(v: RawValue<'_>) -> Option<Vec<ObjectKeyRef<'_>>> {
+    v.array()?.map(ObjectKeyRef::from_raw).collect()
+}
+
+/// Bytes per element of a `str(torch.dtype)` name.
+pub fn dtype_size(dtype: &str) -> Option<u64> {
+    let name = dtype.strip_prefix("torch.").unwrap_or(dtype);
+    Some(match name {
+        "bool" | "uint8" | "int8" | "float8_e4m3fn" | "float8_e4m3fnuz" | "float8_e5m2"
+        | "float8_e5m2fnuz" | "float8_e8m0fnu" => 1,
+        "float16" | "half" | "bfloat16" | "int16" | "short" | "uint16" => 2,
+        "float32" | "float" | "int32" | "int" | "uint32" | "complex32" => 4,
+        "float64" | "double" | "int64" | "long" | "uint64" | "complex64" => 8,
+        "complex128" => 16,
+        _ => return None,
+    })
+}
+
+/// Shapes and dtypes of one stored object (one KV chunk).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MemoryLayoutDesc {
+    pub shapes: Vec<Vec<i64>>,
+    /// `str(torch.dtype)`, e.g. `torch.bfloat16`.
+    pub dtypes: Vec<String>,
+}
+
+impl MemoryLayoutDesc {
+    pub fn from_raw(v: RawValue<'_>) -> Option<Self> {
+        let p = v.tagged(TAG_LAYOUT)?;
+        let shapes = p
+            .get("shapes")?
+            .array()?
+            .map(|s| s.array()?.map(|d| d.as_i64()).collect::<Option<Vec<_>>>())
+            .collect::<Option<Vec<_>>>()?;
+        let dtypes = p
+            .get("dtypes")?
+            .array()?
+            .map(|d| d.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()?;
+        Some(MemoryLayoutDesc { shapes, dtypes })
+    }
+
+    /// Bytes of one object: Σ over tensors of ∏ shape × dtype size. `None` for an unknown
+    /// dtype or a negative or overflowing size.
+    pub fn object_bytes(&self) -> Option<u64> {
+        let mut total: u64 = 0;
+        for (i, shape) in self.shapes.iter().enumerate() {
+            let dtype = self.dtypes.get(i).or(self.dtypes.last())?;
+            let mut n = dtype_size(dtype)?;
+            for d in shape {
+                n = n.checked_mul(u64::try_from(*d).ok()?)?;
+            }
+            total = total.checked_add(n)?;
+        }
+        Some(total)
+    }
+
+    /// Tokens per chunk under the standard KV layout `[2, layers, chunk_tokens, hidden]`.
+    pub fn chunk_tokens(&self) -> Option<u64> {
+        self.shapes
+            .first()
+            .filter(|s| s.len() == 4)
+            .and_then(|s| u64::try_from(s[2]).ok())
+    }
+
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        msgpack::put_map_len(out, 2);
+        msgpack::put_str(out, "__t__");
+        msgpack::put_str(out, TAG_LAYOUT);
+        msgpack::put_str(out, "v");
+        msgpack::put_map_len(out, 2);
+        msgpack::put_str(out, "shapes");
+        msgpack::put_array_len(out, self.shapes.len());
+        for shape in &self.shapes {
+            msgpack::put_array_len(out, shape.len());
+            for d in shape {
+                msgpack::put_int(out, *d);
+            }
+        }
+        msgpack::put_str(out, "dtypes");
+        msgpack::put_array_len(out, self.dtypes.len());
+        for d in &self.dtypes {
+            msgpack::put_str(out, d);
+        }
+    }
+}
+
+/// Whether a prefetch holds read locks on what it found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    Lock,
+    NoLock,
+}
+
+impl LockMode {
+    pub fn from_raw(v: RawValue<'_>) -> Option<Self> {
+        match v.tagged(TAG_LOCK_MODE)?.as_str()? {
+            "LOCK" => Some(LockMode::Lock),
+            "NO_LOCK" => Some(LockMode::NoLock),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LockMode::Lock => "LOCK",
+            LockMode::NoLock => "NO_LOCK",
+        }
+    }
+}
+
+/// Keys of one object group sharing a layout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupedObjectKeys {
+    pub keys: Vec<ObjectKey>,
+    pub object_group_id: i64,
+    pub layout_desc: MemoryLayoutDesc,
+    /// `-1` for full attention.
+    pub sliding_window_size: i64,
+}
+
+impl GroupedObjectKeys {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        msgpack::put_map_len(out, 2);
+        msgpack::put_str(out, "__t__");
+        msgpack::put_str(out, TAG_GROUPED_KEYS);
+        msgpack::put_str(out, "v");
+        msgpack::put_map_len(out, 4);
+        msgpack::put_str(out, "keys");
+        msgpack::put_array_len(out, self.keys.len());
+        for k in &self.keys {
+            k.encode(out);
+        }
+        msgpack::put_str(out, "object_group_id");
+        msgpack::put_int(out, self.object_group_id);
+        msgpack::put_str(out, "layout_desc");
+        self.layout_desc.encode(out);
+        msgpack::put_str(out, "sliding_window_size");
+        msgpack::put_int(out, self.sliding_window_size);
+    }
+}
+
+/// Borrowed view of a tagged `GroupedObjectKeys`.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupedObjectKeysRef<'a> {
+    pub keys: RawValue<'a>,
+    pub object_group_id: i64,
+    pub layout_desc: RawValue<'a>,
+    pub sliding_window_size: i64,
+}
+
+impl<'a> GroupedObjectKeysRef<'a> {
+    pub fn from_raw(v: RawValue<'a>) -> Option<Self> {
+        let p = v.tagged(TAG_GROUPED_KEYS)?;
+        let keys = p.get("keys")?;
+        keys.array()?;
+        Some(GroupedObjectKeysRef {
+            keys,
+            object_group_id: p.get("object_group_id")?.as_i64()?,
+            layout_desc: p.get("layout_desc")?,
+            sliding_window_size: p.get("sliding_window_size")?.as_i64()?,
+        })
+    }
+
+    pub fn keys(&self) -> Option<Vec<ObjectKeyRef<'a>>> {
+        object_keys(self.keys)
+    }
+
+    pub fn layout(&self) -> Option<MemoryLayoutDesc> {
+        MemoryLayoutDesc::from_raw(self.layout_desc)
+    }
+}
+
+/// What a prefetch asks for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PrefetchTaskSpec {
+    pub key_groups: Vec<GroupedObjectKeys>,
+    pub num_kv_readers: i64,
+    /// `prefix` keeps only the hit prefix; `full` keeps every hit.
+    pub fetching_policy: String,
+    pub lock_mode: LockMode,
+}
+
+impl PrefetchTaskSpec {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        msgpack::put_map_len(out, 2);
+        msgpack::put_str(out, "__t__");
+        msgpack::put_str(out, TAG_PREFETCH_SPEC);
+        msgpack::put_str(out, "v");
+        msgpack::put_map_len(out, 4);
+        msgpack::put_str(out, "key_groups");
+        msgpack::put_array_len(out, self.key_groups.len());
+        for g in &self.key_groups {
+            g.encode(out);
+        }
+        msgpack::put_str(out, "num_kv_readers");
+        msgpack::put_int(out, self.num_kv_readers);
+        msgpack::put_str(out, "fetching_policy");
+        msgpack::put_str(out, &self.fetching_policy);
+        msgpack::put_str(out, "lock_mode");
+        msgpack::put_map_len(out, 2);
+        msgpack::put_str(out, "__t__");
+        msgpack::put_str(out, TAG_LOCK_MODE);
+        msgpack::put_str(out, "v");
+        msgpack::put_str(out, self.lock_mode.name());
+    }
+}
+
+/// Borrowed view of a tagged `PrefetchTaskSpec`, any schema.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefetchTaskSpecRef<'a> {
+    pub key_groups: RawValue<'a>,
+    pub num_kv_readers: i64,
+    pub fetching_policy: &'a str,
+    pub lock_mode: LockMode,
+    /// Schema-2 (0.5.7) memory-tag filters; `None` when absent, a nil value when "all".
+    pub allowed_l1_memory_tags: Option<RawValue<'a>>,
+    pub allowed_l2_memory_tags: Option<RawValue<'a>>,
+}
+
+impl<'a> PrefetchTaskSpecRef<'a> {
+    pub fn from_raw(v: RawValue<'a>) -> Option<Self> {
+        let p = v.tagged(TAG_PREFETCH_SPEC)?;
+        let key_groups = p.get("key_groups")?;
+        key_groups.array()?;
+        Some(PrefetchTaskSpecRef {
+            key_groups,
+            num_kv_readers: p.get("num_kv_readers")?.as_i64()?,
+            fetching_policy: p.get("fetching_policy")?.as_str()?,
+            lock_mode: LockMode::from_raw(p.get("lock_mode")?)?,
+            allowed_l1_memory_tags: p.get("allowed_l1_memory_tags"),
+            allowed_l2_memory_tags: p.get("allowed_l2_memory_tags"),
+        })
+    }
+
+    pub fn groups(&self) -> Option<Vec<GroupedObjectKeysRef<'a>>> {
+        self.key_groups
+            .array()?
+            .map(GroupedObjectKeysRef::from_raw)
+            .collect()
+    }
+}
+
+/// Any codec-tagged value, decoded by tag.
+#[derive(Clone, Debug)]
+pub enum Tagged<'a> {
+    Tuple(Items<'a>),
+    Set(Items<'a>),
+    ObjectKey(ObjectKeyRef<'a>),
+    MemoryLayoutDesc(MemoryLayoutDesc),
+    GroupedObjectKeys(GroupedObjectKeysRef<'a>),
+    PrefetchTaskSpec(PrefetchTaskSpecRef<'a>),
+    PrefetchLockMode(LockMode),
+    TorchSize(Vec<i64>),
+    TorchDtype(&'a str),
+    /// Registered but never an argument of a traced call; kept as its payload map.
+    PrefetchHandle(RawValue<'a>),
+    AttnWindowDesc(RawValue<'a>),
+    MemoryTags {
+        segment: &'a str,
+        residency: &'a str,
+    },
+    /// A tag kvtrace does not know; LMCache's replay skips such records.
+    Unknown(&'a str, RawValue<'a>),
+}
+
+/// Decodes a codec-tagged value; `None` if `v` is not tagged or its payload is malformed.
+pub fn decode_tagged(v: RawValue<'_>) -> Option<Tagged<'_>> {
+    let (tag, p) = v.as_tagged()?;
+    Some(match tag {
+        TAG_TUPLE => Tagged::Tuple(p.array()?),
+        TAG_SET => Tagged::Set(p.array()?),
+        TAG_OBJECT_KEY => Tagged::ObjectKey(ObjectKeyRef::from_raw(v)?),
+        TAG_LAYOUT => Tagged::MemoryLayoutDesc(MemoryLayoutDesc::from_raw(v)?),
+        TAG_GROUPED_KEYS => Tagged::GroupedObjectKeys(GroupedObjectKeysRef::from_raw(v)?),
+        TAG_PREFETCH_SPEC => Tagged::PrefetchTaskSpec(PrefetchTaskSpecRef::from_raw(v)?),
+        TAG_LOCK_MODE => Tagged::PrefetchLockMode(LockMode::from_raw(v)?),
+        TAG_TORCH_SIZE => Tagged::TorchSize(p.array()?.map(|d| d.as_i64()).collect::<Option<_>>()?),
+        TAG_TORCH_DTYPE => Tagged::TorchDtype(p.as_str()?),
+        TAG_PREFETCH_HANDLE if p.kind() == Kind::Map => Tagged::PrefetchHandle(p),
+        TAG_ATTN_WINDOW if p.kind() == Kind::Map => Tagged::AttnWindowDesc(p),
+        TAG_MEMORY_TAGS => Tagged::MemoryTags {
+            segment: p.get("segment")?.as_str()?,
+            residency: p.get("residency")?.as_str()?,
+        },
+        _ if KNOWN_TAGS.contains(&tag) => return None,
+        _ => Tagged::Unknown(tag, p),
+    })
+}

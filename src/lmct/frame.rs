@@ -1,0 +1,310 @@
+//! Header and record frames: decoding with LMCache's tolerance rules and encoding with
+//! LMCache 0.5.6's exact field order and forms (format spec §3–§5).
+
+use super::msgpack::{self, Kind, RawValue};
+use super::value::Value;
+use super::{FORMAT_VERSION, MAGIC};
+
+/// Which version field the header carries.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HeaderSchema {
+    /// `trace_schema_version` (1 in LMCache 0.5.6, 2 in later builds).
+    Version(i64),
+    /// The early header that carried `lmcache_version` instead.
+    Early { lmcache_version: String },
+}
+
+/// The first frame of every trace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Header {
+    pub format_version: i64,
+    /// `storage` (StorageManager calls) or `events` (cache-event stream).
+    pub level: String,
+    pub schema: HeaderSchema,
+    /// Monotonic clock (seconds) when the recorder was created; record `t_mono` is relative
+    /// to it.
+    pub t_mono_start: f64,
+    /// Unix time (seconds) when the recorder was created.
+    pub t_wall_start: f64,
+    pub sm_config_json: String,
+    pub sm_config_digest: String,
+    /// Present only in events-level headers; omitted from the encoding when `None`.
+    pub level_meta: Option<Value>,
+}
+
+impl Header {
+    /// A schema-1 storage header as LMCache 0.5.6 writes it.
+    pub fn storage(t_mono_start: f64, t_wall_start: f64) -> Header {
+        Header {
+            format_version: FORMAT_VERSION,
+            level: "storage".into(),
+            schema: HeaderSchema::Version(1),
+            t_mono_start,
+            t_wall_start,
+            sm_config_json: String::new(),
+            sm_config_digest: String::new(),
+            level_meta: None,
+        }
+    }
+
+    /// The numeric schema version; the early header counts as 0.
+    pub fn schema_version(&self) -> i64 {
+        match self.schema {
+            HeaderSchema::Version(v) => v,
+            HeaderSchema::Early { .. } => 0,
+        }
+    }
+
+    /// Decodes a header body. Errors name the field that is wrong.
+    pub fn parse(body: &[u8]) -> Result<Header, (String, String)> {
+        let fail = |field: &str, msg: String| (field.to_string(), msg);
+        let frame = RawValue::parse(body).map_err(|e| fail("header", e.to_string()))?;
+        if frame.kind() != Kind::Map {
+            return Err(fail("header", "frame is not a msgpack map".into()));
+        }
+        if let Some(t) = frame.get("type") {
+            if t.as_str() != Some("header") {
+                return Err(fail("type", "expected \"header\"".into()));
+            }
+        }
+        let magic = frame
+            .get("magic")
+            .ok_or_else(|| fail("magic", "missing".into()))?;
+        match magic.as_bin() {
+            Some(m) if m == MAGIC => {}
+            Some(m) => return Err(fail("magic", format!("expected LMCT, found {m:02x?}"))),
+            None => return Err(fail("magic", "must be msgpack bin \"LMCT\"".into())),
+        }
+        let int = |field: &str| {
+            frame
+                .get(field)
+                .ok_or_else(|| fail(field, "missing".into()))?
+                .as_i64()
+                .ok_or_else(|| fail(field, "expected an integer".into()))
+        };
+        let string = |field: &str| {
+            frame
+                .get(field)
+                .ok_or_else(|| fail(field, "missing".into()))?
+                .as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| fail(field, "expected a string".into()))
+        };
+        let float = |field: &str| {
+            frame
+                .get(field)
+                .ok_or_else(|| fail(field, "missing".into()))?
+                .as_f64()
+                .ok_or_else(|| fail(field, "expected a number".into()))
+        };
+        let format_version = int("format_version")?;
+        if format_version != FORMAT_VERSION {
+            return Err(fail(
+                "format_version",
+                format!("unsupported format_version {format_version} (kvtrace reads 1)"),
+            ));
+        }
+        let schema = match frame.get("trace_schema_version") {
+            Some(_) => HeaderSchema::Version(int("trace_schema_version")?),
+            None => match frame.get("lmcache_version") {
+                Some(_) => HeaderSchema::Early {
+                    lmcache_version: string("lmcache_version")?,
+                },
+                None => return Err(fail("trace_schema_version", "missing".into())),
+            },
+        };
+        let level_meta = match frame.get("level_meta") {
+            None => None,
+            Some(m) if m.kind() == Kind::Map => Some(m.to_value()),
+            Some(_) => return Err(fail("level_meta", "expected a map".into())),
+        };
+        Ok(Header {
+            format_version,
+            level: string("level")?,
+            schema,
+            t_mono_start: float("t_mono_start")?,
+            t_wall_start: float("t_wall_start")?,
+            sm_config_json: string("sm_config_json")?,
+            sm_config_digest: string("sm_config_digest")?,
+            level_meta,
+        })
+    }
+
+    /// Appends the msgpack body exactly as LMCache 0.5.6 encodes it.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        msgpack::put_map_len(out, 9 + usize::from(self.level_meta.is_some()));
+        msgpack::put_str(out, "type");
+        msgpack::put_str(out, "header");
+        msgpack::put_str(out, "magic");
+        msgpack::put_bin(out, MAGIC);
+        msgpack::put_str(out, "format_version");
+        msgpack::put_int(out, self.format_version);
+        msgpack::put_str(out, "level");
+        msgpack::put_str(out, &self.level);
+        match &self.schema {
+            HeaderSchema::Version(v) => {
+                msgpack::put_str(out, "trace_schema_version");
+                msgpack::put_int(out, *v);
+            }
+            HeaderSchema::Early { lmcache_version } => {
+                msgpack::put_str(out, "lmcache_version");
+                msgpack::put_str(out, lmcache_version);
+            }
+        }
+        msgpack::put_str(out, "t_mono_start");
+        msgpack::put_f64(out, self.t_mono_start);
+        msgpack::put_str(out, "t_wall_start");
+        msgpack::put_f64(out, self.t_wall_start);
+        msgpack::put_str(out, "sm_config_json");
+        msgpack::put_str(out, &self.sm_config_json);
+        msgpack::put_str(out, "sm_config_digest");
+        msgpack::put_str(out, &self.sm_config_digest);
+        if let Some(meta) = &self.level_meta {
+            msgpack::put_str(out, "level_meta");
+            msgpack::encode(meta, out);
+        }
+    }
+}
+
+/// A decoded record that borrows from the reader's frame buffer: the fast path.
+#[derive(Clone, Copy, Debug)]
+pub struct RecordRef<'a> {
+    /// Byte offset of the frame's length prefix (in the uncompressed stream).
+    pub offset: u64,
+    /// Seconds since the header's `t_mono_start`.
+    pub t_mono: f64,
+    /// Unix time in seconds.
+    pub t_wall: f64,
+    pub qualname: &'a str,
+    /// Always a map with string keys.
+    pub args: RawValue<'a>,
+    /// The whole msgpack body of the frame.
+    pub body: &'a [u8],
+}
+
+/// Where a record's fields sit inside its body: lets the reader check a frame and hand out a
+/// borrowed [`RecordRef`] without walking it twice.
+#[derive(Clone, Debug)]
+pub(crate) struct RecordSpans {
+    t_mono: f64,
+    t_wall: f64,
+    qualname: std::ops::Range<usize>,
+    args: std::ops::Range<usize>,
+}
+
+fn span_of(body: &[u8], part: &[u8]) -> std::ops::Range<usize> {
+    let start = part.as_ptr() as usize - body.as_ptr() as usize;
+    start..start + part.len()
+}
+
+impl RecordSpans {
+    /// Checks a record body the way LMCache's decoder does; the error names the field.
+    pub(crate) fn parse(body: &[u8]) -> Result<RecordSpans, String> {
+        let frame = RawValue::parse(body).map_err(|e| e.to_string())?;
+        if frame.kind() != Kind::Map {
+            return Err("frame is not a msgpack map".into());
+        }
+        let (mut t_mono, mut t_wall, mut qualname, mut args) = (None, None, None, None);
+        for (key, value) in frame.map().into_iter().flatten() {
+            match key.as_str() {
+                Some("type") => {
+                    if value.as_str() != Some("record") {
+                        return Err("type: expected \"record\"".into());
+                    }
+                }
+                Some("t_mono") if t_mono.is_none() => {
+                    t_mono = Some(value.as_f64().ok_or("t_mono: expected a number")?)
+                }
+                Some("t_wall") if t_wall.is_none() => {
+                    t_wall = Some(value.as_f64().ok_or("t_wall: expected a number")?)
+                }
+                Some("qualname") if qualname.is_none() => {
+                    let s = value.as_str().ok_or("qualname: expected a string")?;
+                    qualname = Some(span_of(body, s.as_bytes()))
+                }
+                Some("args") if args.is_none() => {
+                    if value.kind() != Kind::Map {
+                        return Err("args: expected a map".into());
+                    }
+                    if value.map().into_iter().flatten().any(|(k, _)| k.kind() != Kind::Str) {
+                        return Err("args: keys must be strings".into());
+                    }
+                    args = Some(span_of(body, value.bytes()));
+                }
+                _ => {}
+            }
+        }
+        Ok(RecordSpans {
+            t_mono: t_mono.ok_or("t_mono: missing")?,
+            t_wall: t_wall.ok_or("t_wall: missing")?,
+            qualname: qualname.ok_or("qualname: missing")?,
+            args: args.ok_or("args: missing")?,
+        })
+    }
+}
+
+impl<'a> RecordRef<'a> {
+    /// Decodes a record body; the error names the offending field, as LMCache's decoder
+    /// would reject it.
+    pub fn parse(offset: u64, body: &'a [u8]) -> Result<RecordRef<'a>, String> {
+        let spans = RecordSpans::parse(body)?;
+        Ok(RecordRef::from_spans(offset, body, &spans))
+    }
+
+    pub(crate) fn from_spans(offset: u64, body: &'a [u8], spans: &RecordSpans) -> Self {
+        let qualname = body
+            .get(spans.qualname.clone())
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .unwrap_or_default();
+        let args = RawValue::trusted(body.get(spans.args.clone()).unwrap_or(&[0x80]));
+        RecordRef {
+            offset,
+            t_mono: spans.t_mono,
+            t_wall: spans.t_wall,
+            qualname,
+            args,
+            body,
+        }
+    }
+
+    pub fn to_record(&self) -> Record {
+        Record {
+            t_mono: self.t_mono,
+            t_wall: self.t_wall,
+            qualname: self.qualname.to_owned(),
+            args: self.args.to_value(),
+        }
+    }
+}
+
+/// An owned record, for building and editing traces.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record {
+    pub t_mono: f64,
+    pub t_wall: f64,
+    pub qualname: String,
+    pub args: Value,
+}
+
+impl Record {
+    /// Appends the msgpack body exactly as LMCache 0.5.6 encodes it.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        encode_record_head(out, self.t_mono, self.t_wall, &self.qualname);
+        msgpack::encode(&self.args, out);
+    }
+}
+
+/// Appends a record's map header and every field before `args`; the caller appends the
+/// encoded args map. Lets the recorder splice pre-encoded arguments without a copy.
+pub fn encode_record_head(out: &mut Vec<u8>, t_mono: f64, t_wall: f64, qualname: &str) {
+    msgpack::put_map_len(out, 5);
+    msgpack::put_str(out, "type");
+    msgpack::put_str(out, "record");
+    msgpack::put_str(out, "t_mono");
+    msgpack::put_f64(out, t_mono);
+    msgpack::put_str(out, "t_wall");
+    msgpack::put_f64(out, t_wall);
+    msgpack::put_str(out, "qualname");
+    msgpack::put_str(out, qualname);
+    msgpack::put_str(out, "args");
+}

@@ -1,0 +1,343 @@
+//! Two JSON views of msgpack values (format spec §9).
+//!
+//! *Lossless* JSON is what `convert` writes to `.jsonl`: plain JSON wherever that is exact, and
+//! a one-key `$…` annotation object wherever it is not (bin, non-canonical widths, float32,
+//! non-finite floats, maps JSON cannot hold, ext). Converting back gives the same bytes.
+//!
+//! *Display* JSON is what `dump` prints for people and `jq`: codec tags are decoded
+//! (`{"__t__": "ObjectKey", "chunk_hash": "ab12…", …}`), bin is shown as hex.
+
+use serde_json::{Map, Number, Value as Json};
+
+use super::codec::{TAG_LOCK_MODE, TAG_SET, TAG_TORCH_DTYPE, TAG_TORCH_SIZE, TAG_TUPLE};
+use super::msgpack::{Kind, RawValue};
+use super::value::{Form, Value};
+
+fn form_name(kind: &str, form: Form) -> String {
+    let int = |n: &str| n.to_string();
+    match (kind, form) {
+        (_, Form::U8) => int("u8"),
+        (_, Form::U16) => int("u16"),
+        (_, Form::U32) => int("u32"),
+        (_, Form::U64) => int("u64"),
+        (_, Form::I8) => int("i8"),
+        (_, Form::I16) => int("i16"),
+        (_, Form::I32) => int("i32"),
+        (_, Form::I64) => int("i64"),
+        (k, Form::Fix) => format!("fix{k}"),
+        (k, Form::W8) => format!("{k}8"),
+        (k, Form::W16) => format!("{k}16"),
+        (k, Form::W32) => format!("{k}32"),
+    }
+}
+
+fn parse_form(name: &str) -> Option<(&'static str, Form)> {
+    let ints = [
+        ("u8", Form::U8),
+        ("u16", Form::U16),
+        ("u32", Form::U32),
+        ("u64", Form::U64),
+        ("i8", Form::I8),
+        ("i16", Form::I16),
+        ("i32", Form::I32),
+        ("i64", Form::I64),
+    ];
+    if let Some((_, f)) = ints.iter().find(|(n, _)| *n == name) {
+        return Some(("int", *f));
+    }
+    for kind in ["str", "bin", "array", "map", "ext"] {
+        if let Some(rest) = name.strip_prefix(kind) {
+            let form = match rest {
+                "8" => Form::W8,
+                "16" => Form::W16,
+                "32" => Form::W32,
+                _ => continue,
+            };
+            return Some((kind, form));
+        }
+    }
+    if let Some(kind) = name.strip_prefix("fix") {
+        for k in ["str", "array", "map", "ext"] {
+            if kind == k {
+                return Some((k, Form::Fix));
+            }
+        }
+    }
+    None
+}
+
+fn annotated(key: &str, v: Json) -> Json {
+    let mut m = Map::new();
+    m.insert(key.into(), v);
+    Json::Object(m)
+}
+
+fn with_form(kind: &str, form: Option<Form>, v: Json) -> Json {
+    match form {
+        None => v,
+        Some(f) => {
+            let mut m = Map::new();
+            m.insert("$enc".into(), Json::String(form_name(kind, f)));
+            m.insert("v".into(), v);
+            Json::Object(m)
+        }
+    }
+}
+
+fn float_json(key: &str, x: f64) -> Json {
+    match Number::from_f64(x) {
+        Some(n) if key == "$f64" => Json::Number(n),
+        Some(n) => annotated(key, Json::Number(n)),
+        None => {
+            let name = if x.is_nan() {
+                "NaN"
+            } else if x > 0.0 {
+                "inf"
+            } else {
+                "-inf"
+            };
+            annotated(key, Json::String(name.into()))
+        }
+    }
+}
+
+/// True when a map can be written as a plain JSON object and read back identically.
+fn plain_object_ok(entries: &[(Value, Value)]) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    for (i, (k, _)) in entries.iter().enumerate() {
+        match k {
+            Value::Str(s, None) => {
+                if (i == 0 && s.starts_with('$')) || !seen.insert(s.as_str()) {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// The lossless JSON form of a value.
+pub fn to_lossless(v: &Value) -> Json {
+    match v {
+        Value::Nil => Json::Null,
+        Value::Bool(b) => Json::Bool(*b),
+        Value::Int(i, form) => {
+            let n = if *i >= 0 {
+                Number::from(*i as u64)
+            } else {
+                Number::from(*i as i64)
+            };
+            with_form("int", *form, Json::Number(n))
+        }
+        Value::F64(x) => float_json("$f64", *x),
+        Value::F32(x) => float_json("$f32", *x as f64),
+        Value::Str(s, form) => with_form("str", *form, Json::String(s.clone())),
+        Value::Bin(b, form) => with_form(
+            "bin",
+            *form,
+            annotated("$bin_hex", Json::String(hex::encode(b))),
+        ),
+        Value::Array(items, form) => {
+            with_form("array", *form, Json::Array(items.iter().map(to_lossless).collect()))
+        }
+        Value::Map(entries, form) => {
+            let body = if plain_object_ok(entries) {
+                let mut m = Map::new();
+                for (k, val) in entries {
+                    m.insert(k.as_str().unwrap_or_default().to_owned(), to_lossless(val));
+                }
+                Json::Object(m)
+            } else {
+                let pairs = entries
+                    .iter()
+                    .map(|(k, val)| Json::Array(vec![to_lossless(k), to_lossless(val)]))
+                    .collect();
+                annotated("$map", Json::Array(pairs))
+            };
+            with_form("map", *form, body)
+        }
+        Value::Ext(ty, data, form) => with_form(
+            "ext",
+            *form,
+            annotated(
+                "$ext",
+                Json::Array(vec![Json::from(*ty), Json::String(hex::encode(data))]),
+            ),
+        ),
+    }
+}
+
+fn float_from(j: &Json) -> Result<f64, String> {
+    match j {
+        Json::Number(n) => n.as_f64().ok_or_else(|| "not a number".into()),
+        Json::String(s) => match s.as_str() {
+            "NaN" => Ok(f64::NAN),
+            "inf" => Ok(f64::INFINITY),
+            "-inf" => Ok(f64::NEG_INFINITY),
+            _ => Err(format!("unknown float name {s:?}")),
+        },
+        _ => Err("expected a number".into()),
+    }
+}
+
+fn hex_from(j: &Json, what: &str) -> Result<Vec<u8>, String> {
+    let s = j.as_str().ok_or_else(|| format!("{what}: expected a hex string"))?;
+    hex::decode(s).map_err(|e| format!("{what}: {e}"))
+}
+
+/// Reads the lossless JSON form back. The error says what is wrong and where (a JSON path).
+pub fn from_lossless(j: &Json) -> Result<Value, String> {
+    from_lossless_at(j, "$")
+}
+
+fn from_lossless_at(j: &Json, path: &str) -> Result<Value, String> {
+    let at = |msg: String| format!("{path}: {msg}");
+    Ok(match j {
+        Json::Null => Value::Nil,
+        Json::Bool(b) => Value::Bool(*b),
+        Json::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                Value::Int(u as i128, None)
+            } else if let Some(i) = n.as_i64() {
+                Value::Int(i as i128, None)
+            } else {
+                Value::F64(n.as_f64().unwrap_or(f64::NAN))
+            }
+        }
+        Json::String(s) => Value::str(s.clone()),
+        Json::Array(items) => Value::Array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| from_lossless_at(item, &format!("{path}[{i}]")))
+                .collect::<Result<_, _>>()?,
+            None,
+        ),
+        Json::Object(m) => {
+            let first = m.keys().next().map(String::as_str).unwrap_or("");
+            if !first.starts_with('$') {
+                let entries = m
+                    .iter()
+                    .map(|(k, v)| {
+                        Ok((Value::str(k.clone()), from_lossless_at(v, &format!("{path}.{k}"))?))
+                    })
+                    .collect::<Result<_, String>>()?;
+                return Ok(Value::Map(entries, None));
+            }
+            let payload = &m[first];
+            match first {
+                "$bin_hex" => Value::bin(hex_from(payload, "$bin_hex").map_err(at)?),
+                "$f64" => Value::F64(float_from(payload).map_err(at)?),
+                "$f32" => Value::F32(float_from(payload).map_err(at)? as f32),
+                "$map" => {
+                    let pairs = payload.as_array().ok_or_else(|| at("$map: expected pairs".into()))?;
+                    let mut entries = Vec::with_capacity(pairs.len());
+                    for (i, pair) in pairs.iter().enumerate() {
+                        match pair.as_array().map(Vec::as_slice) {
+                            Some([k, v]) => entries.push((
+                                from_lossless_at(k, &format!("{path}.$map[{i}][0]"))?,
+                                from_lossless_at(v, &format!("{path}.$map[{i}][1]"))?,
+                            )),
+                            _ => return Err(at(format!("$map[{i}]: expected [key, value]"))),
+                        }
+                    }
+                    Value::Map(entries, None)
+                }
+                "$ext" => match payload.as_array().map(Vec::as_slice) {
+                    Some([ty, data]) => {
+                        let ty = ty
+                            .as_i64()
+                            .and_then(|t| i8::try_from(t).ok())
+                            .ok_or_else(|| at("$ext: type must be -128..127".into()))?;
+                        Value::Ext(ty, hex_from(data, "$ext").map_err(at)?, None)
+                    }
+                    _ => return Err(at("$ext: expected [type, hex]".into())),
+                },
+                "$enc" => {
+                    let name = payload.as_str().unwrap_or_default();
+                    let (kind, form) =
+                        parse_form(name).ok_or_else(|| at(format!("unknown $enc {name:?}")))?;
+                    let inner = m.get("v").ok_or_else(|| at("$enc without \"v\"".into()))?;
+                    let mut v = from_lossless_at(inner, path)?;
+                    let slot = match (&mut v, kind) {
+                        (Value::Int(_, f), "int")
+                        | (Value::Str(_, f), "str")
+                        | (Value::Bin(_, f), "bin")
+                        | (Value::Array(_, f), "array")
+                        | (Value::Map(_, f), "map")
+                        | (Value::Ext(_, _, f), "ext") => f,
+                        _ => return Err(at(format!("$enc {name:?} does not fit the value"))),
+                    };
+                    *slot = Some(form);
+                    v
+                }
+                other => return Err(at(format!("unknown annotation {other:?}"))),
+            }
+        }
+    })
+}
+
+/// The display form of a value, for `dump`.
+pub fn to_display(v: RawValue<'_>) -> Json {
+    match v.kind() {
+        Kind::Nil => Json::Null,
+        Kind::Bool => Json::Bool(v.as_bool().unwrap_or_default()),
+        Kind::Int => match (v.as_u64(), v.as_i64()) {
+            (Some(u), _) => Json::from(u),
+            (_, Some(i)) => Json::from(i),
+            _ => Json::Null,
+        },
+        Kind::Float => {
+            let x = v.as_f64().unwrap_or(f64::NAN);
+            Number::from_f64(x)
+                .map(Json::Number)
+                .unwrap_or_else(|| Json::String(x.to_string()))
+        }
+        Kind::Str => Json::String(v.as_str().unwrap_or_default().to_owned()),
+        Kind::Bin => Json::String(hex::encode(v.as_bin().unwrap_or_default())),
+        Kind::Array => Json::Array(v.array().into_iter().flatten().map(to_display).collect()),
+        Kind::Ext => {
+            let value = v.to_value();
+            let mut m = Map::new();
+            if let Value::Ext(ty, data, _) = value {
+                m.insert("ext_type".into(), Json::from(ty));
+                m.insert("data".into(), Json::String(hex::encode(data)));
+            }
+            Json::Object(m)
+        }
+        Kind::Map => match v.as_tagged() {
+            Some((tag, payload)) => display_tagged(tag, payload),
+            None => {
+                let mut m = Map::new();
+                for (k, val) in v.map().into_iter().flatten() {
+                    let key = match k.as_str() {
+                        Some(s) => s.to_owned(),
+                        None => to_display(k).to_string(),
+                    };
+                    m.insert(key, to_display(val));
+                }
+                Json::Object(m)
+            }
+        },
+    }
+}
+
+fn display_tagged(tag: &str, payload: RawValue<'_>) -> Json {
+    match tag {
+        TAG_TUPLE | TAG_SET | TAG_TORCH_SIZE | TAG_LOCK_MODE | TAG_TORCH_DTYPE => {
+            to_display(payload)
+        }
+        _ => {
+            let mut m = Map::new();
+            m.insert("__t__".into(), Json::String(tag.to_owned()));
+            match to_display(payload) {
+                Json::Object(fields) if payload.as_tagged().is_none() => m.extend(fields),
+                other => {
+                    m.insert("v".into(), other);
+                }
+            }
+            Json::Object(m)
+        }
+    }
+}

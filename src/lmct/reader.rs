@@ -1,0 +1,410 @@
+//! Streaming LMCT reader over any byte source: a file, stdin or a zstd stream around either.
+//!
+//! It holds one frame at a time, so memory stays flat whatever the trace length. It follows
+//! LMCache's reader where that is sound (a strict header, a clean end on a frame boundary,
+//! undecodable records skipped) and goes further where LMCache loses information: every skip
+//! and the truncated tail are counted and reported with their byte offsets, and a corrupt
+//! length is refused before anything is allocated for it.
+
+use std::fs::File;
+use std::io::{self, BufReader, Cursor, Read};
+use std::path::Path;
+
+use super::frame::{Header, HeaderSchema, RecordRef, RecordSpans};
+use crate::error::{Error, Result};
+
+/// Largest frame accepted by default (64 MiB). LMCache frames are a few KiB.
+pub const DEFAULT_MAX_FRAME_BYTES: u32 = 64 << 20;
+
+/// First bytes of a zstd frame.
+pub const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// How many undecodable-record reasons are kept for the report.
+const KEPT_SKIP_REASONS: usize = 16;
+
+#[derive(Clone, Copy, Debug)]
+pub struct ReadOptions {
+    /// Frames whose length prefix exceeds this are refused with an error.
+    pub max_frame_bytes: u32,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions {
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+        }
+    }
+}
+
+/// One frame after the header.
+#[derive(Debug)]
+pub enum Frame<'a> {
+    Record(RecordRef<'a>),
+    /// A frame whose length was sound but whose body LMCache could not decode either.
+    Undecodable {
+        offset: u64,
+        body: &'a [u8],
+        reason: String,
+    },
+}
+
+/// The incomplete frame at the end of a cut-off trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Truncation {
+    /// Offset of the incomplete frame's length prefix.
+    pub offset: u64,
+    /// Declared body length, when the whole prefix was present.
+    pub declared: Option<u32>,
+    /// Body bytes present (or prefix bytes, when the prefix itself is cut).
+    pub available: u64,
+    /// What the zstd layer reported, when the compressed stream itself ended early.
+    pub cause: Option<String>,
+    /// Every byte of the incomplete frame that was present, prefix included, so that a
+    /// conversion can keep it.
+    pub bytes: Vec<u8>,
+}
+
+impl std::fmt::Display for Truncation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.declared {
+            Some(len) => write!(
+                f,
+                "truncated frame at byte {}: body declares {} bytes, {} present (body starts at byte {})",
+                self.offset,
+                len,
+                self.available,
+                self.offset + 4
+            )?,
+            None => write!(
+                f,
+                "truncated frame at byte {}: length prefix cut after {} of 4 bytes",
+                self.offset, self.available
+            )?,
+        }
+        if let Some(cause) = &self.cause {
+            write!(f, " ({cause})")?;
+        }
+        Ok(())
+    }
+}
+
+/// What a finished read saw besides the records themselves.
+#[derive(Clone, Debug, Default)]
+pub struct ReadSummary {
+    pub records: u64,
+    pub undecodable: u64,
+    /// `(offset, reason)` of the first undecodable records.
+    pub undecodable_examples: Vec<(u64, String)>,
+    pub truncation: Option<Truncation>,
+    /// Bytes consumed from the (decompressed) stream.
+    pub bytes: u64,
+    pub compressed: bool,
+}
+
+impl ReadSummary {
+    /// One line per condition a user should know about.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (offset, reason) in &self.undecodable_examples {
+            out.push(format!("skipped undecodable record at byte {offset}: {reason}"));
+        }
+        let unlisted = self.undecodable - self.undecodable_examples.len() as u64;
+        if unlisted > 0 {
+            out.push(format!("skipped {unlisted} more undecodable records"));
+        }
+        if let Some(t) = &self.truncation {
+            out.push(t.to_string());
+        }
+        out
+    }
+}
+
+/// Reads an LMCT stream frame by frame.
+pub struct TraceReader {
+    src: Box<dyn Read + Send>,
+    header: Header,
+    header_body: Vec<u8>,
+    buf: Vec<u8>,
+    next_offset: u64,
+    max_frame_bytes: u32,
+    done: bool,
+    summary: ReadSummary,
+}
+
+fn read_fully(src: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match src.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// Reads up to `len` bytes into `buf`, growing it only as data actually arrives, so that a
+/// corrupt length on a short stream allocates nothing close to `len`.
+fn read_body(src: &mut dyn Read, buf: &mut Vec<u8>, len: usize) -> io::Result<usize> {
+    const STEP: usize = 1 << 20;
+    buf.clear();
+    while buf.len() < len {
+        let start = buf.len();
+        let want = (len - start).min(STEP.max(start));
+        buf.resize(start + want, 0);
+        let got = read_fully(src, &mut buf[start..])?;
+        buf.truncate(start + got);
+        if got < want {
+            break;
+        }
+    }
+    Ok(buf.len())
+}
+
+impl TraceReader {
+    /// Opens a trace file (plain or zstd) and reads its header.
+    pub fn open(path: &Path, options: ReadOptions) -> Result<TraceReader> {
+        let file = File::open(path).map_err(|e| Error::io("cannot open", e))?;
+        TraceReader::from_reader(file, options)
+    }
+
+    /// Reads the header from any byte source; detects a zstd container by its magic.
+    pub fn from_reader(src: impl Read + Send + 'static, options: ReadOptions) -> Result<Self> {
+        let mut src = BufReader::with_capacity(1 << 18, src);
+        let mut first = [0u8; 4];
+        let n = read_fully(&mut src, &mut first).map_err(|e| Error::io("cannot read", e))?;
+        let head = Cursor::new(first[..n].to_vec()).chain(src);
+        let compressed = n == 4 && first == ZSTD_MAGIC;
+        let src: Box<dyn Read + Send> = if compressed {
+            let decoder =
+                zstd::Decoder::new(head).map_err(|e| Error::io("cannot start zstd", e))?;
+            Box::new(BufReader::with_capacity(1 << 18, decoder))
+        } else {
+            Box::new(head)
+        };
+        let mut reader = TraceReader {
+            src,
+            header: Header::storage(0.0, 0.0),
+            header_body: Vec::new(),
+            buf: Vec::new(),
+            next_offset: 0,
+            max_frame_bytes: options.max_frame_bytes,
+            done: false,
+            summary: ReadSummary {
+                compressed,
+                ..ReadSummary::default()
+            },
+        };
+        reader.read_header()?;
+        Ok(reader)
+    }
+
+    fn read_header(&mut self) -> Result<()> {
+        let mut prefix = [0u8; 4];
+        let n = read_fully(&mut self.src, &mut prefix).map_err(|e| self.read_error(e))?;
+        if n == 0 {
+            return Err(Error::data(0, "header", "empty file: no header frame"));
+        }
+        if n < 4 {
+            return Err(Error::data(0, "header", "file ends inside the header's length prefix"));
+        }
+        let len = u32::from_be_bytes(prefix);
+        if len > self.max_frame_bytes {
+            return Err(Error::data(
+                0,
+                "header length",
+                format!(
+                    "{len} bytes exceeds the frame limit of {} bytes; not an LMCT trace?",
+                    self.max_frame_bytes
+                ),
+            ));
+        }
+        let got = read_body(&mut self.src, &mut self.header_body, len as usize)
+            .map_err(|e| self.read_error(e))?;
+        if got < len as usize {
+            return Err(Error::data(
+                0,
+                "header",
+                format!("header frame truncated: {got} of {len} bytes present"),
+            ));
+        }
+        self.header = Header::parse(&self.header_body)
+            .map_err(|(field, msg)| Error::data(0, field, msg))?;
+        self.next_offset = 4 + len as u64;
+        self.summary.bytes = self.next_offset;
+        Ok(())
+    }
+
+    fn read_error(&self, e: io::Error) -> Error {
+        Error::io(format!("read failed near byte {}", self.next_offset), e)
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The header frame's msgpack body as read.
+    pub fn header_body(&self) -> &[u8] {
+        &self.header_body
+    }
+
+    /// Warnings about the header itself (a schema version kvtrace does not know).
+    pub fn header_warnings(&self) -> Vec<String> {
+        match self.header.schema {
+            HeaderSchema::Version(v) if !(1..=2).contains(&v) => vec![format!(
+                "unknown trace_schema_version {v}: reading leniently, argument shapes may differ"
+            )],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Reads the next frame body into the buffer. Returns its offset, or `None` at the end
+    /// (clean, or a truncated tail recorded in the summary).
+    fn read_next_body(&mut self) -> Result<Option<u64>> {
+        if self.done {
+            return Ok(None);
+        }
+        let offset = self.next_offset;
+        let mut prefix = [0u8; 4];
+        let n = match read_fully(&mut self.src, &mut prefix) {
+            Ok(n) => n,
+            Err(e) => return self.stream_failed(offset, Vec::new(), None, e),
+        };
+        if n == 0 {
+            self.done = true;
+            return Ok(None);
+        }
+        if n < 4 {
+            self.done = true;
+            self.summary.truncation = Some(Truncation {
+                offset,
+                declared: None,
+                available: n as u64,
+                cause: None,
+                bytes: prefix[..n].to_vec(),
+            });
+            self.summary.bytes += n as u64;
+            return Ok(None);
+        }
+        let len = u32::from_be_bytes(prefix);
+        if len > self.max_frame_bytes {
+            self.done = true;
+            return Err(Error::data(
+                offset,
+                "frame length",
+                format!(
+                    "{len} bytes exceeds the frame limit of {} bytes (corrupt length prefix?)",
+                    self.max_frame_bytes
+                ),
+            ));
+        }
+        let got = match read_body(&mut self.src, &mut self.buf, len as usize) {
+            Ok(got) => got,
+            Err(e) => {
+                let mut bytes = prefix.to_vec();
+                bytes.extend_from_slice(&self.buf);
+                return self.stream_failed(offset, bytes, Some(len), e);
+            }
+        };
+        if got < len as usize {
+            self.done = true;
+            let mut bytes = prefix.to_vec();
+            bytes.extend_from_slice(&self.buf);
+            self.summary.bytes += bytes.len() as u64;
+            self.summary.truncation = Some(Truncation {
+                offset,
+                declared: Some(len),
+                available: got as u64,
+                cause: None,
+                bytes,
+            });
+            return Ok(None);
+        }
+        self.next_offset += 4 + len as u64;
+        self.summary.bytes = self.next_offset;
+        Ok(Some(offset))
+    }
+
+    /// A read error: fatal on a plain stream; on a zstd stream it means the compressed data
+    /// ended early or is corrupt, which is reported like a truncated tail.
+    fn stream_failed(
+        &mut self,
+        offset: u64,
+        bytes: Vec<u8>,
+        declared: Option<u32>,
+        e: io::Error,
+    ) -> Result<Option<u64>> {
+        self.done = true;
+        if !self.summary.compressed {
+            return Err(self.read_error(e));
+        }
+        let available = match declared {
+            Some(_) => bytes.len().saturating_sub(4) as u64,
+            None => bytes.len() as u64,
+        };
+        self.summary.truncation = Some(Truncation {
+            offset,
+            declared,
+            available,
+            cause: Some(format!("zstd stream ended early or is corrupt: {e}")),
+            bytes,
+        });
+        Ok(None)
+    }
+
+    fn note_undecodable(&mut self, offset: u64, reason: String) {
+        self.summary.undecodable += 1;
+        if self.summary.undecodable_examples.len() < KEPT_SKIP_REASONS {
+            self.summary.undecodable_examples.push((offset, reason));
+        }
+    }
+
+    /// The next frame, decodable or not.
+    pub fn next_frame(&mut self) -> Result<Option<Frame<'_>>> {
+        let Some(offset) = self.read_next_body()? else {
+            return Ok(None);
+        };
+        match RecordSpans::parse(&self.buf) {
+            Ok(spans) => {
+                self.summary.records += 1;
+                Ok(Some(Frame::Record(RecordRef::from_spans(
+                    offset, &self.buf, &spans,
+                ))))
+            }
+            Err(reason) => {
+                self.note_undecodable(offset, reason.clone());
+                Ok(Some(Frame::Undecodable {
+                    offset,
+                    body: &self.buf,
+                    reason,
+                }))
+            }
+        }
+    }
+
+    /// The next decodable record; undecodable ones are skipped and counted.
+    pub fn next_record(&mut self) -> Result<Option<RecordRef<'_>>> {
+        loop {
+            let Some(offset) = self.read_next_body()? else {
+                return Ok(None);
+            };
+            match RecordSpans::parse(&self.buf) {
+                Ok(spans) => {
+                    self.summary.records += 1;
+                    return Ok(Some(RecordRef::from_spans(offset, &self.buf, &spans)));
+                }
+                Err(reason) => self.note_undecodable(offset, reason),
+            }
+        }
+    }
+
+    /// Counts so far; complete once `next_*` has returned `None`.
+    pub fn summary(&self) -> &ReadSummary {
+        &self.summary
+    }
+
+    pub fn into_summary(self) -> ReadSummary {
+        self.summary
+    }
+}

@@ -1,0 +1,166 @@
+//! LMCT writer with LMCache 0.5.6's semantics: the header is written lazily, once — when the
+//! storage config is attached, else before the first record, else at close with an empty
+//! config and digest — and every frame is one length prefix plus one msgpack body.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+
+use super::digest::{config_digest, python_json};
+use super::frame::{encode_record_head, Header, Record};
+use crate::error::{Error, Result};
+
+/// Writes one frame: big-endian u32 length, then the body.
+pub fn write_frame(out: &mut impl Write, body: &[u8]) -> io::Result<()> {
+    let len = u32::try_from(body.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame over 4 GiB"))?;
+    out.write_all(&len.to_be_bytes())?;
+    out.write_all(body)
+}
+
+/// A trace file on disk, plain or zstd-compressed, that is fsynced when finished.
+pub enum TraceSink {
+    Plain(BufWriter<File>),
+    Zstd(zstd::Encoder<'static, BufWriter<File>>),
+}
+
+impl TraceSink {
+    /// Creates (truncates) `path`; `zstd_level` selects compression.
+    pub fn create(path: &Path, zstd_level: Option<i32>) -> Result<TraceSink> {
+        let file = File::create(path).map_err(|e| Error::io("cannot create", e))?;
+        let buffered = BufWriter::with_capacity(1 << 20, file);
+        Ok(match zstd_level {
+            None => TraceSink::Plain(buffered),
+            Some(level) => TraceSink::Zstd(
+                zstd::Encoder::new(buffered, level)
+                    .map_err(|e| Error::io("cannot start zstd", e))?,
+            ),
+        })
+    }
+
+    /// Flushes everything, ends the zstd frame, and fsyncs the file.
+    pub fn finish(self) -> io::Result<()> {
+        let buffered = match self {
+            TraceSink::Plain(b) => b,
+            TraceSink::Zstd(z) => z.finish()?,
+        };
+        let file = buffered.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()
+    }
+}
+
+impl Write for TraceSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            TraceSink::Plain(w) => w.write(buf),
+            TraceSink::Zstd(w) => w.write(buf),
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match self {
+            TraceSink::Plain(w) => w.write_all(buf),
+            TraceSink::Zstd(w) => w.write_all(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            TraceSink::Plain(w) => w.flush(),
+            TraceSink::Zstd(w) => w.flush(),
+        }
+    }
+}
+
+/// Writes a trace frame by frame.
+pub struct TraceWriter<W: Write> {
+    out: W,
+    header: Header,
+    header_written: bool,
+    scratch: Vec<u8>,
+    records: u64,
+}
+
+impl<W: Write> TraceWriter<W> {
+    /// Nothing is written until a config is attached or the first record arrives.
+    pub fn new(out: W, header: Header) -> Self {
+        TraceWriter {
+            out,
+            header,
+            header_written: false,
+            scratch: Vec::with_capacity(4096),
+            records: 0,
+        }
+    }
+
+    /// Sets the config text and its digest and writes the header. Refused once the header
+    /// is on disk: LMCT headers are never rewritten in place.
+    pub fn attach_storage_config(&mut self, config_json: &str) -> io::Result<()> {
+        if self.header_written {
+            return Err(io::Error::other(
+                "storage config attached after the header was written",
+            ));
+        }
+        self.header.sm_config_json = config_json.to_owned();
+        self.header.sm_config_digest = config_digest(config_json);
+        self.write_header()
+    }
+
+    /// Like [`Self::attach_storage_config`], from a JSON value serialised as Python would.
+    pub fn attach_storage_config_value(&mut self, config: &serde_json::Value) -> io::Result<()> {
+        self.attach_storage_config(&python_json(config))
+    }
+
+    fn write_header(&mut self) -> io::Result<()> {
+        if self.header_written {
+            return Ok(());
+        }
+        self.scratch.clear();
+        self.header.encode(&mut self.scratch);
+        write_frame(&mut self.out, &self.scratch)?;
+        self.header_written = true;
+        Ok(())
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    pub fn write_record(&mut self, record: &Record) -> io::Result<()> {
+        self.write_header()?;
+        self.scratch.clear();
+        record.encode(&mut self.scratch);
+        write_frame(&mut self.out, &self.scratch)?;
+        self.records += 1;
+        Ok(())
+    }
+
+    /// Writes a record whose `args` map is already msgpack-encoded.
+    pub fn write_record_parts(
+        &mut self,
+        t_mono: f64,
+        t_wall: f64,
+        qualname: &str,
+        args: &[u8],
+    ) -> io::Result<()> {
+        self.write_header()?;
+        self.scratch.clear();
+        encode_record_head(&mut self.scratch, t_mono, t_wall, qualname);
+        self.scratch.extend_from_slice(args);
+        write_frame(&mut self.out, &self.scratch)?;
+        self.records += 1;
+        Ok(())
+    }
+
+    /// Records written so far (the header not counted).
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Writes the header if nothing did yet, flushes, and hands back the sink.
+    pub fn finish(mut self) -> io::Result<W> {
+        self.write_header()?;
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
