@@ -7,7 +7,11 @@
 
 pub mod bus;
 pub mod clock;
+pub mod convert;
 pub mod error;
+pub mod inspect;
 pub mod lmct;
+pub mod rng;
+pub mod synth;
 
 pub use error::{Error, Result};

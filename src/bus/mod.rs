@@ -99,7 +99,14 @@ struct Shared {
     dropped: AtomicU64,
     backpressure: Backpressure,
     tx: Option<Sender<Message>>,
+    /// Argument buffers the drain thread hands back for reuse: publishers then neither
+    /// allocate nor free per call, and no memory crosses threads through the allocator.
+    spare: Option<Receiver<Vec<u8>>>,
 }
+
+/// Buffers kept for reuse; larger ones are freed rather than pooled.
+const SPARE_BUFFERS: usize = 4096;
+const SPARE_MAX_BYTES: usize = 64 << 10;
 
 /// A cheap, cloneable handle that instrumented code holds to publish traced calls.
 #[derive(Clone)]
@@ -116,6 +123,7 @@ impl Tracer {
                 dropped: AtomicU64::new(0),
                 backpressure: Backpressure::Block,
                 tx: None,
+                spare: None,
             }),
         }
     }
@@ -128,7 +136,7 @@ impl Tracer {
 
     /// Publishes a call whose arguments `encode_args` writes as a msgpack map. Does nothing
     /// (and does not run `encode_args`) when nothing records.
-    #[inline]
+    #[inline(always)]
     pub fn publish_call(
         &self,
         qualname: impl Into<Cow<'static, str>>,
@@ -139,7 +147,13 @@ impl Tracer {
         }
         let t_mono = clock::monotonic_secs();
         let t_wall = clock::wall_secs();
-        let mut args = Vec::with_capacity(256);
+        let mut args = match self.shared.spare.as_ref().and_then(|s| s.try_recv().ok()) {
+            Some(mut buf) => {
+                buf.clear();
+                buf
+            }
+            None => Vec::with_capacity(1024),
+        };
         encode_args(&mut args);
         self.publish(CallEvent {
             t_mono,
@@ -183,16 +197,18 @@ impl EventBus {
     /// there is at least one subscriber.
     pub fn start(options: BusOptions, subscribers: Vec<Box<dyn Subscriber>>) -> Result<EventBus> {
         let (tx, rx) = bounded(options.capacity.max(1));
+        let (spare_tx, spare_rx) = bounded(SPARE_BUFFERS);
         let shared = Arc::new(Shared {
             recording: AtomicBool::new(!subscribers.is_empty()),
             dropped: AtomicU64::new(0),
             backpressure: options.backpressure,
             tx: Some(tx),
+            spare: Some(spare_rx),
         });
         let drain_shared = Arc::clone(&shared);
         let drain = std::thread::Builder::new()
             .name("kvtrace-event-bus".into())
-            .spawn(move || drain_loop(rx, subscribers, &drain_shared))
+            .spawn(move || drain_loop(rx, spare_tx, subscribers, &drain_shared))
             .map_err(|e| Error::io("cannot start the event-bus thread", e))?;
         Ok(EventBus {
             tracer: Tracer { shared },
@@ -240,29 +256,33 @@ impl Drop for EventBus {
 
 fn drain_loop(
     rx: Receiver<Message>,
+    spare: Sender<Vec<u8>>,
     subscribers: Vec<Box<dyn Subscriber>>,
     shared: &Shared,
 ) -> Vec<Result<SubscriberReport>> {
     let mut live: Vec<(Box<dyn Subscriber>, Option<Error>)> =
         subscribers.into_iter().map(|s| (s, None)).collect();
-    let mut deliver = |event: &CallEvent| {
+    let mut deliver = |event: CallEvent| {
         for (sub, failed) in live.iter_mut() {
             if failed.is_none() {
-                if let Err(e) = sub.on_event(event) {
+                if let Err(e) = sub.on_event(&event) {
                     *failed = Some(e);
                 }
             }
         }
+        if event.args.capacity() <= SPARE_MAX_BYTES {
+            let _ = spare.try_send(event.args);
+        }
     };
     while let Ok(message) = rx.recv() {
         match message {
-            Message::Call(event) => deliver(&event),
+            Message::Call(event) => deliver(event),
             Message::Close => break,
         }
     }
     while let Ok(message) = rx.try_recv() {
         if let Message::Call(event) = message {
-            deliver(&event);
+            deliver(event);
         }
     }
     let summary = BusSummary {

@@ -48,20 +48,19 @@ pub struct ObjectKey {
 }
 
 impl ObjectKey {
-    /// Appends the tagged key as LMCache 0.5.6 writes it: without `cache_salt`.
+    /// Appends the tagged key as LMCache 0.5.6 writes it: without `cache_salt`. The constant
+    /// parts are copied as whole byte strings: this runs on the traced call's thread.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        msgpack::put_map_len(out, 2);
-        msgpack::put_str(out, "__t__");
-        msgpack::put_str(out, TAG_OBJECT_KEY);
-        msgpack::put_str(out, "v");
-        msgpack::put_map_len(out, 4);
-        msgpack::put_str(out, "chunk_hash");
+        // {"__t__": "ObjectKey", "v": {"chunk_hash": <bin follows>
+        const PREFIX: &[u8] = b"\x82\xa5__t__\xa9ObjectKey\xa1v\x84\xaachunk_hash";
+        out.reserve(PREFIX.len() + self.chunk_hash.len() + self.model_name.len() + 48);
+        out.extend_from_slice(PREFIX);
         msgpack::put_bin(out, &self.chunk_hash);
-        msgpack::put_str(out, "model_name");
+        out.extend_from_slice(b"\xaamodel_name");
         msgpack::put_str(out, &self.model_name);
-        msgpack::put_str(out, "kv_rank");
+        out.extend_from_slice(b"\xa7kv_rank");
         msgpack::put_int(out, self.kv_rank);
-        msgpack::put_str(out, "object_group_id");
+        out.extend_from_slice(b"\xafobject_group_id");
         msgpack::put_int(out, self.object_group_id);
     }
 }

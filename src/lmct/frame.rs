@@ -192,47 +192,76 @@ pub(crate) struct RecordSpans {
     args: std::ops::Range<usize>,
 }
 
-fn span_of(body: &[u8], part: &[u8]) -> std::ops::Range<usize> {
-    let start = part.as_ptr() as usize - body.as_ptr() as usize;
-    start..start + part.len()
+/// Validates the `args` map at `at` — a map whose keys are all strings — in one pass, and
+/// returns where it ends.
+fn args_end(body: &[u8], at: usize) -> Result<usize, String> {
+    let head_end = msgpack::validate_head(body, at).map_err(|e| e.to_string())?;
+    let map = RawValue::trusted(body.get(at..head_end).unwrap_or_default());
+    if map.kind() != Kind::Map {
+        return Err("args: expected a map".into());
+    }
+    let mut pos = head_end;
+    for _ in 0..map.len() {
+        let key_end = msgpack::validate(body, pos).map_err(|e| format!("args: {e}"))?;
+        if RawValue::trusted(&body[pos..key_end]).kind() != Kind::Str {
+            return Err("args: keys must be strings".into());
+        }
+        pos = msgpack::validate(body, key_end).map_err(|e| format!("args: {e}"))?;
+    }
+    Ok(pos)
 }
 
 impl RecordSpans {
-    /// Checks a record body the way LMCache's decoder does; the error names the field.
+    /// Checks a record body the way LMCache's decoder does, in one pass over its bytes; the
+    /// error names the field.
     pub(crate) fn parse(body: &[u8]) -> Result<RecordSpans, String> {
-        let frame = RawValue::parse(body).map_err(|e| e.to_string())?;
-        if frame.kind() != Kind::Map {
-            return Err("frame is not a msgpack map".into());
-        }
+        let (entries, mut pos) = match body.first() {
+            Some(b @ 0x80..=0x8f) => ((b & 0x0f) as usize, 1),
+            Some(0xde | 0xdf) => {
+                let v = RawValue::parse(body).map_err(|e| e.to_string())?;
+                let len = v.len();
+                let header = if body[0] == 0xde { 3 } else { 5 };
+                (len, header)
+            }
+            Some(_) => return Err("frame is not a msgpack map".into()),
+            None => return Err("empty frame".into()),
+        };
+        let item = |pos: usize| -> Result<(RawValue<'_>, usize), String> {
+            let end = msgpack::validate(body, pos).map_err(|e| e.to_string())?;
+            Ok((RawValue::trusted(&body[pos..end]), end))
+        };
         let (mut t_mono, mut t_wall, mut qualname, mut args) = (None, None, None, None);
-        for (key, value) in frame.map().into_iter().flatten() {
-            match key.as_str() {
-                Some("type") => {
+        for _ in 0..entries {
+            let (key, after_key) = item(pos)?;
+            let key = key.str_bytes();
+            if key == Some(b"args") && args.is_none() {
+                pos = args_end(body, after_key)?;
+                args = Some(after_key..pos);
+                continue;
+            }
+            let (value, end) = item(after_key)?;
+            pos = end;
+            match key {
+                Some(b"type") => {
                     if value.as_str() != Some("record") {
                         return Err("type: expected \"record\"".into());
                     }
                 }
-                Some("t_mono") if t_mono.is_none() => {
+                Some(b"t_mono") if t_mono.is_none() => {
                     t_mono = Some(value.as_f64().ok_or("t_mono: expected a number")?)
                 }
-                Some("t_wall") if t_wall.is_none() => {
+                Some(b"t_wall") if t_wall.is_none() => {
                     t_wall = Some(value.as_f64().ok_or("t_wall: expected a number")?)
                 }
-                Some("qualname") if qualname.is_none() => {
-                    let s = value.as_str().ok_or("qualname: expected a string")?;
-                    qualname = Some(span_of(body, s.as_bytes()))
-                }
-                Some("args") if args.is_none() => {
-                    if value.kind() != Kind::Map {
-                        return Err("args: expected a map".into());
-                    }
-                    if value.map().into_iter().flatten().any(|(k, _)| k.kind() != Kind::Str) {
-                        return Err("args: keys must be strings".into());
-                    }
-                    args = Some(span_of(body, value.bytes()));
+                Some(b"qualname") if qualname.is_none() => {
+                    let text = value.str_bytes().ok_or("qualname: expected a string")?;
+                    qualname = Some(end - text.len()..end)
                 }
                 _ => {}
             }
+        }
+        if pos != body.len() {
+            return Err(format!("trailing bytes after the map at body byte {pos}"));
         }
         Ok(RecordSpans {
             t_mono: t_mono.ok_or("t_mono: missing")?,

@@ -133,8 +133,16 @@ pub fn put_uint(out: &mut Vec<u8>, v: u64) {
     put_int_form(out, v as i128, None);
 }
 
+#[inline]
 pub fn put_int(out: &mut Vec<u8>, v: i64) {
-    put_int_form(out, v as i128, None);
+    match v {
+        0..=127 => out.push(v as u8),
+        0x1_0000..=0xffff_ffff => {
+            out.push(Marker::U32.to_u8());
+            out.extend_from_slice(&(v as u32).to_be_bytes());
+        }
+        _ => put_int_form(out, v as i128, None),
+    }
 }
 
 /// The canonical length form of a str (fix up to 31), bin (no fix form), array or map
@@ -189,8 +197,14 @@ pub fn put_str_form(out: &mut Vec<u8>, s: &str, form: Option<Form>) {
     out.extend_from_slice(s.as_bytes());
 }
 
+#[inline]
 pub fn put_str(out: &mut Vec<u8>, s: &str) {
-    put_str_form(out, s, None);
+    if s.len() <= 31 {
+        out.push(0xa0 | s.len() as u8);
+        out.extend_from_slice(s.as_bytes());
+    } else {
+        put_str_form(out, s, None);
+    }
 }
 
 pub fn put_bin_form(out: &mut Vec<u8>, b: &[u8], form: Option<Form>) {
@@ -200,8 +214,15 @@ pub fn put_bin_form(out: &mut Vec<u8>, b: &[u8], form: Option<Form>) {
     out.extend_from_slice(b);
 }
 
+#[inline]
 pub fn put_bin(out: &mut Vec<u8>, b: &[u8]) {
-    put_bin_form(out, b, None);
+    if b.len() <= 0xff {
+        out.push(0xc4);
+        out.push(b.len() as u8);
+        out.extend_from_slice(b);
+    } else {
+        put_bin_form(out, b, None);
+    }
 }
 
 pub fn put_array_len_form(out: &mut Vec<u8>, len: usize, form: Option<Form>) {
@@ -209,8 +230,13 @@ pub fn put_array_len_form(out: &mut Vec<u8>, len: usize, form: Option<Form>) {
     put_len(out, len, f, 0x90, 0, 0xdc, 0xdd);
 }
 
+#[inline]
 pub fn put_array_len(out: &mut Vec<u8>, len: usize) {
-    put_array_len_form(out, len, None);
+    if len <= 15 {
+        out.push(0x90 | len as u8);
+    } else {
+        put_array_len_form(out, len, None);
+    }
 }
 
 pub fn put_map_len_form(out: &mut Vec<u8>, len: usize, form: Option<Form>) {
@@ -218,8 +244,13 @@ pub fn put_map_len_form(out: &mut Vec<u8>, len: usize, form: Option<Form>) {
     put_len(out, len, f, 0x80, 0, 0xde, 0xdf);
 }
 
+#[inline]
 pub fn put_map_len(out: &mut Vec<u8>, len: usize) {
-    put_map_len_form(out, len, None);
+    if len <= 15 {
+        out.push(0x80 | len as u8);
+    } else {
+        put_map_len_form(out, len, None);
+    }
 }
 
 fn put_ext(out: &mut Vec<u8>, ty: i8, data: &[u8], form: Option<Form>) {
@@ -384,47 +415,169 @@ fn head(bytes: &[u8], at: usize) -> Result<Head, MsgpackError> {
     Ok(h)
 }
 
-/// Checks one item starting at `at` and returns the offset just past it.
-/// `check_utf8` is off when re-walking an item that was already validated.
-fn skip(bytes: &[u8], at: usize, depth: usize, check_utf8: bool) -> Result<usize, MsgpackError> {
-    let h = head(bytes, at)?;
-    let short = MsgpackError {
-        at,
-        what: "length runs past the end of the frame",
+fn check_str(bytes: &[u8], at: usize) -> Result<(), MsgpackError> {
+    if bytes.is_ascii() || std::str::from_utf8(bytes).is_ok() {
+        Ok(())
+    } else {
+        Err(MsgpackError {
+            at,
+            what: "str is not valid UTF-8",
+        })
+    }
+}
+
+/// One validated item head: a finished scalar, or a container with its child count.
+enum Step {
+    Done(usize),
+    Open { children: u64, data: usize },
+}
+
+const SHORT: &str = "length runs past the end of the frame";
+
+#[inline(always)]
+fn step(bytes: &[u8], pos: usize) -> Result<Step, MsgpackError> {
+    let short = MsgpackError { at: pos, what: SHORT };
+    let b = *bytes.get(pos).ok_or(short.clone())?;
+    let fixed = |len: usize| {
+        let end = pos + len;
+        if end > bytes.len() {
+            Err(MsgpackError { at: pos, what: SHORT })
+        } else {
+            Ok(Step::Done(end))
+        }
     };
-    match h.kind {
-        Kind::Nil | Kind::Bool | Kind::Int | Kind::Float => {
-            if h.data > bytes.len() {
-                return Err(short);
-            }
-            Ok(h.data)
+    match b {
+        0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => Ok(Step::Done(pos + 1)),
+        0xa0..=0xbf => {
+            let end = pos + 1 + (b & 0x1f) as usize;
+            check_str(bytes.get(pos + 1..end).ok_or(short)?, pos)?;
+            Ok(Step::Done(end))
         }
-        Kind::Str | Kind::Bin | Kind::Ext => {
-            let end = h.data.checked_add(h.n as usize).ok_or(short.clone())?;
-            let payload = bytes.get(h.data..end).ok_or(short)?;
-            if check_utf8 && h.kind == Kind::Str && std::str::from_utf8(payload).is_err() {
-                return Err(MsgpackError {
-                    at,
-                    what: "str is not valid UTF-8",
-                });
-            }
-            Ok(end)
+        0x80..=0x8f => Ok(Step::Open {
+            children: 2 * (b & 0x0f) as u64,
+            data: pos + 1,
+        }),
+        0x90..=0x9f => Ok(Step::Open {
+            children: (b & 0x0f) as u64,
+            data: pos + 1,
+        }),
+        0xcc | 0xd0 => fixed(2),
+        0xcd | 0xd1 => fixed(3),
+        0xce | 0xd2 | 0xca => fixed(5),
+        0xcf | 0xd3 | 0xcb => fixed(9),
+        0xc4 => {
+            let len = *bytes.get(pos + 1).ok_or(short)? as usize;
+            fixed(2 + len)
         }
-        Kind::Array | Kind::Map => {
-            if depth >= MAX_DEPTH {
-                return Err(MsgpackError {
-                    at,
-                    what: "nesting deeper than 128 levels",
-                });
+        0xd9 => {
+            let len = *bytes.get(pos + 1).ok_or(short.clone())? as usize;
+            check_str(bytes.get(pos + 2..pos + 2 + len).ok_or(short)?, pos)?;
+            Ok(Step::Done(pos + 2 + len))
+        }
+        _ => {
+            let h = head(bytes, pos)?;
+            match h.kind {
+                Kind::Array => Ok(Step::Open {
+                    children: h.n as u64,
+                    data: h.data,
+                }),
+                Kind::Map => Ok(Step::Open {
+                    children: 2 * h.n as u64,
+                    data: h.data,
+                }),
+                Kind::Str | Kind::Bin | Kind::Ext => {
+                    let end = h.data.checked_add(h.n as usize).ok_or(short.clone())?;
+                    let payload = bytes.get(h.data..end).ok_or(short)?;
+                    if h.kind == Kind::Str {
+                        check_str(payload, pos)?;
+                    }
+                    Ok(Step::Done(end))
+                }
+                _ if h.data > bytes.len() => Err(short),
+                _ => Ok(Step::Done(h.data)),
             }
-            let items = if h.kind == Kind::Map { h.n * 2 } else { h.n };
-            let mut pos = h.data;
-            for _ in 0..items {
-                pos = skip(bytes, pos, depth + 1, check_utf8)?;
-            }
-            Ok(pos)
         }
     }
+}
+
+/// Validates `children` items starting at `pos`, nested `depth` levels deep.
+fn children(bytes: &[u8], children: u64, mut pos: usize, depth: usize) -> Result<usize, MsgpackError> {
+    if depth > MAX_DEPTH {
+        return Err(MsgpackError {
+            at: pos,
+            what: "nesting deeper than 128 levels",
+        });
+    }
+    for _ in 0..children {
+        pos = match step(bytes, pos)? {
+            Step::Done(end) => end,
+            Step::Open { children: n, data } => self::children(bytes, n, data, depth + 1)?,
+        };
+    }
+    Ok(pos)
+}
+
+/// Validates one item starting at `at` and returns the offset just past it: one pass, no
+/// allocation. Nesting deeper than [`MAX_DEPTH`] is refused so that the recursive consumers
+/// (`to_value`, display, encode) can never exhaust the stack, and a count larger than the
+/// bytes present fails as soon as the bytes run out.
+pub(crate) fn validate(bytes: &[u8], at: usize) -> Result<usize, MsgpackError> {
+    match step(bytes, at)? {
+        Step::Done(end) => Ok(end),
+        Step::Open { children: n, data } => children(bytes, n, data, 1),
+    }
+}
+
+/// Checks only the marker and length fields of the item at `at` and returns where its
+/// payload starts. The returned head slice lets callers read a container's kind and count
+/// before validating its elements one by one.
+pub(crate) fn validate_head(bytes: &[u8], at: usize) -> Result<usize, MsgpackError> {
+    let h = head(bytes, at)?;
+    if h.data > bytes.len() {
+        return Err(MsgpackError {
+            at,
+            what: "length runs past the end of the frame",
+        });
+    }
+    Ok(h.data)
+}
+
+/// The end of an item inside an already validated one; `None` only on a broken invariant.
+fn skip_trusted(bytes: &[u8], at: usize) -> Option<usize> {
+    let mut pending: u64 = 1;
+    let mut pos = at;
+    while pending > 0 {
+        pending -= 1;
+        let b = *bytes.get(pos)?;
+        pos = match b {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => pos + 1,
+            0xa0..=0xbf => pos + 1 + (b & 0x1f) as usize,
+            0x80..=0x8f => {
+                pending += 2 * (b & 0x0f) as u64;
+                pos + 1
+            }
+            0x90..=0x9f => {
+                pending += (b & 0x0f) as u64;
+                pos + 1
+            }
+            _ => {
+                let h = head(bytes, pos).ok()?;
+                match h.kind {
+                    Kind::Array => {
+                        pending += h.n as u64;
+                        h.data
+                    }
+                    Kind::Map => {
+                        pending += 2 * h.n as u64;
+                        h.data
+                    }
+                    Kind::Str | Kind::Bin | Kind::Ext => h.data + h.n as usize,
+                    _ => h.data,
+                }
+            }
+        };
+    }
+    (pos <= bytes.len()).then_some(pos)
 }
 
 /// A view of exactly one validated msgpack item inside a frame body. Copying it is free; its
@@ -437,7 +590,7 @@ pub struct RawValue<'a> {
 impl<'a> RawValue<'a> {
     /// Validates that `bytes` holds exactly one msgpack item and nothing after it.
     pub fn parse(bytes: &'a [u8]) -> Result<Self, MsgpackError> {
-        let end = skip(bytes, 0, 0, true)?;
+        let end = validate(bytes, 0)?;
         if end != bytes.len() {
             return Err(MsgpackError {
                 at: end,
@@ -503,6 +656,12 @@ impl<'a> RawValue<'a> {
             return None;
         }
         self.bytes.get(h.data..h.data.checked_add(h.n as usize)?)
+    }
+
+    /// The bytes of a str without re-checking UTF-8 (validation already did): for
+    /// comparing keys on the hot path.
+    pub fn str_bytes(&self) -> Option<&'a [u8]> {
+        self.payload(Kind::Str)
     }
 
     pub fn as_str(&self) -> Option<&'a str> {
@@ -651,7 +810,7 @@ impl<'a> Iterator for Items<'a> {
         if self.left == 0 {
             return None;
         }
-        let end = skip(self.bytes, self.pos, 0, false).ok()?;
+        let end = skip_trusted(self.bytes, self.pos)?;
         let item = RawValue {
             bytes: self.bytes.get(self.pos..end)?,
         };

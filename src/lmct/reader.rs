@@ -125,6 +125,8 @@ pub struct TraceReader {
     header: Header,
     header_body: Vec<u8>,
     buf: Vec<u8>,
+    /// Length of the current frame body inside `buf`.
+    body_len: usize,
     next_offset: u64,
     max_frame_bytes: u32,
     done: bool,
@@ -145,21 +147,23 @@ fn read_fully(src: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// Reads up to `len` bytes into `buf`, growing it only as data actually arrives, so that a
-/// corrupt length on a short stream allocates nothing close to `len`.
+/// corrupt length on a short stream allocates nothing close to `len`. `buf` keeps its size
+/// between frames (no zero-filling per frame); the body is `buf[..returned]`.
 fn read_body(src: &mut dyn Read, buf: &mut Vec<u8>, len: usize) -> io::Result<usize> {
     const STEP: usize = 1 << 20;
-    buf.clear();
-    while buf.len() < len {
-        let start = buf.len();
-        let want = (len - start).min(STEP.max(start));
-        buf.resize(start + want, 0);
-        let got = read_fully(src, &mut buf[start..])?;
-        buf.truncate(start + got);
-        if got < want {
+    let mut got = 0;
+    while got < len {
+        let want = (len - got).min(STEP.max(got));
+        if buf.len() < got + want {
+            buf.resize(got + want, 0);
+        }
+        let n = read_fully(src, &mut buf[got..got + want])?;
+        got += n;
+        if n < want {
             break;
         }
     }
-    Ok(buf.len())
+    Ok(got)
 }
 
 impl TraceReader {
@@ -188,6 +192,7 @@ impl TraceReader {
             header: Header::storage(0.0, 0.0),
             header_body: Vec::new(),
             buf: Vec::new(),
+            body_len: 0,
             next_offset: 0,
             max_frame_bytes: options.max_frame_bytes,
             done: false,
@@ -222,6 +227,7 @@ impl TraceReader {
         }
         let got = read_body(&mut self.src, &mut self.header_body, len as usize)
             .map_err(|e| self.read_error(e))?;
+        self.header_body.truncate(got);
         if got < len as usize {
             return Err(Error::data(
                 0,
@@ -302,15 +308,13 @@ impl TraceReader {
         let got = match read_body(&mut self.src, &mut self.buf, len as usize) {
             Ok(got) => got,
             Err(e) => {
-                let mut bytes = prefix.to_vec();
-                bytes.extend_from_slice(&self.buf);
-                return self.stream_failed(offset, bytes, Some(len), e);
+                return self.stream_failed(offset, prefix.to_vec(), Some(len), e);
             }
         };
         if got < len as usize {
             self.done = true;
             let mut bytes = prefix.to_vec();
-            bytes.extend_from_slice(&self.buf);
+            bytes.extend_from_slice(&self.buf[..got]);
             self.summary.bytes += bytes.len() as u64;
             self.summary.truncation = Some(Truncation {
                 offset,
@@ -321,6 +325,7 @@ impl TraceReader {
             });
             return Ok(None);
         }
+        self.body_len = got;
         self.next_offset += 4 + len as u64;
         self.summary.bytes = self.next_offset;
         Ok(Some(offset))
@@ -365,18 +370,20 @@ impl TraceReader {
         let Some(offset) = self.read_next_body()? else {
             return Ok(None);
         };
-        match RecordSpans::parse(&self.buf) {
+        let body = &self.buf[..self.body_len];
+        match RecordSpans::parse(body) {
             Ok(spans) => {
                 self.summary.records += 1;
-                Ok(Some(Frame::Record(RecordRef::from_spans(
-                    offset, &self.buf, &spans,
-                ))))
+                Ok(Some(Frame::Record(RecordRef::from_spans(offset, body, &spans))))
             }
             Err(reason) => {
-                self.note_undecodable(offset, reason.clone());
+                self.summary.undecodable += 1;
+                if self.summary.undecodable_examples.len() < KEPT_SKIP_REASONS {
+                    self.summary.undecodable_examples.push((offset, reason.clone()));
+                }
                 Ok(Some(Frame::Undecodable {
                     offset,
-                    body: &self.buf,
+                    body,
                     reason,
                 }))
             }
@@ -389,10 +396,11 @@ impl TraceReader {
             let Some(offset) = self.read_next_body()? else {
                 return Ok(None);
             };
-            match RecordSpans::parse(&self.buf) {
+            match RecordSpans::parse(&self.buf[..self.body_len]) {
                 Ok(spans) => {
                     self.summary.records += 1;
-                    return Ok(Some(RecordRef::from_spans(offset, &self.buf, &spans)));
+                    let body = &self.buf[..self.body_len];
+                    return Ok(Some(RecordRef::from_spans(offset, body, &spans)));
                 }
                 Err(reason) => self.note_undecodable(offset, reason),
             }

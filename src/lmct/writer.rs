@@ -146,8 +146,11 @@ impl<W: Write> TraceWriter<W> {
         self.write_header()?;
         self.scratch.clear();
         encode_record_head(&mut self.scratch, t_mono, t_wall, qualname);
-        self.scratch.extend_from_slice(args);
-        write_frame(&mut self.out, &self.scratch)?;
+        let len = u32::try_from(self.scratch.len() + args.len())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame over 4 GiB"))?;
+        self.out.write_all(&len.to_be_bytes())?;
+        self.out.write_all(&self.scratch)?;
+        self.out.write_all(args)?;
         self.records += 1;
         Ok(())
     }

@@ -1,0 +1,49 @@
+//! `kvtrace info`.
+
+use std::path::PathBuf;
+
+use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::inspect::inspect;
+
+use super::{print_stdout, report, warn, ReadArgs};
+
+/// Summarise traces: LMCache's `trace info` fields plus schema variant, start-up gap,
+/// distinct keys, implied payload bytes, completeness and the recorder trailer
+#[derive(clap::Args)]
+#[command(after_help = "Examples:\n  kvtrace info trace.lct\n  kvtrace info --json a.lct b.lct.zst | jq '.[].ops'")]
+pub struct Args {
+    /// Trace files (.lct or .lct.zst)
+    #[arg(required = true, value_name = "FILE")]
+    files: Vec<PathBuf>,
+    /// Print a JSON array with one object per file
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    read: ReadArgs,
+}
+
+pub fn run(args: Args) -> Result<i32, Error> {
+    let mut code = EXIT_OK;
+    let mut infos = Vec::new();
+    for (i, file) in args.files.iter().enumerate() {
+        match inspect(file, args.read.options()) {
+            Ok(info) => {
+                for w in &info.warnings {
+                    warn(&info.file, w);
+                }
+                if !args.json {
+                    let sep = if i > 0 { "\n" } else { "" };
+                    print_stdout(&format!("{sep}{}", info.render()))?;
+                }
+                infos.push(info);
+            }
+            Err(e) => code = code.max(report(&e)),
+        }
+    }
+    if args.json {
+        let text = serde_json::to_string_pretty(&infos)
+            .map_err(|e| Error::io("cannot encode JSON", e.into()))?;
+        print_stdout(&format!("{text}\n"))?;
+    }
+    Ok(code)
+}

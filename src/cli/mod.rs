@@ -1,0 +1,94 @@
+//! Command-line definitions and dispatch. Each subcommand lives in its own file and does no
+//! work beyond calling the library and printing.
+
+mod convert;
+mod dump;
+mod generate;
+mod info;
+
+use std::io::{self, Write};
+
+use clap::{Parser, Subcommand};
+use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::lmct::reader::DEFAULT_MAX_FRAME_BYTES;
+use kvtrace::lmct::ReadOptions;
+
+const EXIT_CODES: &str = "Exit status: 0 success; 1 bad input data or an I/O failure; 2 usage error.";
+
+#[derive(Parser)]
+#[command(
+    name = "kvtrace",
+    version,
+    about = "Record, inspect, convert and replay the KV-cache storage traffic of LLM serving",
+    long_about = "kvtrace reads and writes LMCache's LMCT storage traces (.lct, .lct.zst) in every \
+                  variant LMCache has written, and writes files LMCache 0.5.6 accepts byte for byte.",
+    after_help = EXIT_CODES
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Info(info::Args),
+    Dump(dump::Args),
+    Convert(convert::Args),
+    Generate(generate::Args),
+}
+
+/// Options every trace-reading command shares.
+#[derive(clap::Args, Clone, Copy)]
+struct ReadArgs {
+    /// Refuse frames longer than this many bytes (protects against corrupt length prefixes)
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_FRAME_BYTES)]
+    max_frame_bytes: u32,
+}
+
+impl ReadArgs {
+    fn options(self) -> ReadOptions {
+        ReadOptions {
+            max_frame_bytes: self.max_frame_bytes,
+        }
+    }
+}
+
+/// Prints one error line and returns its exit code.
+fn report(e: &Error) -> i32 {
+    eprintln!("kvtrace: error: {e}");
+    e.exit_code()
+}
+
+fn warn(file: &str, message: &str) {
+    eprintln!("kvtrace: warning: {file}: {message}");
+}
+
+/// A write to stdout failed: a closed pipe (`kvtrace dump | head`) is a normal end.
+fn stdout_error(e: io::Error) -> Option<Error> {
+    (e.kind() != io::ErrorKind::BrokenPipe).then(|| Error::io("cannot write to stdout", e))
+}
+
+fn print_stdout(text: &str) -> Result<(), Error> {
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) => stdout_error(e).map_or(Ok(()), Err),
+    }
+}
+
+pub fn run() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { e.exit_code() } else { EXIT_OK };
+        }
+    };
+    let result = match cli.command {
+        Command::Info(args) => info::run(args),
+        Command::Dump(args) => dump::run(args),
+        Command::Convert(args) => convert::run(args),
+        Command::Generate(args) => generate::run(args),
+    };
+    result.unwrap_or_else(|e| report(&e))
+}

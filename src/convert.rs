@@ -1,0 +1,328 @@
+//! `kvtrace convert`: LMCT ↔ lossless JSONL, plain ↔ zstd, and later schemas → schema 1.
+//!
+//! Without a schema change every conversion is lossless, including the parts LMCache would
+//! drop: undecodable frames travel as `$frame_hex` lines and a truncated tail as a final
+//! `$tail_hex` line, so `.lct → .jsonl → .lct` gives back the original bytes.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::path::Path;
+
+use serde_json::Value as Json;
+
+use crate::error::{Error, Result};
+use crate::lmct::json::{from_lossless, to_lossless};
+use crate::lmct::msgpack::{encode, RawValue};
+use crate::lmct::reader::ZSTD_MAGIC;
+use crate::lmct::schema::Migration;
+use crate::lmct::{write_frame, Frame, Header, ReadOptions, TraceReader, TraceSink, Value};
+
+/// The three file kinds kvtrace converts between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Lct,
+    LctZstd,
+    Jsonl,
+}
+
+impl Kind {
+    /// The kind an output path asks for, by extension.
+    pub fn from_path(path: &Path) -> Kind {
+        let name = path.to_string_lossy();
+        if name.ends_with(".jsonl") {
+            Kind::Jsonl
+        } else if name.ends_with(".zst") {
+            Kind::LctZstd
+        } else {
+            Kind::Lct
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Kind> {
+        match name {
+            "lct" => Some(Kind::Lct),
+            "lct.zst" | "zst" => Some(Kind::LctZstd),
+            "jsonl" => Some(Kind::Jsonl),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct ConvertOptions {
+    pub to: Kind,
+    /// Rewrite schema-2 and early shapes into schema 1.
+    pub to_schema_1: bool,
+    pub zstd_level: i32,
+    pub read: ReadOptions,
+}
+
+/// What a conversion did.
+#[derive(Clone, Debug, Default)]
+pub struct ConvertReport {
+    pub frames: u64,
+    /// Frames kept as raw bytes because they are not valid msgpack.
+    pub raw_frames: u64,
+    /// Bytes of a truncated tail carried over.
+    pub tail_bytes: u64,
+    pub migration: Option<Migration>,
+}
+
+/// One unit of a trace on its way through a conversion.
+enum Item {
+    Frame(Value),
+    RawFrame(Vec<u8>),
+    Tail(Vec<u8>),
+}
+
+/// The destination: a file (fsynced when finished) or standard output.
+enum Output {
+    File(TraceSink),
+    Stream(Box<dyn Write>),
+}
+
+impl Write for Output {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Output::File(s) => s.write(buf),
+            Output::Stream(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Output::File(s) => s.flush(),
+            Output::Stream(s) => s.flush(),
+        }
+    }
+}
+
+impl Output {
+    fn finish(self) -> io::Result<()> {
+        match self {
+            Output::File(s) => s.finish(),
+            Output::Stream(mut s) => s.flush(),
+        }
+    }
+}
+
+/// Where converted items go, in which form.
+struct Sink {
+    jsonl: bool,
+    out: Output,
+}
+
+impl Sink {
+    fn put(&mut self, item: &Item) -> io::Result<()> {
+        let out = &mut self.out;
+        if !self.jsonl {
+            return match item {
+                Item::Frame(v) => {
+                    let mut body = Vec::new();
+                    encode(v, &mut body);
+                    write_frame(out, &body)
+                }
+                Item::RawFrame(body) => write_frame(out, body),
+                Item::Tail(bytes) => out.write_all(bytes),
+            };
+        }
+        let line = match item {
+            Item::Frame(v) => to_lossless(v),
+            Item::RawFrame(body) => serde_json::json!({ "$frame_hex": hex::encode(body) }),
+            Item::Tail(bytes) => serde_json::json!({ "$tail_hex": hex::encode(bytes) }),
+        };
+        serde_json::to_writer(&mut *out, &line)?;
+        out.write_all(b"\n")
+    }
+}
+
+/// Applies the schema-1 rewrite to a header or record frame.
+fn migrate_frame(frame: &mut Value, is_header: bool, migration: &mut Migration) {
+    if is_header {
+        if let Some(map) = frame.as_map_mut() {
+            for (k, v) in map.iter_mut() {
+                if matches!(k.as_str(), Some("trace_schema_version" | "lmcache_version")) {
+                    *k = Value::str("trace_schema_version");
+                    *v = Value::int(1);
+                }
+            }
+        }
+        return;
+    }
+    let qualname = frame.get("qualname").and_then(Value::as_str).unwrap_or("").to_owned();
+    if let Some(args) = frame.get_mut("args") {
+        migration.migrate_args(&qualname, args);
+    }
+}
+
+struct Pipeline {
+    sink: Sink,
+    needs_values: bool,
+    migration: Option<Migration>,
+    report: ConvertReport,
+    seen_header: bool,
+}
+
+impl Pipeline {
+    fn push(&mut self, item: Item) -> io::Result<()> {
+        let item = match item {
+            Item::RawFrame(body) if self.needs_values => match RawValue::parse(&body) {
+                Ok(v) => Item::Frame(v.to_value()),
+                Err(_) => Item::RawFrame(body),
+            },
+            other => other,
+        };
+        let item = match (item, self.migration.as_mut()) {
+            (Item::Frame(mut v), Some(m)) => {
+                migrate_frame(&mut v, !self.seen_header, m);
+                Item::Frame(v)
+            }
+            (other, _) => other,
+        };
+        match &item {
+            Item::Frame(_) => self.report.frames += 1,
+            Item::RawFrame(_) => {
+                self.report.frames += 1;
+                self.report.raw_frames += 1;
+            }
+            Item::Tail(b) => self.report.tail_bytes += b.len() as u64,
+        }
+        self.seen_header = true;
+        self.sink.put(&item)
+    }
+}
+
+fn open_input(path: &Path) -> Result<Box<dyn Read + Send>> {
+    if path.as_os_str() == "-" {
+        return Ok(Box::new(io::stdin()));
+    }
+    let file = File::open(path).map_err(|e| Error::io("cannot open", e))?;
+    Ok(Box::new(file))
+}
+
+fn open_output(path: &Path, kind: Kind, level: i32) -> Result<Sink> {
+    let out = if path.as_os_str() == "-" {
+        let stdout = BufWriter::new(io::stdout());
+        Output::Stream(if kind == Kind::LctZstd {
+            let z = zstd::Encoder::new(stdout, level)
+                .map_err(|e| Error::io("cannot start zstd", e))?;
+            Box::new(z.auto_finish())
+        } else {
+            Box::new(stdout)
+        })
+    } else {
+        Output::File(TraceSink::create(path, (kind == Kind::LctZstd).then_some(level))?)
+    };
+    Ok(Sink {
+        jsonl: kind == Kind::Jsonl,
+        out,
+    })
+}
+
+/// Converts `input` to `output`. The output is flushed and fsynced even when the input turns
+/// out to be bad half-way, so everything converted before the error is kept.
+pub fn convert(input: &Path, output: &Path, options: ConvertOptions) -> Result<ConvertReport> {
+    let shown_in = input.display().to_string();
+    let shown_out = output.display().to_string();
+    if input.as_os_str() != "-" && output.as_os_str() != "-" {
+        if let (Ok(a), Ok(b)) = (input.canonicalize(), output.canonicalize()) {
+            if a == b {
+                return Err(Error::usage(format!(
+                    "input and output are the same file ({shown_in}); refusing to overwrite it"
+                )));
+            }
+        }
+    }
+    let mut source = BufReader::new(open_input(input).map_err(|e| e.in_file(&shown_in))?);
+    let first = source
+        .fill_buf()
+        .map_err(|e| Error::io("cannot read", e).in_file(&shown_in))?;
+    let input_is_jsonl = first.first().is_some_and(|b| *b == b'{')
+        && !first.starts_with(&ZSTD_MAGIC);
+    let sink = open_output(output, options.to, options.zstd_level)
+        .map_err(|e| e.in_file(&shown_out))?;
+    let mut pipeline = Pipeline {
+        needs_values: options.to == Kind::Jsonl || options.to_schema_1,
+        sink,
+        migration: options.to_schema_1.then(Migration::default),
+        report: ConvertReport::default(),
+        seen_header: false,
+    };
+    let result = if input_is_jsonl {
+        read_jsonl(source, &mut pipeline).map_err(|e| e.in_file(&shown_in))
+    } else {
+        read_lct(source, options.read, &mut pipeline).map_err(|e| e.in_file(&shown_in))
+    };
+    let finished = pipeline
+        .sink
+        .out
+        .finish()
+        .map_err(|e| Error::io("cannot flush and fsync", e).in_file(&shown_out));
+    let mut report = pipeline.report;
+    report.migration = pipeline.migration;
+    result?;
+    finished?;
+    Ok(report)
+}
+
+fn read_lct(source: impl Read + Send + 'static, read: ReadOptions, p: &mut Pipeline) -> Result<()> {
+    let mut reader = TraceReader::from_reader(source, read)?;
+    let io = |e| Error::io("cannot write", e);
+    p.push(Item::RawFrame(reader.header_body().to_vec())).map_err(io)?;
+    while let Some(frame) = reader.next_frame()? {
+        let body = match frame {
+            Frame::Record(r) => r.body.to_vec(),
+            Frame::Undecodable { body, .. } => body.to_vec(),
+        };
+        p.push(Item::RawFrame(body)).map_err(io)?;
+    }
+    if let Some(t) = &reader.summary().truncation {
+        p.push(Item::Tail(t.bytes.clone())).map_err(io)?;
+    }
+    Ok(())
+}
+
+fn hex_field(obj: &serde_json::Map<String, Json>, key: &str, line: u64) -> Result<Vec<u8>> {
+    let text = obj[key]
+        .as_str()
+        .ok_or_else(|| Error::line(line, key, "expected a hex string"))?;
+    hex::decode(text).map_err(|e| Error::line(line, key, e.to_string()))
+}
+
+fn read_jsonl(source: impl BufRead, p: &mut Pipeline) -> Result<()> {
+    let io = |e| Error::io("cannot write", e);
+    let mut line_no = 0u64;
+    for line in source.lines() {
+        line_no += 1;
+        let line = line.map_err(|e| Error::io(format!("cannot read line {line_no}"), e))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let json: Json = serde_json::from_str(&line)
+            .map_err(|e| Error::line(line_no, "json", e.to_string()))?;
+        let item = match json.as_object() {
+            Some(obj) if obj.contains_key("$frame_hex") => {
+                Item::RawFrame(hex_field(obj, "$frame_hex", line_no)?)
+            }
+            Some(obj) if obj.contains_key("$tail_hex") => {
+                Item::Tail(hex_field(obj, "$tail_hex", line_no)?)
+            }
+            _ => Item::Frame(
+                from_lossless(&json).map_err(|e| Error::line(line_no, "value", e))?,
+            ),
+        };
+        if !p.seen_header {
+            let Item::Frame(v) = &item else {
+                return Err(Error::line(line_no, "header", "the first line must be the header"));
+            };
+            let mut body = Vec::new();
+            encode(v, &mut body);
+            Header::parse(&body).map_err(|(field, msg)| Error::line(line_no, field, msg))?;
+        }
+        p.push(item).map_err(io)?;
+    }
+    if !p.seen_header {
+        return Err(Error::line(1, "header", "no header line: empty input"));
+    }
+    Ok(())
+}

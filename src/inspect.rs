@@ -1,0 +1,325 @@
+//! `kvtrace info`: everything LMCache's `trace info` prints, plus what users of a storage
+//! trace ask next — which schema variant, when the first call came (the start-up gap), how
+//! many distinct chunks and how many bytes the calls imply, and whether the file is complete.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::lmct::calls::{
+    FINISH_READ_PREFETCHED, FINISH_WRITE, RECORDER_SUMMARY, RESERVE_WRITE, SUBMIT_PREFETCH_TASK,
+};
+use crate::lmct::codec::{
+    object_keys, MemoryLayoutDesc, ObjectKeyRef, PrefetchTaskSpecRef, TAG_PREFETCH_SPEC,
+};
+use crate::lmct::digest::{config_digest, python_json, semantic_digest};
+use crate::lmct::json::to_display;
+use crate::lmct::msgpack::RawValue;
+use crate::lmct::schema::SchemaEvidence;
+use crate::lmct::{HeaderSchema, ReadOptions, RecordRef, TraceReader};
+
+/// Bytes implied by the calls' layouts (one object = one chunk's KV).
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct PayloadBytes {
+    /// Distinct object sizes seen in layouts.
+    pub object_sizes: Vec<u64>,
+    /// Tokens per chunk, from the standard KV layout.
+    pub chunk_tokens: Option<u64>,
+    pub reserved: u64,
+    pub written: u64,
+    pub prefetch_requested: u64,
+    pub read: u64,
+    /// Keys whose size no layout gave (an unknown dtype, or never reserved or prefetched).
+    pub keys_of_unknown_size: u64,
+}
+
+/// The summary of one trace file.
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceInfo {
+    pub file: String,
+    pub compressed: bool,
+    pub level: String,
+    pub format_version: i64,
+    pub trace_schema_version: Option<i64>,
+    pub lmcache_version: Option<String>,
+    pub schema_variant: String,
+    /// LMCache's "duration": the largest record `t_mono`, start-up gap included.
+    pub duration_s: f64,
+    pub t_wall_start: f64,
+    pub first_record_t_mono: Option<f64>,
+    pub last_record_t_mono: Option<f64>,
+    /// Time between the recorder's creation and the first call.
+    pub startup_gap_s: Option<f64>,
+    pub sm_config_digest: String,
+    /// SHA-256 of `sm_config_json` equals the recorded digest.
+    pub digest_verified: bool,
+    /// `sm_config_json` is exactly what Python's `json.dumps(sort_keys=True)` produces.
+    pub config_canonical: bool,
+    pub semantic_digest: Option<String>,
+    pub level_meta: Option<serde_json::Value>,
+    pub total_records: u64,
+    pub ops: BTreeMap<String, u64>,
+    pub distinct_keys: u64,
+    pub payload: PayloadBytes,
+    pub undecodable_records: u64,
+    pub truncated: Option<String>,
+    pub warnings: Vec<String>,
+    /// Arguments of kvtrace's trailer record, when the recorder wrote one.
+    pub trailer: Option<serde_json::Value>,
+    pub bytes_read: u64,
+}
+
+fn key_hash(k: &ObjectKeyRef<'_>) -> u64 {
+    let mut h = DefaultHasher::new();
+    k.hash(&mut h);
+    h.finish()
+}
+
+/// Accumulates per-record facts in one pass.
+#[derive(Default)]
+struct Tally {
+    ops: BTreeMap<String, u64>,
+    keys: HashSet<u64>,
+    size_of: HashMap<u64, u64>,
+    sizes: Vec<u64>,
+    payload: PayloadBytes,
+    evidence: SchemaEvidence,
+    trailer: Option<serde_json::Value>,
+    max_t_mono: f64,
+    first: Option<f64>,
+    last: Option<f64>,
+}
+
+impl Tally {
+    fn count_op(&mut self, qualname: &str) {
+        match self.ops.get_mut(qualname) {
+            Some(n) => *n += 1,
+            None => {
+                self.ops.insert(qualname.to_owned(), 1);
+            }
+        }
+    }
+
+    fn note_layout(&mut self, layout: Option<RawValue<'_>>) -> Option<u64> {
+        let layout = MemoryLayoutDesc::from_raw(layout?)?;
+        let size = layout.object_bytes()?;
+        if !self.sizes.contains(&size) {
+            self.sizes.push(size);
+        }
+        if self.payload.chunk_tokens.is_none() {
+            self.payload.chunk_tokens = layout.chunk_tokens();
+        }
+        Some(size)
+    }
+
+    /// Registers keys (with their size when a layout gives it) and returns their bytes.
+    fn keys(&mut self, keys: Option<RawValue<'_>>, size: Option<u64>) -> u64 {
+        let Some(keys) = keys.and_then(object_keys) else {
+            return 0;
+        };
+        let mut bytes = 0;
+        for k in keys {
+            let h = key_hash(&k);
+            self.keys.insert(h);
+            if let Some(s) = size {
+                self.size_of.insert(h, s);
+            }
+            match size.or_else(|| self.size_of.get(&h).copied()) {
+                Some(s) => bytes += s,
+                None => self.payload.keys_of_unknown_size += 1,
+            }
+        }
+        bytes
+    }
+
+    fn observe(&mut self, r: &RecordRef<'_>) {
+        self.count_op(r.qualname);
+        self.max_t_mono = self.max_t_mono.max(r.t_mono);
+        self.first.get_or_insert(r.t_mono);
+        self.last = Some(r.t_mono);
+        self.evidence.observe(r);
+        let args = r.args;
+        match r.qualname {
+            RESERVE_WRITE => {
+                let size = self.note_layout(args.get("layout_desc"));
+                self.payload.reserved += self.keys(args.get("keys"), size);
+            }
+            FINISH_WRITE => self.payload.written += self.keys(args.get("keys"), None),
+            FINISH_READ_PREFETCHED => self.payload.read += self.keys(args.get("keys"), None),
+            SUBMIT_PREFETCH_TASK => {
+                let spec = args.get("spec").filter(|s| s.tagged(TAG_PREFETCH_SPEC).is_some());
+                for group in spec
+                    .and_then(PrefetchTaskSpecRef::from_raw)
+                    .and_then(|s| s.groups())
+                    .unwrap_or_default()
+                {
+                    let size = self.note_layout(Some(group.layout_desc));
+                    self.payload.prefetch_requested += self.keys(Some(group.keys), size);
+                }
+            }
+            RECORDER_SUMMARY => self.trailer = Some(to_display(args)),
+            _ => {
+                self.keys(args.get("keys"), None);
+            }
+        }
+    }
+}
+
+/// Reads the whole trace once and summarises it.
+pub fn inspect(path: &Path, options: ReadOptions) -> Result<TraceInfo> {
+    let shown = path.display().to_string();
+    let mut reader = TraceReader::open(path, options).map_err(|e| e.in_file(&shown))?;
+    let mut tally = Tally::default();
+    while let Some(record) = reader.next_record().map_err(|e| e.in_file(&shown))? {
+        tally.observe(&record);
+    }
+    let header = reader.header().clone();
+    let mut warnings = reader.header_warnings();
+    let summary = reader.into_summary();
+    warnings.extend(summary.warnings());
+    let config = &header.sm_config_json;
+    let config_canonical = config.is_empty()
+        || serde_json::from_str(config).is_ok_and(|v| python_json(&v) == *config);
+    let (trace_schema_version, lmcache_version) = match &header.schema {
+        HeaderSchema::Version(v) => (Some(*v), None),
+        HeaderSchema::Early { lmcache_version } => (None, Some(lmcache_version.clone())),
+    };
+    tally.sizes.sort_unstable();
+    let mut payload = tally.payload;
+    payload.object_sizes = tally.sizes;
+    Ok(TraceInfo {
+        file: shown,
+        compressed: summary.compressed,
+        level: header.level.clone(),
+        format_version: header.format_version,
+        trace_schema_version,
+        lmcache_version,
+        schema_variant: tally.evidence.variant(&header).to_string(),
+        duration_s: tally.max_t_mono,
+        t_wall_start: header.t_wall_start,
+        first_record_t_mono: tally.first,
+        last_record_t_mono: tally.last,
+        startup_gap_s: tally.first,
+        sm_config_digest: header.sm_config_digest.clone(),
+        digest_verified: config_digest(config) == header.sm_config_digest
+            || (config.is_empty() && header.sm_config_digest.is_empty()),
+        config_canonical,
+        semantic_digest: semantic_digest(config),
+        level_meta: header
+            .level_meta
+            .as_ref()
+            .map(|m| to_display(RawValue::trusted(&crate::lmct::msgpack::encode_to_vec(m)))),
+        total_records: summary.records,
+        ops: tally.ops,
+        distinct_keys: tally.keys.len() as u64,
+        payload,
+        undecodable_records: summary.undecodable,
+        truncated: summary.truncation.as_ref().map(|t| t.to_string()),
+        warnings,
+        trailer: tally.trailer,
+        bytes_read: summary.bytes,
+    })
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {} ({n} B)", UNITS[unit])
+    }
+}
+
+fn field(out: &mut String, key: &str, value: impl std::fmt::Display) {
+    out.push_str(&format!("  {:<28}{value}\n", format!("{key}:")));
+}
+
+fn secs(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.3}s")).unwrap_or_else(|| "-".into())
+}
+
+impl TraceInfo {
+    /// The text report: LMCache's `trace info` layout first, then kvtrace's additions.
+    pub fn render(&self) -> String {
+        let mut s = format!("Trace file: {}\n", self.file);
+        field(&mut s, "level", &self.level);
+        field(&mut s, "format_version", self.format_version);
+        match (self.trace_schema_version, &self.lmcache_version) {
+            (Some(v), _) => field(&mut s, "trace_schema_version", v),
+            (None, Some(v)) => field(&mut s, "lmcache_version", v),
+            _ => {}
+        }
+        field(&mut s, "duration", format!("{:.3}s", self.duration_s));
+        field(&mut s, "sm_config_digest", &self.sm_config_digest);
+        if let Some(serde_json::Value::Object(meta)) = &self.level_meta {
+            for (k, v) in meta {
+                field(&mut s, k, v);
+            }
+        }
+        field(&mut s, "total_records", self.total_records);
+        if self.ops.is_empty() {
+            s.push_str("  ops: (none)\n");
+        } else {
+            s.push_str("  ops:\n");
+            for (q, n) in &self.ops {
+                s.push_str(&format!("    {q}: {n}\n"));
+            }
+        }
+        s.push_str("  kvtrace:\n");
+        field(&mut s, "schema variant", &self.schema_variant);
+        field(&mut s, "container", if self.compressed { "zstd" } else { "plain" });
+        field(&mut s, "first record t_mono", secs(self.first_record_t_mono));
+        field(&mut s, "last record t_mono", secs(self.last_record_t_mono));
+        field(&mut s, "start-up gap", secs(self.startup_gap_s));
+        let check = if self.digest_verified {
+            "sha256(sm_config_json) matches"
+        } else {
+            "DOES NOT MATCH sha256(sm_config_json)"
+        };
+        field(&mut s, "digest check", check);
+        let canonical = if self.config_canonical {
+            "canonical (json.dumps sort_keys)"
+        } else {
+            "not in canonical form"
+        };
+        field(&mut s, "config JSON", canonical);
+        if let Some(d) = &self.semantic_digest {
+            field(&mut s, "semantic digest", d);
+        }
+        field(&mut s, "distinct keys", self.distinct_keys);
+        let p = &self.payload;
+        let sizes: Vec<String> = p.object_sizes.iter().map(|b| human_bytes(*b)).collect();
+        let sizes = if sizes.is_empty() { "-".into() } else { sizes.join(", ") };
+        field(&mut s, "object size", sizes);
+        if let Some(t) = p.chunk_tokens {
+            field(&mut s, "chunk tokens", t);
+        }
+        field(&mut s, "bytes reserved", human_bytes(p.reserved));
+        field(&mut s, "bytes written", human_bytes(p.written));
+        field(&mut s, "bytes prefetch-requested", human_bytes(p.prefetch_requested));
+        field(&mut s, "bytes read", human_bytes(p.read));
+        if p.keys_of_unknown_size > 0 {
+            field(&mut s, "keys of unknown size", p.keys_of_unknown_size);
+        }
+        field(&mut s, "undecodable records", self.undecodable_records);
+        match &self.truncated {
+            Some(t) => field(&mut s, "complete", format!("no: {t}")),
+            None => field(&mut s, "complete", "yes"),
+        }
+        if let Some(serde_json::Value::Object(t)) = &self.trailer {
+            let parts: Vec<String> = t.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            field(&mut s, "recorder trailer", parts.join(" "));
+        }
+        s
+    }
+}

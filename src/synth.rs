@@ -1,0 +1,220 @@
+//! A generator of realistic storage traces, for tests, benchmarks and users who want a large
+//! trace without a server: multi-turn conversations over shared system prompts, issued the
+//! way an LMCache server issues StorageManager calls (lookup → `submit_prefetch_task`; a hit
+//! prefix → `read_prefetched_results` enter/exit and `finish_read_prefetched`; the new chunks
+//! → `reserve_write` and `finish_write`). Same options and seed, same bytes.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::lmct::calls::StorageCall;
+use crate::lmct::codec::{GroupedObjectKeys, LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
+use crate::lmct::{Header, TraceSink, TraceWriter};
+use crate::rng::{hash32, SplitMix64};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SynthOptions {
+    pub records: u64,
+    pub seed: u64,
+    pub model_name: String,
+    /// Tokens per chunk (dimension 2 of the layout).
+    pub chunk_tokens: i64,
+    pub num_layers: i64,
+    /// KV hidden size per token and layer (heads × head_dim).
+    pub hidden: i64,
+    /// Conversations in flight at once.
+    pub conversations: u64,
+    /// Distinct system prompts shared across conversations.
+    pub system_prompts: u64,
+    /// Chunks in each system prompt.
+    pub system_prompt_chunks: u64,
+    /// New chunks a turn adds, at most.
+    pub max_turn_chunks: u64,
+    /// A conversation ends once its prompt reaches this many chunks.
+    pub max_prompt_chunks: u64,
+    /// Mean gap between requests, in seconds.
+    pub mean_gap_s: f64,
+    /// Recorded time before the first call (server start-up).
+    pub startup_gap_s: f64,
+}
+
+impl Default for SynthOptions {
+    fn default() -> Self {
+        SynthOptions {
+            records: 100_000,
+            seed: 1,
+            model_name: "meta-llama/Llama-3.1-8B".into(),
+            chunk_tokens: 256,
+            num_layers: 32,
+            hidden: 1024,
+            conversations: 64,
+            system_prompts: 8,
+            system_prompt_chunks: 2,
+            max_turn_chunks: 3,
+            max_prompt_chunks: 12,
+            mean_gap_s: 0.002,
+            startup_gap_s: 3.0,
+        }
+    }
+}
+
+struct Conversation {
+    id: u64,
+    system: u64,
+    chunks: u64,
+}
+
+/// Calls `emit(t_mono, call)` for exactly `options.records` calls.
+pub fn generate(
+    options: &SynthOptions,
+    mut emit: impl FnMut(f64, StorageCall<'_>) -> Result<()>,
+) -> Result<()> {
+    let mut rng = SplitMix64::new(options.seed);
+    let layout = MemoryLayoutDesc {
+        shapes: vec![vec![2, options.num_layers, options.chunk_tokens, options.hidden]],
+        dtypes: vec!["torch.bfloat16".into()],
+    };
+    let key = |parts: &[u64]| ObjectKey {
+        chunk_hash: hash32(parts).to_vec(),
+        model_name: options.model_name.clone(),
+        kv_rank: 16_777_472,
+        object_group_id: 0,
+        cache_salt: String::new(),
+    };
+    let mut resident: HashSet<Vec<u8>> = HashSet::new();
+    let mut next_id = 0u64;
+    let mut new_conversation = |rng: &mut SplitMix64| {
+        next_id += 1;
+        Conversation {
+            id: next_id,
+            system: rng.range(0, options.system_prompts.max(1) - 1),
+            chunks: 0,
+        }
+    };
+    let mut live: Vec<Conversation> = (0..options.conversations.max(1))
+        .map(|_| new_conversation(&mut rng))
+        .collect();
+    let mut t = options.startup_gap_s;
+    let mut left = options.records;
+    let mut request = 0u64;
+    let mut send = |t: f64, call: StorageCall<'_>, left: &mut u64| -> Result<bool> {
+        if *left == 0 {
+            return Ok(false);
+        }
+        emit(t, call)?;
+        *left -= 1;
+        Ok(*left > 0)
+    };
+    while left > 0 {
+        let slot = rng.range(0, live.len() as u64 - 1) as usize;
+        let conv = &mut live[slot];
+        conv.chunks += rng.range(1, options.max_turn_chunks.max(1));
+        let total = options.system_prompt_chunks + conv.chunks;
+        let keys: Vec<ObjectKey> = (0..total)
+            .map(|i| {
+                if i < options.system_prompt_chunks {
+                    key(&[0, conv.system, i])
+                } else {
+                    key(&[1, conv.id, i])
+                }
+            })
+            .collect();
+        if conv.chunks + options.system_prompt_chunks >= options.max_prompt_chunks {
+            *conv = new_conversation(&mut rng);
+        }
+        request += 1;
+        let spec = PrefetchTaskSpec {
+            key_groups: vec![GroupedObjectKeys {
+                keys: keys.clone(),
+                object_group_id: 0,
+                layout_desc: layout.clone(),
+                sliding_window_size: -1,
+            }],
+            num_kv_readers: 1,
+            fetching_policy: "prefix".into(),
+            lock_mode: LockMode::Lock,
+        };
+        let request_id = format!("req-{request:08x}");
+        t += rng.exp(options.mean_gap_s);
+        let lookup = StorageCall::SubmitPrefetchTask {
+            spec: &spec,
+            external_request_id: &request_id,
+            skip_l2: false,
+        };
+        if !send(t, lookup, &mut left)? {
+            break;
+        }
+        let hits = keys
+            .iter()
+            .take_while(|k| resident.contains(&k.chunk_hash))
+            .count();
+        let (hit, miss) = keys.split_at(hits);
+        if !hit.is_empty() {
+            for call in [
+                StorageCall::ReadPrefetchedEnter { keys: hit },
+                StorageCall::ReadPrefetchedExit { keys: hit },
+                StorageCall::FinishReadPrefetched {
+                    keys: hit,
+                    read_locks: 1,
+                },
+            ] {
+                t += rng.exp(options.mean_gap_s / 20.0);
+                if !send(t, call, &mut left)? {
+                    return Ok(());
+                }
+            }
+        }
+        if !miss.is_empty() {
+            t += rng.exp(options.mean_gap_s / 4.0);
+            let reserve = StorageCall::ReserveWrite {
+                keys: miss,
+                layout_desc: &layout,
+            };
+            if !send(t, reserve, &mut left)? {
+                break;
+            }
+            t += rng.exp(options.mean_gap_s / 4.0);
+            if !send(t, StorageCall::FinishWrite { keys: miss }, &mut left)? {
+                break;
+            }
+            resident.extend(miss.iter().map(|k| k.chunk_hash.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// The header a synthetic trace carries: times fixed by the options, and the generator's
+/// parameters as its config, so the file is reproducible byte for byte.
+pub fn header(options: &SynthOptions) -> Header {
+    Header::storage(1000.0, 1_790_000_000.0 + options.seed as f64)
+}
+
+/// Writes a synthetic trace to any sink; returns the sink.
+pub fn write_to<W: std::io::Write>(options: &SynthOptions, out: W) -> Result<W> {
+    let mut writer = TraceWriter::new(out, header(options));
+    let config = serde_json::json!({ "kvtrace_synth": options });
+    let io = |e| Error::io("cannot write the trace", e);
+    writer.attach_storage_config_value(&config).map_err(io)?;
+    let t_wall_start = writer.header().t_wall_start;
+    let mut args = Vec::with_capacity(4096);
+    generate(options, |t, call| {
+        args.clear();
+        call.encode_args(&mut args);
+        writer
+            .write_record_parts(t, t_wall_start + t, call.qualname(), &args)
+            .map_err(io)
+    })?;
+    writer.finish().map_err(io)
+}
+
+/// Writes a synthetic trace file (zstd-compressed when `zstd_level` is set) and fsyncs it.
+pub fn write_file(options: &SynthOptions, path: &Path, zstd_level: Option<i32>) -> Result<()> {
+    let shown = path.display().to_string();
+    let sink = TraceSink::create(path, zstd_level).map_err(|e| e.in_file(&shown))?;
+    let sink = write_to(options, sink).map_err(|e| e.in_file(&shown))?;
+    sink.finish()
+        .map_err(|e| Error::io("cannot flush and fsync", e).in_file(&shown))
+}
