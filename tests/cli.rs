@@ -1,0 +1,199 @@
+//! The `kvtrace` binary: output, exit codes (0 ok, 1 data, 2 usage) and one-line errors.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use common::sample;
+
+fn kvtrace(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvtrace"))
+        .args(args)
+        .output()
+        .expect("run kvtrace")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn path(name: &str) -> String {
+    sample(name).display().to_string()
+}
+
+#[test]
+fn info_prints_lmcache_fields_and_kvtrace_additions() {
+    let out = kvtrace(&["info", &path("basic_lru")]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = text(&out.stdout);
+    for needle in [
+        "level:                      storage",
+        "total_records:              41",
+        "StorageManager.submit_prefetch_task: 9",
+        "start-up gap:               3.846s",
+        "distinct keys:              14",
+        "complete:                   yes",
+    ] {
+        assert!(stdout.contains(needle), "missing {needle:?} in\n{stdout}");
+    }
+}
+
+#[test]
+fn info_json_has_one_object_per_file_and_warns_on_truncation() {
+    let out = kvtrace(&["info", "--json", &path("empty_arc"), &path("basic_lru.truncated")]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v[0]["total_records"], 0);
+    assert_eq!(v[1]["total_records"], 40);
+    assert!(v[1]["truncated"].as_str().expect("text").contains("byte 29472"));
+    assert!(text(&out.stderr).contains("warning"));
+}
+
+#[test]
+fn errors_are_one_line_with_file_offset_and_field_and_documented_exit_codes() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let garbage = dir.path().join("garbage.lct");
+    std::fs::write(&garbage, b"\x00\x00\x00\x05\xc1\xc1\xc1\xc1\xc1").expect("write");
+    let out = kvtrace(&["info", &garbage.display().to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("garbage.lct: byte 0: header:"), "{err}");
+
+    let missing = kvtrace(&["info", "/no/such/file.lct"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(text(&missing.stderr).contains("/no/such/file.lct: cannot open"));
+
+    let usage = kvtrace(&["info", "--no-such-flag", &path("basic_lru")]);
+    assert_eq!(usage.status.code(), Some(2));
+    let usage = kvtrace(&["convert", &path("basic_lru"), "x.lct", "--schema", "2"]);
+    assert_eq!(usage.status.code(), Some(2));
+    assert_eq!(kvtrace(&["--help"]).status.code(), Some(0));
+}
+
+#[test]
+fn one_bad_file_does_not_hide_the_others() {
+    let out = kvtrace(&["info", "/no/such.lct", &path("empty_arc")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains("total_records:              0"));
+}
+
+#[test]
+fn dump_filters_limits_and_decodes_codec_tags() {
+    let out = kvtrace(&["dump", &path("basic_lru"), "--limit", "3"]);
+    assert_eq!(out.status.code(), Some(0));
+    let lines: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("jsonl"))
+        .collect();
+    assert_eq!(lines.len(), 4);
+    assert_eq!(lines[0]["type"], "header");
+    assert_eq!(lines[0]["magic"], "4c4d4354");
+    let spec = &lines[1]["args"]["spec"];
+    assert_eq!(spec["__t__"], "PrefetchTaskSpec");
+    assert_eq!(spec["lock_mode"], "LOCK");
+    assert_eq!(spec["key_groups"][0]["keys"][0]["chunk_hash"].as_str().map(str::len), Some(64));
+
+    let out = kvtrace(&["dump", &path("basic_lru"), "--qualname", "*finish_write", "--no-header"]);
+    assert_eq!(text(&out.stdout).lines().count(), 4);
+    let out = kvtrace(&["dump", &path("unknown_qualname"), "--qualname", "mq.", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json array");
+    assert_eq!(v.as_array().map(Vec::len), Some(2));
+    // tuple and set payloads are shown as plain arrays
+    assert_eq!(v[1]["args"], serde_json::json!({"request_id": "r-1", "tuple_arg": [1, 2], "set_arg": [7]}));
+}
+
+#[test]
+fn dump_reads_standard_input_and_stops_quietly_on_a_closed_pipe() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvtrace"))
+        .args(["dump", "-", "--limit", "1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let bytes = std::fs::read(sample("basic_lru")).expect("read");
+    child.stdin.take().expect("stdin").write_all(&bytes).expect("write");
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout).lines().count(), 2);
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let big = dir.path().join("big.lct");
+    let gen = kvtrace(&["generate", &big.display().to_string(), "--records", "20000"]);
+    assert_eq!(gen.status.code(), Some(0));
+    let piped = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -o pipefail; '{}' dump '{}' | head -n 1 >/dev/null",
+            env!("CARGO_BIN_EXE_kvtrace"),
+            big.display()
+        ))
+        .output()
+        .expect("bash");
+    assert!(piped.status.success(), "kvtrace failed on a closed pipe");
+    assert!(!text(&piped.stderr).contains("error"), "{}", text(&piped.stderr));
+}
+
+#[test]
+fn convert_round_trips_byte_for_byte_through_jsonl_and_zstd() {
+    let dir = tempfile::tempdir().expect("tmp");
+    for name in common::SAMPLES {
+        let original = std::fs::read(sample(name)).expect("read");
+        let d = |f: &str| dir.path().join(format!("{name}.{f}")).display().to_string();
+        for (via, back) in [("jsonl", "from-jsonl.lct"), ("lct.zst", "from-zst.lct")] {
+            assert_eq!(kvtrace(&["convert", &path(name), &d(via)]).status.code(), Some(0));
+            assert_eq!(kvtrace(&["convert", &d(via), &d(back)]).status.code(), Some(0));
+            assert_eq!(std::fs::read(d(back)).expect("back"), original, "{name} via {via}");
+        }
+    }
+}
+
+#[test]
+fn convert_refuses_to_overwrite_its_input_and_names_bad_jsonl_lines() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let copy = dir.path().join("c.lct");
+    std::fs::copy(sample("basic_lru"), &copy).expect("copy");
+    let c = copy.display().to_string();
+    assert_eq!(kvtrace(&["convert", &c, &c]).status.code(), Some(2));
+    assert_eq!(std::fs::read(&copy).expect("kept"), std::fs::read(sample("basic_lru")).expect("o"));
+
+    let jsonl = dir.path().join("bad.jsonl");
+    let good = kvtrace(&["convert", &path("basic_lru"), &jsonl.display().to_string()]);
+    assert_eq!(good.status.code(), Some(0));
+    let mut lines: Vec<String> =
+        std::fs::read_to_string(&jsonl).expect("read").lines().map(String::from).collect();
+    lines[3] = "{\"args\": {\"$bin_hex\": \"zz\"}}".into();
+    std::fs::write(&jsonl, lines.join("\n")).expect("write");
+    let out_path = dir.path().join("partial.lct");
+    let out = kvtrace(&["convert", &jsonl.display().to_string(), &out_path.display().to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("bad.jsonl: line 4: value: $.args: $bin_hex"), "{err}");
+    // What was converted before the bad line is kept: the header and two records.
+    let mut reader = kvtrace::lmct::TraceReader::open(&out_path, Default::default()).expect("partial");
+    let mut n = 0;
+    while reader.next_record().expect("record").is_some() {
+        n += 1;
+    }
+    assert_eq!(n, 2);
+}
+
+#[test]
+fn generate_is_deterministic_for_a_seed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let a = dir.path().join("a.lct").display().to_string();
+    let b = dir.path().join("b.lct").display().to_string();
+    let c = dir.path().join("c.lct").display().to_string();
+    for (p, seed) in [(&a, "5"), (&b, "5"), (&c, "6")] {
+        let out = kvtrace(&["generate", p, "--records", "3000", "--seed", seed]);
+        assert_eq!(out.status.code(), Some(0));
+    }
+    let read = |p: &str| std::fs::read(p).expect("read");
+    assert_eq!(read(&a), read(&b));
+    assert_ne!(read(&a), read(&c));
+    let out = kvtrace(&["info", "--json", &a]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v[0]["total_records"], 3000);
+    assert_eq!(v[0]["schema_variant"], "1 (LMCache 0.5.6)");
+}

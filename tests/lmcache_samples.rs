@@ -1,0 +1,190 @@
+//! The real LMCache 0.5.6 files: counts as LMCache's own `trace info` printed them, byte-exact
+//! re-encoding, digest reproduction, truncation, and the golden decodes in ../shared.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{sample, sample_text, shared, SAMPLES};
+use kvtrace::inspect::inspect;
+use kvtrace::lmct::digest::{config_digest, python_json};
+use kvtrace::lmct::json::to_lossless;
+use kvtrace::lmct::msgpack::{encode_to_vec, RawValue};
+use kvtrace::lmct::{Frame, Header, ReadOptions, TraceReader};
+
+/// What LMCache's `trace info` printed: total, per-qualname counts, duration, digest.
+struct LmcacheInfo {
+    total: u64,
+    ops: BTreeMap<String, u64>,
+    duration: String,
+    digest: String,
+}
+
+fn parse_info(text: &str) -> LmcacheInfo {
+    let mut info = LmcacheInfo {
+        total: 0,
+        ops: BTreeMap::new(),
+        duration: String::new(),
+        digest: String::new(),
+    };
+    let mut in_ops = false;
+    for line in text.lines() {
+        let t = line.trim();
+        if let Some(v) = t.strip_prefix("total_records:") {
+            info.total = v.trim().parse().expect("total");
+        } else if let Some(v) = t.strip_prefix("duration:") {
+            info.duration = v.trim().to_string();
+        } else if let Some(v) = t.strip_prefix("sm_config_digest:") {
+            info.digest = v.trim().to_string();
+        } else if t.starts_with("ops:") {
+            in_ops = true;
+        } else if in_ops {
+            let (q, n) = t.rsplit_once(": ").expect("op line");
+            info.ops.insert(q.to_string(), n.parse().expect("count"));
+        }
+    }
+    info
+}
+
+#[test]
+fn counts_match_lmcache_trace_info() {
+    for name in SAMPLES {
+        let expected = parse_info(&sample_text(&format!("{name}.info.txt")));
+        let info = inspect(&sample(name), ReadOptions::default()).expect(name);
+        assert_eq!(info.total_records, expected.total, "{name} total");
+        assert_eq!(info.ops, expected.ops, "{name} ops");
+        assert_eq!(format!("{:.3}s", info.duration_s), expected.duration, "{name} duration");
+        assert_eq!(info.sm_config_digest, expected.digest, "{name} digest");
+        assert!(info.digest_verified && info.config_canonical, "{name} digest check");
+        assert_eq!(info.schema_variant, "1 (LMCache 0.5.6)");
+    }
+}
+
+#[test]
+fn every_frame_reencodes_to_the_original_bytes() {
+    for name in SAMPLES {
+        let bytes = std::fs::read(sample(name)).expect("read");
+        let mut reader = TraceReader::open(&sample(name), ReadOptions::default()).expect(name);
+        // Typed header through the writer's encoder.
+        let mut header = Vec::new();
+        reader.header().encode(&mut header);
+        assert_eq!(header, reader.header_body(), "{name} header");
+        assert_eq!(&bytes[4..4 + header.len()], &header[..]);
+        let mut frames = 1;
+        while let Some(frame) = reader.next_frame().expect("frame") {
+            let Frame::Record(r) = frame else {
+                panic!("{name}: undecodable frame")
+            };
+            // Typed record and the generic value tree both give the original bytes.
+            let mut typed = Vec::new();
+            r.to_record().encode(&mut typed);
+            assert_eq!(typed, r.body, "{name} record at {}", r.offset);
+            let generic = encode_to_vec(&RawValue::parse(r.body).expect("valid").to_value());
+            assert_eq!(generic, r.body, "{name} generic at {}", r.offset);
+            let start = r.offset as usize + 4;
+            assert_eq!(&bytes[start..start + r.body.len()], r.body);
+            frames += 1;
+        }
+        assert!(frames > 0);
+    }
+}
+
+#[test]
+fn config_digest_is_reproduced_from_the_json() {
+    for name in SAMPLES {
+        let reader = TraceReader::open(&sample(name), ReadOptions::default()).expect(name);
+        let h: &Header = reader.header();
+        assert_eq!(config_digest(&h.sm_config_json), h.sm_config_digest, "{name}");
+        let parsed: serde_json::Value = serde_json::from_str(&h.sm_config_json).expect("json");
+        assert_eq!(python_json(&parsed), h.sm_config_json, "{name} canonical text");
+    }
+}
+
+#[test]
+fn truncated_file_keeps_forty_records_and_names_the_offset() {
+    let mut reader =
+        TraceReader::open(&sample("basic_lru.truncated"), ReadOptions::default()).expect("open");
+    let mut n = 0;
+    while reader.next_record().expect("record").is_some() {
+        n += 1;
+    }
+    assert_eq!(n, 40);
+    let t = reader.summary().truncation.clone().expect("truncation");
+    assert_eq!((t.offset, t.declared, t.available), (29472, Some(400), 300));
+    // LMCache reports the body offset: "truncated frame body at offset 29476 (got 300 of 400)".
+    assert!(t.to_string().contains("body starts at byte 29476"));
+    assert_eq!(t.bytes.len(), 304);
+}
+
+#[test]
+fn header_only_file_has_no_records() {
+    let mut reader = TraceReader::open(&sample("empty_arc"), ReadOptions::default()).expect("open");
+    assert!(reader.next_record().expect("eof").is_none());
+    assert_eq!(reader.header().level, "storage");
+    assert!(reader.summary().truncation.is_none());
+    assert_eq!(std::fs::metadata(sample("empty_arc")).expect("meta").len(), 1504);
+}
+
+#[test]
+fn unknown_qualnames_are_read_and_counted() {
+    let info = inspect(&sample("unknown_qualname"), ReadOptions::default()).expect("info");
+    assert_eq!(info.ops["mq.lookup"], 1);
+    assert_eq!(
+        info.ops["lmcache.v1.distributed.storage_manager.StorageManager.touch_cached_keys"],
+        1
+    );
+}
+
+#[test]
+fn basic_lru_implied_bytes_follow_the_client_log() {
+    // 14 distinct chunks of [2, 4, 64, 128] bf16 = 131072 bytes each (13 from the four
+    // conversations, one more from the final prefix-only retrieve).
+    let info = inspect(&sample("basic_lru"), ReadOptions::default()).expect("info");
+    assert_eq!(info.distinct_keys, 14);
+    assert_eq!(info.payload.object_sizes, vec![131072]);
+    assert_eq!(info.payload.chunk_tokens, Some(64));
+    // The client stored 4+5+6+4 chunks, of which 13 were new: 13 finished writes.
+    assert_eq!(info.payload.written, 13 * 131072);
+    // Every retrieved chunk in run_logs/basic_lru.client.txt was read once: 27 chunks.
+    let retrieved: u64 = sample_text("basic_lru.client.txt")
+        .lines()
+        .filter_map(|l| l.strip_prefix("CLIENT retrieve "))
+        .map(|l| l.split_whitespace().nth(1).expect("hits").parse::<u64>().expect("n"))
+        .sum();
+    assert_eq!(info.payload.read, retrieved * 131072);
+    assert!((info.startup_gap_s.expect("gap") - 3.846).abs() < 1e-3);
+}
+
+#[test]
+fn lossless_json_equals_the_independent_golden_decode() {
+    let Some(shared) = shared() else { return };
+    for name in SAMPLES {
+        let golden: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(shared.join(format!("lmcache/decoded/{name}.json")))
+                .expect("golden"),
+        )
+        .expect("json");
+        let frames = golden["frames"].as_array().expect("frames");
+        let mut reader = TraceReader::open(&sample(name), ReadOptions::default()).expect(name);
+        let header = RawValue::parse(reader.header_body()).expect("header").to_value();
+        assert_eq!(to_lossless(&header), frames[0]["value"], "{name} header");
+        let mut i = 1;
+        while let Some(r) = reader.next_record().expect("record") {
+            assert_eq!(frames[i]["offset"].as_u64(), Some(r.offset), "{name} offset");
+            let value = RawValue::parse(r.body).expect("valid").to_value();
+            assert_eq!(to_lossless(&value), frames[i]["value"], "{name} frame {i}");
+            i += 1;
+        }
+        assert_eq!(i, frames.len(), "{name} frame count");
+    }
+}
+
+#[test]
+fn repository_samples_are_the_shared_ones() {
+    let Some(shared) = shared() else { return };
+    for name in SAMPLES {
+        let ours = std::fs::read(sample(name)).expect("ours");
+        let theirs = std::fs::read(shared.join(format!("lmcache/{name}.lct"))).expect("shared");
+        assert_eq!(ours, theirs, "{name}");
+    }
+}
