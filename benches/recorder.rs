@@ -46,6 +46,10 @@ fn tracer_cost(c: &mut Criterion) {
     group.bench_function("traced_call_not_recording", |b| {
         b.iter(|| traced_call(std::hint::black_box(&off), &keys))
     });
+    // The loop and black_box alone, to subtract from the figure above.
+    group.bench_function("baseline_loop_and_black_box", |b| {
+        b.iter(|| std::hint::black_box(&off))
+    });
     // The calling thread's own cost: a queue that never fills, so no call waits for the
     // drain thread; the recorder still writes every event to a file concurrently.
     group.bench_function("traced_call_recording_calling_thread", |b| {
@@ -65,7 +69,9 @@ fn tracer_cost(c: &mut Criterion) {
     });
 
     const RECORDS: u64 = 1_000_000;
-    group.sample_size(10).measurement_time(Duration::from_secs(30));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(30));
     group.throughput(Throughput::Elements(RECORDS));
     group.bench_function("record_1M_calls_to_file_lossless", |b| {
         b.iter_batched(

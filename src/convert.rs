@@ -149,7 +149,11 @@ fn migrate_frame(frame: &mut Value, is_header: bool, migration: &mut Migration) 
         }
         return;
     }
-    let qualname = frame.get("qualname").and_then(Value::as_str).unwrap_or("").to_owned();
+    let qualname = frame
+        .get("qualname")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
     if let Some(args) = frame.get_mut("args") {
         migration.migrate_args(&qualname, args);
     }
@@ -204,14 +208,17 @@ fn open_output(path: &Path, kind: Kind, level: i32) -> Result<Sink> {
     let out = if path.as_os_str() == "-" {
         let stdout = BufWriter::new(io::stdout());
         Output::Stream(if kind == Kind::LctZstd {
-            let z = zstd::Encoder::new(stdout, level)
-                .map_err(|e| Error::io("cannot start zstd", e))?;
+            let z =
+                zstd::Encoder::new(stdout, level).map_err(|e| Error::io("cannot start zstd", e))?;
             Box::new(z.auto_finish())
         } else {
             Box::new(stdout)
         })
     } else {
-        Output::File(TraceSink::create(path, (kind == Kind::LctZstd).then_some(level))?)
+        Output::File(TraceSink::create(
+            path,
+            (kind == Kind::LctZstd).then_some(level),
+        )?)
     };
     Ok(Sink {
         jsonl: kind == Kind::Jsonl,
@@ -237,10 +244,10 @@ pub fn convert(input: &Path, output: &Path, options: ConvertOptions) -> Result<C
     let first = source
         .fill_buf()
         .map_err(|e| Error::io("cannot read", e).in_file(&shown_in))?;
-    let input_is_jsonl = first.first().is_some_and(|b| *b == b'{')
-        && !first.starts_with(&ZSTD_MAGIC);
-    let sink = open_output(output, options.to, options.zstd_level)
-        .map_err(|e| e.in_file(&shown_out))?;
+    let input_is_jsonl =
+        first.first().is_some_and(|b| *b == b'{') && !first.starts_with(&ZSTD_MAGIC);
+    let sink =
+        open_output(output, options.to, options.zstd_level).map_err(|e| e.in_file(&shown_out))?;
     let mut pipeline = Pipeline {
         needs_values: options.to == Kind::Jsonl || options.to_schema_1,
         sink,
@@ -268,7 +275,8 @@ pub fn convert(input: &Path, output: &Path, options: ConvertOptions) -> Result<C
 fn read_lct(source: impl Read + Send + 'static, read: ReadOptions, p: &mut Pipeline) -> Result<()> {
     let mut reader = TraceReader::from_reader(source, read)?;
     let io = |e| Error::io("cannot write", e);
-    p.push(Item::RawFrame(reader.header_body().to_vec())).map_err(io)?;
+    p.push(Item::RawFrame(reader.header_body().to_vec()))
+        .map_err(io)?;
     while let Some(frame) = reader.next_frame()? {
         let body = match frame {
             Frame::Record(r) => r.body.to_vec(),
@@ -298,8 +306,8 @@ fn read_jsonl(source: impl BufRead, p: &mut Pipeline) -> Result<()> {
         if line.trim().is_empty() {
             continue;
         }
-        let json: Json = serde_json::from_str(&line)
-            .map_err(|e| Error::line(line_no, "json", e.to_string()))?;
+        let json: Json =
+            serde_json::from_str(&line).map_err(|e| Error::line(line_no, "json", e.to_string()))?;
         let item = match json.as_object() {
             Some(obj) if obj.contains_key("$frame_hex") => {
                 Item::RawFrame(hex_field(obj, "$frame_hex", line_no)?)
@@ -307,13 +315,15 @@ fn read_jsonl(source: impl BufRead, p: &mut Pipeline) -> Result<()> {
             Some(obj) if obj.contains_key("$tail_hex") => {
                 Item::Tail(hex_field(obj, "$tail_hex", line_no)?)
             }
-            _ => Item::Frame(
-                from_lossless(&json).map_err(|e| Error::line(line_no, "value", e))?,
-            ),
+            _ => Item::Frame(from_lossless(&json).map_err(|e| Error::line(line_no, "value", e))?),
         };
         if !p.seen_header {
             let Item::Frame(v) = &item else {
-                return Err(Error::line(line_no, "header", "the first line must be the header"));
+                return Err(Error::line(
+                    line_no,
+                    "header",
+                    "the first line must be the header",
+                ));
             };
             let mut body = Vec::new();
             encode(v, &mut body);

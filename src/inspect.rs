@@ -13,9 +13,7 @@ use crate::error::Result;
 use crate::lmct::calls::{
     FINISH_READ_PREFETCHED, FINISH_WRITE, RECORDER_SUMMARY, RESERVE_WRITE, SUBMIT_PREFETCH_TASK,
 };
-use crate::lmct::codec::{
-    object_keys, MemoryLayoutDesc, ObjectKeyRef, PrefetchTaskSpecRef, TAG_PREFETCH_SPEC,
-};
+use crate::lmct::codec::{object_keys, MemoryLayoutDesc, ObjectKeyRef, PrefetchTaskSpecRef};
 use crate::lmct::digest::{config_digest, python_json, semantic_digest};
 use crate::lmct::json::to_display;
 use crate::lmct::msgpack::RawValue;
@@ -143,15 +141,17 @@ impl Tally {
         self.last = Some(r.t_mono);
         self.evidence.observe(r);
         let args = r.args;
+        let [keys, layout, spec] = args
+            .fields(["keys", "layout_desc", "spec"])
+            .unwrap_or_default();
         match r.qualname {
             RESERVE_WRITE => {
-                let size = self.note_layout(args.get("layout_desc"));
-                self.payload.reserved += self.keys(args.get("keys"), size);
+                let size = self.note_layout(layout);
+                self.payload.reserved += self.keys(keys, size);
             }
-            FINISH_WRITE => self.payload.written += self.keys(args.get("keys"), None),
-            FINISH_READ_PREFETCHED => self.payload.read += self.keys(args.get("keys"), None),
+            FINISH_WRITE => self.payload.written += self.keys(keys, None),
+            FINISH_READ_PREFETCHED => self.payload.read += self.keys(keys, None),
             SUBMIT_PREFETCH_TASK => {
-                let spec = args.get("spec").filter(|s| s.tagged(TAG_PREFETCH_SPEC).is_some());
                 for group in spec
                     .and_then(PrefetchTaskSpecRef::from_raw)
                     .and_then(|s| s.groups())
@@ -163,7 +163,7 @@ impl Tally {
             }
             RECORDER_SUMMARY => self.trailer = Some(to_display(args)),
             _ => {
-                self.keys(args.get("keys"), None);
+                self.keys(keys, None);
             }
         }
     }
@@ -182,8 +182,8 @@ pub fn inspect(path: &Path, options: ReadOptions) -> Result<TraceInfo> {
     let summary = reader.into_summary();
     warnings.extend(summary.warnings());
     let config = &header.sm_config_json;
-    let config_canonical = config.is_empty()
-        || serde_json::from_str(config).is_ok_and(|v| python_json(&v) == *config);
+    let config_canonical =
+        config.is_empty() || serde_json::from_str(config).is_ok_and(|v| python_json(&v) == *config);
     let (trace_schema_version, lmcache_version) = match &header.schema {
         HeaderSchema::Version(v) => (Some(*v), None),
         HeaderSchema::Early { lmcache_version } => (None, Some(lmcache_version.clone())),
@@ -277,8 +277,16 @@ impl TraceInfo {
         }
         s.push_str("  kvtrace:\n");
         field(&mut s, "schema variant", &self.schema_variant);
-        field(&mut s, "container", if self.compressed { "zstd" } else { "plain" });
-        field(&mut s, "first record t_mono", secs(self.first_record_t_mono));
+        field(
+            &mut s,
+            "container",
+            if self.compressed { "zstd" } else { "plain" },
+        );
+        field(
+            &mut s,
+            "first record t_mono",
+            secs(self.first_record_t_mono),
+        );
         field(&mut s, "last record t_mono", secs(self.last_record_t_mono));
         field(&mut s, "start-up gap", secs(self.startup_gap_s));
         let check = if self.digest_verified {
@@ -299,14 +307,22 @@ impl TraceInfo {
         field(&mut s, "distinct keys", self.distinct_keys);
         let p = &self.payload;
         let sizes: Vec<String> = p.object_sizes.iter().map(|b| human_bytes(*b)).collect();
-        let sizes = if sizes.is_empty() { "-".into() } else { sizes.join(", ") };
+        let sizes = if sizes.is_empty() {
+            "-".into()
+        } else {
+            sizes.join(", ")
+        };
         field(&mut s, "object size", sizes);
         if let Some(t) = p.chunk_tokens {
             field(&mut s, "chunk tokens", t);
         }
         field(&mut s, "bytes reserved", human_bytes(p.reserved));
         field(&mut s, "bytes written", human_bytes(p.written));
-        field(&mut s, "bytes prefetch-requested", human_bytes(p.prefetch_requested));
+        field(
+            &mut s,
+            "bytes prefetch-requested",
+            human_bytes(p.prefetch_requested),
+        );
         field(&mut s, "bytes read", human_bytes(p.read));
         if p.keys_of_unknown_size > 0 {
             field(&mut s, "keys of unknown size", p.keys_of_unknown_size);

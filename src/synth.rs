@@ -11,7 +11,9 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::lmct::calls::StorageCall;
-use crate::lmct::codec::{GroupedObjectKeys, LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
+use crate::lmct::codec::{
+    GroupedObjectKeys, LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec,
+};
 use crate::lmct::{Header, TraceSink, TraceWriter};
 use crate::rng::{hash32, SplitMix64};
 
@@ -74,7 +76,12 @@ pub fn generate(
 ) -> Result<()> {
     let mut rng = SplitMix64::new(options.seed);
     let layout = MemoryLayoutDesc {
-        shapes: vec![vec![2, options.num_layers, options.chunk_tokens, options.hidden]],
+        shapes: vec![vec![
+            2,
+            options.num_layers,
+            options.chunk_tokens,
+            options.hidden,
+        ]],
         dtypes: vec!["torch.bfloat16".into()],
     };
     let key = |parts: &[u64]| ObjectKey {

@@ -41,12 +41,20 @@ fn info_prints_lmcache_fields_and_kvtrace_additions() {
 
 #[test]
 fn info_json_has_one_object_per_file_and_warns_on_truncation() {
-    let out = kvtrace(&["info", "--json", &path("empty_arc"), &path("basic_lru.truncated")]);
+    let out = kvtrace(&[
+        "info",
+        "--json",
+        &path("empty_arc"),
+        &path("basic_lru.truncated"),
+    ]);
     assert_eq!(out.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v[0]["total_records"], 0);
     assert_eq!(v[1]["total_records"], 40);
-    assert!(v[1]["truncated"].as_str().expect("text").contains("byte 29472"));
+    assert!(v[1]["truncated"]
+        .as_str()
+        .expect("text")
+        .contains("byte 29472"));
     assert!(text(&out.stderr).contains("warning"));
 }
 
@@ -93,15 +101,36 @@ fn dump_filters_limits_and_decodes_codec_tags() {
     let spec = &lines[1]["args"]["spec"];
     assert_eq!(spec["__t__"], "PrefetchTaskSpec");
     assert_eq!(spec["lock_mode"], "LOCK");
-    assert_eq!(spec["key_groups"][0]["keys"][0]["chunk_hash"].as_str().map(str::len), Some(64));
+    assert_eq!(
+        spec["key_groups"][0]["keys"][0]["chunk_hash"]
+            .as_str()
+            .map(str::len),
+        Some(64)
+    );
 
-    let out = kvtrace(&["dump", &path("basic_lru"), "--qualname", "*finish_write", "--no-header"]);
+    let out = kvtrace(&[
+        "dump",
+        &path("basic_lru"),
+        "--qualname",
+        "*finish_write",
+        "--no-header",
+    ]);
     assert_eq!(text(&out.stdout).lines().count(), 4);
-    let out = kvtrace(&["dump", &path("unknown_qualname"), "--qualname", "mq.", "--format", "json"]);
+    let out = kvtrace(&[
+        "dump",
+        &path("unknown_qualname"),
+        "--qualname",
+        "mq.",
+        "--format",
+        "json",
+    ]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json array");
     assert_eq!(v.as_array().map(Vec::len), Some(2));
     // tuple and set payloads are shown as plain arrays
-    assert_eq!(v[1]["args"], serde_json::json!({"request_id": "r-1", "tuple_arg": [1, 2], "set_arg": [7]}));
+    assert_eq!(
+        v[1]["args"],
+        serde_json::json!({"request_id": "r-1", "tuple_arg": [1, 2], "set_arg": [7]})
+    );
 }
 
 #[test]
@@ -113,7 +142,12 @@ fn dump_reads_standard_input_and_stops_quietly_on_a_closed_pipe() {
         .spawn()
         .expect("spawn");
     let bytes = std::fs::read(sample("basic_lru")).expect("read");
-    child.stdin.take().expect("stdin").write_all(&bytes).expect("write");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&bytes)
+        .expect("write");
     let out = child.wait_with_output().expect("wait");
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(text(&out.stdout).lines().count(), 2);
@@ -132,7 +166,11 @@ fn dump_reads_standard_input_and_stops_quietly_on_a_closed_pipe() {
         .output()
         .expect("bash");
     assert!(piped.status.success(), "kvtrace failed on a closed pipe");
-    assert!(!text(&piped.stderr).contains("error"), "{}", text(&piped.stderr));
+    assert!(
+        !text(&piped.stderr).contains("error"),
+        "{}",
+        text(&piped.stderr)
+    );
 }
 
 #[test]
@@ -142,9 +180,19 @@ fn convert_round_trips_byte_for_byte_through_jsonl_and_zstd() {
         let original = std::fs::read(sample(name)).expect("read");
         let d = |f: &str| dir.path().join(format!("{name}.{f}")).display().to_string();
         for (via, back) in [("jsonl", "from-jsonl.lct"), ("lct.zst", "from-zst.lct")] {
-            assert_eq!(kvtrace(&["convert", &path(name), &d(via)]).status.code(), Some(0));
-            assert_eq!(kvtrace(&["convert", &d(via), &d(back)]).status.code(), Some(0));
-            assert_eq!(std::fs::read(d(back)).expect("back"), original, "{name} via {via}");
+            assert_eq!(
+                kvtrace(&["convert", &path(name), &d(via)]).status.code(),
+                Some(0)
+            );
+            assert_eq!(
+                kvtrace(&["convert", &d(via), &d(back)]).status.code(),
+                Some(0)
+            );
+            assert_eq!(
+                std::fs::read(d(back)).expect("back"),
+                original,
+                "{name} via {via}"
+            );
         }
     }
 }
@@ -156,22 +204,36 @@ fn convert_refuses_to_overwrite_its_input_and_names_bad_jsonl_lines() {
     std::fs::copy(sample("basic_lru"), &copy).expect("copy");
     let c = copy.display().to_string();
     assert_eq!(kvtrace(&["convert", &c, &c]).status.code(), Some(2));
-    assert_eq!(std::fs::read(&copy).expect("kept"), std::fs::read(sample("basic_lru")).expect("o"));
+    assert_eq!(
+        std::fs::read(&copy).expect("kept"),
+        std::fs::read(sample("basic_lru")).expect("o")
+    );
 
     let jsonl = dir.path().join("bad.jsonl");
     let good = kvtrace(&["convert", &path("basic_lru"), &jsonl.display().to_string()]);
     assert_eq!(good.status.code(), Some(0));
-    let mut lines: Vec<String> =
-        std::fs::read_to_string(&jsonl).expect("read").lines().map(String::from).collect();
+    let mut lines: Vec<String> = std::fs::read_to_string(&jsonl)
+        .expect("read")
+        .lines()
+        .map(String::from)
+        .collect();
     lines[3] = "{\"args\": {\"$bin_hex\": \"zz\"}}".into();
     std::fs::write(&jsonl, lines.join("\n")).expect("write");
     let out_path = dir.path().join("partial.lct");
-    let out = kvtrace(&["convert", &jsonl.display().to_string(), &out_path.display().to_string()]);
+    let out = kvtrace(&[
+        "convert",
+        &jsonl.display().to_string(),
+        &out_path.display().to_string(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
-    assert!(err.contains("bad.jsonl: line 4: value: $.args: $bin_hex"), "{err}");
+    assert!(
+        err.contains("bad.jsonl: line 4: value: $.args: $bin_hex"),
+        "{err}"
+    );
     // What was converted before the bad line is kept: the header and two records.
-    let mut reader = kvtrace::lmct::TraceReader::open(&out_path, Default::default()).expect("partial");
+    let mut reader =
+        kvtrace::lmct::TraceReader::open(&out_path, Default::default()).expect("partial");
     let mut n = 0;
     while reader.next_record().expect("record").is_some() {
         n += 1;

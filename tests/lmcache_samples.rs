@@ -53,9 +53,16 @@ fn counts_match_lmcache_trace_info() {
         let info = inspect(&sample(name), ReadOptions::default()).expect(name);
         assert_eq!(info.total_records, expected.total, "{name} total");
         assert_eq!(info.ops, expected.ops, "{name} ops");
-        assert_eq!(format!("{:.3}s", info.duration_s), expected.duration, "{name} duration");
+        assert_eq!(
+            format!("{:.3}s", info.duration_s),
+            expected.duration,
+            "{name} duration"
+        );
         assert_eq!(info.sm_config_digest, expected.digest, "{name} digest");
-        assert!(info.digest_verified && info.config_canonical, "{name} digest check");
+        assert!(
+            info.digest_verified && info.config_canonical,
+            "{name} digest check"
+        );
         assert_eq!(info.schema_variant, "1 (LMCache 0.5.6)");
     }
 }
@@ -94,9 +101,17 @@ fn config_digest_is_reproduced_from_the_json() {
     for name in SAMPLES {
         let reader = TraceReader::open(&sample(name), ReadOptions::default()).expect(name);
         let h: &Header = reader.header();
-        assert_eq!(config_digest(&h.sm_config_json), h.sm_config_digest, "{name}");
+        assert_eq!(
+            config_digest(&h.sm_config_json),
+            h.sm_config_digest,
+            "{name}"
+        );
         let parsed: serde_json::Value = serde_json::from_str(&h.sm_config_json).expect("json");
-        assert_eq!(python_json(&parsed), h.sm_config_json, "{name} canonical text");
+        assert_eq!(
+            python_json(&parsed),
+            h.sm_config_json,
+            "{name} canonical text"
+        );
     }
 }
 
@@ -122,7 +137,10 @@ fn header_only_file_has_no_records() {
     assert!(reader.next_record().expect("eof").is_none());
     assert_eq!(reader.header().level, "storage");
     assert!(reader.summary().truncation.is_none());
-    assert_eq!(std::fs::metadata(sample("empty_arc")).expect("meta").len(), 1504);
+    assert_eq!(
+        std::fs::metadata(sample("empty_arc")).expect("meta").len(),
+        1504
+    );
 }
 
 #[test]
@@ -149,7 +167,13 @@ fn basic_lru_implied_bytes_follow_the_client_log() {
     let retrieved: u64 = sample_text("basic_lru.client.txt")
         .lines()
         .filter_map(|l| l.strip_prefix("CLIENT retrieve "))
-        .map(|l| l.split_whitespace().nth(1).expect("hits").parse::<u64>().expect("n"))
+        .map(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .expect("hits")
+                .parse::<u64>()
+                .expect("n")
+        })
         .sum();
     assert_eq!(info.payload.read, retrieved * 131072);
     assert!((info.startup_gap_s.expect("gap") - 3.846).abs() < 1e-3);
@@ -166,11 +190,17 @@ fn lossless_json_equals_the_independent_golden_decode() {
         .expect("json");
         let frames = golden["frames"].as_array().expect("frames");
         let mut reader = TraceReader::open(&sample(name), ReadOptions::default()).expect(name);
-        let header = RawValue::parse(reader.header_body()).expect("header").to_value();
+        let header = RawValue::parse(reader.header_body())
+            .expect("header")
+            .to_value();
         assert_eq!(to_lossless(&header), frames[0]["value"], "{name} header");
         let mut i = 1;
         while let Some(r) = reader.next_record().expect("record") {
-            assert_eq!(frames[i]["offset"].as_u64(), Some(r.offset), "{name} offset");
+            assert_eq!(
+                frames[i]["offset"].as_u64(),
+                Some(r.offset),
+                "{name} offset"
+            );
             let value = RawValue::parse(r.body).expect("valid").to_value();
             assert_eq!(to_lossless(&value), frames[i]["value"], "{name} frame {i}");
             i += 1;

@@ -73,7 +73,11 @@ fn a_length_above_the_limit_is_an_error_naming_the_offset() {
     let text = err.to_string();
     assert!(text.contains(&format!("byte {at}")), "{text}");
     assert!(text.contains("frame length"), "{text}");
-    assert_eq!(r.summary().records, 2, "records before the corrupt frame are kept");
+    assert_eq!(
+        r.summary().records,
+        2,
+        "records before the corrupt frame are kept"
+    );
     assert!(LARGEST.load(Ordering::Relaxed).max(before) < 8 << 20);
 }
 
@@ -100,7 +104,10 @@ fn garbage_empty_and_cut_headers_are_one_line_errors() {
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (Vec::new(), "empty file"),
         (vec![0, 0], "length prefix"),
-        (b"this is not a trace at all, just text\n".to_vec(), "exceeds the frame limit"),
+        (
+            b"this is not a trace at all, just text\n".to_vec(),
+            "exceeds the frame limit",
+        ),
         (vec![0, 0, 0, 3, 0xc1, 0xc1, 0xc1], "reserved marker"),
         (vec![0, 0, 0, 9, 1, 2, 3], "header frame truncated"),
     ];
@@ -124,7 +131,10 @@ fn a_header_with_the_wrong_magic_or_version_is_refused() {
     assert!(text.contains("format_version"), "{text}");
 
     // magic as str instead of bin: LMCache refuses it too.
-    let frame = Value::map([("type", Value::str("header")), ("magic", Value::str("LMCT"))]);
+    let frame = Value::map([
+        ("type", Value::str("header")),
+        ("magic", Value::str("LMCT")),
+    ]);
     let body = encode_to_vec(&frame);
     let mut bytes = (body.len() as u32).to_be_bytes().to_vec();
     bytes.extend(&body);

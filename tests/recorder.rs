@@ -6,8 +6,7 @@ use std::sync::{Arc, Barrier, Mutex};
 
 use kvtrace::bus::recorder::{Recorder, RecorderOptions};
 use kvtrace::bus::{
-    Backpressure, BusOptions, BusSummary, CallEvent, EventBus, Subscriber, SubscriberReport,
-    Tracer,
+    Backpressure, BusOptions, BusSummary, CallEvent, EventBus, Subscriber, SubscriberReport, Tracer,
 };
 use kvtrace::lmct::calls::{StorageCall, FINISH_WRITE, RECORDER_SUMMARY};
 use kvtrace::lmct::codec::ObjectKey;
@@ -40,7 +39,11 @@ fn read_back(path: &std::path::Path) -> (Vec<(u8, u32)>, Option<serde_json::Valu
     while let Some(r) = reader.next_record().expect("record") {
         match r.qualname {
             FINISH_WRITE => {
-                let k = r.args.get("keys").and_then(|k| k.array()).and_then(|mut a| a.next());
+                let k = r
+                    .args
+                    .get("keys")
+                    .and_then(|k| k.array())
+                    .and_then(|mut a| a.next());
                 let key = kvtrace::lmct::codec::ObjectKeyRef::from_raw(k.expect("key")).expect("k");
                 let seq = u32::from_be_bytes(key.chunk_hash[..4].try_into().expect("4"));
                 seen.push((key.chunk_hash[31], seq));
@@ -86,15 +89,26 @@ fn block_mode_loses_nothing_under_concurrent_publishers() {
     let (seen, trailer) = read_back(&path);
     assert_eq!(seen.len(), THREADS as usize * EACH as usize);
     for t in 0..THREADS {
-        let mine: Vec<u32> = seen.iter().filter(|(th, _)| *th == t).map(|(_, s)| *s).collect();
-        assert_eq!(mine, (0..EACH).collect::<Vec<_>>(), "thread {t} in publish order");
+        let mine: Vec<u32> = seen
+            .iter()
+            .filter(|(th, _)| *th == t)
+            .map(|(_, s)| *s)
+            .collect();
+        assert_eq!(
+            mine,
+            (0..EACH).collect::<Vec<_>>(),
+            "thread {t} in publish order"
+        );
     }
     let trailer = trailer.expect("trailer");
     assert_eq!(trailer["records"], 20_000);
     assert_eq!(trailer["dropped"], 0);
     assert_eq!(trailer["backpressure"], "block");
     let reader = TraceReader::open(&path, ReadOptions::default()).expect("open");
-    assert_eq!(reader.header().sm_config_json, r#"{"l1": {"size_gb": 1.0}}"#);
+    assert_eq!(
+        reader.header().sm_config_json,
+        r#"{"l1": {"size_gb": 1.0}}"#
+    );
 }
 
 /// Holds the drain thread on its first event until released, so the queue fills up.
@@ -151,7 +165,11 @@ fn drop_mode_never_waits_and_counts_every_drop() {
     let reports = bus.close().expect("close");
     let written = reports[1].events;
     assert!(dropped > 0, "a held drain thread with 16 slots must drop");
-    assert_eq!(written + dropped, THREADS as u64 * EACH as u64, "nothing lost silently");
+    assert_eq!(
+        written + dropped,
+        THREADS as u64 * EACH as u64,
+        "nothing lost silently"
+    );
     let (seen, trailer) = read_back(&path);
     assert_eq!(seen.len() as u64, written);
     let trailer = trailer.expect("trailer");
@@ -178,10 +196,23 @@ fn lmcache_strict_output_is_byte_for_byte_what_lmcache_writes() {
     let mut reader = TraceReader::open(&path, ReadOptions::default()).expect("open");
     let header = reader.header().clone();
     // No config attached: the header falls back to empty config and digest, as in LMCache.
-    assert_eq!((header.sm_config_json.as_str(), header.sm_config_digest.as_str()), ("", ""));
-    let record = reader.next_record().expect("record").expect("one").to_record();
+    assert_eq!(
+        (
+            header.sm_config_json.as_str(),
+            header.sm_config_digest.as_str()
+        ),
+        ("", "")
+    );
+    let record = reader
+        .next_record()
+        .expect("record")
+        .expect("one")
+        .to_record();
     assert!(record.t_mono >= 0.0);
-    assert!(reader.next_record().expect("eof").is_none(), "no trailer in strict mode");
+    assert!(
+        reader.next_record().expect("eof").is_none(),
+        "no trailer in strict mode"
+    );
     // Rebuild the expected bytes independently from the frame layout of format spec §3-§5.
     let mut args = Vec::new();
     msgpack::put_map_len(&mut args, 1);
@@ -206,7 +237,10 @@ fn a_compressed_recording_reads_back() {
     let bus = EventBus::start(BusOptions::default(), vec![Box::new(recorder)]).expect("bus");
     (0..100).for_each(|i| publish(&bus.tracer(), 2, i));
     bus.close().expect("close");
-    assert_eq!(&std::fs::read(&path).expect("read")[..4], &[0x28, 0xb5, 0x2f, 0xfd]);
+    assert_eq!(
+        &std::fs::read(&path).expect("read")[..4],
+        &[0x28, 0xb5, 0x2f, 0xfd]
+    );
     let (seen, trailer) = read_back(&path);
     assert_eq!(seen.len(), 100);
     assert_eq!(trailer.expect("trailer")["records"], 100);
@@ -230,5 +264,8 @@ fn an_unwritable_path_is_a_clear_error() {
     .err()
     .expect("must fail");
     let text = err.to_string();
-    assert!(text.starts_with("/nonexistent-dir/x.lct: cannot create"), "{text}");
+    assert!(
+        text.starts_with("/nonexistent-dir/x.lct: cannot create"),
+        "{text}"
+    );
 }

@@ -7,8 +7,8 @@ use common::sample;
 use kvtrace::convert::{convert, ConvertOptions, Kind};
 use kvtrace::inspect::inspect;
 use kvtrace::lmct::calls::{
-    StorageCall, FINISH_READ_PREFETCHED, FINISH_WRITE, READ_PREFETCHED_ENTER,
-    READ_PREFETCHED_EXIT, RESERVE_WRITE, SUBMIT_PREFETCH_TASK,
+    StorageCall, FINISH_READ_PREFETCHED, FINISH_WRITE, READ_PREFETCHED_ENTER, READ_PREFETCHED_EXIT,
+    RESERVE_WRITE, SUBMIT_PREFETCH_TASK,
 };
 use kvtrace::lmct::codec::{
     object_keys, GroupedObjectKeys, LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec,
@@ -19,7 +19,11 @@ use kvtrace::lmct::schema::Migration;
 use kvtrace::lmct::{Header, HeaderSchema, ReadOptions, Record, TraceReader, TraceWriter, Value};
 
 fn owned_keys(v: kvtrace::lmct::msgpack::RawValue<'_>) -> Vec<ObjectKey> {
-    object_keys(v).expect("keys").iter().map(|k| k.to_owned()).collect()
+    object_keys(v)
+        .expect("keys")
+        .iter()
+        .map(|k| k.to_owned())
+        .collect()
 }
 
 #[test]
@@ -31,8 +35,10 @@ fn typed_encoders_reproduce_every_real_record() {
             let a = r.args;
             let keys = a.get("keys").map(owned_keys).unwrap_or_default();
             let layout = a.get("layout_desc").and_then(MemoryLayoutDesc::from_raw);
-            let spec = a.get("spec").and_then(PrefetchTaskSpecRef::from_raw).map(|s| {
-                PrefetchTaskSpec {
+            let spec = a
+                .get("spec")
+                .and_then(PrefetchTaskSpecRef::from_raw)
+                .map(|s| PrefetchTaskSpec {
                     key_groups: s
                         .groups()
                         .expect("groups")
@@ -47,8 +53,7 @@ fn typed_encoders_reproduce_every_real_record() {
                     num_kv_readers: s.num_kv_readers,
                     fetching_policy: s.fetching_policy.to_string(),
                     lock_mode: s.lock_mode,
-                }
-            });
+                });
             let request_id = a.get("external_request_id").and_then(|v| v.as_str());
             let call = match r.qualname {
                 RESERVE_WRITE => StorageCall::ReserveWrite {
@@ -71,7 +76,13 @@ fn typed_encoders_reproduce_every_real_record() {
             };
             let mut args = Vec::new();
             call.encode_args(&mut args);
-            assert_eq!(args, a.bytes(), "{name}: {} at byte {}", r.qualname, r.offset);
+            assert_eq!(
+                args,
+                a.bytes(),
+                "{name}: {} at byte {}",
+                r.qualname,
+                r.offset
+            );
             checked += 1;
         }
         assert!(checked >= 2);
@@ -95,7 +106,15 @@ fn layout() -> Value {
     Value::tagged(
         "MemoryLayoutDesc",
         Value::map([
-            ("shapes", Value::array(vec![Value::array(vec![Value::int(2), Value::int(4), Value::int(64), Value::int(128)])])),
+            (
+                "shapes",
+                Value::array(vec![Value::array(vec![
+                    Value::int(2),
+                    Value::int(4),
+                    Value::int(64),
+                    Value::int(128),
+                ])]),
+            ),
             ("dtypes", Value::array(vec![Value::str("torch.bfloat16")])),
         ]),
     )
@@ -115,12 +134,18 @@ fn spec(keys: Vec<Value>, memory_tags: bool) -> Value {
         ("key_groups", Value::array(vec![group])),
         ("num_kv_readers", Value::int(1)),
         ("fetching_policy", Value::str("prefix")),
-        ("lock_mode", Value::tagged("PrefetchLockMode", Value::str("LOCK"))),
+        (
+            "lock_mode",
+            Value::tagged("PrefetchLockMode", Value::str("LOCK")),
+        ),
     ];
     if memory_tags {
         let tag = Value::tagged(
             "MemoryTags",
-            Value::map([("segment", Value::str("dram")), ("residency", Value::str("local"))]),
+            Value::map([
+                ("segment", Value::str("dram")),
+                ("residency", Value::str("local")),
+            ]),
         );
         fields.push(("allowed_l1_memory_tags", Value::Nil));
         fields.push(("allowed_l2_memory_tags", Value::array(vec![tag])));
@@ -133,7 +158,12 @@ fn write_trace(path: &std::path::Path, schema: HeaderSchema, records: Vec<(&str,
     header.schema = schema;
     let mut w = TraceWriter::new(std::fs::File::create(path).expect("create"), header);
     for (i, (q, args)) in records.into_iter().enumerate() {
-        let r = Record { t_mono: i as f64, t_wall: 1_790_000_000.0 + i as f64, qualname: q.into(), args };
+        let r = Record {
+            t_mono: i as f64,
+            t_wall: 1_790_000_000.0 + i as f64,
+            qualname: q.into(),
+            args,
+        };
         w.write_record(&r).expect("write");
     }
     w.finish().expect("finish");
@@ -146,7 +176,10 @@ fn to_schema_1(input: &std::path::Path, output: &std::path::Path) -> Migration {
         zstd_level: 3,
         read: ReadOptions::default(),
     };
-    convert(input, output, options).expect("convert").migration.expect("migration")
+    convert(input, output, options)
+        .expect("convert")
+        .migration
+        .expect("migration")
 }
 
 #[test]
@@ -156,12 +189,25 @@ fn lmcache_057_schema_2_is_detected_and_rewritten_for_056() {
     write_trace(
         &v2,
         HeaderSchema::Version(2),
-        vec![(SUBMIT_PREFETCH_TASK, Value::map([("spec", spec(vec![key(None)], true)), ("external_request_id", Value::str("r1"))]))],
+        vec![(
+            SUBMIT_PREFETCH_TASK,
+            Value::map([
+                ("spec", spec(vec![key(None)], true)),
+                ("external_request_id", Value::str("r1")),
+            ]),
+        )],
     );
     let info = inspect(&v2, ReadOptions::default()).expect("info");
     assert_eq!(info.schema_variant, "2, memory-tag filters (LMCache 0.5.7)");
     let m = to_schema_1(&v2, &v1);
-    assert_eq!((m.null_memory_filters_removed, m.memory_filters_dropped, m.skip_l2_added), (1, 1, 1));
+    assert_eq!(
+        (
+            m.null_memory_filters_removed,
+            m.memory_filters_dropped,
+            m.skip_l2_added
+        ),
+        (1, 1, 1)
+    );
     assert!(m.lines().iter().any(|l| l.contains("DROPPED")));
     let mut reader = TraceReader::open(&v1, ReadOptions::default()).expect("open");
     assert_eq!(reader.header().schema, HeaderSchema::Version(1));
@@ -169,9 +215,22 @@ fn lmcache_057_schema_2_is_detected_and_rewritten_for_056() {
     // Now exactly what a 0.5.6 server records for the same call.
     let expected_spec = PrefetchTaskSpec {
         key_groups: vec![GroupedObjectKeys {
-            keys: owned_keys(r.args.get("spec").and_then(|s| s.tagged("PrefetchTaskSpec")).and_then(|s| s.get("key_groups")).and_then(|g| g.array()).and_then(|mut g| g.next()).and_then(|g| g.get("v")).and_then(|g| g.get("keys")).expect("keys")),
+            keys: owned_keys(
+                r.args
+                    .get("spec")
+                    .and_then(|s| s.tagged("PrefetchTaskSpec"))
+                    .and_then(|s| s.get("key_groups"))
+                    .and_then(|g| g.array())
+                    .and_then(|mut g| g.next())
+                    .and_then(|g| g.get("v"))
+                    .and_then(|g| g.get("keys"))
+                    .expect("keys"),
+            ),
             object_group_id: 0,
-            layout_desc: MemoryLayoutDesc { shapes: vec![vec![2, 4, 64, 128]], dtypes: vec!["torch.bfloat16".into()] },
+            layout_desc: MemoryLayoutDesc {
+                shapes: vec![vec![2, 4, 64, 128]],
+                dtypes: vec!["torch.bfloat16".into()],
+            },
             sliding_window_size: -1,
         }],
         num_kv_readers: 1,
@@ -179,10 +238,19 @@ fn lmcache_057_schema_2_is_detected_and_rewritten_for_056() {
         lock_mode: LockMode::Lock,
     };
     let mut args = Vec::new();
-    StorageCall::SubmitPrefetchTask { spec: &expected_spec, external_request_id: "r1", skip_l2: false }
-        .encode_args(&mut args);
+    StorageCall::SubmitPrefetchTask {
+        spec: &expected_spec,
+        external_request_id: "r1",
+        skip_l2: false,
+    }
+    .encode_args(&mut args);
     assert_eq!(r.args.bytes(), &args[..]);
-    assert_eq!(inspect(&v1, ReadOptions::default()).expect("info").schema_variant, "1 (LMCache 0.5.6)");
+    assert_eq!(
+        inspect(&v1, ReadOptions::default())
+            .expect("info")
+            .schema_variant,
+        "1 (LMCache 0.5.6)"
+    );
 }
 
 #[test]
@@ -193,14 +261,41 @@ fn cache_salt_schema_2_is_detected_and_salts_are_reported() {
         &v2,
         HeaderSchema::Version(2),
         vec![
-            (RESERVE_WRITE, Value::map([("keys", Value::array(vec![key(Some("")), key(Some("tenant-a"))])), ("layout_desc", layout())])),
-            (FINISH_WRITE, Value::map([("keys", Value::array(vec![key(Some(""))]))])),
-            (SUBMIT_PREFETCH_TASK, Value::map([("spec", spec(vec![key(Some(""))], false)), ("external_request_id", Value::str("r")), ("skip_l2", Value::Bool(false))])),
+            (
+                RESERVE_WRITE,
+                Value::map([
+                    (
+                        "keys",
+                        Value::array(vec![key(Some("")), key(Some("tenant-a"))]),
+                    ),
+                    ("layout_desc", layout()),
+                ]),
+            ),
+            (
+                FINISH_WRITE,
+                Value::map([("keys", Value::array(vec![key(Some(""))]))]),
+            ),
+            (
+                SUBMIT_PREFETCH_TASK,
+                Value::map([
+                    ("spec", spec(vec![key(Some(""))], false)),
+                    ("external_request_id", Value::str("r")),
+                    ("skip_l2", Value::Bool(false)),
+                ]),
+            ),
         ],
     );
-    assert_eq!(inspect(&v2, ReadOptions::default()).expect("info").schema_variant, "2, cache_salt in object keys");
+    assert_eq!(
+        inspect(&v2, ReadOptions::default())
+            .expect("info")
+            .schema_variant,
+        "2, cache_salt in object keys"
+    );
     let m = to_schema_1(&v2, &v1);
-    assert_eq!((m.empty_salts_removed, m.salts_dropped, m.skip_l2_added), (3, 1, 0));
+    assert_eq!(
+        (m.empty_salts_removed, m.salts_dropped, m.skip_l2_added),
+        (3, 1, 0)
+    );
     assert!(m.lines().iter().any(|l| l.contains("NON-EMPTY cache_salt")));
 }
 
@@ -210,10 +305,25 @@ fn early_and_pre_rename_shapes_are_migrated() {
     let (early, v1) = (dir.path().join("early.lct"), dir.path().join("v1.lct"));
     write_trace(
         &early,
-        HeaderSchema::Early { lmcache_version: "0.3.9".into() },
+        HeaderSchema::Early {
+            lmcache_version: "0.3.9".into(),
+        },
         vec![
-            (RESERVE_WRITE, Value::map([("keys", Value::array(vec![key(None)])), ("layout_desc", layout()), ("mode", Value::str("new"))])),
-            (FINISH_READ_PREFETCHED, Value::map([("keys", Value::array(vec![key(None)])), ("extra_count", Value::int(2))])),
+            (
+                RESERVE_WRITE,
+                Value::map([
+                    ("keys", Value::array(vec![key(None)])),
+                    ("layout_desc", layout()),
+                    ("mode", Value::str("new")),
+                ]),
+            ),
+            (
+                FINISH_READ_PREFETCHED,
+                Value::map([
+                    ("keys", Value::array(vec![key(None)])),
+                    ("extra_count", Value::int(2)),
+                ]),
+            ),
         ],
     );
     let info = inspect(&early, ReadOptions::default()).expect("info");
@@ -231,17 +341,30 @@ fn early_and_pre_rename_shapes_are_migrated() {
     write_trace(
         &legacy,
         HeaderSchema::Version(1),
-        vec![(FINISH_READ_PREFETCHED, Value::map([("keys", Value::array(vec![])), ("extra_count", Value::int(0))]))],
+        vec![(
+            FINISH_READ_PREFETCHED,
+            Value::map([
+                ("keys", Value::array(vec![])),
+                ("extra_count", Value::int(0)),
+            ]),
+        )],
     );
     let info = inspect(&legacy, ReadOptions::default()).expect("info");
-    assert_eq!(info.schema_variant, "1 with pre-rename arguments (extra_count / mode)");
+    assert_eq!(
+        info.schema_variant,
+        "1 with pre-rename arguments (extra_count / mode)"
+    );
 }
 
 #[test]
 fn an_unknown_schema_version_is_read_with_a_warning() {
     let dir = tempfile::tempdir().expect("tmp");
     let path = dir.path().join("v9.lct");
-    write_trace(&path, HeaderSchema::Version(9), vec![("x.y", Value::map::<&str>([]))]);
+    write_trace(
+        &path,
+        HeaderSchema::Version(9),
+        vec![("x.y", Value::map::<&str>([]))],
+    );
     let info = inspect(&path, ReadOptions::default()).expect("lenient");
     assert_eq!(info.total_records, 1);
     assert!(info.warnings[0].contains("unknown trace_schema_version 9"));
@@ -286,5 +409,8 @@ fn semantic_digest_ignores_process_specific_values_only() {
     let real = r#"{"l1": {"shm_name": "", "size": 2}, "l2": ["<a.B object at 0x7f5efde7ee90>"]}"#;
     assert_eq!(compare_configs(base, base), DigestMatch::Exact);
     assert_eq!(compare_configs(base, pid), DigestMatch::Semantic);
-    assert_eq!(compare_configs(base, real), DigestMatch::Mismatch(vec!["$.l1.size".into()]));
+    assert_eq!(
+        compare_configs(base, real),
+        DigestMatch::Mismatch(vec!["$.l1.size".into()])
+    );
 }

@@ -10,11 +10,13 @@ use super::{warn, ReadArgs};
 /// Convert between .lct, .lct.zst and lossless .jsonl, optionally rewriting later schemas
 /// into LMCache 0.5.6's schema 1
 #[derive(clap::Args)]
-#[command(after_help = "Examples:\n  kvtrace convert trace.lct trace.jsonl        # lossless: converting back gives the same bytes\n  \
+#[command(
+    after_help = "Examples:\n  kvtrace convert trace.lct trace.jsonl        # lossless: converting back gives the same bytes\n  \
 kvtrace convert trace.jsonl trace.lct\n  kvtrace convert trace.lct trace.lct.zst\n  \
 kvtrace convert new.lct old.lct --schema 1   # for LMCache 0.5.6; says what was dropped\n\n\
 The output kind follows OUT's extension (.jsonl, .zst, anything else is .lct) unless --to is given; \
-the input kind is detected from its content. - is standard input or output.")]
+the input kind is detected from its content. - is standard input or output."
+)]
 pub struct Args {
     #[arg(value_name = "IN")]
     input: PathBuf,
@@ -35,17 +37,24 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<i32, Error> {
     let to = match &args.to {
-        Some(name) => Kind::parse(name)
-            .ok_or_else(|| Error::usage(format!("--to {name:?}: expected lct, lct.zst or jsonl")))?,
+        Some(name) => Kind::parse(name).ok_or_else(|| {
+            Error::usage(format!("--to {name:?}: expected lct, lct.zst or jsonl"))
+        })?,
         None if args.output.as_os_str() == "-" => {
-            return Err(Error::usage("writing to standard output needs --to lct|lct.zst|jsonl"))
+            return Err(Error::usage(
+                "writing to standard output needs --to lct|lct.zst|jsonl",
+            ))
         }
         None => Kind::from_path(&args.output),
     };
     let to_schema_1 = match args.schema {
         None => false,
         Some(1) => true,
-        Some(v) => return Err(Error::usage(format!("--schema {v}: kvtrace writes schema 1 only"))),
+        Some(v) => {
+            return Err(Error::usage(format!(
+                "--schema {v}: kvtrace writes schema 1 only"
+            )))
+        }
     };
     let options = ConvertOptions {
         to,
@@ -56,10 +65,19 @@ pub fn run(args: Args) -> Result<i32, Error> {
     let report = convert(&args.input, &args.output, options)?;
     let shown = args.input.display().to_string();
     if report.raw_frames > 0 {
-        warn(&shown, &format!("{} undecodable frames carried over as raw bytes", report.raw_frames));
+        warn(
+            &shown,
+            &format!(
+                "{} undecodable frames carried over as raw bytes",
+                report.raw_frames
+            ),
+        );
     }
     if report.tail_bytes > 0 {
-        warn(&shown, &format!("truncated tail of {} bytes carried over", report.tail_bytes));
+        warn(
+            &shown,
+            &format!("truncated tail of {} bytes carried over", report.tail_bytes),
+        );
     }
     if let Some(m) = &report.migration {
         let lines = m.lines();

@@ -22,8 +22,10 @@ enum Format {
 
 /// Print every frame as JSON: codec tags decoded, bin as hex; the header first
 #[derive(clap::Args)]
-#[command(after_help = "Examples:\n  kvtrace dump trace.lct --limit 5\n  kvtrace dump trace.lct --qualname '*finish_write' | jq -c '.args.keys | length'\n\n\
-PATTERN is a glob (*, ?, [..]) matched against the whole qualname, or a plain substring when it has no wildcard.")]
+#[command(
+    after_help = "Examples:\n  kvtrace dump trace.lct --limit 5\n  kvtrace dump trace.lct --qualname '*finish_write' | jq -c '.args.keys | length'\n\n\
+PATTERN is a glob (*, ?, [..]) matched against the whole qualname, or a plain substring when it has no wildcard."
+)]
 pub struct Args {
     /// Trace file (.lct or .lct.zst); - reads standard input
     #[arg(value_name = "FILE")]
@@ -169,7 +171,11 @@ fn dump(args: &Args, printer: &mut Printer<impl Write>) -> Result<(), Error> {
         }
         printed += 1;
     }
-    for w in reader.header_warnings().iter().chain(&reader.summary().warnings()) {
+    for w in reader
+        .header_warnings()
+        .iter()
+        .chain(&reader.summary().warnings())
+    {
         warn(&shown, w);
     }
     Ok(())

@@ -8,7 +8,9 @@ use kvtrace::synth::{write_file, SynthOptions};
 /// Write a realistic synthetic storage trace (multi-turn conversations over shared system
 /// prompts, issued as an LMCache server issues StorageManager calls); same seed, same bytes
 #[derive(clap::Args)]
-#[command(after_help = "Examples:\n  kvtrace generate big.lct --records 1000000\n  kvtrace generate small.lct.zst --records 5000 --seed 7")]
+#[command(
+    after_help = "Examples:\n  kvtrace generate big.lct --records 1000000\n  kvtrace generate small.lct.zst --records 5000 --seed 7"
+)]
 pub struct Args {
     /// Output file; a name ending in .zst is zstd-compressed
     #[arg(value_name = "OUT")]
@@ -32,7 +34,9 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<i32, Error> {
     if args.chunk_tokens <= 0 || args.conversations == 0 {
-        return Err(Error::usage("--chunk-tokens and --conversations must be positive"));
+        return Err(Error::usage(
+            "--chunk-tokens and --conversations must be positive",
+        ));
     }
     let options = SynthOptions {
         records: args.records,
@@ -43,6 +47,10 @@ pub fn run(args: Args) -> Result<i32, Error> {
     };
     let zstd = args.out.to_string_lossy().ends_with(".zst");
     write_file(&options, &args.out, zstd.then_some(args.zstd_level))?;
-    eprintln!("kvtrace: wrote {} records to {}", args.records, args.out.display());
+    eprintln!(
+        "kvtrace: wrote {} records to {}",
+        args.records,
+        args.out.display()
+    );
     Ok(EXIT_OK)
 }

@@ -10,7 +10,9 @@ use super::{print_stdout, report, warn, ReadArgs};
 /// Summarise traces: LMCache's `trace info` fields plus schema variant, start-up gap,
 /// distinct keys, implied payload bytes, completeness and the recorder trailer
 #[derive(clap::Args)]
-#[command(after_help = "Examples:\n  kvtrace info trace.lct\n  kvtrace info --json a.lct b.lct.zst | jq '.[].ops'")]
+#[command(
+    after_help = "Examples:\n  kvtrace info trace.lct\n  kvtrace info --json a.lct b.lct.zst | jq '.[].ops'"
+)]
 pub struct Args {
     /// Trace files (.lct or .lct.zst)
     #[arg(required = true, value_name = "FILE")]

@@ -13,7 +13,8 @@ use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::lmct::reader::DEFAULT_MAX_FRAME_BYTES;
 use kvtrace::lmct::ReadOptions;
 
-const EXIT_CODES: &str = "Exit status: 0 success; 1 bad input data or an I/O failure; 2 usage error.";
+const EXIT_CODES: &str =
+    "Exit status: 0 success; 1 bad input data or an I/O failure; 2 usage error.";
 
 #[derive(Parser)]
 #[command(
@@ -81,7 +82,11 @@ pub fn run() -> i32 {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() { e.exit_code() } else { EXIT_OK };
+            return if e.use_stderr() {
+                e.exit_code()
+            } else {
+                EXIT_OK
+            };
         }
     };
     let result = match cli.command {

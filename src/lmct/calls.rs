@@ -6,7 +6,8 @@ use super::msgpack;
 
 /// Qualname prefix of every StorageManager call.
 pub const SM: &str = "lmcache.v1.distributed.storage_manager.StorageManager";
-pub const RESERVE_WRITE: &str = "lmcache.v1.distributed.storage_manager.StorageManager.reserve_write";
+pub const RESERVE_WRITE: &str =
+    "lmcache.v1.distributed.storage_manager.StorageManager.reserve_write";
 pub const FINISH_WRITE: &str = "lmcache.v1.distributed.storage_manager.StorageManager.finish_write";
 pub const SUBMIT_PREFETCH_TASK: &str =
     "lmcache.v1.distributed.storage_manager.StorageManager.submit_prefetch_task";
@@ -37,7 +38,9 @@ pub fn short_name(qualname: &str) -> String {
         .strip_prefix(SM)
         .and_then(|s| s.strip_prefix('.'))
         .unwrap_or(qualname);
-    short.replace(".__enter__", ".enter").replace(".__exit__", ".exit")
+    short
+        .replace(".__enter__", ".enter")
+        .replace(".__exit__", ".exit")
 }
 
 /// One traced call with borrowed arguments.

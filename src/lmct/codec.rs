@@ -77,13 +77,19 @@ pub struct ObjectKeyRef<'a> {
 
 impl<'a> ObjectKeyRef<'a> {
     pub fn from_raw(v: RawValue<'a>) -> Option<Self> {
-        let p = v.tagged(TAG_OBJECT_KEY)?;
+        let [hash, model, rank, group, salt] = v.tagged(TAG_OBJECT_KEY)?.fields([
+            "chunk_hash",
+            "model_name",
+            "kv_rank",
+            "object_group_id",
+            "cache_salt",
+        ])?;
         Some(ObjectKeyRef {
-            chunk_hash: p.get("chunk_hash")?.as_bin()?,
-            model_name: p.get("model_name")?.as_str()?,
-            kv_rank: p.get("kv_rank")?.as_i64()?,
-            object_group_id: p.get("object_group_id")?.as_i64()?,
-            cache_salt: match p.get("cache_salt") {
+            chunk_hash: hash?.as_bin()?,
+            model_name: model?.as_str()?,
+            kv_rank: rank?.as_i64()?,
+            object_group_id: group?.as_i64()?,
+            cache_salt: match salt {
                 Some(s) => Some(s.as_str()?),
                 None => None,
             },
@@ -130,14 +136,12 @@ pub struct MemoryLayoutDesc {
 
 impl MemoryLayoutDesc {
     pub fn from_raw(v: RawValue<'_>) -> Option<Self> {
-        let p = v.tagged(TAG_LAYOUT)?;
-        let shapes = p
-            .get("shapes")?
+        let [shapes, dtypes] = v.tagged(TAG_LAYOUT)?.fields(["shapes", "dtypes"])?;
+        let shapes = shapes?
             .array()?
             .map(|s| s.array()?.map(|d| d.as_i64()).collect::<Option<Vec<_>>>())
             .collect::<Option<Vec<_>>>()?;
-        let dtypes = p
-            .get("dtypes")?
+        let dtypes = dtypes?
             .array()?
             .map(|d| d.as_str().map(str::to_owned))
             .collect::<Option<Vec<_>>>()?;
@@ -255,14 +259,19 @@ pub struct GroupedObjectKeysRef<'a> {
 
 impl<'a> GroupedObjectKeysRef<'a> {
     pub fn from_raw(v: RawValue<'a>) -> Option<Self> {
-        let p = v.tagged(TAG_GROUPED_KEYS)?;
-        let keys = p.get("keys")?;
+        let [keys, group, layout, window] = v.tagged(TAG_GROUPED_KEYS)?.fields([
+            "keys",
+            "object_group_id",
+            "layout_desc",
+            "sliding_window_size",
+        ])?;
+        let keys = keys?;
         keys.array()?;
         Some(GroupedObjectKeysRef {
             keys,
-            object_group_id: p.get("object_group_id")?.as_i64()?,
-            layout_desc: p.get("layout_desc")?,
-            sliding_window_size: p.get("sliding_window_size")?.as_i64()?,
+            object_group_id: group?.as_i64()?,
+            layout_desc: layout?,
+            sliding_window_size: window?.as_i64()?,
         })
     }
 
@@ -324,16 +333,24 @@ pub struct PrefetchTaskSpecRef<'a> {
 
 impl<'a> PrefetchTaskSpecRef<'a> {
     pub fn from_raw(v: RawValue<'a>) -> Option<Self> {
-        let p = v.tagged(TAG_PREFETCH_SPEC)?;
-        let key_groups = p.get("key_groups")?;
+        let [groups, readers, policy, lock, l1_tags, l2_tags] =
+            v.tagged(TAG_PREFETCH_SPEC)?.fields([
+                "key_groups",
+                "num_kv_readers",
+                "fetching_policy",
+                "lock_mode",
+                "allowed_l1_memory_tags",
+                "allowed_l2_memory_tags",
+            ])?;
+        let key_groups = groups?;
         key_groups.array()?;
         Some(PrefetchTaskSpecRef {
             key_groups,
-            num_kv_readers: p.get("num_kv_readers")?.as_i64()?,
-            fetching_policy: p.get("fetching_policy")?.as_str()?,
-            lock_mode: LockMode::from_raw(p.get("lock_mode")?)?,
-            allowed_l1_memory_tags: p.get("allowed_l1_memory_tags"),
-            allowed_l2_memory_tags: p.get("allowed_l2_memory_tags"),
+            num_kv_readers: readers?.as_i64()?,
+            fetching_policy: policy?.as_str()?,
+            lock_mode: LockMode::from_raw(lock?)?,
+            allowed_l1_memory_tags: l1_tags,
+            allowed_l2_memory_tags: l2_tags,
         })
     }
 

@@ -188,8 +188,7 @@ pub fn compare_configs(recorded: &str, other: &str) -> DigestMatch {
     if config_digest(recorded) == config_digest(other) {
         return DigestMatch::Exact;
     }
-    if semantic_digest(recorded).is_some() && semantic_digest(recorded) == semantic_digest(other)
-    {
+    if semantic_digest(recorded).is_some() && semantic_digest(recorded) == semantic_digest(other) {
         return DigestMatch::Semantic;
     }
     let parse = |s: &str| serde_json::from_str::<Json>(s).unwrap_or(Json::String(s.into()));

@@ -242,10 +242,8 @@ impl RecordSpans {
             let (value, end) = item(after_key)?;
             pos = end;
             match key {
-                Some(b"type") => {
-                    if value.as_str() != Some("record") {
-                        return Err("type: expected \"record\"".into());
-                    }
+                Some(b"type") if value.as_str() != Some("record") => {
+                    return Err("type: expected \"record\"".into());
                 }
                 Some(b"t_mono") if t_mono.is_none() => {
                     t_mono = Some(value.as_f64().ok_or("t_mono: expected a number")?)

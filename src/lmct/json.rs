@@ -138,9 +138,11 @@ pub fn to_lossless(v: &Value) -> Json {
             *form,
             annotated("$bin_hex", Json::String(hex::encode(b))),
         ),
-        Value::Array(items, form) => {
-            with_form("array", *form, Json::Array(items.iter().map(to_lossless).collect()))
-        }
+        Value::Array(items, form) => with_form(
+            "array",
+            *form,
+            Json::Array(items.iter().map(to_lossless).collect()),
+        ),
         Value::Map(entries, form) => {
             let body = if plain_object_ok(entries) {
                 let mut m = Map::new();
@@ -182,7 +184,9 @@ fn float_from(j: &Json) -> Result<f64, String> {
 }
 
 fn hex_from(j: &Json, what: &str) -> Result<Vec<u8>, String> {
-    let s = j.as_str().ok_or_else(|| format!("{what}: expected a hex string"))?;
+    let s = j
+        .as_str()
+        .ok_or_else(|| format!("{what}: expected a hex string"))?;
     hex::decode(s).map_err(|e| format!("{what}: {e}"))
 }
 
@@ -220,7 +224,10 @@ fn from_lossless_at(j: &Json, path: &str) -> Result<Value, String> {
                 let entries = m
                     .iter()
                     .map(|(k, v)| {
-                        Ok((Value::str(k.clone()), from_lossless_at(v, &format!("{path}.{k}"))?))
+                        Ok((
+                            Value::str(k.clone()),
+                            from_lossless_at(v, &format!("{path}.{k}"))?,
+                        ))
                     })
                     .collect::<Result<_, String>>()?;
                 return Ok(Value::Map(entries, None));
@@ -231,7 +238,9 @@ fn from_lossless_at(j: &Json, path: &str) -> Result<Value, String> {
                 "$f64" => Value::F64(float_from(payload).map_err(at)?),
                 "$f32" => Value::F32(float_from(payload).map_err(at)? as f32),
                 "$map" => {
-                    let pairs = payload.as_array().ok_or_else(|| at("$map: expected pairs".into()))?;
+                    let pairs = payload
+                        .as_array()
+                        .ok_or_else(|| at("$map: expected pairs".into()))?;
                     let mut entries = Vec::with_capacity(pairs.len());
                     for (i, pair) in pairs.iter().enumerate() {
                         match pair.as_array().map(Vec::as_slice) {

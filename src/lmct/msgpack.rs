@@ -436,12 +436,18 @@ const SHORT: &str = "length runs past the end of the frame";
 
 #[inline(always)]
 fn step(bytes: &[u8], pos: usize) -> Result<Step, MsgpackError> {
-    let short = MsgpackError { at: pos, what: SHORT };
+    let short = MsgpackError {
+        at: pos,
+        what: SHORT,
+    };
     let b = *bytes.get(pos).ok_or(short.clone())?;
     let fixed = |len: usize| {
         let end = pos + len;
         if end > bytes.len() {
-            Err(MsgpackError { at: pos, what: SHORT })
+            Err(MsgpackError {
+                at: pos,
+                what: SHORT,
+            })
         } else {
             Ok(Step::Done(end))
         }
@@ -501,7 +507,12 @@ fn step(bytes: &[u8], pos: usize) -> Result<Step, MsgpackError> {
 }
 
 /// Validates `children` items starting at `pos`, nested `depth` levels deep.
-fn children(bytes: &[u8], children: u64, mut pos: usize, depth: usize) -> Result<usize, MsgpackError> {
+fn children(
+    bytes: &[u8],
+    children: u64,
+    mut pos: usize,
+    depth: usize,
+) -> Result<usize, MsgpackError> {
     if depth > MAX_DEPTH {
         return Err(MsgpackError {
             at: pos,
@@ -552,6 +563,11 @@ fn skip_trusted(bytes: &[u8], at: usize) -> Option<usize> {
         pos = match b {
             0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => pos + 1,
             0xa0..=0xbf => pos + 1 + (b & 0x1f) as usize,
+            0xcc | 0xd0 => pos + 2,
+            0xcd | 0xd1 => pos + 3,
+            0xce | 0xd2 | 0xca => pos + 5,
+            0xcf | 0xd3 | 0xcb => pos + 9,
+            0xc4 | 0xd9 => pos + 2 + *bytes.get(pos + 1)? as usize,
             0x80..=0x8f => {
                 pending += 2 * (b & 0x0f) as u64;
                 pos + 1
@@ -709,8 +725,23 @@ impl<'a> RawValue<'a> {
     /// The first value under string key `key`, if this is a map.
     pub fn get(&self, key: &str) -> Option<RawValue<'a>> {
         self.map()?
-            .find(|(k, _)| k.as_str() == Some(key))
+            .find(|(k, _)| k.str_bytes() == Some(key.as_bytes()))
             .map(|(_, v)| v)
+    }
+
+    /// Several fields of a map in one pass: `out[i]` is the first value under `names[i]`.
+    /// Prefer this to repeated [`RawValue::get`] calls, each of which walks the map again.
+    pub fn fields<const N: usize>(&self, names: [&str; N]) -> Option<[Option<RawValue<'a>>; N]> {
+        let mut out = [None; N];
+        for (k, v) in self.map()? {
+            let Some(key) = k.str_bytes() else { continue };
+            if let Some(i) = names.iter().position(|n| n.as_bytes() == key) {
+                if out[i].is_none() {
+                    out[i] = Some(v);
+                }
+            }
+        }
+        Some(out)
     }
 
     /// `(tag, payload)` when this is a codec-tagged value `{"__t__": tag, "v": payload}`.
@@ -721,7 +752,7 @@ impl<'a> RawValue<'a> {
         }
         let (k1, tag) = entries.next()?;
         let (k2, payload) = entries.next()?;
-        if k1.as_str()? == "__t__" && k2.as_str()? == "v" {
+        if k1.str_bytes()? == b"__t__" && k2.str_bytes()? == b"v" {
             Some((tag.as_str()?, payload))
         } else {
             None
@@ -759,10 +790,7 @@ impl<'a> RawValue<'a> {
                     Form::Fix => Form::W8,
                     f => f,
                 };
-                Value::Bin(
-                    self.as_bin().unwrap_or_default().to_vec(),
-                    keep(canonical),
-                )
+                Value::Bin(self.as_bin().unwrap_or_default().to_vec(), keep(canonical))
             }
             Kind::Ext => {
                 let data = self
@@ -783,11 +811,7 @@ impl<'a> RawValue<'a> {
             ),
             Kind::Map => Value::Map(
                 self.map()
-                    .map(|entries| {
-                        entries
-                            .map(|(k, v)| (k.to_value(), v.to_value()))
-                            .collect()
-                    })
+                    .map(|entries| entries.map(|(k, v)| (k.to_value(), v.to_value())).collect())
                     .unwrap_or_default(),
                 keep(canonical_len_form(h.n as usize, 15, false)),
             ),

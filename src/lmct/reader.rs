@@ -106,7 +106,9 @@ impl ReadSummary {
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
         for (offset, reason) in &self.undecodable_examples {
-            out.push(format!("skipped undecodable record at byte {offset}: {reason}"));
+            out.push(format!(
+                "skipped undecodable record at byte {offset}: {reason}"
+            ));
         }
         let unlisted = self.undecodable - self.undecodable_examples.len() as u64;
         if unlisted > 0 {
@@ -212,7 +214,11 @@ impl TraceReader {
             return Err(Error::data(0, "header", "empty file: no header frame"));
         }
         if n < 4 {
-            return Err(Error::data(0, "header", "file ends inside the header's length prefix"));
+            return Err(Error::data(
+                0,
+                "header",
+                "file ends inside the header's length prefix",
+            ));
         }
         let len = u32::from_be_bytes(prefix);
         if len > self.max_frame_bytes {
@@ -235,8 +241,8 @@ impl TraceReader {
                 format!("header frame truncated: {got} of {len} bytes present"),
             ));
         }
-        self.header = Header::parse(&self.header_body)
-            .map_err(|(field, msg)| Error::data(0, field, msg))?;
+        self.header =
+            Header::parse(&self.header_body).map_err(|(field, msg)| Error::data(0, field, msg))?;
         self.next_offset = 4 + len as u64;
         self.summary.bytes = self.next_offset;
         Ok(())
@@ -374,12 +380,16 @@ impl TraceReader {
         match RecordSpans::parse(body) {
             Ok(spans) => {
                 self.summary.records += 1;
-                Ok(Some(Frame::Record(RecordRef::from_spans(offset, body, &spans))))
+                Ok(Some(Frame::Record(RecordRef::from_spans(
+                    offset, body, &spans,
+                ))))
             }
             Err(reason) => {
                 self.summary.undecodable += 1;
                 if self.summary.undecodable_examples.len() < KEPT_SKIP_REASONS {
-                    self.summary.undecodable_examples.push((offset, reason.clone()));
+                    self.summary
+                        .undecodable_examples
+                        .push((offset, reason.clone()));
                 }
                 Ok(Some(Frame::Undecodable {
                     offset,

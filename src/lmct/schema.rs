@@ -36,7 +36,9 @@ impl fmt::Display for SchemaVariant {
                 write!(f, "early header (lmcache_version {lmcache_version})")
             }
             SchemaVariant::V1 => write!(f, "1 (LMCache 0.5.6)"),
-            SchemaVariant::V1Legacy => write!(f, "1 with pre-rename arguments (extra_count / mode)"),
+            SchemaVariant::V1Legacy => {
+                write!(f, "1 with pre-rename arguments (extra_count / mode)")
+            }
             SchemaVariant::V2MemoryTags => write!(f, "2, memory-tag filters (LMCache 0.5.7)"),
             SchemaVariant::V2CacheSalt => write!(f, "2, cache_salt in object keys"),
             SchemaVariant::V2Undetermined => write!(f, "2 (no record shows which meaning)"),
@@ -55,38 +57,46 @@ pub struct SchemaEvidence {
     pub reserve_mode: u64,
 }
 
-fn first_key(args: RawValue<'_>) -> Option<RawValue<'_>> {
-    if let Some(keys) = args.get("keys") {
+/// The first object key of a call: `keys[0]`, or `spec.key_groups[0].keys[0]`.
+fn first_key<'a>(keys: Option<RawValue<'a>>, spec: Option<RawValue<'a>>) -> Option<RawValue<'a>> {
+    if let Some(keys) = keys {
         return keys.array()?.next();
     }
-    let spec = args.get("spec")?.tagged(TAG_PREFETCH_SPEC)?;
+    let spec = spec?.tagged(TAG_PREFETCH_SPEC)?;
     let group = spec.get("key_groups")?.array()?.next()?;
     group.get("v")?.get("keys")?.array()?.next()
 }
 
 impl SchemaEvidence {
+    /// Notes the shapes of one record; one pass over its arguments.
     pub fn observe(&mut self, record: &RecordRef<'_>) {
-        let args = record.args;
-        if let Some(key) = first_key(args).and_then(|k| k.tagged(TAG_OBJECT_KEY)) {
+        let Some([keys, spec, skip_l2, extra_count, mode]) =
+            record
+                .args
+                .fields(["keys", "spec", "skip_l2", "extra_count", "mode"])
+        else {
+            return;
+        };
+        if let Some(key) = first_key(keys, spec).and_then(|k| k.tagged(TAG_OBJECT_KEY)) {
             if key.get("cache_salt").is_some() {
                 self.salted_keys += 1;
             }
         }
         match record.qualname {
             SUBMIT_PREFETCH_TASK => {
-                if args.get("skip_l2").is_none() && args.get("spec").is_some() {
+                let spec = spec.and_then(|s| s.tagged(TAG_PREFETCH_SPEC));
+                if spec.is_some() && skip_l2.is_none() {
                     self.prefetch_without_skip_l2 += 1;
                 }
-                let spec = args.get("spec").and_then(|s| s.tagged(TAG_PREFETCH_SPEC));
                 if spec.is_some_and(|s| s.get("allowed_l1_memory_tags").is_some()) {
                     self.memory_tag_specs += 1;
                 }
-                if args.get("extra_count").is_some() {
+                if extra_count.is_some() {
                     self.extra_count += 1;
                 }
             }
-            FINISH_READ_PREFETCHED if args.get("extra_count").is_some() => self.extra_count += 1,
-            RESERVE_WRITE if args.get("mode").is_some() => self.reserve_mode += 1,
+            FINISH_READ_PREFETCHED if extra_count.is_some() => self.extra_count += 1,
+            RESERVE_WRITE if mode.is_some() => self.reserve_mode += 1,
             _ => {}
         }
     }
@@ -140,20 +150,38 @@ impl Migration {
     /// One line per kind of change, for the user.
     pub fn lines(&self) -> Vec<String> {
         let items = [
-            (self.empty_salts_removed, "empty cache_salt fields removed from object keys"),
+            (
+                self.empty_salts_removed,
+                "empty cache_salt fields removed from object keys",
+            ),
             (
                 self.salts_dropped,
                 "NON-EMPTY cache_salt values dropped: salted keys may now collide",
             ),
-            (self.null_memory_filters_removed, "null memory-tag filters removed from prefetch specs"),
+            (
+                self.null_memory_filters_removed,
+                "null memory-tag filters removed from prefetch specs",
+            ),
             (
                 self.memory_filters_dropped,
                 "memory-tag filters DROPPED: those prefetches now consider every tier",
             ),
-            (self.skip_l2_added, "skip_l2=false added to submit_prefetch_task"),
-            (self.extra_count_migrated, "extra_count=N rewritten as read_locks=N+1"),
-            (self.reserve_mode_dropped, "reserve_write mode argument dropped"),
-            (self.left_unchanged, "records in a pre-spec shape left unchanged (not replayable by 0.5.6)"),
+            (
+                self.skip_l2_added,
+                "skip_l2=false added to submit_prefetch_task",
+            ),
+            (
+                self.extra_count_migrated,
+                "extra_count=N rewritten as read_locks=N+1",
+            ),
+            (
+                self.reserve_mode_dropped,
+                "reserve_write mode argument dropped",
+            ),
+            (
+                self.left_unchanged,
+                "records in a pre-spec shape left unchanged (not replayable by 0.5.6)",
+            ),
         ];
         items
             .iter()
@@ -202,11 +230,7 @@ impl Migration {
                     }
                 }
             }
-            RESERVE_WRITE => {
-                if args.remove("mode").is_some() {
-                    self.reserve_mode_dropped += 1;
-                }
-            }
+            RESERVE_WRITE if args.remove("mode").is_some() => self.reserve_mode_dropped += 1,
             _ => {}
         }
     }

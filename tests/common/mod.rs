@@ -4,7 +4,12 @@
 use std::path::{Path, PathBuf};
 
 /// The LMCache 0.5.6 samples copied into the repository (see testdata/lmcache/PROVENANCE.md).
-pub const SAMPLES: [&str; 4] = ["basic_lru", "basic_lru.truncated", "empty_arc", "unknown_qualname"];
+pub const SAMPLES: [&str; 4] = [
+    "basic_lru",
+    "basic_lru.truncated",
+    "empty_arc",
+    "unknown_qualname",
+];
 
 pub fn sample(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("testdata/lmcache/{name}.lct"))

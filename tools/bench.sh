@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Reproduces the figures in README's Performance section on this machine:
+#   - criterion benchmarks (decode/encode of a generated 1M-record trace; recorder costs)
+#   - whole-command figures: generating a 1M-record trace, and `kvtrace info` over it, with
+#     wall time and peak RSS from /usr/bin/time.
+# Usage: tools/bench.sh [records]   (default 1000000). Writes into a temporary directory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+records="${1:-1000000}"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r)"
+cargo build --release --quiet
+bin=target/release/kvtrace
+
+measure() { # label, command...
+    local label="$1"; shift
+    /usr/bin/time -f "%e %M" -o "$tmp/time" "$@" >/dev/null 2>"$tmp/err" || { cat "$tmp/err"; exit 1; }
+    read -r secs kib <"$tmp/time"
+    printf '%-44s %8.2f s  %8.1f MiB peak RSS\n' "$label" "$secs" "$(echo "$kib / 1024" | bc -l)"
+}
+
+measure "generate $records records (.lct)" "$bin" generate "$tmp/t.lct" --records "$records"
+measure "info over $records records" "$bin" info "$tmp/t.lct"
+measure "dump (JSONL) over $records records" "$bin" dump "$tmp/t.lct"
+measure "convert .lct -> .lct.zst" "$bin" convert "$tmp/t.lct" "$tmp/t.lct.zst"
+measure "info over the .lct.zst" "$bin" info "$tmp/t.lct.zst"
+ls -l "$tmp/t.lct" "$tmp/t.lct.zst" | awk '{printf "%-12s %14d bytes\n", $NF ~ /zst$/ ? "zstd" : "plain", $5}'
+
+echo
+echo "criterion (cargo bench --bench lmct --bench recorder):"
+cargo bench --quiet --bench lmct --bench recorder 2>/dev/null | grep -E "^[a-z]|time:|thrpt:"
