@@ -4,6 +4,38 @@
 //! line. [`lmct`] is the trace format, [`bus`] the event bus and recorder, [`inspect`] the
 //! trace summary behind `kvtrace info`, [`convert`] the format conversions, and [`synth`] a
 //! generator of realistic storage traces for tests and benchmarks.
+//!
+//! Writing a trace LMCache 0.5.6 reads, and streaming it back:
+//!
+//! ```
+//! use kvtrace::lmct::calls::StorageCall;
+//! use kvtrace::lmct::codec::ObjectKey;
+//! use kvtrace::lmct::{Header, ReadOptions, TraceReader, TraceWriter};
+//!
+//! let key = ObjectKey {
+//!     chunk_hash: vec![7; 32],
+//!     model_name: "demo/model".into(),
+//!     kv_rank: 16_777_472,
+//!     object_group_id: 0,
+//!     cache_salt: String::new(),
+//! };
+//! let call = StorageCall::FinishWrite { keys: &[key] };
+//! let mut args = Vec::new();
+//! call.encode_args(&mut args);
+//!
+//! let mut writer = TraceWriter::new(Vec::new(), Header::storage(100.0, 1.7e9));
+//! writer.attach_storage_config("{}")?;
+//! writer.write_record_parts(0.25, 1.7e9 + 0.25, call.qualname(), &args)?;
+//! let bytes = writer.finish()?;
+//!
+//! let mut reader = TraceReader::from_reader(std::io::Cursor::new(bytes), ReadOptions::default())?;
+//! assert_eq!(reader.header().sm_config_digest.len(), 64);
+//! let record = reader.next_record()?.expect("one record");
+//! assert_eq!(record.qualname, call.qualname());
+//! assert_eq!(record.args.bytes(), &args[..]);
+//! assert!(reader.next_record()?.is_none());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod bus;
 pub mod clock;

@@ -28,6 +28,8 @@ measure "convert .lct -> .lct.zst" "$bin" convert "$tmp/t.lct" "$tmp/t.lct.zst"
 measure "info over the .lct.zst" "$bin" info "$tmp/t.lct.zst"
 ls -l "$tmp/t.lct" "$tmp/t.lct.zst" | awk '{printf "%-12s %14d bytes\n", $NF ~ /zst$/ ? "zstd" : "plain", $5}'
 
+rm -f "$tmp"/t.lct "$tmp"/t.lct.zst
+sync # let the kernel finish writing back the files above before timing the CPU-bound benches
 echo
 echo "criterion (cargo bench --bench lmct --bench recorder):"
 cargo bench --quiet --bench lmct --bench recorder 2>/dev/null | grep -E "^[a-z]|time:|thrpt:"
