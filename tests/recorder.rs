@@ -269,3 +269,53 @@ fn an_unwritable_path_is_a_clear_error() {
         "{text}"
     );
 }
+
+/// Fails on the third event, like a disk that fills up.
+struct Failing {
+    seen: u64,
+    finished: Arc<Mutex<bool>>,
+}
+
+impl Subscriber for Failing {
+    fn on_event(&mut self, _: &CallEvent) -> kvtrace::Result<()> {
+        self.seen += 1;
+        if self.seen == 3 {
+            return Err(kvtrace::Error::io(
+                "write",
+                std::io::Error::other("no space left"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>, _: &BusSummary) -> kvtrace::Result<SubscriberReport> {
+        *self.finished.lock().expect("lock") = true;
+        Ok(SubscriberReport::default())
+    }
+}
+
+#[test]
+fn a_failing_subscriber_is_still_finished_and_its_error_reported() {
+    let finished = Arc::new(Mutex::new(false));
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("ok.lct");
+    let recorder = Recorder::create(&path, RecorderOptions::default()).expect("create");
+    let failing = Failing {
+        seen: 0,
+        finished: Arc::clone(&finished),
+    };
+    let bus = EventBus::start(
+        BusOptions::default(),
+        vec![Box::new(failing), Box::new(recorder)],
+    )
+    .expect("bus");
+    (0..10).for_each(|i| publish(&bus.tracer(), 0, i));
+    let err = bus.close().expect_err("first error is reported");
+    assert!(err.to_string().contains("no space left"));
+    assert!(
+        *finished.lock().expect("lock"),
+        "failed subscriber still finished"
+    );
+    let (seen, _) = read_back(&path);
+    assert_eq!(seen.len(), 10, "the healthy recorder kept everything");
+}

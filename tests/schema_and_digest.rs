@@ -414,3 +414,81 @@ fn semantic_digest_ignores_process_specific_values_only() {
         DigestMatch::Mismatch(vec!["$.l1.size".into()])
     );
 }
+
+#[test]
+fn every_codec_tag_has_a_typed_view() {
+    use kvtrace::lmct::codec::{decode_tagged, Tagged};
+    use kvtrace::lmct::msgpack::{encode_to_vec, RawValue};
+    let cases = vec![
+        Value::tagged("tuple", Value::array(vec![Value::int(1)])),
+        Value::tagged("set", Value::array(vec![Value::int(7)])),
+        key(Some("s")),
+        layout(),
+        spec(vec![key(None)], true),
+        Value::tagged("PrefetchLockMode", Value::str("NO_LOCK")),
+        Value::tagged(
+            "torch.Size",
+            Value::array(vec![Value::int(2), Value::int(4)]),
+        ),
+        Value::tagged("torch.dtype", Value::str("torch.float8_e4m3fn")),
+        Value::tagged(
+            "PrefetchHandle",
+            Value::map([("prefetch_request_id", Value::int(1))]),
+        ),
+        Value::tagged(
+            "AttnWindowDesc",
+            Value::map([("world_size", Value::int(1))]),
+        ),
+        Value::tagged(
+            "MemoryTags",
+            Value::map([
+                ("segment", Value::str("gds")),
+                ("residency", Value::str("local")),
+            ]),
+        ),
+        Value::tagged("FutureThing", Value::Nil),
+    ];
+    let mut names = Vec::new();
+    for v in &cases {
+        let bytes = encode_to_vec(v);
+        let raw = RawValue::parse(&bytes).expect("valid");
+        let name = match decode_tagged(raw).expect("decodes") {
+            Tagged::Tuple(items) => format!("tuple{}", items.len()),
+            Tagged::Set(items) => format!("set{}", items.len()),
+            Tagged::ObjectKey(k) => format!("key:{}", k.cache_salt.unwrap_or("-")),
+            Tagged::MemoryLayoutDesc(l) => format!("layout:{}", l.object_bytes().expect("bytes")),
+            Tagged::GroupedObjectKeys(_) => "group".into(),
+            Tagged::PrefetchTaskSpec(s) => {
+                format!("spec:{}", s.allowed_l2_memory_tags.map_or(0, |t| t.len()))
+            }
+            Tagged::PrefetchLockMode(m) => m.name().into(),
+            Tagged::TorchSize(dims) => format!("size{dims:?}"),
+            Tagged::TorchDtype(d) => format!("dtype:{:?}", kvtrace::lmct::codec::dtype_size(d)),
+            Tagged::PrefetchHandle(_) => "handle".into(),
+            Tagged::AttnWindowDesc(_) => "window".into(),
+            Tagged::MemoryTags { segment, residency } => format!("{segment}/{residency}"),
+            Tagged::Unknown(tag, _) => format!("unknown:{tag}"),
+        };
+        names.push(name);
+    }
+    assert_eq!(
+        names,
+        [
+            "tuple1",
+            "set1",
+            "key:s",
+            "layout:131072",
+            "spec:1",
+            "NO_LOCK",
+            "size[2, 4]",
+            "dtype:Some(1)",
+            "handle",
+            "window",
+            "gds/local",
+            "unknown:FutureThing"
+        ]
+    );
+    // A known tag with a malformed payload is not silently treated as unknown.
+    let bad = encode_to_vec(&Value::tagged("ObjectKey", Value::int(3)));
+    assert!(decode_tagged(RawValue::parse(&bad).expect("valid")).is_none());
+}

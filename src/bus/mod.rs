@@ -289,10 +289,15 @@ fn drain_loop(
         backpressure: shared.backpressure,
         dropped: shared.dropped.load(Ordering::SeqCst),
     };
+    // A subscriber that failed is still finished, so that whatever it wrote before the
+    // failure is flushed and synced; its first error is what gets reported.
     live.into_iter()
-        .map(|(sub, failed)| match failed {
-            Some(e) => Err(e),
-            None => sub.finish(&summary),
+        .map(|(sub, failed)| {
+            let finished = sub.finish(&summary);
+            match failed {
+                Some(e) => Err(e),
+                None => finished,
+            }
         })
         .collect()
 }

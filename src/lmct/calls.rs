@@ -21,28 +21,6 @@ pub const FINISH_READ_PREFETCHED: &str =
 /// kvtrace's trailer record (an extension; LMCache's replay skips unknown qualnames).
 pub const RECORDER_SUMMARY: &str = "kvtrace.recorder.summary";
 
-/// The qualnames a 0.5.6 storage trace can contain.
-pub const STORAGE_QUALNAMES: [&str; 6] = [
-    RESERVE_WRITE,
-    FINISH_WRITE,
-    SUBMIT_PREFETCH_TASK,
-    READ_PREFETCHED_ENTER,
-    READ_PREFETCHED_EXIT,
-    FINISH_READ_PREFETCHED,
-];
-
-/// The part after the StorageManager prefix, with the context-manager suffixes shortened
-/// as LMCache's replay report shows them (`read_prefetched_results.enter`).
-pub fn short_name(qualname: &str) -> String {
-    let short = qualname
-        .strip_prefix(SM)
-        .and_then(|s| s.strip_prefix('.'))
-        .unwrap_or(qualname);
-    short
-        .replace(".__enter__", ".enter")
-        .replace(".__exit__", ".exit")
-}
-
 /// One traced call with borrowed arguments.
 #[derive(Clone, Copy, Debug)]
 pub enum StorageCall<'a> {

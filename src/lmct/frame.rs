@@ -3,7 +3,7 @@
 
 use super::msgpack::{self, Kind, RawValue};
 use super::value::Value;
-use super::{FORMAT_VERSION, MAGIC};
+use super::{FORMAT_VERSION, MAGIC, WRITE_SCHEMA_VERSION};
 
 /// Which version field the header carries.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,7 +38,7 @@ impl Header {
         Header {
             format_version: FORMAT_VERSION,
             level: "storage".into(),
-            schema: HeaderSchema::Version(1),
+            schema: HeaderSchema::Version(WRITE_SCHEMA_VERSION),
             t_mono_start,
             t_wall_start,
             sm_config_json: String::new(),

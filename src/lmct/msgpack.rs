@@ -634,10 +634,6 @@ impl<'a> RawValue<'a> {
         self.head().map(|h| h.kind).unwrap_or(Kind::Nil)
     }
 
-    pub fn is_nil(&self) -> bool {
-        self.kind() == Kind::Nil
-    }
-
     pub fn as_bool(&self) -> Option<bool> {
         let h = self.head()?;
         (h.kind == Kind::Bool).then_some(h.n == 1)
