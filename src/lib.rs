@@ -43,7 +43,10 @@ pub mod convert;
 pub mod error;
 pub mod inspect;
 pub mod lmct;
+pub mod replay;
+pub mod report;
 pub mod rng;
+pub mod storage;
 pub mod synth;
 
 pub use error::{Error, Result};

@@ -259,3 +259,173 @@ fn generate_is_deterministic_for_a_seed() {
     assert_eq!(v[0]["total_records"], 3000);
     assert_eq!(v[0]["schema_variant"], "1 (LMCache 0.5.6)");
 }
+
+#[test]
+fn replay_writes_lmcache_shaped_reports_and_jsonl() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out_dir = dir.path().display().to_string();
+    let jsonl = dir.path().join("records.jsonl").display().to_string();
+    let out = kvtrace(&[
+        "replay",
+        &path("basic_lru"),
+        "--output-dir",
+        &out_dir,
+        "--json",
+        "--jsonl-out",
+        &jsonl,
+        "-q",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(out.stdout.is_empty(), "-q prints no table");
+    let ops = std::fs::read_to_string(dir.path().join("trace_replay_ops.csv")).expect("ops csv");
+    assert_eq!(
+        ops.lines().next(),
+        Some("qualname,count,errors,mean_ms,p50_ms,p90_ms,p99_ms,min_ms,max_ms")
+    );
+    assert_eq!(ops.lines().count(), 7);
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("trace_replay_summary.json")).expect("json"),
+    )
+    .expect("summary");
+    let op = &summary["ops"]
+        ["lmcache.v1.distributed.storage_manager.StorageManager.submit_prefetch_task"];
+    let keys: Vec<&String> = op.as_object().expect("op").keys().collect();
+    assert_eq!(
+        keys,
+        ["count", "errors", "max_ms", "mean_ms", "min_ms", "p50_ms", "p90_ms", "p99_ms"]
+    );
+    assert_eq!(op["count"], 9);
+    assert_eq!(summary["kvtrace"]["hits"]["hit_chunks"], 27);
+    assert_eq!(summary["kvtrace"]["digest"]["result"], "match");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&jsonl)
+        .expect("jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("line"))
+        .collect();
+    assert_eq!(lines.len(), 41);
+    assert_eq!(lines[0]["failed"], false);
+    assert_eq!(lines[0]["detail"], "hit 0/4 chunks (L1 0, L2 0)");
+    if let Some(shared) = common::shared() {
+        let theirs: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(shared.join("lmcache/replay/basic/trace_replay_summary.json"))
+                .expect("lmcache"),
+        )
+        .expect("json");
+        let names = |v: &serde_json::Value| {
+            v["ops"]
+                .as_object()
+                .expect("ops")
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&summary), names(&theirs));
+    }
+}
+
+#[test]
+fn replay_prints_the_table_and_verbose_lines() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = kvtrace(&[
+        "replay",
+        &path("unknown_qualname"),
+        "--no-csv",
+        "--verbose",
+        "--output-dir",
+        &dir.path().display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("  [3]  FAIL  0.000ms  lmcache.v1.distributed.storage_manager.StorageManager.touch_cached_keys"));
+    assert!(stdout.contains("Records skipped:                                               2"));
+    // The recording carried a per-process shared-memory name: equal but for that.
+    assert!(
+        stdout.contains("Config digest:     match (semantic) (rec=7246d987, run=2b3625f4)"),
+        "{stdout}"
+    );
+    assert!(
+        std::fs::read_dir(dir.path()).expect("dir").next().is_none(),
+        "--no-csv writes nothing"
+    );
+}
+
+#[test]
+fn replay_paces_in_real_time_with_a_speedup() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path().display().to_string();
+    let trace = path("basic_lru");
+    let summary = |extra: &[&str]| -> f64 {
+        let mut args = vec!["replay", trace.as_str(), "--output-dir", &d, "--json", "-q"];
+        args.extend(extra);
+        assert_eq!(kvtrace(&args).status.code(), Some(0));
+        let v: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("trace_replay_summary.json")).expect("json"),
+        )
+        .expect("summary");
+        v["duration_s"].as_f64().expect("duration")
+    };
+    // Records span 3.846 s .. 4.406 s of trace time.
+    let sped = summary(&["--speedup", "10"]);
+    assert!(sped >= 0.056, "{sped}");
+    let with_gap = summary(&["--speedup", "10", "--keep-startup-gap"]);
+    assert!(with_gap >= 0.44, "{with_gap}");
+}
+
+#[test]
+fn replay_refuses_what_cannot_mean_anything() {
+    let cases: [&[&str]; 5] = [
+        &["--speedup", "0"],
+        &["--pace", "afap", "--speedup", "2"],
+        &["--l2-adapter", "{\"type\":\"s3\"}"],
+        &["--eviction-ratio", "1.5"],
+        &["--eviction-policy", "IsolatedLRU"],
+    ];
+    let trace = path("basic_lru");
+    for extra in cases {
+        let mut args = vec!["replay", trace.as_str(), "--no-csv", "-q"];
+        args.extend(extra);
+        let out = kvtrace(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{extra:?}: {}",
+            text(&out.stderr)
+        );
+        assert_eq!(text(&out.stderr).lines().count(), 1, "{extra:?}");
+    }
+}
+
+#[test]
+fn replay_exits_one_when_a_call_fails_and_refuses_events_traces() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let gen = dir.path().join("g.lct").display().to_string();
+    assert_eq!(
+        kvtrace(&["generate", &gen, "--records", "2000"])
+            .status
+            .code(),
+        Some(0)
+    );
+    let out = kvtrace(&["replay", &gen, "--l1-size-gb", "0", "--no-csv", "-q"]);
+    assert_eq!(out.status.code(), Some(1));
+
+    let events = dir.path().join("events.lct");
+    let mut header = kvtrace::lmct::Header::storage(1.0, 2.0);
+    header.level = "events".into();
+    let w =
+        kvtrace::lmct::TraceWriter::new(std::fs::File::create(&events).expect("create"), header);
+    w.finish().expect("finish");
+    let out = kvtrace(&[
+        "replay",
+        &events.display().to_string(),
+        "--l1-size-gb",
+        "1",
+        "--no-csv",
+        "-q",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("level: trace level is \"events\""),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -5,6 +5,7 @@ mod convert;
 mod dump;
 mod generate;
 mod info;
+mod replay;
 
 use std::io::{self, Write};
 
@@ -36,6 +37,7 @@ enum Command {
     Dump(dump::Args),
     Convert(convert::Args),
     Generate(generate::Args),
+    Replay(replay::Args),
 }
 
 /// Options every trace-reading command shares.
@@ -77,16 +79,28 @@ fn print_stdout(text: &str) -> Result<(), Error> {
     }
 }
 
+/// A clap message folded into one line: the error and its details, without the usage and
+/// the pointer to `--help`.
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 pub fn run() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            eprintln!("kvtrace: {}", one_line(&e.to_string()));
+            return e.exit_code();
+        }
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() {
-                e.exit_code()
-            } else {
-                EXIT_OK
-            };
+            return EXIT_OK;
         }
     };
     let result = match cli.command {
@@ -94,6 +108,7 @@ pub fn run() -> i32 {
         Command::Dump(args) => dump::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Replay(args) => replay::run(args),
     };
     result.unwrap_or_else(|e| report(&e))
 }

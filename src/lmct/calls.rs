@@ -21,6 +21,18 @@ pub const FINISH_READ_PREFETCHED: &str =
 /// kvtrace's trailer record (an extension; LMCache's replay skips unknown qualnames).
 pub const RECORDER_SUMMARY: &str = "kvtrace.recorder.summary";
 
+/// The part after the StorageManager prefix, with the context-manager suffixes shortened
+/// as LMCache's replay table shows them (`read_prefetched_results.enter`).
+pub fn short_name(qualname: &str) -> String {
+    let short = qualname
+        .strip_prefix(SM)
+        .and_then(|s| s.strip_prefix('.'))
+        .unwrap_or(qualname);
+    short
+        .replace(".__enter__", ".enter")
+        .replace(".__exit__", ".exit")
+}
+
 /// One traced call with borrowed arguments.
 #[derive(Clone, Copy, Debug)]
 pub enum StorageCall<'a> {

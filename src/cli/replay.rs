@@ -1,0 +1,417 @@
+//! `kvtrace replay`.
+
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use clap::ValueEnum;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kvtrace::bus::Tracer;
+use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
+use kvtrace::lmct::{ReadOptions, TraceReader};
+use kvtrace::replay::dispatch::Outcome;
+use kvtrace::replay::{replay, Pacing, ReplayOptions};
+use kvtrace::report::csv::CsvTables;
+use kvtrace::report::json::JsonSummary;
+use kvtrace::report::{table, Exporter};
+use kvtrace::storage::config::{
+    BackendConfig, EvictionTiming, L2Config, PrefetchPolicy, StorageConfig, StorePolicy,
+};
+use kvtrace::storage::eviction::PolicyKind;
+use kvtrace::storage::StorageManager;
+
+use super::{print_stdout, warn, ReadArgs};
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Pace {
+    /// Sleep to each record's recorded time (LMCache's only mode)
+    Realtime,
+    /// As fast as possible: deterministic counters and hits
+    Afap,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum StorePolicyArg {
+    Default,
+    SkipL1,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PrefetchPolicyArg {
+    Default,
+    Retain,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Timing {
+    /// Check the watermark once per interval of trace time (LMCache's controller)
+    Periodic,
+    /// Evict as soon as an allocation needs room
+    Immediate,
+}
+
+/// Re-issue every recorded StorageManager call against a fresh StorageManager and report what
+/// the cache did: hits per request and tier, OUT_OF_MEMORY, evictions, bytes, call latencies
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  kvtrace replay trace.lct                        # the recorded configuration, as fast as possible\n  \
+kvtrace replay trace.lct --l1-size-gb 0.05 --eviction-policy ARC --json\n  \
+kvtrace replay trace.lct --pace realtime --speedup 10 --jsonl-out records.jsonl\n\n\
+Without storage flags kvtrace rebuilds the configuration recorded in the trace's header; any flag \
+given overrides it. LMCache's flag names and meanings are kept. Exit status 1 if any call failed."
+)]
+pub struct Args {
+    /// Storage trace (.lct or .lct.zst)
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+    /// Pacing; afap unless --speedup is given
+    #[arg(long, value_enum)]
+    pace: Option<Pace>,
+    /// Replay N times faster than recorded (implies --pace realtime)
+    #[arg(long, value_name = "N")]
+    speedup: Option<f64>,
+    /// Also wait through the time before the first record
+    #[arg(long)]
+    keep_startup_gap: bool,
+    /// L1 memory pool size in GB (GiB, as LMCache reads it)
+    #[arg(long, value_name = "GB")]
+    l1_size_gb: Option<f64>,
+    /// LRU, ARC, FIFO, LFU or noop
+    #[arg(long, value_name = "POLICY")]
+    eviction_policy: Option<PolicyKind>,
+    #[arg(long, value_name = "FRACTION")]
+    eviction_trigger_watermark: Option<f64>,
+    #[arg(long, value_name = "FRACTION")]
+    eviction_ratio: Option<f64>,
+    /// When eviction runs (kvtrace)
+    #[arg(long, value_enum)]
+    eviction_timing: Option<Timing>,
+    /// Seconds of trace time between periodic eviction checks
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    eviction_interval: f64,
+    #[arg(long, value_name = "SECONDS")]
+    l1_write_ttl_seconds: Option<f64>,
+    #[arg(long, value_name = "SECONDS")]
+    l1_read_ttl_seconds: Option<f64>,
+    /// Keep only object sizes in L1, no buffers (traces bigger than RAM)
+    #[arg(long)]
+    l1_accounting_only: bool,
+    /// An L2 tier as JSON, repeatable: {"type":"memory"|"null", "capacity_gb": G, "eviction_policy": P}
+    #[arg(long, value_name = "JSON")]
+    l2_adapter: Vec<String>,
+    #[arg(long, value_enum)]
+    l2_store_policy: Option<StorePolicyArg>,
+    #[arg(long, value_enum)]
+    l2_prefetch_policy: Option<PrefetchPolicyArg>,
+    #[arg(long, value_name = "N")]
+    l2_prefetch_max_in_flight: Option<u64>,
+    /// Where the CSV and JSON reports go
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    output_dir: PathBuf,
+    /// Also write trace_replay_summary.json
+    #[arg(long)]
+    json: bool,
+    /// Do not write the CSV reports
+    #[arg(long)]
+    no_csv: bool,
+    /// Write one JSON line per record
+    #[arg(long, value_name = "PATH")]
+    jsonl_out: Option<PathBuf>,
+    /// One line per record on stdout
+    #[arg(long)]
+    verbose: bool,
+    /// No terminal table and no progress bar
+    #[arg(short, long)]
+    quiet: bool,
+    #[command(flatten)]
+    read: ReadArgs,
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes (Linux only).
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Finite and above zero (NaN is not).
+fn positive(v: f64) -> bool {
+    v.is_finite() && v > 0.0
+}
+
+fn fraction(name: &str, v: f64) -> Result<f64, Error> {
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(Error::usage(format!(
+            "{name} {v}: expected a fraction between 0 and 1"
+        )))
+    }
+}
+
+fn gib(name: &str, gb: f64) -> Result<u64, Error> {
+    if gb.is_finite() && gb >= 0.0 {
+        Ok((gb * (1u64 << 30) as f64) as u64)
+    } else {
+        Err(Error::usage(format!(
+            "{name} {gb}: expected a non-negative size"
+        )))
+    }
+}
+
+fn l2_tier(text: &str) -> Result<L2Config, Error> {
+    let bad = |why: String| Error::usage(format!("--l2-adapter {text}: {why}"));
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let backend = match v.get("type").and_then(|t| t.as_str()) {
+        Some("memory" | "mock") => BackendConfig::Memory {
+            buffers: v.get("buffers").and_then(|b| b.as_bool()).unwrap_or(true),
+        },
+        Some("null") => BackendConfig::Null,
+        Some(other) => {
+            return Err(bad(format!(
+                "tier type {other:?} is not available (memory, null)"
+            )))
+        }
+        None => return Err(bad("missing \"type\"".into())),
+    };
+    let capacity_bytes = match v.get("capacity_gb") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(g) => Some(gib(
+            "capacity_gb",
+            g.as_f64()
+                .ok_or_else(|| bad("capacity_gb: not a number".into()))?,
+        )?),
+    };
+    let policy = match v.get("eviction_policy").and_then(|p| p.as_str()) {
+        Some(p) => p.parse().map_err(bad)?,
+        None => PolicyKind::Lru,
+    };
+    Ok(L2Config {
+        backend,
+        capacity_bytes,
+        policy,
+    })
+}
+
+/// The recorded configuration, overridden by every flag given.
+fn storage_config(args: &Args, recorded: &str, shown: &str) -> Result<StorageConfig, Error> {
+    let from_trace = StorageConfig::from_lmcache_json(recorded);
+    let mut config = match (&from_trace, args.l1_size_gb) {
+        (Some((c, notes)), _) => {
+            for n in notes {
+                warn(shown, n);
+            }
+            c.clone()
+        }
+        (None, Some(_)) => StorageConfig::default(),
+        (None, None) => {
+            return Err(Error::usage(
+                "the trace records no storage configuration kvtrace can read; give one with --l1-size-gb",
+            ))
+        }
+    };
+    if let Some(gb) = args.l1_size_gb {
+        config.l1_size_bytes = gib("--l1-size-gb", gb)?;
+    }
+    if let Some(p) = args.eviction_policy {
+        config.eviction.policy = p;
+    }
+    if let Some(w) = args.eviction_trigger_watermark {
+        config.eviction.trigger_watermark = fraction("--eviction-trigger-watermark", w)?;
+    }
+    if let Some(r) = args.eviction_ratio {
+        config.eviction.eviction_ratio = fraction("--eviction-ratio", r)?;
+    }
+    if !positive(args.eviction_interval) {
+        return Err(Error::usage("--eviction-interval must be positive"));
+    }
+    config.eviction.timing = match args.eviction_timing {
+        Some(Timing::Immediate) => EvictionTiming::Immediate,
+        _ => EvictionTiming::Periodic {
+            interval_s: args.eviction_interval,
+        },
+    };
+    if let Some(t) = args.l1_write_ttl_seconds {
+        config.write_ttl_s = t;
+    }
+    if let Some(t) = args.l1_read_ttl_seconds {
+        config.read_ttl_s = t;
+    }
+    config.l1_buffers = !args.l1_accounting_only;
+    if let Some(available) = available_memory() {
+        if config.l1_buffers && config.l1_size_bytes > available {
+            return Err(Error::usage(format!(
+                "an L1 of {:.1} GiB with real buffers exceeds the {:.1} GiB of memory available; \
+                 use --l1-accounting-only or a smaller --l1-size-gb",
+                config.l1_size_bytes as f64 / (1u64 << 30) as f64,
+                available as f64 / (1u64 << 30) as f64
+            )));
+        }
+    }
+    if !args.l2_adapter.is_empty() {
+        config.l2 = args
+            .l2_adapter
+            .iter()
+            .map(|a| l2_tier(a))
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(p) = args.l2_store_policy {
+        config.store_policy = match p {
+            StorePolicyArg::Default => StorePolicy::Default,
+            StorePolicyArg::SkipL1 => StorePolicy::SkipL1,
+        };
+    }
+    if let Some(p) = args.l2_prefetch_policy {
+        config.prefetch_policy = match p {
+            PrefetchPolicyArg::Default => PrefetchPolicy::Default,
+            PrefetchPolicyArg::Retain => PrefetchPolicy::Retain,
+        };
+    }
+    if let Some(n) = args.l2_prefetch_max_in_flight {
+        config.prefetch_max_in_flight = n;
+    }
+    Ok(config)
+}
+
+fn pacing(args: &Args) -> Result<Pacing, Error> {
+    match (args.pace, args.speedup) {
+        (Some(Pace::Afap), Some(_)) => {
+            Err(Error::usage("--speedup needs --pace realtime, not afap"))
+        }
+        (_, Some(s)) if !positive(s) => {
+            Err(Error::usage(format!("--speedup {s}: must be positive")))
+        }
+        (_, Some(s)) => Ok(Pacing::Timed { speedup: s }),
+        (Some(Pace::Realtime), None) => Ok(Pacing::Timed { speedup: 1.0 }),
+        (Some(Pace::Afap) | None, None) => Ok(Pacing::AsFastAsPossible),
+    }
+}
+
+/// Counts records for the progress bar (only when one is shown).
+fn count_records(path: &Path, read: ReadOptions) -> u64 {
+    let Ok(mut reader) = TraceReader::open(path, read) else {
+        return 0;
+    };
+    let mut n = 0;
+    while let Ok(Some(_)) = reader.next_record() {
+        n += 1;
+    }
+    n
+}
+
+fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), Error> {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).map_err(|e| Error::io("cannot write", e).in_file(path.display()))
+}
+
+pub fn run(args: Args) -> Result<i32, Error> {
+    let shown = args.file.display().to_string();
+    let pacing = pacing(&args)?;
+    let header = TraceReader::open(&args.file, args.read.options())
+        .map_err(|e| e.in_file(&shown))?
+        .header()
+        .clone();
+    let config = storage_config(&args, &header.sm_config_json, &shown)?;
+    std::fs::create_dir_all(&args.output_dir)
+        .map_err(|e| Error::io("cannot create", e).in_file(args.output_dir.display()))?;
+    let mut jsonl = match &args.jsonl_out {
+        Some(p) => {
+            Some(BufWriter::new(File::create(p).map_err(|e| {
+                Error::io("cannot create", e).in_file(p.display())
+            })?))
+        }
+        None => None,
+    };
+    let show_bar = !args.quiet && !args.verbose && std::io::stderr().is_terminal();
+    let bar = if show_bar {
+        let bar = ProgressBar::with_draw_target(
+            Some(count_records(&args.file, args.read.options())),
+            ProgressDrawTarget::stderr(),
+        );
+        if let Ok(style) =
+            ProgressStyle::with_template("{bar:40} {pos}/{len} records {per_sec} eta {eta}")
+        {
+            bar.set_style(style);
+        }
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut sm = StorageManager::new(config, Tracer::disabled());
+    let options = ReplayOptions {
+        pacing,
+        keep_startup_gap: args.keep_startup_gap,
+        read: args.read.options(),
+    };
+    let mut out = std::io::stdout().lock();
+    let mut io_error = None;
+    let report = replay(&args.file, &mut sm, &options, |event| {
+        if event.index % 4096 == 0 {
+            bar.set_position(event.index);
+        }
+        let failed = !matches!(event.outcome, Outcome::Ok { .. });
+        if args.verbose {
+            let status = if failed { "FAIL" } else { "OK" };
+            let line = format!(
+                "  [{}]  {status:<4}  {:.3}ms  {}\n",
+                event.index, event.latency_ms, event.record.qualname
+            );
+            if let Err(e) = out.write_all(line.as_bytes()) {
+                io_error.get_or_insert(e);
+            }
+        }
+        if let Some(w) = jsonl.as_mut() {
+            let (kind, detail) = match event.outcome {
+                Outcome::Ok { detail } => ("ok", detail),
+                Outcome::Failed { reason } => ("failed", reason),
+                Outcome::Skipped { reason } => ("skipped", reason),
+            };
+            let line = serde_json::json!({
+                "qualname": event.record.qualname,
+                "latency_ms": event.latency_ms,
+                "failed": failed,
+                "outcome": kind,
+                "detail": detail,
+            });
+            if let Err(e) = serde_json::to_writer(&mut *w, &line)
+                .map_err(std::io::Error::from)
+                .and_then(|_| w.write_all(b"\n"))
+            {
+                io_error.get_or_insert(e);
+            }
+        }
+    })?;
+    bar.finish_and_clear();
+    drop(out);
+    if let Some(e) = io_error {
+        return Err(Error::io("cannot write per-record output", e));
+    }
+    if let Some(mut w) = jsonl {
+        w.flush()
+            .map_err(|e| Error::io("cannot write --jsonl-out", e))?;
+    }
+    for w in &report.warnings {
+        warn(&shown, w);
+    }
+    let mut exporters: Vec<Box<dyn Exporter>> = Vec::new();
+    if !args.no_csv {
+        exporters.push(Box::new(CsvTables));
+    }
+    if args.json {
+        exporters.push(Box::new(JsonSummary));
+    }
+    for exporter in exporters {
+        for (name, bytes) in exporter.files(&report)? {
+            write_file(&args.output_dir, &name, &bytes)?;
+        }
+    }
+    if !args.quiet {
+        print_stdout(&table::render(&report))?;
+    }
+    Ok(if report.failed > 0 {
+        EXIT_DATA
+    } else {
+        EXIT_OK
+    })
+}

@@ -1,0 +1,181 @@
+//! Replays a storage trace against a StorageManager: real time, sped up, or as fast as
+//! possible.
+//!
+//! As fast as possible (the default) is deterministic — calls apply in file order on the
+//! trace's own clock, so the same trace and configuration give identical counters and hits on
+//! every run. Paced replays sleep to each record's time and are as deterministic in their
+//! counters (the manager runs on trace time), only their latencies are live measurements.
+//! The start-up gap before the first record is skipped unless asked for.
+
+pub mod dispatch;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::lmct::digest::{compare_configs, config_digest, python_json, DigestMatch};
+use crate::lmct::{ReadOptions, RecordRef, TraceReader};
+use crate::report::{DigestReport, HitSummary, OpStats, ReplayReport};
+use crate::storage::StorageManager;
+use dispatch::{Dispatcher, Outcome};
+
+/// How records are spaced in time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pacing {
+    /// No sleeping: deterministic.
+    AsFastAsPossible,
+    /// Sleep to each record's recorded offset divided by `speedup` (1 = LMCache's pacing).
+    Timed { speedup: f64 },
+}
+
+impl Pacing {
+    pub fn describe(&self) -> String {
+        match self {
+            Pacing::AsFastAsPossible => "as fast as possible (deterministic)".into(),
+            Pacing::Timed { speedup } if *speedup == 1.0 => "real time".into(),
+            Pacing::Timed { speedup } => format!("{speedup}x real time"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct ReplayOptions {
+    pub pacing: Pacing,
+    /// Sleep through the time before the first record too (LMCache does).
+    pub keep_startup_gap: bool,
+    pub read: ReadOptions,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            pacing: Pacing::AsFastAsPossible,
+            keep_startup_gap: false,
+            read: ReadOptions::default(),
+        }
+    }
+}
+
+/// One replayed record, for per-record output (`--verbose`, `--jsonl-out`).
+pub struct RecordEvent<'a> {
+    /// 1-based.
+    pub index: u64,
+    pub record: &'a RecordRef<'a>,
+    pub outcome: &'a Outcome,
+    pub latency_ms: f64,
+}
+
+fn digest_report(recorded: &str, recorded_digest: &str, sm: &StorageManager) -> DigestReport {
+    let run = python_json(&sm.config().to_lmcache_json());
+    let (result, differing_paths) = match compare_configs(recorded, &run) {
+        DigestMatch::Exact => ("match".to_string(), Vec::new()),
+        DigestMatch::Semantic => ("match (semantic)".to_string(), Vec::new()),
+        DigestMatch::Mismatch(paths) => ("MISMATCH".to_string(), paths),
+    };
+    DigestReport {
+        recorded: recorded_digest.to_owned(),
+        run: config_digest(&run),
+        result,
+        differing_paths,
+    }
+}
+
+/// Replays `path` onto `sm`, calling `on_record` after each record.
+pub fn replay(
+    path: &Path,
+    sm: &mut StorageManager,
+    options: &ReplayOptions,
+    mut on_record: impl FnMut(&RecordEvent<'_>),
+) -> Result<ReplayReport> {
+    let shown = path.display().to_string();
+    let mut reader = TraceReader::open(path, options.read).map_err(|e| e.in_file(&shown))?;
+    let header = reader.header().clone();
+    if header.level != "storage" {
+        return Err(Error::data(
+            0,
+            "level",
+            format!(
+                "trace level is {:?}; replay needs a \"storage\" trace",
+                header.level
+            ),
+        )
+        .in_file(&shown));
+    }
+    let mut report = ReplayReport {
+        trace: shown.clone(),
+        level: header.level.clone(),
+        pacing: options.pacing.describe(),
+        digest: digest_report(&header.sm_config_json, &header.sm_config_digest, sm),
+        warnings: reader.header_warnings(),
+        ..ReplayReport::default()
+    };
+    let mut latencies: BTreeMap<String, (Vec<f64>, u64)> = BTreeMap::new();
+    let mut dispatcher = Dispatcher::default();
+    let start = Instant::now();
+    let mut origin: Option<f64> = None;
+    while let Some(record) = reader.next_record().map_err(|e| e.in_file(&shown))? {
+        report.records += 1;
+        let base = *origin.get_or_insert(if options.keep_startup_gap {
+            0.0
+        } else {
+            record.t_mono
+        });
+        if let Pacing::Timed { speedup } = options.pacing {
+            let due = ((record.t_mono - base).max(0.0) / speedup.max(1e-9)).min(1e9);
+            if let Some(wait) = Duration::from_secs_f64(due).checked_sub(start.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        sm.advance_to(record.t_mono);
+        let began = Instant::now();
+        let outcome = dispatcher.dispatch(sm, &record);
+        let latency_ms = began.elapsed().as_secs_f64() * 1e3;
+        match &outcome {
+            Outcome::Ok { .. } | Outcome::Failed { .. } => {
+                report.replayed += 1;
+                let entry = latencies.entry(record.qualname.to_owned()).or_default();
+                entry.0.push(latency_ms);
+                if let Outcome::Failed { reason } = &outcome {
+                    report.failed += 1;
+                    entry.1 += 1;
+                    *report
+                        .failure_reasons
+                        .entry(reason_kind(reason))
+                        .or_default() += 1;
+                }
+            }
+            Outcome::Skipped { reason } => {
+                report.skipped += 1;
+                *report.skip_reasons.entry(reason.clone()).or_default() += 1;
+            }
+        }
+        on_record(&RecordEvent {
+            index: report.records,
+            record: &record,
+            outcome: &outcome,
+            latency_ms: if matches!(outcome, Outcome::Skipped { .. }) {
+                0.0
+            } else {
+                latency_ms
+            },
+        });
+    }
+    report.forced_exits = dispatcher.close_open_contexts(sm);
+    report.duration_s = start.elapsed().as_secs_f64();
+    report.ops = latencies
+        .into_iter()
+        .map(|(q, (ms, errors))| (q, OpStats::from_latencies(ms, errors)))
+        .collect();
+    report.hits = HitSummary::from_requests(&dispatcher.prefetches);
+    report.requests = dispatcher.prefetches;
+    report.calls = sm.call_stats().clone();
+    report.tiers = sm.tier_stats();
+    report.warnings.extend(reader.into_summary().warnings());
+    Ok(report)
+}
+
+/// The failure kind without per-call numbers, for counting.
+fn reason_kind(reason: &str) -> String {
+    reason.split(':').next().unwrap_or(reason).to_owned()
+}

@@ -1,0 +1,83 @@
+//! CSV, one file per table: `trace_replay_ops.csv` with LMCache's columns and six decimals,
+//! `trace_replay_requests.csv` (one row per prefetch) and `trace_replay_tiers.csv`.
+
+use super::{Exporter, ReplayReport};
+use crate::error::{Error, Result};
+
+pub struct CsvTables;
+
+fn finish(w: csv::Writer<Vec<u8>>) -> Result<Vec<u8>> {
+    w.into_inner()
+        .map_err(|e| Error::io("cannot write CSV", std::io::Error::other(e.to_string())))
+}
+
+fn io(e: csv::Error) -> Error {
+    Error::io("cannot write CSV", std::io::Error::other(e.to_string()))
+}
+
+impl Exporter for CsvTables {
+    fn files(&self, report: &ReplayReport) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut ops = csv::Writer::from_writer(Vec::new());
+        ops.write_record([
+            "qualname", "count", "errors", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "min_ms",
+            "max_ms",
+        ])
+        .map_err(io)?;
+        for (q, s) in &report.ops {
+            let f = |x: f64| format!("{x:.6}");
+            ops.write_record([
+                q.clone(),
+                s.count.to_string(),
+                s.errors.to_string(),
+                f(s.mean_ms),
+                f(s.p50_ms),
+                f(s.p90_ms),
+                f(s.p99_ms),
+                f(s.min_ms),
+                f(s.max_ms),
+            ])
+            .map_err(io)?;
+        }
+        let mut requests = csv::Writer::from_writer(Vec::new());
+        requests
+            .write_record([
+                "external_request_id",
+                "t_mono",
+                "requested_chunks",
+                "hit_chunks",
+                "l1_hit_chunks",
+                "l2_hit_chunks",
+                "chunk_tokens",
+                "requested_tokens",
+                "hit_tokens",
+                "hit_rate",
+            ])
+            .map_err(io)?;
+        for r in &report.requests {
+            let tokens = r.chunk_tokens.unwrap_or(0);
+            requests
+                .write_record([
+                    r.external_request_id.clone(),
+                    format!("{:.6}", r.t),
+                    r.requested_chunks.to_string(),
+                    r.hit_chunks.to_string(),
+                    r.l1_hit_chunks.to_string(),
+                    r.l2_hit_chunks.to_string(),
+                    r.chunk_tokens.map(|t| t.to_string()).unwrap_or_default(),
+                    (r.requested_chunks * tokens).to_string(),
+                    (r.hit_chunks * tokens).to_string(),
+                    format!("{:.6}", r.hit_rate()),
+                ])
+                .map_err(io)?;
+        }
+        let mut tiers = csv::Writer::from_writer(Vec::new());
+        for t in &report.tiers {
+            tiers.serialize(t).map_err(io)?;
+        }
+        Ok(vec![
+            ("trace_replay_ops.csv".into(), finish(ops)?),
+            ("trace_replay_requests.csv".into(), finish(requests)?),
+            ("trace_replay_tiers.csv".into(), finish(tiers)?),
+        ])
+    }
+}

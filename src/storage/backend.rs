@@ -1,0 +1,108 @@
+//! Where a tier keeps its objects. `memory` holds real buffers (zero-filled, as LMCache's
+//! replay leaves them) or only accounts for them; `null` keeps nothing and only counts.
+
+use std::collections::HashMap;
+use std::io;
+
+use super::KeyId;
+
+/// The storage behind one tier.
+pub trait Backend: Send {
+    fn name(&self) -> &'static str;
+    /// Stores an object of `size` bytes.
+    fn put(&mut self, key: KeyId, size: u64) -> io::Result<()>;
+    /// Reads an object back; `false` if the backend does not hold it.
+    fn get(&mut self, key: KeyId) -> io::Result<bool>;
+    fn delete(&mut self, key: KeyId) -> io::Result<()>;
+    fn contains(&self, key: KeyId) -> bool;
+}
+
+/// Objects in process memory.
+pub struct Memory {
+    /// Keep real zero-filled buffers (true) or only their sizes (for traces bigger than RAM).
+    buffers: bool,
+    objects: HashMap<KeyId, Vec<u8>>,
+    sizes: HashMap<KeyId, u64>,
+    /// Where reads land, so a read touches the bytes as a real copy would.
+    scratch: Vec<u8>,
+}
+
+impl Memory {
+    pub fn new(buffers: bool) -> Memory {
+        Memory {
+            buffers,
+            objects: HashMap::new(),
+            sizes: HashMap::new(),
+            scratch: Vec::new(),
+        }
+    }
+}
+
+impl Backend for Memory {
+    fn name(&self) -> &'static str {
+        if self.buffers {
+            "memory"
+        } else {
+            "memory (accounting only)"
+        }
+    }
+
+    fn put(&mut self, key: KeyId, size: u64) -> io::Result<()> {
+        if self.buffers {
+            let len = usize::try_from(size).map_err(io::Error::other)?;
+            self.objects.insert(key, vec![0u8; len]);
+        } else {
+            self.sizes.insert(key, size);
+        }
+        Ok(())
+    }
+
+    fn get(&mut self, key: KeyId) -> io::Result<bool> {
+        if !self.buffers {
+            return Ok(self.sizes.contains_key(&key));
+        }
+        match self.objects.get(&key) {
+            Some(data) => {
+                self.scratch.clear();
+                self.scratch.extend_from_slice(data);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn delete(&mut self, key: KeyId) -> io::Result<()> {
+        self.objects.remove(&key);
+        self.sizes.remove(&key);
+        Ok(())
+    }
+
+    fn contains(&self, key: KeyId) -> bool {
+        self.objects.contains_key(&key) || self.sizes.contains_key(&key)
+    }
+}
+
+/// Holds nothing: every store is counted and forgotten, every lookup misses.
+pub struct Null;
+
+impl Backend for Null {
+    fn name(&self) -> &'static str {
+        "null"
+    }
+
+    fn put(&mut self, _: KeyId, _: u64) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn get(&mut self, _: KeyId) -> io::Result<bool> {
+        Ok(false)
+    }
+
+    fn delete(&mut self, _: KeyId) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn contains(&self, _: KeyId) -> bool {
+        false
+    }
+}

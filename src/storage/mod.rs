@@ -1,0 +1,744 @@
+//! A StorageManager with LMCache's semantics over a tier hierarchy: L1 (the memory pool every
+//! object passes through) and any number of L2 tiers written through from it.
+//!
+//! It exists so that a recorded trace can be re-issued against another configuration and the
+//! cache's behaviour — hits, misses, OUT_OF_MEMORY, evictions, bytes per tier — observed. It
+//! is deterministic: time is the trace's time (set with [`StorageManager::advance_to`]), a
+//! prefetch completes inside `submit_prefetch_task`, and every policy orders by logical
+//! stamps. Every traced call is published on the event bus in LMCache's argument shape, so
+//! a kvtrace-driven manager records LMCT like an LMCache server does.
+
+pub mod backend;
+pub mod config;
+pub mod eviction;
+
+use std::collections::{BTreeSet, HashMap};
+use std::io;
+
+use serde::Serialize;
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::bus::Tracer;
+use crate::lmct::calls::StorageCall;
+use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
+use backend::{Backend, Memory, Null};
+use config::{BackendConfig, EvictionTiming, L2Config, PrefetchPolicy, StorageConfig, StorePolicy};
+use eviction::EvictionPolicy;
+
+/// The identity of an object: a 128-bit hash of every `ObjectKey` field. Also what file names
+/// and Redis keys are derived from, never the key's raw bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyId(pub u128);
+
+impl KeyId {
+    pub fn of(key: &ObjectKey) -> KeyId {
+        let mut h = Xxh3::new();
+        for part in [
+            key.chunk_hash.as_slice(),
+            key.model_name.as_bytes(),
+            key.cache_salt.as_bytes(),
+        ] {
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        h.update(&key.kv_rank.to_le_bytes());
+        h.update(&key.object_group_id.to_le_bytes());
+        KeyId(h.digest128())
+    }
+
+    /// 32 lowercase hex digits.
+    pub fn hex(&self) -> String {
+        format!("{:032x}", self.0)
+    }
+}
+
+/// Counters of one tier.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct TierStats {
+    pub name: String,
+    pub backend: String,
+    pub capacity_bytes: Option<u64>,
+    pub resident_bytes: u64,
+    pub resident_objects: u64,
+    pub peak_bytes: u64,
+    pub bytes_written: u64,
+    pub bytes_read: u64,
+    pub writes: u64,
+    pub reads: u64,
+    pub evictions: u64,
+    pub bytes_evicted: u64,
+}
+
+/// Counters of the manager's calls.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct CallStats {
+    pub keys_reserved: u64,
+    pub keys_not_writable: u64,
+    /// `reserve_write` calls that failed with OUT_OF_MEMORY, and the keys they carried.
+    pub out_of_memory_calls: u64,
+    pub out_of_memory_keys: u64,
+    pub keys_admitted: u64,
+    /// `finish_write` keys that were not staged (never reserved, or expired).
+    pub keys_not_staged: u64,
+    pub prefetches: u64,
+    /// `read_prefetched_results` entries that found a key missing or not read-locked.
+    pub read_failures: u64,
+    pub read_locks_expired: u64,
+    pub write_reservations_expired: u64,
+    /// L2 loads that could not get L1 room.
+    pub l2_loads_out_of_memory: u64,
+}
+
+/// What one prefetch found, per LMCache's `request` span attributes.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct PrefetchOutcome {
+    pub external_request_id: String,
+    pub t: f64,
+    pub requested_chunks: u64,
+    pub hit_chunks: u64,
+    /// The part of the hit prefix L1 alone serves, and the extension loaded from L2.
+    pub l1_hit_chunks: u64,
+    pub l2_hit_chunks: u64,
+    /// Tokens per chunk (dimension 2 of the layout), when the layout is the standard one.
+    pub chunk_tokens: Option<u64>,
+}
+
+impl PrefetchOutcome {
+    pub fn hit_rate(&self) -> f64 {
+        if self.requested_chunks == 0 {
+            0.0
+        } else {
+            self.hit_chunks as f64 / self.requested_chunks as f64
+        }
+    }
+}
+
+/// Why a call failed; replay counts these per call kind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CallError {
+    /// Not every key of `read_prefetched_results` was resident and read-locked.
+    NotReadable { missing: u64, unlocked: u64 },
+    /// A backend refused an operation.
+    Io(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::NotReadable { missing, unlocked } => write!(
+                f,
+                "failed to read prefetched objects: {missing} missing (KEY_NOT_EXIST), {unlocked} not read-locked (KEY_NOT_READABLE)"
+            ),
+            CallError::Io(e) => write!(f, "tier I/O failed: {e}"),
+        }
+    }
+}
+
+/// What `reserve_write` did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reservation {
+    pub reserved: u64,
+    pub not_writable: u64,
+    /// The pending batch did not fit: nothing was reserved.
+    pub out_of_memory: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum State {
+    /// Reserved, invisible to readers until `finish_write`; freed at its deadline.
+    Staging,
+    Resident,
+}
+
+#[derive(Clone, Debug)]
+struct Object {
+    size: u64,
+    state: State,
+    read_locks: u64,
+    /// When the read locks expire (resident) or the reservation lapses (staging);
+    /// infinite when nothing is pending.
+    deadline: f64,
+    /// Loaded by a prefetch from L2 (dropped after use unless the prefetch policy retains).
+    from_l2: bool,
+}
+
+/// A trace time as an ordered key (non-negative floats order like their bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Deadline(u64);
+
+impl Deadline {
+    fn of(t: f64) -> Deadline {
+        Deadline(t.max(0.0).to_bits())
+    }
+}
+
+/// The L1 pool.
+struct L1 {
+    capacity: u64,
+    used: u64,
+    objects: HashMap<KeyId, Object>,
+    /// `(deadline, key)` of every object with a pending read-lock or write-reservation
+    /// deadline, so expiry visits only what is due.
+    deadlines: BTreeSet<(Deadline, KeyId)>,
+    policy: Box<dyn EvictionPolicy>,
+    backend: Memory,
+    stats: TierStats,
+}
+
+/// One L2 tier.
+struct L2 {
+    capacity: Option<u64>,
+    used: u64,
+    sizes: HashMap<KeyId, u64>,
+    policy: Box<dyn EvictionPolicy>,
+    backend: Box<dyn Backend>,
+    stats: TierStats,
+}
+
+fn build_backend(config: &BackendConfig) -> Box<dyn Backend> {
+    match config {
+        BackendConfig::Memory { buffers } => Box::new(Memory::new(*buffers)),
+        BackendConfig::Null => Box::new(Null),
+    }
+}
+
+impl L2 {
+    fn new(index: usize, config: &L2Config) -> L2 {
+        let backend = build_backend(&config.backend);
+        L2 {
+            capacity: config.capacity_bytes,
+            used: 0,
+            sizes: HashMap::new(),
+            policy: config.policy.build(),
+            stats: TierStats {
+                name: format!("L2[{index}]"),
+                backend: backend.name().into(),
+                capacity_bytes: config.capacity_bytes,
+                ..TierStats::default()
+            },
+            backend,
+        }
+    }
+
+    /// Write-through of one object; evicts by the tier's policy when it would not fit.
+    fn store(&mut self, key: KeyId, size: u64) -> io::Result<()> {
+        if self.sizes.contains_key(&key) {
+            return Ok(());
+        }
+        if let Some(cap) = self.capacity {
+            if size > cap {
+                return Ok(());
+            }
+            while self.used + size > cap {
+                let Some(victim) = self.policy.pick(&mut |_| true) else {
+                    return Ok(());
+                };
+                let freed = self.sizes.remove(&victim).unwrap_or(0);
+                self.backend.delete(victim)?;
+                self.used -= freed;
+                self.stats.evictions += 1;
+                self.stats.bytes_evicted += freed;
+            }
+        }
+        self.backend.put(key, size)?;
+        if self.backend.contains(key) {
+            self.sizes.insert(key, size);
+            self.policy.insert(key);
+            self.used += size;
+        }
+        self.stats.writes += 1;
+        self.stats.bytes_written += size;
+        self.stats.peak_bytes = self.stats.peak_bytes.max(self.used);
+        Ok(())
+    }
+}
+
+/// The manager. Single-threaded by design: calls apply in trace order, so replays are
+/// reproducible.
+pub struct StorageManager {
+    config: StorageConfig,
+    l1: L1,
+    l2: Vec<L2>,
+    now: f64,
+    next_eviction_tick: f64,
+    calls: CallStats,
+    tracer: Tracer,
+}
+
+/// Releases `n` read locks of an object and reports whether it is now unlocked.
+fn release(obj: &mut Object, n: u64) -> bool {
+    obj.read_locks = obj.read_locks.saturating_sub(n);
+    obj.read_locks == 0
+}
+
+impl StorageManager {
+    pub fn new(config: StorageConfig, tracer: Tracer) -> StorageManager {
+        let l1 = L1 {
+            capacity: config.l1_size_bytes,
+            used: 0,
+            objects: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            policy: config.eviction.policy.build(),
+            backend: Memory::new(config.l1_buffers),
+            stats: TierStats {
+                name: "L1".into(),
+                backend: Memory::new(config.l1_buffers).name().into(),
+                capacity_bytes: Some(config.l1_size_bytes),
+                ..TierStats::default()
+            },
+        };
+        let l2 = config
+            .l2
+            .iter()
+            .enumerate()
+            .map(|(i, c)| L2::new(i, c))
+            .collect();
+        let next_eviction_tick = match config.eviction.timing {
+            EvictionTiming::Periodic { interval_s } => interval_s,
+            EvictionTiming::Immediate => f64::INFINITY,
+        };
+        StorageManager {
+            config,
+            l1,
+            l2,
+            now: 0.0,
+            next_eviction_tick,
+            calls: CallStats::default(),
+            tracer,
+        }
+    }
+
+    pub fn config(&self) -> &StorageConfig {
+        &self.config
+    }
+
+    /// Moves the manager's clock to `t` (seconds of trace time), running the eviction ticks
+    /// and lock expiries that fall due on the way.
+    pub fn advance_to(&mut self, t: f64) {
+        if t < self.now {
+            return;
+        }
+        if let EvictionTiming::Periodic { interval_s } = self.config.eviction.timing {
+            while self.next_eviction_tick <= t {
+                self.now = self.next_eviction_tick;
+                self.expire_locks();
+                self.evict_if_over_watermark();
+                self.next_eviction_tick += interval_s.max(1e-3);
+            }
+        }
+        self.now = t;
+        self.expire_locks();
+    }
+
+    /// Sets an object's single pending deadline (read locks or write reservation).
+    fn set_deadline(&mut self, key: KeyId, deadline: f64) {
+        if let Some(obj) = self.l1.objects.get_mut(&key) {
+            self.l1.deadlines.remove(&(Deadline::of(obj.deadline), key));
+            obj.deadline = deadline;
+            self.l1.deadlines.insert((Deadline::of(deadline), key));
+        }
+    }
+
+    /// Releases read locks and frees write reservations whose TTL has passed.
+    fn expire_locks(&mut self) {
+        let now = Deadline::of(self.now);
+        while let Some(&(due, key)) = self.l1.deadlines.first() {
+            if due > now {
+                break;
+            }
+            self.l1.deadlines.pop_first();
+            let Some(obj) = self.l1.objects.get_mut(&key) else {
+                continue;
+            };
+            match obj.state {
+                State::Staging => {
+                    self.calls.write_reservations_expired += 1;
+                    self.drop_from_l1(key);
+                }
+                State::Resident if obj.read_locks > 0 => {
+                    obj.read_locks = 0;
+                    self.calls.read_locks_expired += 1;
+                }
+                State::Resident => {}
+            }
+        }
+    }
+
+    fn drop_from_l1(&mut self, key: KeyId) {
+        if let Some(obj) = self.l1.objects.remove(&key) {
+            self.l1.deadlines.remove(&(Deadline::of(obj.deadline), key));
+            self.l1.used -= obj.size;
+            if obj.state == State::Resident {
+                self.l1.policy.remove(key);
+            }
+            let _ = self.l1.backend.delete(key);
+        }
+    }
+
+    /// Evicts unlocked resident objects, by policy, until `bytes` are free or none is left.
+    fn evict_l1(&mut self, bytes: u64) -> u64 {
+        let mut freed = 0;
+        while freed < bytes {
+            let objects = &self.l1.objects;
+            let victim = self.l1.policy.pick(&mut |k| {
+                objects
+                    .get(&k)
+                    .is_some_and(|o| o.read_locks == 0 && o.state == State::Resident)
+            });
+            let Some(victim) = victim else { break };
+            if let Some(obj) = self.l1.objects.remove(&victim) {
+                self.l1
+                    .deadlines
+                    .remove(&(Deadline::of(obj.deadline), victim));
+                self.l1.used -= obj.size;
+                freed += obj.size;
+                self.l1.stats.evictions += 1;
+                self.l1.stats.bytes_evicted += obj.size;
+                let _ = self.l1.backend.delete(victim);
+            }
+        }
+        freed
+    }
+
+    fn evict_if_over_watermark(&mut self) {
+        let e = &self.config.eviction;
+        let cap = self.l1.capacity as f64;
+        if cap > 0.0 && self.l1.used as f64 >= e.trigger_watermark * cap {
+            let target = (e.eviction_ratio * cap).ceil() as u64;
+            self.evict_l1(target);
+        }
+    }
+
+    /// Makes room for `need` more bytes in L1 if the timing allows; true if they fit.
+    fn room_for(&mut self, need: u64) -> bool {
+        if self.l1.used + need <= self.l1.capacity {
+            return true;
+        }
+        if self.config.eviction.timing == EvictionTiming::Immediate {
+            let short = self.l1.used + need - self.l1.capacity;
+            self.evict_l1(short);
+        }
+        self.l1.used + need <= self.l1.capacity
+    }
+
+    fn allocate(&mut self, key: KeyId, size: u64, state: State, from_l2: bool) {
+        self.l1.objects.insert(
+            key,
+            Object {
+                size,
+                state,
+                read_locks: 0,
+                deadline: f64::INFINITY,
+                from_l2,
+            },
+        );
+        self.l1.used += size;
+        self.l1.stats.peak_bytes = self.l1.stats.peak_bytes.max(self.l1.used);
+    }
+
+    fn publish(&self, call: StorageCall<'_>) {
+        self.tracer
+            .publish_call(call.qualname(), |buf| call.encode_args(buf));
+    }
+
+    /// Reserves L1 staging space for the keys that are neither resident nor staged. If the
+    /// pending batch does not fit, nothing is reserved (OUT_OF_MEMORY).
+    pub fn reserve_write(&mut self, keys: &[ObjectKey], layout: &MemoryLayoutDesc) -> Reservation {
+        self.publish(StorageCall::ReserveWrite {
+            keys,
+            layout_desc: layout,
+        });
+        let size = layout.object_bytes().unwrap_or(0);
+        let mut pending: Vec<KeyId> = Vec::with_capacity(keys.len());
+        let mut out = Reservation::default();
+        for key in keys.iter().map(KeyId::of) {
+            if self.l1.objects.contains_key(&key) || pending.contains(&key) {
+                out.not_writable += 1;
+            } else {
+                pending.push(key);
+            }
+        }
+        self.calls.keys_not_writable += out.not_writable;
+        if pending.is_empty() {
+            return out;
+        }
+        if !self.room_for(size * pending.len() as u64) {
+            out.out_of_memory = true;
+            self.calls.out_of_memory_calls += 1;
+            self.calls.out_of_memory_keys += pending.len() as u64;
+            return out;
+        }
+        let deadline = self.now + self.config.write_ttl_s;
+        for key in pending {
+            self.allocate(key, size, State::Staging, false);
+            self.set_deadline(key, deadline);
+            out.reserved += 1;
+        }
+        self.calls.keys_reserved += out.reserved;
+        out
+    }
+
+    /// Admits staged objects as resident and writes them through to every L2 tier.
+    pub fn finish_write(&mut self, keys: &[ObjectKey]) -> Result<u64, CallError> {
+        self.publish(StorageCall::FinishWrite { keys });
+        let mut admitted = 0;
+        for key in keys.iter().map(KeyId::of) {
+            let Some(obj) = self.l1.objects.get_mut(&key) else {
+                self.calls.keys_not_staged += 1;
+                continue;
+            };
+            if obj.state == State::Resident {
+                self.calls.keys_not_staged += 1;
+                continue;
+            }
+            obj.state = State::Resident;
+            let size = obj.size;
+            self.set_deadline(key, f64::INFINITY);
+            self.l1.policy.insert(key);
+            self.l1
+                .backend
+                .put(key, size)
+                .map_err(|e| CallError::Io(e.to_string()))?;
+            self.l1.stats.writes += 1;
+            self.l1.stats.bytes_written += size;
+            admitted += 1;
+            for tier in &mut self.l2 {
+                tier.store(key, size)
+                    .map_err(|e| CallError::Io(e.to_string()))?;
+            }
+            if self.config.store_policy == StorePolicy::SkipL1 && !self.l2.is_empty() {
+                self.drop_from_l1(key);
+            }
+        }
+        self.calls.keys_admitted += admitted;
+        if self.config.eviction.timing == EvictionTiming::Immediate {
+            self.evict_if_over_watermark();
+        }
+        Ok(admitted)
+    }
+
+    /// Looks every key group up, L1 first and then L2 (loading into L1), keeps the hit
+    /// prefix (`prefix`) or every hit (`full`), and takes `num_kv_readers` read locks on what
+    /// it keeps when the lock mode is `LOCK`. Completes before returning.
+    pub fn submit_prefetch_task(
+        &mut self,
+        spec: &PrefetchTaskSpec,
+        external_request_id: &str,
+        skip_l2: bool,
+    ) -> Result<PrefetchOutcome, CallError> {
+        self.publish(StorageCall::SubmitPrefetchTask {
+            spec,
+            external_request_id,
+            skip_l2,
+        });
+        self.calls.prefetches += 1;
+        let mut outcome = PrefetchOutcome {
+            external_request_id: external_request_id.to_owned(),
+            t: self.now,
+            ..PrefetchOutcome::default()
+        };
+        let prefix_only = spec.fetching_policy != "full";
+        for (g, group) in spec.key_groups.iter().enumerate() {
+            let size = group.layout_desc.object_bytes().unwrap_or(0);
+            let (mut l1_hits, mut l2_hits, mut in_prefix) = (0u64, 0u64, true);
+            let mut kept = Vec::new();
+            for key in group.keys.iter().map(KeyId::of) {
+                let in_l1 = self.l1.objects.get(&key).map(|o| o.state);
+                let hit = match in_l1 {
+                    Some(State::Resident) => {
+                        if in_prefix && l2_hits == 0 {
+                            l1_hits += 1;
+                        } else {
+                            l2_hits += 1;
+                        }
+                        true
+                    }
+                    // Staged by a writer: not readable yet, and not loadable over it.
+                    Some(State::Staging) => false,
+                    None if !skip_l2 && self.load_from_l2(key, size)? => {
+                        l2_hits += 1;
+                        true
+                    }
+                    None => false,
+                };
+                if hit {
+                    kept.push(key);
+                } else {
+                    in_prefix = false;
+                    if prefix_only {
+                        break;
+                    }
+                }
+            }
+            let locks = match spec.lock_mode {
+                LockMode::Lock => spec.num_kv_readers.max(0) as u64,
+                LockMode::NoLock => 0,
+            };
+            let deadline = self.now + self.config.read_ttl_s;
+            for key in &kept {
+                self.l1.policy.touch(*key);
+                if locks == 0 {
+                    continue;
+                }
+                if let Some(obj) = self.l1.objects.get_mut(key) {
+                    obj.read_locks += locks;
+                }
+                self.set_deadline(*key, deadline);
+            }
+            if g == 0 {
+                outcome.requested_chunks = group.keys.len() as u64;
+                outcome.hit_chunks = kept.len() as u64;
+                outcome.l1_hit_chunks = l1_hits;
+                outcome.l2_hit_chunks = kept.len() as u64 - l1_hits;
+                outcome.chunk_tokens = group.layout_desc.chunk_tokens();
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Loads an object from the first L2 tier that holds it into L1.
+    fn load_from_l2(&mut self, key: KeyId, size: u64) -> Result<bool, CallError> {
+        let Some(index) = self.l2.iter().position(|t| t.sizes.contains_key(&key)) else {
+            return Ok(false);
+        };
+        if !self.room_for(size) {
+            self.calls.l2_loads_out_of_memory += 1;
+            return Ok(false);
+        }
+        let tier = &mut self.l2[index];
+        let found = tier
+            .backend
+            .get(key)
+            .map_err(|e| CallError::Io(e.to_string()))?;
+        if !found {
+            return Ok(false);
+        }
+        tier.policy.touch(key);
+        tier.stats.reads += 1;
+        tier.stats.bytes_read += size;
+        self.allocate(key, size, State::Resident, true);
+        self.l1.policy.insert(key);
+        self.l1
+            .backend
+            .put(key, size)
+            .map_err(|e| CallError::Io(e.to_string()))?;
+        Ok(true)
+    }
+
+    /// The context entry of `read_prefetched_results`: succeeds only if every key is resident
+    /// and read-locked (by a prefetch). Takes no locks.
+    pub fn read_prefetched_enter(&mut self, keys: &[ObjectKey]) -> Result<(), CallError> {
+        self.publish(StorageCall::ReadPrefetchedEnter { keys });
+        let (mut missing, mut unlocked) = (0, 0);
+        for key in keys.iter().map(KeyId::of) {
+            match self.l1.objects.get(&key) {
+                Some(o) if o.state == State::Resident && o.read_locks > 0 => {
+                    let size = o.size;
+                    let _ = self.l1.backend.get(key);
+                    self.l1.policy.touch(key);
+                    self.l1.stats.reads += 1;
+                    self.l1.stats.bytes_read += size;
+                }
+                Some(o) if o.state == State::Resident => unlocked += 1,
+                _ => missing += 1,
+            }
+        }
+        if missing + unlocked == 0 {
+            Ok(())
+        } else {
+            self.calls.read_failures += 1;
+            Err(CallError::NotReadable { missing, unlocked })
+        }
+    }
+
+    /// The context exit: after a failed entry, releases one read lock of each readable key;
+    /// after a successful one, nothing (the caller calls `finish_read_prefetched`).
+    pub fn read_prefetched_exit(&mut self, keys: &[ObjectKey], entered: bool) {
+        self.publish(StorageCall::ReadPrefetchedExit { keys });
+        if entered {
+            return;
+        }
+        for key in keys.iter().map(KeyId::of) {
+            if let Some(obj) = self.l1.objects.get_mut(&key) {
+                if obj.read_locks > 0 {
+                    release(obj, 1);
+                }
+            }
+        }
+    }
+
+    /// Releases `read_locks` read locks per key. Objects a prefetch loaded from L2 leave L1
+    /// once unlocked, unless the prefetch policy retains them.
+    pub fn finish_read_prefetched(&mut self, keys: &[ObjectKey], read_locks: i64) {
+        self.publish(StorageCall::FinishReadPrefetched { keys, read_locks });
+        let n = read_locks.max(0) as u64;
+        let retain = self.config.prefetch_policy == PrefetchPolicy::Retain;
+        let mut dropped = Vec::new();
+        for key in keys.iter().map(KeyId::of) {
+            if let Some(obj) = self.l1.objects.get_mut(&key) {
+                if release(obj, n) && obj.from_l2 && !retain {
+                    dropped.push(key);
+                }
+            }
+        }
+        for key in dropped {
+            self.drop_from_l1(key);
+        }
+    }
+
+    /// Removes objects from every tier (untraced, as in LMCache).
+    pub fn delete(&mut self, keys: &[ObjectKey]) -> Result<(), CallError> {
+        for key in keys.iter().map(KeyId::of) {
+            self.drop_from_l1(key);
+            for tier in &mut self.l2 {
+                if let Some(size) = tier.sizes.remove(&key) {
+                    tier.used -= size;
+                    tier.policy.remove(key);
+                    tier.backend
+                        .delete(key)
+                        .map_err(|e| CallError::Io(e.to_string()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Empties L1 (untraced). L2 tiers keep their objects, as LMCache's `clear` does.
+    pub fn clear(&mut self) {
+        let mut keys: Vec<KeyId> = self.l1.objects.keys().copied().collect();
+        keys.sort_unstable();
+        for key in keys {
+            self.drop_from_l1(key);
+        }
+    }
+
+    /// Whether an object is resident in L1 (for tests and engines).
+    pub fn is_resident(&self, key: &ObjectKey) -> bool {
+        self.l1
+            .objects
+            .get(&KeyId::of(key))
+            .is_some_and(|o| o.state == State::Resident)
+    }
+
+    pub fn call_stats(&self) -> &CallStats {
+        &self.calls
+    }
+
+    /// Counters of every tier, L1 first.
+    pub fn tier_stats(&self) -> Vec<TierStats> {
+        let mut l1 = self.l1.stats.clone();
+        l1.resident_bytes = self.l1.used;
+        l1.resident_objects = self.l1.objects.len() as u64;
+        let mut out = vec![l1];
+        for tier in &self.l2 {
+            let mut s = tier.stats.clone();
+            s.resident_bytes = tier.used;
+            s.resident_objects = tier.sizes.len() as u64;
+            out.push(s);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,215 @@
+//! The StorageManager's state machine, call by call.
+
+use super::config::{BackendConfig, EvictionTiming, L2Config, PrefetchPolicy, StorageConfig};
+use super::eviction::PolicyKind;
+use super::{CallError, StorageManager};
+use crate::bus::Tracer;
+use crate::lmct::codec::{
+    GroupedObjectKeys, LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec,
+};
+
+/// 1000-byte objects: `[2, 1, 250, 1]` of float16.
+fn layout() -> MemoryLayoutDesc {
+    MemoryLayoutDesc {
+        shapes: vec![vec![2, 1, 250, 1]],
+        dtypes: vec!["torch.float16".into()],
+    }
+}
+
+fn keys(range: std::ops::Range<u8>) -> Vec<ObjectKey> {
+    range
+        .map(|i| ObjectKey {
+            chunk_hash: vec![i; 32],
+            model_name: "m".into(),
+            kv_rank: 16_777_472,
+            object_group_id: 0,
+            cache_salt: String::new(),
+        })
+        .collect()
+}
+
+fn spec(keys: &[ObjectKey], policy: &str, lock: LockMode) -> PrefetchTaskSpec {
+    PrefetchTaskSpec {
+        key_groups: vec![GroupedObjectKeys {
+            keys: keys.to_vec(),
+            object_group_id: 0,
+            layout_desc: layout(),
+            sliding_window_size: -1,
+        }],
+        num_kv_readers: 1,
+        fetching_policy: policy.into(),
+        lock_mode: lock,
+    }
+}
+
+fn manager(capacity: u64, timing: EvictionTiming) -> StorageManager {
+    let mut config = StorageConfig {
+        l1_size_bytes: capacity,
+        ..StorageConfig::default()
+    };
+    config.eviction.timing = timing;
+    StorageManager::new(config, Tracer::disabled())
+}
+
+fn store(sm: &mut StorageManager, k: &[ObjectKey]) {
+    sm.reserve_write(k, &layout());
+    sm.finish_write(k).expect("finish");
+}
+
+#[test]
+fn reserved_objects_are_invisible_until_finished_and_not_writable_twice() {
+    let mut sm = manager(10_000, EvictionTiming::Immediate);
+    let k = keys(0..3);
+    let r = sm.reserve_write(&k, &layout());
+    assert_eq!((r.reserved, r.not_writable, r.out_of_memory), (3, 0, false));
+    assert!(!sm.is_resident(&k[0]));
+    let hit = sm
+        .submit_prefetch_task(&spec(&k, "prefix", LockMode::Lock), "r", false)
+        .expect("ok");
+    assert_eq!(hit.hit_chunks, 0, "staged objects are not readable");
+    assert_eq!(
+        sm.reserve_write(&k, &layout()).not_writable,
+        3,
+        "staged: KEY_NOT_WRITABLE"
+    );
+    assert_eq!(sm.finish_write(&k).expect("ok"), 3);
+    assert!(sm.is_resident(&k[2]));
+    assert_eq!(
+        sm.reserve_write(&k[..1], &layout()).not_writable,
+        1,
+        "resident: KEY_NOT_WRITABLE"
+    );
+    assert_eq!(sm.finish_write(&keys(9..10)).expect("ok"), 0);
+    assert_eq!(sm.call_stats().keys_not_staged, 1);
+}
+
+#[test]
+fn a_batch_that_does_not_fit_is_out_of_memory_as_a_whole() {
+    let mut sm = manager(2_500, EvictionTiming::Periodic { interval_s: 1.0 });
+    let r = sm.reserve_write(&keys(0..3), &layout());
+    assert!(r.out_of_memory);
+    assert_eq!(r.reserved, 0, "partial allocations are not kept");
+    assert_eq!(sm.reserve_write(&keys(0..2), &layout()).reserved, 2);
+    assert_eq!(sm.call_stats().out_of_memory_keys, 3);
+}
+
+#[test]
+fn locked_objects_survive_eviction_pressure_and_become_evictable_when_released() {
+    let mut sm = manager(3_000, EvictionTiming::Immediate);
+    let first = keys(0..2);
+    store(&mut sm, &first);
+    sm.submit_prefetch_task(&spec(&first, "prefix", LockMode::Lock), "r", false)
+        .expect("ok");
+    // Room for one more only if the locked pair stays: the next write must not evict it.
+    let r = sm.reserve_write(&keys(10..12), &layout());
+    assert!(r.out_of_memory);
+    assert!(sm.read_prefetched_enter(&first).is_ok());
+    sm.read_prefetched_exit(&first, true);
+    sm.finish_read_prefetched(&first, 1);
+    let r = sm.reserve_write(&keys(10..12), &layout());
+    assert_eq!(r.reserved, 2, "released objects were evicted to make room");
+    assert!(!sm.is_resident(&first[0]));
+}
+
+#[test]
+fn reads_need_a_prefetch_lock_and_a_failed_read_releases_one() {
+    let mut sm = manager(10_000, EvictionTiming::Immediate);
+    let k = keys(0..2);
+    store(&mut sm, &k);
+    assert_eq!(
+        sm.read_prefetched_enter(&k),
+        Err(CallError::NotReadable {
+            missing: 0,
+            unlocked: 2
+        })
+    );
+    sm.submit_prefetch_task(&spec(&k[..1], "prefix", LockMode::Lock), "r", false)
+        .expect("ok");
+    let mut both = k.clone();
+    both.extend(keys(5..6));
+    assert_eq!(
+        sm.read_prefetched_enter(&both),
+        Err(CallError::NotReadable {
+            missing: 1,
+            unlocked: 1
+        })
+    );
+    sm.read_prefetched_exit(&both, false);
+    assert!(
+        sm.read_prefetched_enter(&k[..1]).is_err(),
+        "the failed read released the lock"
+    );
+}
+
+#[test]
+fn prefix_stops_at_the_first_miss_and_full_keeps_every_hit() {
+    let mut sm = manager(10_000, EvictionTiming::Immediate);
+    let k = keys(0..4);
+    store(&mut sm, &[k[0].clone(), k[2].clone(), k[3].clone()]);
+    let p = sm
+        .submit_prefetch_task(&spec(&k, "prefix", LockMode::NoLock), "p", false)
+        .expect("ok");
+    assert_eq!((p.requested_chunks, p.hit_chunks), (4, 1));
+    let f = sm
+        .submit_prefetch_task(&spec(&k, "full", LockMode::NoLock), "f", false)
+        .expect("ok");
+    assert_eq!(f.hit_chunks, 3);
+    assert!(
+        sm.read_prefetched_enter(&k[..1]).is_err(),
+        "NO_LOCK takes no read locks"
+    );
+}
+
+#[test]
+fn read_locks_and_reservations_expire_with_their_ttls() {
+    let mut sm = manager(10_000, EvictionTiming::Immediate);
+    let k = keys(0..1);
+    store(&mut sm, &k);
+    sm.submit_prefetch_task(&spec(&k, "prefix", LockMode::Lock), "r", false)
+        .expect("ok");
+    sm.reserve_write(&keys(1..2), &layout());
+    sm.advance_to(301.0);
+    assert!(
+        sm.read_prefetched_enter(&k).is_err(),
+        "read lock expired after 300 s"
+    );
+    assert_eq!(sm.call_stats().read_locks_expired, 1);
+    sm.advance_to(601.0);
+    assert_eq!(sm.call_stats().write_reservations_expired, 1);
+    assert_eq!(sm.reserve_write(&keys(1..2), &layout()).reserved, 1);
+}
+
+#[test]
+fn l2_loads_are_dropped_after_use_unless_retained() {
+    for (policy, stays) in [
+        (PrefetchPolicy::Default, false),
+        (PrefetchPolicy::Retain, true),
+    ] {
+        let mut config = StorageConfig {
+            l1_size_bytes: 1_000,
+            prefetch_policy: policy,
+            l2: vec![L2Config {
+                backend: BackendConfig::Memory { buffers: true },
+                capacity_bytes: None,
+                policy: PolicyKind::Lru,
+            }],
+            ..StorageConfig::default()
+        };
+        config.eviction.timing = EvictionTiming::Immediate;
+        let mut sm = StorageManager::new(config, Tracer::disabled());
+        let (a, b) = (keys(0..1), keys(1..2));
+        store(&mut sm, &a);
+        store(&mut sm, &b); // evicts a from L1; L2 still has it
+        assert!(!sm.is_resident(&a[0]));
+        let o = sm
+            .submit_prefetch_task(&spec(&a, "prefix", LockMode::Lock), "r", false)
+            .expect("ok");
+        assert_eq!((o.l1_hit_chunks, o.l2_hit_chunks), (0, 1));
+        sm.finish_read_prefetched(&a, 1);
+        assert_eq!(sm.is_resident(&a[0]), stays);
+        let skip = sm
+            .submit_prefetch_task(&spec(&b, "prefix", LockMode::Lock), "s", true)
+            .expect("ok");
+        assert_eq!(skip.l2_hit_chunks, 0);
+    }
+}
