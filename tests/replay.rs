@@ -18,7 +18,7 @@ use kvtrace::storage::StorageManager;
 use kvtrace::synth::{self, SynthOptions};
 
 fn run(path: &Path, config: StorageConfig) -> ReplayReport {
-    let mut sm = StorageManager::new(config, Tracer::disabled());
+    let mut sm = StorageManager::new(config, Tracer::disabled()).expect("manager");
     replay(path, &mut sm, &ReplayOptions::default(), |_| {}).expect("replay")
 }
 
@@ -268,7 +268,7 @@ fn a_kvtrace_driven_manager_records_a_trace_that_replays_to_the_same_counters() 
     let json = kvtrace::lmct::digest::python_json(&config.to_lmcache_json());
     recorder.attach_storage_config(&json).expect("attach");
     let bus = EventBus::start(BusOptions::default(), vec![Box::new(recorder)]).expect("bus");
-    let mut sm = StorageManager::new(config.clone(), bus.tracer());
+    let mut sm = StorageManager::new(config.clone(), bus.tracer()).expect("manager");
     let first = replay(&source, &mut sm, &ReplayOptions::default(), |_| {}).expect("drive");
     drop(sm);
     bus.close().expect("close");

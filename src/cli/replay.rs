@@ -18,6 +18,7 @@ use kvtrace::storage::config::{
     BackendConfig, EvictionTiming, L2Config, PrefetchPolicy, StorageConfig, StorePolicy,
 };
 use kvtrace::storage::eviction::PolicyKind;
+use kvtrace::storage::file::FsyncPolicy;
 use kvtrace::storage::StorageManager;
 
 use super::{print_stdout, warn, ReadArgs};
@@ -96,7 +97,8 @@ pub struct Args {
     /// Keep only object sizes in L1, no buffers (traces bigger than RAM)
     #[arg(long)]
     l1_accounting_only: bool,
-    /// An L2 tier as JSON, repeatable: {"type":"memory"|"null", "capacity_gb": G, "eviction_policy": P}
+    /// An L2 tier as JSON, repeatable: {"type":"memory"|"fs"|"null", "capacity_gb": G,
+    /// "eviction_policy": P}; fs takes "path", "direct" (O_DIRECT) and "fsync" (never|every_write)
     #[arg(long, value_name = "JSON")]
     l2_adapter: Vec<String>,
     #[arg(long, value_enum)]
@@ -168,9 +170,23 @@ fn l2_tier(text: &str) -> Result<L2Config, Error> {
             buffers: v.get("buffers").and_then(|b| b.as_bool()).unwrap_or(true),
         },
         Some("null") => BackendConfig::Null,
+        Some("fs" | "file") => BackendConfig::File {
+            dir: v
+                .get("path")
+                .or_else(|| v.get("base_path"))
+                .and_then(|p| p.as_str())
+                .ok_or_else(|| bad("a file tier needs \"path\"".into()))?
+                .into(),
+            direct: v.get("direct").and_then(|d| d.as_bool()).unwrap_or(false),
+            fsync: match v.get("fsync").and_then(|f| f.as_str()) {
+                None | Some("never") => FsyncPolicy::Never,
+                Some("every_write") => FsyncPolicy::EveryWrite,
+                Some(other) => return Err(bad(format!("fsync {other:?}: never or every_write"))),
+            },
+        },
         Some(other) => {
             return Err(bad(format!(
-                "tier type {other:?} is not available (memory, null)"
+                "tier type {other:?} is not available (memory, fs, null)"
             )))
         }
         None => return Err(bad("missing \"type\"".into())),
@@ -338,7 +354,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
     } else {
         ProgressBar::hidden()
     };
-    let mut sm = StorageManager::new(config, Tracer::disabled());
+    let mut sm = StorageManager::new(config, Tracer::disabled())?;
     let options = ReplayOptions {
         pacing,
         keep_startup_gap: args.keep_startup_gap,

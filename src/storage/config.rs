@@ -5,6 +5,7 @@
 use serde_json::{json, Value as Json};
 
 use super::eviction::PolicyKind;
+use super::file::FsyncPolicy;
 
 /// When eviction runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -61,6 +62,12 @@ pub enum BackendConfig {
     /// Real zero-filled buffers (`buffers: true`) or sizes only.
     Memory {
         buffers: bool,
+    },
+    /// One file per object under `dir`.
+    File {
+        dir: std::path::PathBuf,
+        direct: bool,
+        fsync: FsyncPolicy,
     },
     Null,
 }
@@ -244,6 +251,14 @@ impl L2Config {
             "memory" => BackendConfig::Memory {
                 buffers: tier.get("buffers")?.as_bool()?,
             },
+            "file" => BackendConfig::File {
+                dir: tier.get("path")?.as_str()?.into(),
+                direct: tier.get("direct")?.as_bool()?,
+                fsync: match tier.get("fsync")?.as_str()? {
+                    "every_write" => FsyncPolicy::EveryWrite,
+                    _ => FsyncPolicy::Never,
+                },
+            },
             "null" => BackendConfig::Null,
             _ => return None,
         };
@@ -257,6 +272,15 @@ impl L2Config {
     fn to_json(&self) -> Json {
         let backend = match &self.backend {
             BackendConfig::Memory { buffers } => json!({"type": "memory", "buffers": buffers}),
+            BackendConfig::File { dir, direct, fsync } => json!({
+                "type": "file",
+                "path": dir.display().to_string(),
+                "direct": direct,
+                "fsync": match fsync {
+                    FsyncPolicy::Never => "never",
+                    FsyncPolicy::EveryWrite => "every_write",
+                },
+            }),
             BackendConfig::Null => json!({"type": "null"}),
         };
         json!({

@@ -11,6 +11,7 @@
 pub mod backend;
 pub mod config;
 pub mod eviction;
+pub mod file;
 
 use std::collections::{BTreeSet, HashMap};
 use std::io;
@@ -195,17 +196,20 @@ struct L2 {
     stats: TierStats,
 }
 
-fn build_backend(config: &BackendConfig) -> Box<dyn Backend> {
-    match config {
+fn build_backend(config: &BackendConfig) -> io::Result<Box<dyn Backend>> {
+    Ok(match config {
         BackendConfig::Memory { buffers } => Box::new(Memory::new(*buffers)),
+        BackendConfig::File { dir, direct, fsync } => {
+            Box::new(file::FileTier::create(dir, *direct, *fsync)?)
+        }
         BackendConfig::Null => Box::new(Null),
-    }
+    })
 }
 
 impl L2 {
-    fn new(index: usize, config: &L2Config) -> L2 {
-        let backend = build_backend(&config.backend);
-        L2 {
+    fn new(index: usize, config: &L2Config) -> io::Result<L2> {
+        let backend = build_backend(&config.backend)?;
+        Ok(L2 {
             capacity: config.capacity_bytes,
             used: 0,
             sizes: HashMap::new(),
@@ -217,7 +221,7 @@ impl L2 {
                 ..TierStats::default()
             },
             backend,
-        }
+        })
     }
 
     /// Write-through of one object; evicts by the tier's policy when it would not fit.
@@ -272,7 +276,8 @@ fn release(obj: &mut Object, n: u64) -> bool {
 }
 
 impl StorageManager {
-    pub fn new(config: StorageConfig, tracer: Tracer) -> StorageManager {
+    /// Builds the tiers; fails when one cannot be set up (e.g. an unwritable directory).
+    pub fn new(config: StorageConfig, tracer: Tracer) -> crate::Result<StorageManager> {
         let l1 = L1 {
             capacity: config.l1_size_bytes,
             used: 0,
@@ -291,13 +296,13 @@ impl StorageManager {
             .l2
             .iter()
             .enumerate()
-            .map(|(i, c)| L2::new(i, c))
-            .collect();
+            .map(|(i, c)| L2::new(i, c).map_err(|e| crate::Error::io(format!("L2[{i}] tier"), e)))
+            .collect::<crate::Result<_>>()?;
         let next_eviction_tick = match config.eviction.timing {
             EvictionTiming::Periodic { interval_s } => interval_s,
             EvictionTiming::Immediate => f64::INFINITY,
         };
-        StorageManager {
+        Ok(StorageManager {
             config,
             l1,
             l2,
@@ -305,7 +310,7 @@ impl StorageManager {
             next_eviction_tick,
             calls: CallStats::default(),
             tracer,
-        }
+        })
     }
 
     pub fn config(&self) -> &StorageConfig {

@@ -48,7 +48,7 @@ fn manager(capacity: u64, timing: EvictionTiming) -> StorageManager {
         ..StorageConfig::default()
     };
     config.eviction.timing = timing;
-    StorageManager::new(config, Tracer::disabled())
+    StorageManager::new(config, Tracer::disabled()).expect("manager")
 }
 
 fn store(sm: &mut StorageManager, k: &[ObjectKey]) {
@@ -196,7 +196,7 @@ fn l2_loads_are_dropped_after_use_unless_retained() {
             ..StorageConfig::default()
         };
         config.eviction.timing = EvictionTiming::Immediate;
-        let mut sm = StorageManager::new(config, Tracer::disabled());
+        let mut sm = StorageManager::new(config, Tracer::disabled()).expect("manager");
         let (a, b) = (keys(0..1), keys(1..2));
         store(&mut sm, &a);
         store(&mut sm, &b); // evicts a from L1; L2 still has it

@@ -1,0 +1,161 @@
+//! The `file` tier: one real file per object under a directory.
+//!
+//! File names come from the 128-bit hash of the object key (`ab/ab12…ef.kv`), never from the
+//! key's bytes, so a hostile key (`../`, NUL, 4 KiB long) cannot reach outside the directory.
+//! Objects are written as zero payloads, as LMCache's replay leaves reserved memory; reads copy
+//! the whole object back. With `direct`, I/O bypasses the page cache (`O_DIRECT`, sizes padded
+//! to 4 KiB), which is what a capacity plan for NVMe wants measured.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use super::backend::Backend;
+use super::KeyId;
+
+/// When written objects are made durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// Leave it to the kernel.
+    Never,
+    /// `fdatasync` after every object.
+    EveryWrite,
+}
+
+const ALIGN: usize = 4096;
+
+/// A reusable buffer whose usable slice starts on a 4 KiB boundary (needed by `O_DIRECT`).
+struct AlignedBuf {
+    raw: Vec<u8>,
+}
+
+impl AlignedBuf {
+    fn slice(&mut self, len: usize) -> &mut [u8] {
+        if self.raw.len() < len + ALIGN {
+            self.raw = vec![0u8; len + ALIGN];
+        }
+        let offset = self.raw.as_ptr().align_offset(ALIGN).min(ALIGN);
+        &mut self.raw[offset..offset + len]
+    }
+}
+
+pub struct FileTier {
+    dir: PathBuf,
+    direct: bool,
+    fsync: FsyncPolicy,
+    sizes: std::collections::HashMap<KeyId, u64>,
+    buf: AlignedBuf,
+}
+
+fn padded(size: u64) -> usize {
+    (size as usize).div_ceil(ALIGN) * ALIGN
+}
+
+impl FileTier {
+    /// Creates the directory if needed and checks that files can be written in it.
+    pub fn create(dir: &Path, direct: bool, fsync: FsyncPolicy) -> io::Result<FileTier> {
+        fs::create_dir_all(dir).map_err(|e| with_path(e, dir))?;
+        let probe = dir.join(".kvtrace-write-test");
+        File::create(&probe)
+            .and_then(|mut f| f.write_all(b"ok"))
+            .map_err(|e| with_path(e, dir))?;
+        fs::remove_file(&probe).map_err(|e| with_path(e, &probe))?;
+        Ok(FileTier {
+            dir: dir.to_path_buf(),
+            direct,
+            fsync,
+            sizes: Default::default(),
+            buf: AlignedBuf { raw: Vec::new() },
+        })
+    }
+
+    /// Where an object lives: a fan-out directory and the key hash, nothing from the key.
+    pub fn path_of(&self, key: KeyId) -> PathBuf {
+        let hex = key.hex();
+        self.dir.join(&hex[..2]).join(format!("{hex}.kv"))
+    }
+
+    fn open(&self, path: &Path, write: bool) -> io::Result<File> {
+        let mut options = OpenOptions::new();
+        if write {
+            options.write(true).create(true).truncate(true);
+        } else {
+            options.read(true);
+        }
+        if self.direct {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.custom_flags(libc::O_DIRECT);
+        }
+        options.open(path)
+    }
+}
+
+fn with_path(e: io::Error, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
+impl Backend for FileTier {
+    fn name(&self) -> &'static str {
+        if self.direct {
+            "file (O_DIRECT)"
+        } else {
+            "file"
+        }
+    }
+
+    fn put(&mut self, key: KeyId, size: u64) -> io::Result<()> {
+        let path = self.path_of(key);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(|e| with_path(e, parent))?;
+        }
+        let len = if self.direct {
+            padded(size)
+        } else {
+            size as usize
+        };
+        let mut file = self.open(&path, true).map_err(|e| with_path(e, &path))?;
+        let data = self.buf.slice(len);
+        data.fill(0);
+        file.write_all(data).map_err(|e| with_path(e, &path))?;
+        if self.fsync == FsyncPolicy::EveryWrite {
+            file.sync_data().map_err(|e| with_path(e, &path))?;
+        }
+        self.sizes.insert(key, size);
+        Ok(())
+    }
+
+    fn get(&mut self, key: KeyId) -> io::Result<bool> {
+        let Some(&size) = self.sizes.get(&key) else {
+            return Ok(false);
+        };
+        let path = self.path_of(key);
+        let len = if self.direct {
+            padded(size)
+        } else {
+            size as usize
+        };
+        let mut file = match self.open(&path, false) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(with_path(e, &path)),
+        };
+        file.read_exact(self.buf.slice(len))
+            .map_err(|e| with_path(e, &path))?;
+        Ok(true)
+    }
+
+    fn delete(&mut self, key: KeyId) -> io::Result<()> {
+        if self.sizes.remove(&key).is_some() {
+            let path = self.path_of(key);
+            match fs::remove_file(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(with_path(e, &path)),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn contains(&self, key: KeyId) -> bool {
+        self.sizes.contains_key(&key)
+    }
+}
