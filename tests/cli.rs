@@ -429,3 +429,90 @@ fn replay_exits_one_when_a_call_fails_and_refuses_events_traces() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn diff_flags_a_regression_between_two_replays() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let gen = dir.path().join("g.lct").display().to_string();
+    assert_eq!(
+        kvtrace(&[
+            "generate",
+            &gen,
+            "--records",
+            "3000",
+            "--chunk-tokens",
+            "16"
+        ])
+        .status
+        .code(),
+        Some(0)
+    );
+    let base = dir.path().join("base").display().to_string();
+    let new = dir.path().join("new").display().to_string();
+    for (out, size) in [(&base, "0.02"), (&new, "0.002")] {
+        let r = kvtrace(&[
+            "replay",
+            &gen,
+            "--l1-size-gb",
+            size,
+            "--l1-accounting-only",
+            "--eviction-timing",
+            "immediate",
+            "--json",
+            "--no-csv",
+            "-q",
+            "--output-dir",
+            out,
+        ]);
+        assert!(
+            r.status.code().is_some_and(|c| c <= 1),
+            "{}",
+            text(&r.stderr)
+        );
+    }
+    let summary = |d: &str| format!("{d}/trace_replay_summary.json");
+    // Latencies are live measurements: only the cache metrics decide here.
+    let same = kvtrace(&[
+        "diff",
+        &summary(&base),
+        &summary(&base),
+        "--max-regression",
+        "0",
+    ]);
+    assert_eq!(same.status.code(), Some(0), "{}", text(&same.stdout));
+    let worse = kvtrace(&[
+        "diff",
+        &summary(&base),
+        &summary(&new),
+        "--max-regression",
+        "1000000",
+        "--json",
+    ]);
+    let rows: serde_json::Value = serde_json::from_slice(&worse.stdout).expect("json");
+    let hit = rows
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|r| r["metric"] == "hit rate")
+        .expect("hit rate");
+    assert!(
+        hit["new"].as_f64() < hit["base"].as_f64(),
+        "a 10x smaller L1 hits less"
+    );
+    let strict = kvtrace(&[
+        "diff",
+        &summary(&base),
+        &summary(&new),
+        "--max-regression",
+        "1",
+    ]);
+    assert_eq!(strict.status.code(), Some(1));
+    assert!(text(&strict.stdout).contains("hit rate"));
+    assert!(text(&strict.stdout).contains("REGRESSED"));
+    assert_eq!(
+        kvtrace(&["diff", &summary(&base), "/no/such.json"])
+            .status
+            .code(),
+        Some(1)
+    );
+}

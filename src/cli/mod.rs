@@ -2,6 +2,7 @@
 //! work beyond calling the library and printing.
 
 mod convert;
+mod diff;
 mod dump;
 mod generate;
 mod info;
@@ -38,6 +39,7 @@ enum Command {
     Convert(convert::Args),
     Generate(generate::Args),
     Replay(replay::Args),
+    Diff(diff::Args),
 }
 
 /// Options every trace-reading command shares.
@@ -109,6 +111,7 @@ pub fn run() -> i32 {
         Command::Convert(args) => convert::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Replay(args) => replay::run(args),
+        Command::Diff(args) => diff::run(args),
     };
     result.unwrap_or_else(|e| report(&e))
 }

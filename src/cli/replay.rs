@@ -13,6 +13,7 @@ use kvtrace::replay::dispatch::Outcome;
 use kvtrace::replay::{replay, Pacing, ReplayOptions};
 use kvtrace::report::csv::CsvTables;
 use kvtrace::report::json::JsonSummary;
+use kvtrace::report::xlsx::XlsxWorkbook;
 use kvtrace::report::{table, Exporter};
 use kvtrace::storage::config::{
     BackendConfig, EvictionTiming, L2Config, PrefetchPolicy, StorageConfig, StorePolicy,
@@ -116,6 +117,9 @@ pub struct Args {
     /// Do not write the CSV reports
     #[arg(long)]
     no_csv: bool,
+    /// Also write trace_replay.xlsx (sheets Summary, Ops, Requests, Tiers, Config)
+    #[arg(long)]
+    xlsx: bool,
     /// Write one JSON line per record
     #[arg(long, value_name = "PATH")]
     jsonl_out: Option<PathBuf>,
@@ -416,6 +420,9 @@ pub fn run(args: Args) -> Result<i32, Error> {
     }
     if args.json {
         exporters.push(Box::new(JsonSummary));
+    }
+    if args.xlsx {
+        exporters.push(Box::new(XlsxWorkbook));
     }
     for exporter in exporters {
         for (name, bytes) in exporter.files(&report)? {

@@ -107,6 +107,7 @@ pub fn replay(
         level: header.level.clone(),
         pacing: options.pacing.describe(),
         digest: digest_report(&header.sm_config_json, &header.sm_config_digest, sm),
+        config: sm.config().to_lmcache_json(),
         warnings: reader.header_warnings(),
         ..ReplayReport::default()
     };

@@ -22,6 +22,7 @@ pub fn summary(report: &ReplayReport) -> Value {
             "skipped": report.skipped,
             "failed": report.failed,
             "digest": report.digest,
+            "config": report.config,
             "hits": report.hits,
             "calls": report.calls,
             "tiers": report.tiers,

@@ -4,8 +4,10 @@
 //! per-tier bytes. Exporters, one small module each behind [`Exporter`], turn it into files.
 
 pub mod csv;
+pub mod diff;
 pub mod json;
 pub mod table;
+pub mod xlsx;
 
 use std::collections::BTreeMap;
 
@@ -132,6 +134,8 @@ pub struct ReplayReport {
     /// Wall time of the whole replay loop, pacing sleeps included.
     pub duration_s: f64,
     pub digest: DigestReport,
+    /// The configuration the replay ran with, in LMCache's JSON shape.
+    pub config: serde_json::Value,
     pub ops: BTreeMap<String, OpStats>,
     pub hits: HitSummary,
     pub calls: CallStats,

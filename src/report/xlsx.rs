@@ -1,0 +1,295 @@
+//! `trace_replay.xlsx`: sheets Summary, Ops, Requests, Tiers and Config. Numbers are stored
+//! as numbers with display formats, so spreadsheets can sort, filter and chart them; every
+//! table has a bold, frozen header row and an autofilter.
+
+use rust_xlsxwriter::{Format, Workbook, Worksheet, XlsxError};
+use serde_json::Value as Json;
+
+use super::{Exporter, ReplayReport};
+use crate::error::{Error, Result};
+
+pub struct XlsxWorkbook;
+
+/// Excel's row limit, header included.
+const MAX_ROWS: usize = 1_048_576;
+
+struct Formats {
+    header: Format,
+    int: Format,
+    ms: Format,
+    secs: Format,
+    pct: Format,
+}
+
+fn xlsx_error(e: XlsxError) -> Error {
+    Error::io(
+        "cannot build the XLSX workbook",
+        std::io::Error::other(e.to_string()),
+    )
+}
+
+/// Writes a bold header, freezes it, and puts an autofilter over `rows` data rows.
+fn table_header(
+    ws: &mut Worksheet,
+    f: &Formats,
+    columns: &[&str],
+    rows: usize,
+) -> Result<(), XlsxError> {
+    for (c, name) in columns.iter().enumerate() {
+        ws.write_string_with_format(0, c as u16, *name, &f.header)?;
+    }
+    ws.set_freeze_panes(1, 0)?;
+    ws.autofilter(0, 0, rows as u32, (columns.len() - 1) as u16)?;
+    Ok(())
+}
+
+fn summary(
+    ws: &mut Worksheet,
+    f: &Formats,
+    r: &ReplayReport,
+    truncated: usize,
+) -> Result<(), XlsxError> {
+    ws.set_name("Summary")?;
+    let h = &r.hits;
+    let c = &r.calls;
+    let texts: [(&str, &str); 6] = [
+        ("trace", &r.trace),
+        ("level", &r.level),
+        ("pacing", &r.pacing),
+        ("config digest", &r.digest.result),
+        ("recorded digest", &r.digest.recorded),
+        ("run digest", &r.digest.run),
+    ];
+    let ints: [(&str, u64); 17] = [
+        ("records", r.records),
+        ("replayed", r.replayed),
+        ("skipped", r.skipped),
+        ("failed", r.failed),
+        ("requests", h.requests),
+        ("requested chunks", h.requested_chunks),
+        ("hit chunks", h.hit_chunks),
+        ("L1 hit chunks", h.l1_hit_chunks),
+        ("L2 hit chunks", h.l2_hit_chunks),
+        ("requested tokens", h.requested_tokens),
+        ("hit tokens", h.hit_tokens),
+        ("keys reserved", c.keys_reserved),
+        ("keys not writable", c.keys_not_writable),
+        ("OUT_OF_MEMORY reservations", c.out_of_memory_calls),
+        ("OUT_OF_MEMORY keys", c.out_of_memory_keys),
+        ("failed reads of prefetched keys", c.read_failures),
+        ("request rows left out (Excel row limit)", truncated as u64),
+    ];
+    let rates: [(&str, f64); 3] = [
+        ("hit rate", h.hit_rate),
+        ("L1 hit rate", h.l1_hit_rate),
+        ("L2 hit rate", h.l2_hit_rate),
+    ];
+    let mut row = 1u32;
+    for (k, v) in texts {
+        ws.write_string(row, 0, k)?;
+        ws.write_string(row, 1, v)?;
+        row += 1;
+    }
+    ws.write_string(row, 0, "duration (s)")?;
+    ws.write_number_with_format(row, 1, r.duration_s, &f.secs)?;
+    row += 1;
+    for (k, v) in ints {
+        ws.write_string(row, 0, k)?;
+        ws.write_number_with_format(row, 1, v as f64, &f.int)?;
+        row += 1;
+    }
+    for (k, v) in rates {
+        ws.write_string(row, 0, k)?;
+        ws.write_number_with_format(row, 1, v, &f.pct)?;
+        row += 1;
+    }
+    table_header(ws, f, &["metric", "value"], row as usize - 1)?;
+    ws.autofit();
+    Ok(())
+}
+
+fn ops(ws: &mut Worksheet, f: &Formats, r: &ReplayReport) -> Result<(), XlsxError> {
+    ws.set_name("Ops")?;
+    let columns = [
+        "qualname", "count", "errors", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "min_ms", "max_ms",
+    ];
+    table_header(ws, f, &columns, r.ops.len())?;
+    for (i, (q, s)) in r.ops.iter().enumerate() {
+        let row = i as u32 + 1;
+        ws.write_string(row, 0, q)?;
+        ws.write_number_with_format(row, 1, s.count as f64, &f.int)?;
+        ws.write_number_with_format(row, 2, s.errors as f64, &f.int)?;
+        for (c, v) in [s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms, s.min_ms, s.max_ms]
+            .into_iter()
+            .enumerate()
+        {
+            ws.write_number_with_format(row, c as u16 + 3, v, &f.ms)?;
+        }
+    }
+    ws.autofit();
+    Ok(())
+}
+
+fn requests(
+    ws: &mut Worksheet,
+    f: &Formats,
+    r: &ReplayReport,
+    rows: usize,
+) -> Result<(), XlsxError> {
+    ws.set_name("Requests")?;
+    let columns = [
+        "external_request_id",
+        "t_mono",
+        "requested_chunks",
+        "hit_chunks",
+        "l1_hit_chunks",
+        "l2_hit_chunks",
+        "chunk_tokens",
+        "requested_tokens",
+        "hit_tokens",
+        "hit_rate",
+    ];
+    table_header(ws, f, &columns, rows)?;
+    for (i, q) in r.requests.iter().take(rows).enumerate() {
+        let row = i as u32 + 1;
+        let tokens = q.chunk_tokens.unwrap_or(0);
+        ws.write_string(row, 0, &q.external_request_id)?;
+        ws.write_number_with_format(row, 1, q.t, &f.secs)?;
+        let counts = [
+            q.requested_chunks,
+            q.hit_chunks,
+            q.l1_hit_chunks,
+            q.l2_hit_chunks,
+            tokens,
+            q.requested_chunks * tokens,
+            q.hit_chunks * tokens,
+        ];
+        for (c, v) in counts.into_iter().enumerate() {
+            ws.write_number_with_format(row, c as u16 + 2, v as f64, &f.int)?;
+        }
+        ws.write_number_with_format(row, 9, q.hit_rate(), &f.pct)?;
+    }
+    ws.autofit();
+    Ok(())
+}
+
+fn tiers(ws: &mut Worksheet, f: &Formats, r: &ReplayReport) -> Result<(), XlsxError> {
+    ws.set_name("Tiers")?;
+    let columns = [
+        "tier",
+        "backend",
+        "capacity_bytes",
+        "resident_bytes",
+        "resident_objects",
+        "peak_bytes",
+        "bytes_written",
+        "bytes_read",
+        "writes",
+        "reads",
+        "evictions",
+        "bytes_evicted",
+    ];
+    table_header(ws, f, &columns, r.tiers.len())?;
+    for (i, t) in r.tiers.iter().enumerate() {
+        let row = i as u32 + 1;
+        ws.write_string(row, 0, &t.name)?;
+        ws.write_string(row, 1, &t.backend)?;
+        if let Some(cap) = t.capacity_bytes {
+            ws.write_number_with_format(row, 2, cap as f64, &f.int)?;
+        }
+        let values = [
+            t.resident_bytes,
+            t.resident_objects,
+            t.peak_bytes,
+            t.bytes_written,
+            t.bytes_read,
+            t.writes,
+            t.reads,
+            t.evictions,
+            t.bytes_evicted,
+        ];
+        for (c, v) in values.into_iter().enumerate() {
+            ws.write_number_with_format(row, c as u16 + 3, v as f64, &f.int)?;
+        }
+    }
+    ws.autofit();
+    Ok(())
+}
+
+/// `(dotted path, value)` of every leaf of a JSON value, in key order.
+fn leaves(prefix: &str, v: &Json, out: &mut Vec<(String, Json)>) {
+    match v {
+        Json::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            for k in keys {
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                leaves(&path, &m[k], out);
+            }
+        }
+        Json::Array(items) if !items.is_empty() => {
+            for (i, item) in items.iter().enumerate() {
+                leaves(&format!("{prefix}[{i}]"), item, out);
+            }
+        }
+        other => out.push((prefix.to_owned(), other.clone())),
+    }
+}
+
+fn config(ws: &mut Worksheet, f: &Formats, r: &ReplayReport) -> Result<(), XlsxError> {
+    ws.set_name("Config")?;
+    let mut rows = Vec::new();
+    leaves("", &r.config, &mut rows);
+    table_header(ws, f, &["setting", "value"], rows.len())?;
+    for (i, (path, value)) in rows.iter().enumerate() {
+        let row = i as u32 + 1;
+        ws.write_string(row, 0, path)?;
+        match value {
+            Json::Number(n) => {
+                ws.write_number(row, 1, n.as_f64().unwrap_or(0.0))?;
+            }
+            Json::Bool(b) => {
+                ws.write_boolean(row, 1, *b)?;
+            }
+            Json::String(s) => {
+                ws.write_string(row, 1, s)?;
+            }
+            other => {
+                ws.write_string(row, 1, other.to_string())?;
+            }
+        }
+    }
+    ws.autofit();
+    Ok(())
+}
+
+fn build(report: &ReplayReport) -> Result<Vec<u8>, XlsxError> {
+    let f = Formats {
+        header: Format::new().set_bold(),
+        int: Format::new().set_num_format("#,##0"),
+        ms: Format::new().set_num_format("0.000000"),
+        secs: Format::new().set_num_format("0.000"),
+        pct: Format::new().set_num_format("0.0%"),
+    };
+    let rows = report.requests.len().min(MAX_ROWS - 1);
+    let mut wb = Workbook::new();
+    summary(wb.add_worksheet(), &f, report, report.requests.len() - rows)?;
+    ops(wb.add_worksheet(), &f, report)?;
+    requests(wb.add_worksheet(), &f, report, rows)?;
+    tiers(wb.add_worksheet(), &f, report)?;
+    config(wb.add_worksheet(), &f, report)?;
+    wb.save_to_buffer()
+}
+
+impl Exporter for XlsxWorkbook {
+    fn files(&self, report: &ReplayReport) -> Result<Vec<(String, Vec<u8>)>> {
+        Ok(vec![(
+            "trace_replay.xlsx".into(),
+            build(report).map_err(xlsx_error)?,
+        )])
+    }
+}

@@ -1,0 +1,107 @@
+//! The XLSX workbook, read back with an independent reader: sheet names, numbers stored as
+//! numbers, frozen headers and autofilters.
+
+mod common;
+
+use std::io::Read;
+
+use calamine::{open_workbook, Data, Reader, Xlsx};
+use common::sample;
+
+#[test]
+fn the_workbook_has_every_sheet_with_numbers_as_numbers() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtrace"))
+        .args([
+            "replay",
+            &sample("basic_lru").display().to_string(),
+            "--xlsx",
+            "--no-csv",
+            "-q",
+            "--output-dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .expect("run");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = dir.path().join("trace_replay.xlsx");
+    let mut wb: Xlsx<_> = open_workbook(&path).expect("valid xlsx");
+    assert_eq!(
+        wb.sheet_names(),
+        ["Summary", "Ops", "Requests", "Tiers", "Config"]
+    );
+
+    let summary = wb.worksheet_range("Summary").expect("summary");
+    let value = |name: &str| -> Data {
+        let row = summary
+            .rows()
+            .find(|r| r[0] == Data::String(name.into()))
+            .expect(name);
+        row[1].clone()
+    };
+    assert_eq!(value("replayed"), Data::Float(41.0));
+    assert_eq!(value("hit chunks"), Data::Float(27.0));
+    assert_eq!(value("config digest"), Data::String("match".into()));
+    let Data::Float(rate) = value("hit rate") else {
+        panic!("hit rate is not a number")
+    };
+    assert!((rate - 27.0 / 41.0).abs() < 1e-12);
+
+    let requests = wb.worksheet_range("Requests").expect("requests");
+    let header: Vec<String> = requests
+        .rows()
+        .next()
+        .expect("header")
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    assert_eq!(
+        header[..4],
+        [
+            "external_request_id",
+            "t_mono",
+            "requested_chunks",
+            "hit_chunks"
+        ]
+    );
+    let hits: Vec<f64> = requests
+        .rows()
+        .skip(1)
+        .map(|r| match r[3] {
+            Data::Float(x) => x,
+            _ => f64::NAN,
+        })
+        .collect();
+    assert_eq!(hits, [0.0, 2.0, 2.0, 2.0, 4.0, 5.0, 6.0, 4.0, 2.0]);
+
+    let ops = wb.worksheet_range("Ops").expect("ops");
+    assert_eq!(ops.height(), 7);
+    assert!(
+        matches!(ops.get((1, 1)), Some(Data::Float(_))),
+        "counts are numbers"
+    );
+    let config = wb.worksheet_range("Config").expect("config");
+    assert!(config.rows().any(|r| r[0]
+        == Data::String("l1_manager_config.memory_config.size_in_bytes".into())
+        && r[1] == Data::Float(268435456.0)));
+
+    // Frozen header row and an autofilter on every sheet (read from the sheet XML).
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(&path).expect("open")).expect("zip");
+    for i in 1..=5 {
+        let mut xml = String::new();
+        zip.by_name(&format!("xl/worksheets/sheet{i}.xml"))
+            .expect("sheet")
+            .read_to_string(&mut xml)
+            .expect("xml");
+        assert!(
+            xml.contains("state=\"frozen\""),
+            "sheet {i} header not frozen"
+        );
+        assert!(xml.contains("<autoFilter"), "sheet {i} has no autofilter");
+    }
+}
