@@ -1,7 +1,7 @@
 //! CSV, one file per table: `trace_replay_ops.csv` with LMCache's columns and six decimals,
 //! `trace_replay_requests.csv` (one row per prefetch) and `trace_replay_tiers.csv`.
 
-use super::{Exporter, ReplayReport};
+use super::{Exporter, ReplayReport, OP_COLUMNS, REQUEST_COLUMNS};
 use crate::error::{Error, Result};
 
 pub struct CsvTables;
@@ -18,11 +18,7 @@ fn io(e: csv::Error) -> Error {
 impl Exporter for CsvTables {
     fn files(&self, report: &ReplayReport) -> Result<Vec<(String, Vec<u8>)>> {
         let mut ops = csv::Writer::from_writer(Vec::new());
-        ops.write_record([
-            "qualname", "count", "errors", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "min_ms",
-            "max_ms",
-        ])
-        .map_err(io)?;
+        ops.write_record(OP_COLUMNS).map_err(io)?;
         for (q, s) in &report.ops {
             let f = |x: f64| format!("{x:.6}");
             ops.write_record([
@@ -39,20 +35,7 @@ impl Exporter for CsvTables {
             .map_err(io)?;
         }
         let mut requests = csv::Writer::from_writer(Vec::new());
-        requests
-            .write_record([
-                "external_request_id",
-                "t_mono",
-                "requested_chunks",
-                "hit_chunks",
-                "l1_hit_chunks",
-                "l2_hit_chunks",
-                "chunk_tokens",
-                "requested_tokens",
-                "hit_tokens",
-                "hit_rate",
-            ])
-            .map_err(io)?;
+        requests.write_record(REQUEST_COLUMNS).map_err(io)?;
         for r in &report.requests {
             let tokens = r.chunk_tokens.unwrap_or(0);
             requests

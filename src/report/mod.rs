@@ -148,6 +148,25 @@ pub struct ReplayReport {
     pub warnings: Vec<String>,
 }
 
+/// Columns of the per-call-kind table (LMCache's `trace_replay_ops.csv`).
+pub const OP_COLUMNS: [&str; 9] = [
+    "qualname", "count", "errors", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "min_ms", "max_ms",
+];
+
+/// Columns of the per-request table.
+pub const REQUEST_COLUMNS: [&str; 10] = [
+    "external_request_id",
+    "t_mono",
+    "requested_chunks",
+    "hit_chunks",
+    "l1_hit_chunks",
+    "l2_hit_chunks",
+    "chunk_tokens",
+    "requested_tokens",
+    "hit_tokens",
+    "hit_rate",
+];
+
 /// Turns a report into files.
 pub trait Exporter {
     /// `(file name, contents)` pairs.

@@ -5,7 +5,7 @@
 use rust_xlsxwriter::{Format, Workbook, Worksheet, XlsxError};
 use serde_json::Value as Json;
 
-use super::{Exporter, ReplayReport};
+use super::{Exporter, ReplayReport, OP_COLUMNS, REQUEST_COLUMNS};
 use crate::error::{Error, Result};
 
 pub struct XlsxWorkbook;
@@ -110,10 +110,7 @@ fn summary(
 
 fn ops(ws: &mut Worksheet, f: &Formats, r: &ReplayReport) -> Result<(), XlsxError> {
     ws.set_name("Ops")?;
-    let columns = [
-        "qualname", "count", "errors", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "min_ms", "max_ms",
-    ];
-    table_header(ws, f, &columns, r.ops.len())?;
+    table_header(ws, f, &OP_COLUMNS, r.ops.len())?;
     for (i, (q, s)) in r.ops.iter().enumerate() {
         let row = i as u32 + 1;
         ws.write_string(row, 0, q)?;
@@ -137,19 +134,7 @@ fn requests(
     rows: usize,
 ) -> Result<(), XlsxError> {
     ws.set_name("Requests")?;
-    let columns = [
-        "external_request_id",
-        "t_mono",
-        "requested_chunks",
-        "hit_chunks",
-        "l1_hit_chunks",
-        "l2_hit_chunks",
-        "chunk_tokens",
-        "requested_tokens",
-        "hit_tokens",
-        "hit_rate",
-    ];
-    table_header(ws, f, &columns, rows)?;
+    table_header(ws, f, &REQUEST_COLUMNS, rows)?;
     for (i, q) in r.requests.iter().take(rows).enumerate() {
         let row = i as u32 + 1;
         let tokens = q.chunk_tokens.unwrap_or(0);
