@@ -4,7 +4,7 @@
 //! Views borrow from a frame and never fail loudly: a field of the wrong type makes the whole
 //! view `None`, which callers report as an undecodable argument.
 
-use super::msgpack::{self, Items, Kind, RawValue};
+use super::msgpack::{self, Cursor, Items, Kind, RawValue};
 
 pub const TAG_TUPLE: &str = "tuple";
 pub const TAG_SET: &str = "set";
@@ -107,9 +107,59 @@ impl<'a> ObjectKeyRef<'a> {
     }
 }
 
+impl<'a> ObjectKeyRef<'a> {
+    /// Reads a tagged key at the cursor in one pass and leaves the cursor after it; the hot
+    /// path of replay and `info`, which see every key of every call.
+    pub fn read(c: &mut Cursor<'a>) -> Option<Self> {
+        if c.map_len()? != 2
+            || c.str_bytes()? != b"__t__"
+            || c.str_bytes()? != TAG_OBJECT_KEY.as_bytes()
+        {
+            return None;
+        }
+        if c.str_bytes()? != b"v" {
+            return None;
+        }
+        let (mut hash, mut model, mut rank, mut group, mut salt) = (None, None, None, None, None);
+        for _ in 0..c.map_len()? {
+            match c.str_bytes()? {
+                b"chunk_hash" => hash = Some(c.bin()?),
+                b"model_name" => model = Some(c.str()?),
+                b"kv_rank" => rank = Some(c.int()?),
+                b"object_group_id" => group = Some(c.int()?),
+                b"cache_salt" => salt = Some(c.str()?),
+                _ => c.skip()?,
+            }
+        }
+        Some(ObjectKeyRef {
+            chunk_hash: hash?,
+            model_name: model?,
+            kv_rank: rank?,
+            object_group_id: group?,
+            cache_salt: salt,
+        })
+    }
+}
+
 /// Decodes an array of tagged keys; `None` if any element is not a key.
 pub fn object_keys(v: RawValue<'_>) -> Option<Vec<ObjectKeyRef<'_>>> {
-    v.array()?.map(ObjectKeyRef::from_raw).collect()
+    let mut c = Cursor::new(v);
+    let n = c.array_len()?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(ObjectKeyRef::read(&mut c)?);
+    }
+    Some(out)
+}
+
+/// Calls `f` on every key of an array of tagged keys without collecting them; `None` if
+/// any element is not a key.
+pub fn for_each_object_key<'a>(v: RawValue<'a>, mut f: impl FnMut(ObjectKeyRef<'a>)) -> Option<()> {
+    let mut c = Cursor::new(v);
+    for _ in 0..c.array_len()? {
+        f(ObjectKeyRef::read(&mut c)?);
+    }
+    Some(())
 }
 
 /// Bytes per element of a `str(torch.dtype)` name.

@@ -815,6 +815,82 @@ impl<'a> RawValue<'a> {
     }
 }
 
+/// A forward reader over a validated item, for hot paths that consume fields in order
+/// instead of looking them up: each byte is read once.
+#[derive(Clone, Debug)]
+pub struct Cursor<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    pub fn new(value: RawValue<'a>) -> Self {
+        Cursor {
+            bytes: value.bytes,
+            pos: 0,
+        }
+    }
+
+    fn head(&mut self, kind: Kind) -> Option<Head> {
+        let h = head(self.bytes, self.pos).ok()?;
+        (h.kind == kind).then_some(h)
+    }
+
+    /// Entries of the map at the cursor; the cursor moves to its first key.
+    pub fn map_len(&mut self) -> Option<usize> {
+        let h = self.head(Kind::Map)?;
+        self.pos = h.data;
+        Some(h.n as usize)
+    }
+
+    /// Elements of the array at the cursor; the cursor moves to the first one.
+    pub fn array_len(&mut self) -> Option<usize> {
+        let h = self.head(Kind::Array)?;
+        self.pos = h.data;
+        Some(h.n as usize)
+    }
+
+    fn payload(&mut self, kind: Kind) -> Option<&'a [u8]> {
+        let h = self.head(kind)?;
+        let end = h.data.checked_add(h.n as usize)?;
+        let out = self.bytes.get(h.data..end)?;
+        self.pos = end;
+        Some(out)
+    }
+
+    /// The raw bytes of the str at the cursor (UTF-8 was checked by validation).
+    pub fn str_bytes(&mut self) -> Option<&'a [u8]> {
+        self.payload(Kind::Str)
+    }
+
+    pub fn str(&mut self) -> Option<&'a str> {
+        std::str::from_utf8(self.payload(Kind::Str)?).ok()
+    }
+
+    pub fn bin(&mut self) -> Option<&'a [u8]> {
+        self.payload(Kind::Bin)
+    }
+
+    pub fn int(&mut self) -> Option<i64> {
+        let h = self.head(Kind::Int)?;
+        self.pos = h.data;
+        i64::try_from(h.n).ok()
+    }
+
+    /// Steps over one item of any kind.
+    pub fn skip(&mut self) -> Option<()> {
+        self.pos = skip_trusted(self.bytes, self.pos)?;
+        Some(())
+    }
+
+    /// The item at the cursor as a view; the cursor moves past it.
+    pub fn value(&mut self) -> Option<RawValue<'a>> {
+        let start = self.pos;
+        self.skip()?;
+        Some(RawValue::trusted(self.bytes.get(start..self.pos)?))
+    }
+}
+
 /// Iterator over the elements of a validated array (or the flattened pairs of a map).
 #[derive(Clone, Debug)]
 pub struct Items<'a> {

@@ -1,10 +1,9 @@
 //! Where a tier keeps its objects. `memory` holds real buffers (zero-filled, as LMCache's
 //! replay leaves them) or only accounts for them; `null` keeps nothing and only counts.
 
-use std::collections::HashMap;
 use std::io;
 
-use super::KeyId;
+use super::{KeyId, KeyMap};
 
 /// The storage behind one tier.
 pub trait Backend: Send {
@@ -21,8 +20,8 @@ pub trait Backend: Send {
 pub struct Memory {
     /// Keep real zero-filled buffers (true) or only their sizes (for traces bigger than RAM).
     buffers: bool,
-    objects: HashMap<KeyId, Vec<u8>>,
-    sizes: HashMap<KeyId, u64>,
+    objects: KeyMap<Vec<u8>>,
+    sizes: KeyMap<u64>,
     /// Where reads land, so a read touches the bytes as a real copy would.
     scratch: Vec<u8>,
 }
@@ -31,8 +30,8 @@ impl Memory {
     pub fn new(buffers: bool) -> Memory {
         Memory {
             buffers,
-            objects: HashMap::new(),
-            sizes: HashMap::new(),
+            objects: KeyMap::default(),
+            sizes: KeyMap::default(),
             scratch: Vec::new(),
         }
     }

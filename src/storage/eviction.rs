@@ -4,11 +4,16 @@
 //! evicts the same objects on every run. Locked objects are skipped, not forgotten: they
 //! stay in the policy's order and become candidates again once unlocked.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use lru::LruCache;
 use std::fmt;
 use std::str::FromStr;
 
-use super::KeyId;
+use super::{KeyId, KeyIdHasher, KeyMap};
+
+/// The linked hash map behind LRU, FIFO and ARC's lists.
+type LinkedKeys = LruCache<KeyId, (), std::hash::BuildHasherDefault<KeyIdHasher>>;
 
 /// The policies kvtrace offers; `Lru`, `Arc` and `Noop` are LMCache's names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -34,9 +39,9 @@ impl PolicyKind {
 
     pub fn build(self) -> Box<dyn EvictionPolicy> {
         match self {
-            PolicyKind::Lru => Box::new(Ordered::new(OrderRule::Recency)),
-            PolicyKind::Fifo => Box::new(Ordered::new(OrderRule::Insertion)),
-            PolicyKind::Lfu => Box::new(Ordered::new(OrderRule::Frequency)),
+            PolicyKind::Lru => Box::new(Linked::new(true)),
+            PolicyKind::Fifo => Box::new(Linked::new(false)),
+            PolicyKind::Lfu => Box::new(Frequency::default()),
             PolicyKind::Arc => Box::new(AdaptiveReplacement::default()),
             PolicyKind::Noop => Box::new(Noop),
         }
@@ -79,34 +84,59 @@ pub trait EvictionPolicy: Send {
     fn pick(&mut self, evictable: &mut dyn FnMut(KeyId) -> bool) -> Option<KeyId>;
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum OrderRule {
-    /// Least recently inserted or touched first (LRU).
-    Recency,
-    /// Least recently inserted first; touches do not count (FIFO).
-    Insertion,
-    /// Fewest touches first, ties by recency (LFU).
-    Frequency,
+/// LRU (touches move an object to the back) and FIFO (they do not): a linked hash map,
+/// O(1) per operation however many objects are resident.
+struct Linked {
+    order: LinkedKeys,
+    promote_on_touch: bool,
 }
 
-/// LRU, FIFO and LFU: one ordered index keyed by (frequency, logical time).
-struct Ordered {
-    rule: OrderRule,
-    clock: u64,
-    rank: HashMap<KeyId, (u64, u64)>,
-    order: BTreeMap<(u64, u64), KeyId>,
+impl Linked {
+    fn new(promote_on_touch: bool) -> Self {
+        Linked {
+            order: LinkedKeys::unbounded_with_hasher(Default::default()),
+            promote_on_touch,
+        }
+    }
 }
 
-impl Ordered {
-    fn new(rule: OrderRule) -> Self {
-        Ordered {
-            rule,
-            clock: 0,
-            rank: HashMap::new(),
-            order: BTreeMap::new(),
+impl EvictionPolicy for Linked {
+    fn insert(&mut self, key: KeyId) {
+        self.order.push(key, ());
+    }
+
+    fn touch(&mut self, key: KeyId) {
+        if self.promote_on_touch {
+            self.order.promote(&key);
         }
     }
 
+    fn remove(&mut self, key: KeyId) {
+        self.order.pop(&key);
+    }
+
+    fn pick(&mut self, evictable: &mut dyn FnMut(KeyId) -> bool) -> Option<KeyId> {
+        let victim = self
+            .order
+            .iter()
+            .rev()
+            .map(|(k, _)| *k)
+            .find(|k| evictable(*k))?;
+        self.order.pop(&victim);
+        Some(victim)
+    }
+}
+
+/// LFU: fewest touches first, ties by least recent; an ordered index keyed by
+/// (touches, logical time).
+#[derive(Default)]
+struct Frequency {
+    clock: u64,
+    rank: KeyMap<(u64, u64)>,
+    order: BTreeMap<(u64, u64), KeyId>,
+}
+
+impl Frequency {
     fn place(&mut self, key: KeyId, rank: (u64, u64)) {
         if let Some(old) = self.rank.insert(key, rank) {
             self.order.remove(&old);
@@ -115,23 +145,18 @@ impl Ordered {
     }
 }
 
-impl EvictionPolicy for Ordered {
+impl EvictionPolicy for Frequency {
     fn insert(&mut self, key: KeyId) {
         self.clock += 1;
         self.place(key, (0, self.clock));
     }
 
     fn touch(&mut self, key: KeyId) {
-        let Some(&(freq, stamp)) = self.rank.get(&key) else {
+        let Some(&(freq, _)) = self.rank.get(&key) else {
             return;
         };
         self.clock += 1;
-        let rank = match self.rule {
-            OrderRule::Recency => (0, self.clock),
-            OrderRule::Insertion => return,
-            OrderRule::Frequency => (freq + 1, self.clock.max(stamp)),
-        };
-        self.place(key, rank);
+        self.place(key, (freq + 1, self.clock));
     }
 
     fn remove(&mut self, key: KeyId) {
@@ -161,54 +186,50 @@ struct AdaptiveReplacement {
     p: usize,
 }
 
-/// An insertion-ordered set with O(log n) removal: one of ARC's four lists.
-#[derive(Default)]
+/// One of ARC's four lists: an insertion-ordered set, O(1) per operation.
 struct Queue {
-    clock: u64,
-    stamp: HashMap<KeyId, u64>,
-    order: BTreeMap<u64, KeyId>,
+    order: LinkedKeys,
+}
+
+impl Default for Queue {
+    fn default() -> Self {
+        Queue {
+            order: LinkedKeys::unbounded_with_hasher(Default::default()),
+        }
+    }
 }
 
 impl Queue {
     fn push(&mut self, key: KeyId) {
-        self.remove(key);
-        self.clock += 1;
-        self.stamp.insert(key, self.clock);
-        self.order.insert(self.clock, key);
+        self.order.push(key, ());
     }
 
     fn remove(&mut self, key: KeyId) -> bool {
-        match self.stamp.remove(&key) {
-            Some(s) => {
-                self.order.remove(&s);
-                true
-            }
-            None => false,
-        }
+        self.order.pop(&key).is_some()
     }
 
     fn contains(&self, key: KeyId) -> bool {
-        self.stamp.contains_key(&key)
+        self.order.contains(&key)
     }
 
     fn len(&self) -> usize {
-        self.stamp.len()
+        self.order.len()
     }
 
     fn pop_oldest(&mut self, evictable: &mut dyn FnMut(KeyId) -> bool) -> Option<KeyId> {
-        let (&s, &key) = self.order.iter().find(|(_, k)| evictable(**k))?;
-        self.order.remove(&s);
-        self.stamp.remove(&key);
-        Some(key)
+        let victim = self
+            .order
+            .iter()
+            .rev()
+            .map(|(k, _)| *k)
+            .find(|k| evictable(*k))?;
+        self.order.pop(&victim);
+        Some(victim)
     }
 
     fn trim(&mut self, max: usize) {
-        while self.len() > max {
-            let Some((&s, &key)) = self.order.iter().next() else {
-                return;
-            };
-            self.order.remove(&s);
-            self.stamp.remove(&key);
+        while self.order.len() > max {
+            self.order.pop_lru();
         }
     }
 }

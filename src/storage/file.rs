@@ -11,7 +11,7 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use super::backend::Backend;
-use super::KeyId;
+use super::{KeyId, KeyMap};
 
 /// When written objects are made durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,7 +43,7 @@ pub struct FileTier {
     dir: PathBuf,
     direct: bool,
     fsync: FsyncPolicy,
-    sizes: std::collections::HashMap<KeyId, u64>,
+    sizes: KeyMap<u64>,
     buf: AlignedBuf,
 }
 

@@ -13,7 +13,7 @@ pub mod config;
 pub mod eviction;
 pub mod file;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{HashMap, VecDeque};
 use std::io;
 
 use serde::Serialize;
@@ -21,7 +21,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::bus::Tracer;
 use crate::lmct::calls::StorageCall;
-use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
+use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, ObjectKeyRef, PrefetchTaskSpec};
 use backend::{Backend, Memory, Null};
 use config::{BackendConfig, EvictionTiming, L2Config, PrefetchPolicy, StorageConfig, StorePolicy};
 use eviction::EvictionPolicy;
@@ -33,17 +33,34 @@ pub struct KeyId(pub u128);
 
 impl KeyId {
     pub fn of(key: &ObjectKey) -> KeyId {
+        KeyId::from_parts(
+            &key.chunk_hash,
+            &key.model_name,
+            &key.cache_salt,
+            key.kv_rank,
+            key.object_group_id,
+        )
+    }
+
+    /// The same identity from a key read straight out of a trace, without copying it.
+    pub fn of_ref(key: &ObjectKeyRef<'_>) -> KeyId {
+        KeyId::from_parts(
+            key.chunk_hash,
+            key.model_name,
+            key.cache_salt.unwrap_or(""),
+            key.kv_rank,
+            key.object_group_id,
+        )
+    }
+
+    fn from_parts(hash: &[u8], model: &str, salt: &str, kv_rank: i64, group: i64) -> KeyId {
         let mut h = Xxh3::new();
-        for part in [
-            key.chunk_hash.as_slice(),
-            key.model_name.as_bytes(),
-            key.cache_salt.as_bytes(),
-        ] {
+        for part in [hash, model.as_bytes(), salt.as_bytes()] {
             h.update(&(part.len() as u64).to_le_bytes());
             h.update(part);
         }
-        h.update(&key.kv_rank.to_le_bytes());
-        h.update(&key.object_group_id.to_le_bytes());
+        h.update(&kv_rank.to_le_bytes());
+        h.update(&group.to_le_bytes());
         KeyId(h.digest128())
     }
 
@@ -52,6 +69,32 @@ impl KeyId {
         format!("{:032x}", self.0)
     }
 }
+
+/// Hashes a [`KeyId`] by folding its bits: it is already a uniform 128-bit digest, so
+/// hashing it again (std's SipHash) only costs time on every lookup.
+#[derive(Default, Clone, Copy)]
+pub struct KeyIdHasher(u64);
+
+impl std::hash::Hasher for KeyIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(word);
+        }
+    }
+
+    fn write_u128(&mut self, n: u128) {
+        self.0 = (n as u64) ^ ((n >> 64) as u64);
+    }
+}
+
+/// A map keyed by object identity.
+pub type KeyMap<V> = HashMap<KeyId, V, std::hash::BuildHasherDefault<KeyIdHasher>>;
 
 /// Counters of one tier.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
@@ -114,6 +157,25 @@ impl PrefetchOutcome {
     }
 }
 
+/// One key group of a prefetch, by id.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PrefetchGroup {
+    pub keys: Vec<KeyId>,
+    pub object_bytes: u64,
+    pub chunk_tokens: Option<u64>,
+}
+
+/// A prefetch by key ids: what [`StorageManager::submit_prefetch_ids`] needs of a spec.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefetchRequest<'a> {
+    pub groups: &'a [PrefetchGroup],
+    /// `fetching_policy` `prefix` (true) or `full`.
+    pub prefix_only: bool,
+    /// Read locks taken per kept key: `num_kv_readers` under `LOCK`, 0 under `NO_LOCK`.
+    pub read_locks: u64,
+    pub skip_l2: bool,
+}
+
 /// Why a call failed; replay counts these per call kind.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CallError {
@@ -163,24 +225,26 @@ struct Object {
     from_l2: bool,
 }
 
-/// A trace time as an ordered key (non-negative floats order like their bits).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Deadline(u64);
-
-impl Deadline {
-    fn of(t: f64) -> Deadline {
-        Deadline(t.max(0.0).to_bits())
-    }
+/// Pending deadlines in the order they fall due. Every deadline is the trace time plus a
+/// fixed TTL and trace time never goes back, so appending keeps each queue sorted: O(1) per
+/// lock, where an ordered set cost cache misses on every prefetched key. An entry is live
+/// only while the object still carries that deadline; stale ones are skipped when popped
+/// and compacted away when they pile up.
+#[derive(Default)]
+struct Deadlines {
+    /// Read-lock deadlines (read TTL) and write-reservation deadlines (write TTL).
+    queues: [VecDeque<(f64, KeyId)>; 2],
 }
+
+const READ_LOCKS: usize = 0;
+const WRITE_RESERVATIONS: usize = 1;
 
 /// The L1 pool.
 struct L1 {
     capacity: u64,
     used: u64,
-    objects: HashMap<KeyId, Object>,
-    /// `(deadline, key)` of every object with a pending read-lock or write-reservation
-    /// deadline, so expiry visits only what is due.
-    deadlines: BTreeSet<(Deadline, KeyId)>,
+    objects: KeyMap<Object>,
+    deadlines: Deadlines,
     policy: Box<dyn EvictionPolicy>,
     backend: Memory,
     stats: TierStats,
@@ -190,7 +254,7 @@ struct L1 {
 struct L2 {
     capacity: Option<u64>,
     used: u64,
-    sizes: HashMap<KeyId, u64>,
+    sizes: KeyMap<u64>,
     policy: Box<dyn EvictionPolicy>,
     backend: Box<dyn Backend>,
     stats: TierStats,
@@ -212,7 +276,7 @@ impl L2 {
         Ok(L2 {
             capacity: config.capacity_bytes,
             used: 0,
-            sizes: HashMap::new(),
+            sizes: KeyMap::default(),
             policy: config.policy.build(),
             stats: TierStats {
                 name: format!("L2[{index}]"),
@@ -281,8 +345,8 @@ impl StorageManager {
         let l1 = L1 {
             capacity: config.l1_size_bytes,
             used: 0,
-            objects: HashMap::new(),
-            deadlines: BTreeSet::new(),
+            objects: KeyMap::default(),
+            deadlines: Deadlines::default(),
             policy: config.eviction.policy.build(),
             backend: Memory::new(config.l1_buffers),
             stats: TierStats {
@@ -335,43 +399,55 @@ impl StorageManager {
         self.expire_locks();
     }
 
-    /// Sets an object's single pending deadline (read locks or write reservation).
-    fn set_deadline(&mut self, key: KeyId, deadline: f64) {
-        if let Some(obj) = self.l1.objects.get_mut(&key) {
-            self.l1.deadlines.remove(&(Deadline::of(obj.deadline), key));
-            obj.deadline = deadline;
-            self.l1.deadlines.insert((Deadline::of(deadline), key));
+    /// Sets an object's single pending deadline; `kind` is [`READ_LOCKS`] or
+    /// [`WRITE_RESERVATIONS`], and an infinite deadline clears it.
+    fn set_deadline(&mut self, key: KeyId, deadline: f64, kind: usize) {
+        let Some(obj) = self.l1.objects.get_mut(&key) else {
+            return;
+        };
+        obj.deadline = deadline;
+        if deadline.is_finite() {
+            let queue = &mut self.l1.deadlines.queues[kind];
+            queue.push_back((deadline, key));
+            if queue.len() > 2 * self.l1.objects.len() + 4096 {
+                let objects = &self.l1.objects;
+                queue.retain(|(d, k)| objects.get(k).is_some_and(|o| o.deadline == *d));
+            }
         }
     }
 
     /// Releases read locks and frees write reservations whose TTL has passed.
     fn expire_locks(&mut self) {
-        let now = Deadline::of(self.now);
-        while let Some(&(due, key)) = self.l1.deadlines.first() {
-            if due > now {
-                break;
-            }
-            self.l1.deadlines.pop_first();
-            let Some(obj) = self.l1.objects.get_mut(&key) else {
-                continue;
-            };
-            match obj.state {
-                State::Staging => {
-                    self.calls.write_reservations_expired += 1;
-                    self.drop_from_l1(key);
+        for kind in [READ_LOCKS, WRITE_RESERVATIONS] {
+            while let Some(&(due, key)) = self.l1.deadlines.queues[kind].front() {
+                if due > self.now {
+                    break;
                 }
-                State::Resident if obj.read_locks > 0 => {
-                    obj.read_locks = 0;
-                    self.calls.read_locks_expired += 1;
+                self.l1.deadlines.queues[kind].pop_front();
+                let Some(obj) = self.l1.objects.get_mut(&key) else {
+                    continue;
+                };
+                if obj.deadline != due {
+                    continue;
                 }
-                State::Resident => {}
+                obj.deadline = f64::INFINITY;
+                match obj.state {
+                    State::Staging => {
+                        self.calls.write_reservations_expired += 1;
+                        self.drop_from_l1(key);
+                    }
+                    State::Resident if obj.read_locks > 0 => {
+                        obj.read_locks = 0;
+                        self.calls.read_locks_expired += 1;
+                    }
+                    State::Resident => {}
+                }
             }
         }
     }
 
     fn drop_from_l1(&mut self, key: KeyId) {
         if let Some(obj) = self.l1.objects.remove(&key) {
-            self.l1.deadlines.remove(&(Deadline::of(obj.deadline), key));
             self.l1.used -= obj.size;
             if obj.state == State::Resident {
                 self.l1.policy.remove(key);
@@ -392,9 +468,6 @@ impl StorageManager {
             });
             let Some(victim) = victim else { break };
             if let Some(obj) = self.l1.objects.remove(&victim) {
-                self.l1
-                    .deadlines
-                    .remove(&(Deadline::of(obj.deadline), victim));
                 self.l1.used -= obj.size;
                 freed += obj.size;
                 self.l1.stats.evictions += 1;
@@ -453,10 +526,16 @@ impl StorageManager {
             keys,
             layout_desc: layout,
         });
-        let size = layout.object_bytes().unwrap_or(0);
+        let ids: Vec<KeyId> = keys.iter().map(KeyId::of).collect();
+        self.reserve_write_ids(&ids, layout.object_bytes().unwrap_or(0))
+    }
+
+    /// [`StorageManager::reserve_write`] on key ids, untraced: for callers that publish the
+    /// call themselves (replay re-publishes the recorded arguments).
+    pub fn reserve_write_ids(&mut self, keys: &[KeyId], object_bytes: u64) -> Reservation {
         let mut pending: Vec<KeyId> = Vec::with_capacity(keys.len());
         let mut out = Reservation::default();
-        for key in keys.iter().map(KeyId::of) {
+        for &key in keys {
             if self.l1.objects.contains_key(&key) || pending.contains(&key) {
                 out.not_writable += 1;
             } else {
@@ -467,7 +546,7 @@ impl StorageManager {
         if pending.is_empty() {
             return out;
         }
-        if !self.room_for(size * pending.len() as u64) {
+        if !self.room_for(object_bytes * pending.len() as u64) {
             out.out_of_memory = true;
             self.calls.out_of_memory_calls += 1;
             self.calls.out_of_memory_keys += pending.len() as u64;
@@ -475,8 +554,8 @@ impl StorageManager {
         }
         let deadline = self.now + self.config.write_ttl_s;
         for key in pending {
-            self.allocate(key, size, State::Staging, false);
-            self.set_deadline(key, deadline);
+            self.allocate(key, object_bytes, State::Staging, false);
+            self.set_deadline(key, deadline, WRITE_RESERVATIONS);
             out.reserved += 1;
         }
         self.calls.keys_reserved += out.reserved;
@@ -486,8 +565,14 @@ impl StorageManager {
     /// Admits staged objects as resident and writes them through to every L2 tier.
     pub fn finish_write(&mut self, keys: &[ObjectKey]) -> Result<u64, CallError> {
         self.publish(StorageCall::FinishWrite { keys });
+        let ids: Vec<KeyId> = keys.iter().map(KeyId::of).collect();
+        self.finish_write_ids(&ids)
+    }
+
+    /// [`StorageManager::finish_write`] on key ids, untraced.
+    pub fn finish_write_ids(&mut self, keys: &[KeyId]) -> Result<u64, CallError> {
         let mut admitted = 0;
-        for key in keys.iter().map(KeyId::of) {
+        for &key in keys {
             let Some(obj) = self.l1.objects.get_mut(&key) else {
                 self.calls.keys_not_staged += 1;
                 continue;
@@ -498,7 +583,7 @@ impl StorageManager {
             }
             obj.state = State::Resident;
             let size = obj.size;
-            self.set_deadline(key, f64::INFINITY);
+            self.set_deadline(key, f64::INFINITY, WRITE_RESERVATIONS);
             self.l1.policy.insert(key);
             self.l1
                 .backend
@@ -536,18 +621,44 @@ impl StorageManager {
             external_request_id,
             skip_l2,
         });
+        let groups: Vec<PrefetchGroup> = spec
+            .key_groups
+            .iter()
+            .map(|g| PrefetchGroup {
+                keys: g.keys.iter().map(KeyId::of).collect(),
+                object_bytes: g.layout_desc.object_bytes().unwrap_or(0),
+                chunk_tokens: g.layout_desc.chunk_tokens(),
+            })
+            .collect();
+        let request = PrefetchRequest {
+            groups: &groups,
+            prefix_only: spec.fetching_policy != "full",
+            read_locks: match spec.lock_mode {
+                LockMode::Lock => spec.num_kv_readers.max(0) as u64,
+                LockMode::NoLock => 0,
+            },
+            skip_l2,
+        };
+        self.submit_prefetch_ids(&request, external_request_id)
+    }
+
+    /// [`StorageManager::submit_prefetch_task`] on key ids, untraced.
+    pub fn submit_prefetch_ids(
+        &mut self,
+        request: &PrefetchRequest<'_>,
+        external_request_id: &str,
+    ) -> Result<PrefetchOutcome, CallError> {
         self.calls.prefetches += 1;
         let mut outcome = PrefetchOutcome {
             external_request_id: external_request_id.to_owned(),
             t: self.now,
             ..PrefetchOutcome::default()
         };
-        let prefix_only = spec.fetching_policy != "full";
-        for (g, group) in spec.key_groups.iter().enumerate() {
-            let size = group.layout_desc.object_bytes().unwrap_or(0);
+        let mut kept = Vec::new();
+        for (g, group) in request.groups.iter().enumerate() {
             let (mut l1_hits, mut l2_hits, mut in_prefix) = (0u64, 0u64, true);
-            let mut kept = Vec::new();
-            for key in group.keys.iter().map(KeyId::of) {
+            kept.clear();
+            for &key in &group.keys {
                 let in_l1 = self.l1.objects.get(&key).map(|o| o.state);
                 let hit = match in_l1 {
                     Some(State::Resident) => {
@@ -560,7 +671,7 @@ impl StorageManager {
                     }
                     // Staged by a writer: not readable yet, and not loadable over it.
                     Some(State::Staging) => false,
-                    None if !skip_l2 && self.load_from_l2(key, size)? => {
+                    None if !request.skip_l2 && self.load_from_l2(key, group.object_bytes)? => {
                         l2_hits += 1;
                         true
                     }
@@ -570,32 +681,28 @@ impl StorageManager {
                     kept.push(key);
                 } else {
                     in_prefix = false;
-                    if prefix_only {
+                    if request.prefix_only {
                         break;
                     }
                 }
             }
-            let locks = match spec.lock_mode {
-                LockMode::Lock => spec.num_kv_readers.max(0) as u64,
-                LockMode::NoLock => 0,
-            };
             let deadline = self.now + self.config.read_ttl_s;
-            for key in &kept {
-                self.l1.policy.touch(*key);
-                if locks == 0 {
+            for &key in &kept {
+                self.l1.policy.touch(key);
+                if request.read_locks == 0 {
                     continue;
                 }
-                if let Some(obj) = self.l1.objects.get_mut(key) {
-                    obj.read_locks += locks;
+                if let Some(obj) = self.l1.objects.get_mut(&key) {
+                    obj.read_locks += request.read_locks;
                 }
-                self.set_deadline(*key, deadline);
+                self.set_deadline(key, deadline, READ_LOCKS);
             }
             if g == 0 {
                 outcome.requested_chunks = group.keys.len() as u64;
                 outcome.hit_chunks = kept.len() as u64;
                 outcome.l1_hit_chunks = l1_hits;
                 outcome.l2_hit_chunks = kept.len() as u64 - l1_hits;
-                outcome.chunk_tokens = group.layout_desc.chunk_tokens();
+                outcome.chunk_tokens = group.chunk_tokens;
             }
         }
         Ok(outcome)
@@ -634,8 +741,14 @@ impl StorageManager {
     /// and read-locked (by a prefetch). Takes no locks.
     pub fn read_prefetched_enter(&mut self, keys: &[ObjectKey]) -> Result<(), CallError> {
         self.publish(StorageCall::ReadPrefetchedEnter { keys });
+        let ids: Vec<KeyId> = keys.iter().map(KeyId::of).collect();
+        self.read_prefetched_enter_ids(&ids)
+    }
+
+    /// [`StorageManager::read_prefetched_enter`] on key ids, untraced.
+    pub fn read_prefetched_enter_ids(&mut self, keys: &[KeyId]) -> Result<(), CallError> {
         let (mut missing, mut unlocked) = (0, 0);
-        for key in keys.iter().map(KeyId::of) {
+        for &key in keys {
             match self.l1.objects.get(&key) {
                 Some(o) if o.state == State::Resident && o.read_locks > 0 => {
                     let size = o.size;
@@ -660,11 +773,17 @@ impl StorageManager {
     /// after a successful one, nothing (the caller calls `finish_read_prefetched`).
     pub fn read_prefetched_exit(&mut self, keys: &[ObjectKey], entered: bool) {
         self.publish(StorageCall::ReadPrefetchedExit { keys });
+        let ids: Vec<KeyId> = keys.iter().map(KeyId::of).collect();
+        self.read_prefetched_exit_ids(&ids, entered);
+    }
+
+    /// [`StorageManager::read_prefetched_exit`] on key ids, untraced.
+    pub fn read_prefetched_exit_ids(&mut self, keys: &[KeyId], entered: bool) {
         if entered {
             return;
         }
-        for key in keys.iter().map(KeyId::of) {
-            if let Some(obj) = self.l1.objects.get_mut(&key) {
+        for key in keys {
+            if let Some(obj) = self.l1.objects.get_mut(key) {
                 if obj.read_locks > 0 {
                     release(obj, 1);
                 }
@@ -676,10 +795,16 @@ impl StorageManager {
     /// once unlocked, unless the prefetch policy retains them.
     pub fn finish_read_prefetched(&mut self, keys: &[ObjectKey], read_locks: i64) {
         self.publish(StorageCall::FinishReadPrefetched { keys, read_locks });
+        let ids: Vec<KeyId> = keys.iter().map(KeyId::of).collect();
+        self.finish_read_prefetched_ids(&ids, read_locks);
+    }
+
+    /// [`StorageManager::finish_read_prefetched`] on key ids, untraced.
+    pub fn finish_read_prefetched_ids(&mut self, keys: &[KeyId], read_locks: i64) {
         let n = read_locks.max(0) as u64;
         let retain = self.config.prefetch_policy == PrefetchPolicy::Retain;
         let mut dropped = Vec::new();
-        for key in keys.iter().map(KeyId::of) {
+        for &key in keys {
             if let Some(obj) = self.l1.objects.get_mut(&key) {
                 if release(obj, n) && obj.from_l2 && !retain {
                     dropped.push(key);
@@ -689,6 +814,12 @@ impl StorageManager {
         for key in dropped {
             self.drop_from_l1(key);
         }
+    }
+
+    /// Publishes a call on the event bus with arguments its caller encodes (replay hands on
+    /// the recorded bytes), for the `*_ids` entry points.
+    pub fn publish_raw(&self, qualname: &'static str, encode_args: impl FnOnce(&mut Vec<u8>)) {
+        self.tracer.publish_call(qualname, encode_args);
     }
 
     /// Removes objects from every tier (untraced, as in LMCache).
