@@ -24,6 +24,8 @@ measure() { # label, command...
 measure "generate $records records (.lct)" "$bin" generate "$tmp/t.lct" --records "$records"
 measure "info over $records records" "$bin" info "$tmp/t.lct"
 measure "dump (JSONL) over $records records" "$bin" dump "$tmp/t.lct"
+measure "replay, afap, L1 64 GiB accounting-only" "$bin" replay "$tmp/t.lct" -q --no-csv --l1-size-gb 64 --l1-accounting-only
+measure "replay, afap, ARC 2 GiB immediate" "$bin" replay "$tmp/t.lct" -q --no-csv --l1-size-gb 2 --l1-accounting-only --eviction-policy ARC --eviction-timing immediate
 measure "convert .lct -> .lct.zst" "$bin" convert "$tmp/t.lct" "$tmp/t.lct.zst"
 measure "info over the .lct.zst" "$bin" info "$tmp/t.lct.zst"
 ls -l "$tmp/t.lct" "$tmp/t.lct.zst" | awk '{printf "%-12s %14d bytes\n", $NF ~ /zst$/ ? "zstd" : "plain", $5}'
@@ -31,5 +33,5 @@ ls -l "$tmp/t.lct" "$tmp/t.lct.zst" | awk '{printf "%-12s %14d bytes\n", $NF ~ /
 rm -f "$tmp"/t.lct "$tmp"/t.lct.zst
 sync # let the kernel finish writing back the files above before timing the CPU-bound benches
 echo
-echo "criterion (cargo bench --bench lmct --bench recorder):"
-cargo bench --quiet --bench lmct --bench recorder 2>/dev/null | grep -E "^[a-z]|time:|thrpt:"
+echo "criterion (cargo bench --bench lmct --bench recorder --bench replay):"
+cargo bench --quiet --bench lmct --bench recorder --bench replay 2>/dev/null | grep -E "^[a-z]|time:|thrpt:"

@@ -17,7 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 
 use serde::Serialize;
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::xxh3_128;
 
 use crate::bus::Tracer;
 use crate::lmct::calls::StorageCall;
@@ -54,14 +54,30 @@ impl KeyId {
     }
 
     fn from_parts(hash: &[u8], model: &str, salt: &str, kv_rank: i64, group: i64) -> KeyId {
-        let mut h = Xxh3::new();
-        for part in [hash, model.as_bytes(), salt.as_bytes()] {
-            h.update(&(part.len() as u64).to_le_bytes());
-            h.update(part);
+        // Length-prefixed fields in one buffer, hashed in one call: the one-shot xxh3 is
+        // several times faster than its streaming state on inputs this short.
+        let mut stack = [0u8; 256];
+        let parts = [hash, model.as_bytes(), salt.as_bytes()];
+        let len = parts.iter().map(|p| p.len() + 8).sum::<usize>() + 16;
+        let mut heap = Vec::new();
+        let buf: &mut [u8] = if len <= stack.len() {
+            &mut stack[..len]
+        } else {
+            heap.resize(len, 0);
+            &mut heap
+        };
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            buf[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        for part in parts {
+            put(&(part.len() as u64).to_le_bytes());
+            put(part);
         }
-        h.update(&kv_rank.to_le_bytes());
-        h.update(&group.to_le_bytes());
-        KeyId(h.digest128())
+        put(&kv_rank.to_le_bytes());
+        put(&group.to_le_bytes());
+        KeyId(xxh3_128(buf))
     }
 
     /// 32 lowercase hex digits.

@@ -1,0 +1,57 @@
+//! As-fast-as-possible replay of a generated trace on an accounting-only L1 (the bookkeeping
+//! cost of the StorageManager, without payload copies). Run: `cargo bench --bench replay`.
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use kvtrace::bus::Tracer;
+use kvtrace::replay::{replay, ReplayOptions};
+use kvtrace::storage::config::{EvictionTiming, StorageConfig};
+use kvtrace::storage::eviction::PolicyKind;
+use kvtrace::storage::StorageManager;
+use kvtrace::synth::{self, SynthOptions};
+
+const RECORDS: u64 = 200_000;
+
+fn bench(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("replay.lct");
+    let options = SynthOptions {
+        records: RECORDS,
+        ..SynthOptions::default()
+    };
+    synth::write_file(&options, &path, None).expect("trace");
+    let mut group = c.benchmark_group("replay");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(20));
+    group.throughput(Throughput::Elements(RECORDS));
+    for (name, policy, size_gb) in [
+        ("lru_unbounded", PolicyKind::Lru, 64u64),
+        ("arc_2gb_immediate", PolicyKind::Arc, 2),
+    ] {
+        let mut config = StorageConfig {
+            l1_size_bytes: size_gb << 30,
+            l1_buffers: false,
+            ..StorageConfig::default()
+        };
+        config.eviction.policy = policy;
+        if size_gb == 2 {
+            config.eviction.timing = EvictionTiming::Immediate;
+        }
+        group.bench_function(format!("afap_200k_records_{name}"), |b| {
+            b.iter(|| {
+                let mut sm =
+                    StorageManager::new(config.clone(), Tracer::disabled()).expect("manager");
+                let report =
+                    replay(&path, &mut sm, &ReplayOptions::default(), |_| {}).expect("replay");
+                assert_eq!(report.records, RECORDS);
+                report.hits.hit_chunks
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
