@@ -11,9 +11,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::lmct::calls::StorageCall;
-use crate::lmct::codec::{
-    GroupedObjectKeys, LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec,
-};
+use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
 use crate::lmct::{Header, TraceSink, TraceWriter};
 use crate::rng::{hash32, SplitMix64};
 
@@ -133,17 +131,8 @@ pub fn generate(
             *conv = new_conversation(&mut rng);
         }
         request += 1;
-        let spec = PrefetchTaskSpec {
-            key_groups: vec![GroupedObjectKeys {
-                keys: keys.clone(),
-                object_group_id: 0,
-                layout_desc: layout.clone(),
-                sliding_window_size: -1,
-            }],
-            num_kv_readers: 1,
-            fetching_policy: "prefix".into(),
-            lock_mode: LockMode::Lock,
-        };
+        let spec =
+            PrefetchTaskSpec::single_group(keys.clone(), layout.clone(), "prefix", LockMode::Lock);
         let request_id = format!("req-{request:08x}");
         t += rng.exp(options.mean_gap_s);
         let lookup = StorageCall::SubmitPrefetchTask {

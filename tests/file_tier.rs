@@ -8,9 +8,7 @@ use std::process::Command;
 
 use common::sample;
 use kvtrace::bus::Tracer;
-use kvtrace::lmct::codec::{
-    GroupedObjectKeys, LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec,
-};
+use kvtrace::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
 use kvtrace::storage::config::{BackendConfig, EvictionTiming, L2Config, StorageConfig};
 use kvtrace::storage::eviction::PolicyKind;
 use kvtrace::storage::file::FsyncPolicy;
@@ -85,17 +83,7 @@ fn round_trip(dir: &Path, direct: bool) -> kvtrace::Result<()> {
             .map_err(|e| kvtrace::Error::usage(e.to_string()))?;
     }
     // L1 holds two 12 000-byte objects at most; the rest come back from the files.
-    let spec = PrefetchTaskSpec {
-        key_groups: vec![GroupedObjectKeys {
-            keys: keys.clone(),
-            object_group_id: 0,
-            layout_desc: layout(),
-            sliding_window_size: -1,
-        }],
-        num_kv_readers: 1,
-        fetching_policy: "full".into(),
-        lock_mode: LockMode::NoLock,
-    };
+    let spec = PrefetchTaskSpec::single_group(keys.clone(), layout(), "full", LockMode::NoLock);
     let hit = sm
         .submit_prefetch_task(&spec, "r", false)
         .map_err(|e| kvtrace::Error::usage(e.to_string()))?;

@@ -98,8 +98,9 @@ pub struct Args {
     /// Keep only object sizes in L1, no buffers (traces bigger than RAM)
     #[arg(long)]
     l1_accounting_only: bool,
-    /// An L2 tier as JSON, repeatable: {"type":"memory"|"fs"|"null", "capacity_gb": G,
-    /// "eviction_policy": P}; fs takes "path", "direct" (O_DIRECT) and "fsync" (never|every_write)
+    /// An L2 tier as JSON, repeatable: {"type":"memory"|"fs"|"redis"|"null", "capacity_gb": G,
+    /// "eviction_policy": P}; fs takes "path", "direct" (O_DIRECT) and "fsync"
+    /// (never|every_write); redis takes "url" and "prefix"
     #[arg(long, value_name = "JSON")]
     l2_adapter: Vec<String>,
     #[arg(long, value_enum)]
@@ -188,9 +189,21 @@ fn l2_tier(text: &str) -> Result<L2Config, Error> {
                 Some(other) => return Err(bad(format!("fsync {other:?}: never or every_write"))),
             },
         },
+        Some("resp" | "redis" | "valkey") => BackendConfig::Redis {
+            url: v
+                .get("url")
+                .and_then(|u| u.as_str())
+                .unwrap_or("redis://127.0.0.1:6379/0")
+                .to_owned(),
+            prefix: v
+                .get("prefix")
+                .and_then(|p| p.as_str())
+                .unwrap_or("kvtrace")
+                .to_owned(),
+        },
         Some(other) => {
             return Err(bad(format!(
-                "tier type {other:?} is not available (memory, fs, null)"
+                "tier type {other:?} is not available (memory, fs, redis, null)"
             )))
         }
         None => return Err(bad("missing \"type\"".into())),

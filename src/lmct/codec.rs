@@ -345,6 +345,26 @@ pub struct PrefetchTaskSpec {
 }
 
 impl PrefetchTaskSpec {
+    /// The common case: one key group (object group 0, full attention) and one reader.
+    pub fn single_group(
+        keys: Vec<ObjectKey>,
+        layout_desc: MemoryLayoutDesc,
+        fetching_policy: &str,
+        lock_mode: LockMode,
+    ) -> PrefetchTaskSpec {
+        PrefetchTaskSpec {
+            key_groups: vec![GroupedObjectKeys {
+                keys,
+                object_group_id: 0,
+                layout_desc,
+                sliding_window_size: -1,
+            }],
+            num_kv_readers: 1,
+            fetching_policy: fetching_policy.into(),
+            lock_mode,
+        }
+    }
+
     pub fn encode(&self, out: &mut Vec<u8>) {
         msgpack::put_map_len(out, 2);
         msgpack::put_str(out, "__t__");

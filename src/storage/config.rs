@@ -69,6 +69,11 @@ pub enum BackendConfig {
         direct: bool,
         fsync: FsyncPolicy,
     },
+    /// A Redis or Valkey server; objects live under `<prefix>:<key hash>`.
+    Redis {
+        url: String,
+        prefix: String,
+    },
     Null,
 }
 
@@ -259,6 +264,10 @@ impl L2Config {
                     _ => FsyncPolicy::Never,
                 },
             },
+            "redis" => BackendConfig::Redis {
+                url: tier.get("url")?.as_str()?.to_owned(),
+                prefix: tier.get("prefix")?.as_str()?.to_owned(),
+            },
             "null" => BackendConfig::Null,
             _ => return None,
         };
@@ -281,6 +290,9 @@ impl L2Config {
                     FsyncPolicy::EveryWrite => "every_write",
                 },
             }),
+            BackendConfig::Redis { url, prefix } => {
+                json!({"type": "redis", "url": url, "prefix": prefix})
+            }
             BackendConfig::Null => json!({"type": "null"}),
         };
         json!({

@@ -12,6 +12,7 @@ pub mod backend;
 pub mod config;
 pub mod eviction;
 pub mod file;
+pub mod redis;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -282,6 +283,7 @@ fn build_backend(config: &BackendConfig) -> io::Result<Box<dyn Backend>> {
         BackendConfig::File { dir, direct, fsync } => {
             Box::new(file::FileTier::create(dir, *direct, *fsync)?)
         }
+        BackendConfig::Redis { url, prefix } => Box::new(redis::RedisTier::connect(url, prefix)?),
         BackendConfig::Null => Box::new(Null),
     })
 }

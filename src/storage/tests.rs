@@ -4,9 +4,7 @@ use super::config::{BackendConfig, EvictionTiming, L2Config, PrefetchPolicy, Sto
 use super::eviction::PolicyKind;
 use super::{CallError, StorageManager};
 use crate::bus::Tracer;
-use crate::lmct::codec::{
-    GroupedObjectKeys, LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec,
-};
+use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
 
 /// 1000-byte objects: `[2, 1, 250, 1]` of float16.
 fn layout() -> MemoryLayoutDesc {
@@ -29,17 +27,7 @@ fn keys(range: std::ops::Range<u8>) -> Vec<ObjectKey> {
 }
 
 fn spec(keys: &[ObjectKey], policy: &str, lock: LockMode) -> PrefetchTaskSpec {
-    PrefetchTaskSpec {
-        key_groups: vec![GroupedObjectKeys {
-            keys: keys.to_vec(),
-            object_group_id: 0,
-            layout_desc: layout(),
-            sliding_window_size: -1,
-        }],
-        num_kv_readers: 1,
-        fetching_policy: policy.into(),
-        lock_mode: lock,
-    }
+    PrefetchTaskSpec::single_group(keys.to_vec(), layout(), policy, lock)
 }
 
 fn manager(capacity: u64, timing: EvictionTiming) -> StorageManager {

@@ -1,0 +1,215 @@
+//! The Redis tier against a real `redis-server` started on a loopback port for each test.
+//! Skips with a message where `redis-server` is not installed (`.ci/run` installs it).
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::sample;
+use kvtrace::bus::Tracer;
+use kvtrace::replay::{replay, ReplayOptions};
+use kvtrace::storage::config::{BackendConfig, EvictionTiming, L2Config, StorageConfig};
+use kvtrace::storage::eviction::PolicyKind;
+use kvtrace::storage::StorageManager;
+
+/// A redis-server child on 127.0.0.1, killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start() -> Option<Server> {
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP: redis-server is not installed (apt-get install redis-server)");
+        return None;
+    }
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let dir = tempfile::tempdir().expect("tmp");
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn redis-server");
+    let server = Server {
+        child,
+        port,
+        _dir: dir,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(client) = redis::Client::open(server.url()) {
+            if let Ok(mut c) = client.get_connection() {
+                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                    return Some(server);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("redis-server did not answer on port {port}");
+}
+
+impl Server {
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn query<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> T {
+        let mut c = redis::Client::open(self.url())
+            .expect("client")
+            .get_connection()
+            .expect("conn");
+        cmd.query(&mut c).expect("query")
+    }
+}
+
+fn config(url: String, l1_size_bytes: u64) -> StorageConfig {
+    let mut c = StorageConfig {
+        l1_size_bytes,
+        l2: vec![L2Config {
+            backend: BackendConfig::Redis {
+                url,
+                prefix: "kvtrace-test".into(),
+            },
+            capacity_bytes: None,
+            policy: PolicyKind::Lru,
+        }],
+        ..StorageConfig::default()
+    };
+    c.eviction.timing = EvictionTiming::Immediate;
+    c
+}
+
+#[test]
+fn a_replay_writes_every_object_through_to_a_real_redis_server() {
+    let Some(server) = start() else { return };
+    let mut sm =
+        StorageManager::new(config(server.url(), 1 << 30), Tracer::disabled()).expect("connect");
+    let r = replay(
+        &sample("basic_lru"),
+        &mut sm,
+        &ReplayOptions::default(),
+        |_| {},
+    )
+    .expect("replay");
+    let redis_tier = &r.tiers[1];
+    assert_eq!(redis_tier.backend, "redis");
+    assert_eq!(
+        redis_tier.writes, 13,
+        "every admitted object is written through"
+    );
+    assert_eq!(redis_tier.bytes_written, 13 * 131_072);
+    // The server really holds the objects, under hash-derived names, with their full size.
+    let keys: Vec<String> = server.query(redis::cmd("KEYS").arg("kvtrace-test:*"));
+    assert_eq!(keys.len(), 13);
+    assert!(keys.iter().all(|k| k.len() == "kvtrace-test:".len() + 32));
+    let len: u64 = server.query(redis::cmd("STRLEN").arg(&keys[0]));
+    assert_eq!(len, 131_072);
+}
+
+#[test]
+fn prefetches_load_what_l1_lost_back_from_redis() {
+    use kvtrace::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
+    let Some(server) = start() else { return };
+    let mut sm =
+        StorageManager::new(config(server.url(), 1 << 30), Tracer::disabled()).expect("connect");
+    let layout = MemoryLayoutDesc {
+        shapes: vec![vec![2, 4, 64, 128]],
+        dtypes: vec!["torch.bfloat16".into()],
+    };
+    let keys: Vec<ObjectKey> = (0..3u8)
+        .map(|i| ObjectKey {
+            chunk_hash: vec![i; 32],
+            model_name: "m".into(),
+            kv_rank: 16_777_472,
+            object_group_id: 0,
+            cache_salt: String::new(),
+        })
+        .collect();
+    sm.reserve_write(&keys, &layout);
+    assert_eq!(sm.finish_write(&keys).expect("stored"), 3);
+    sm.clear();
+    let spec = PrefetchTaskSpec::single_group(keys.clone(), layout, "prefix", LockMode::Lock);
+    let hit = sm
+        .submit_prefetch_task(&spec, "r", false)
+        .expect("prefetch");
+    assert_eq!((hit.l1_hit_chunks, hit.l2_hit_chunks), (0, 3));
+    assert!(sm.read_prefetched_enter(&keys).is_ok());
+    assert_eq!(sm.tier_stats()[1].bytes_read, 3 * 131_072);
+}
+
+#[test]
+fn the_cli_takes_lmcache_style_resp_adapters() {
+    let Some(server) = start() else { return };
+    let out = Command::new(env!("CARGO_BIN_EXE_kvtrace"))
+        .args([
+            "replay",
+            &sample("basic_lru").display().to_string(),
+            "--no-csv",
+            "-q",
+        ])
+        .arg("--l2-adapter")
+        .arg(format!(
+            "{{\"type\":\"resp\",\"url\":\"{}\"}}",
+            server.url()
+        ))
+        .output()
+        .expect("run");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dbsize: u64 = server.query(&mut redis::cmd("DBSIZE"));
+    assert_eq!(dbsize, 13);
+}
+
+#[test]
+fn an_unreachable_server_is_a_clear_error() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let err = StorageManager::new(
+        config(format!("redis://127.0.0.1:{port}/0"), 1 << 30),
+        Tracer::disabled(),
+    )
+    .err()
+    .expect("nothing listens there");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("L2[0] tier: redis redis://127.0.0.1:"),
+        "{text}"
+    );
+}
