@@ -315,7 +315,7 @@ impl L2 {
             if size > cap {
                 return Ok(());
             }
-            while self.used + size > cap {
+            while self.used.saturating_add(size) > cap {
                 let Some(victim) = self.policy.pick(&mut |_| true) else {
                     return Ok(());
                 };
@@ -507,14 +507,14 @@ impl StorageManager {
 
     /// Makes room for `need` more bytes in L1 if the timing allows; true if they fit.
     fn room_for(&mut self, need: u64) -> bool {
-        if self.l1.used + need <= self.l1.capacity {
+        if self.l1.used.saturating_add(need) <= self.l1.capacity {
             return true;
         }
         if self.config.eviction.timing == EvictionTiming::Immediate {
-            let short = self.l1.used + need - self.l1.capacity;
+            let short = self.l1.used.saturating_add(need) - self.l1.capacity;
             self.evict_l1(short);
         }
-        self.l1.used + need <= self.l1.capacity
+        self.l1.used.saturating_add(need) <= self.l1.capacity
     }
 
     fn allocate(&mut self, key: KeyId, size: u64, state: State, from_l2: bool) {
@@ -564,7 +564,7 @@ impl StorageManager {
         if pending.is_empty() {
             return out;
         }
-        if !self.room_for(object_bytes * pending.len() as u64) {
+        if !self.room_for(object_bytes.saturating_mul(pending.len() as u64)) {
             out.out_of_memory = true;
             self.calls.out_of_memory_calls += 1;
             self.calls.out_of_memory_keys += pending.len() as u64;

@@ -201,3 +201,21 @@ fn l2_loads_are_dropped_after_use_unless_retained() {
         assert_eq!(skip.l2_hit_chunks, 0);
     }
 }
+
+#[test]
+fn a_hostile_layout_size_is_refused_not_overflowed() {
+    let mut sm = manager(10_000, EvictionTiming::Immediate);
+    let huge = MemoryLayoutDesc {
+        shapes: vec![vec![1 << 31, 1 << 31, 1 << 20]],
+        dtypes: vec!["torch.float64".into()],
+    };
+    assert_eq!(huge.object_bytes(), None, "overflowing sizes are unknown, not wrapped");
+    // One object of 2^62 bytes is representable; eight of them overflow u64 and saturate.
+    let big = MemoryLayoutDesc {
+        shapes: vec![vec![1 << 30, 1 << 29]],
+        dtypes: vec!["torch.float64".into()],
+    };
+    assert_eq!(big.object_bytes(), Some(1 << 62));
+    let r = sm.reserve_write(&keys(0..8), &big);
+    assert!(r.out_of_memory, "8 objects of 2^62 bytes do not fit");
+}
