@@ -172,6 +172,7 @@ pub fn replay(
     report.requests = dispatcher.prefetches;
     report.calls = sm.call_stats().clone();
     report.tiers = sm.tier_stats();
+    report.tier_io = sm.tier_io();
     report.warnings.extend(reader.into_summary().warnings());
     Ok(report)
 }

@@ -26,6 +26,7 @@ pub fn summary(report: &ReplayReport) -> Value {
             "hits": report.hits,
             "calls": report.calls,
             "tiers": report.tiers,
+            "tier_io": report.tier_io,
             "skip_reasons": report.skip_reasons,
             "failure_reasons": report.failure_reasons,
             "forced_exits": report.forced_exits,

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::storage::{CallStats, PrefetchOutcome, TierStats};
+use crate::storage::{CallStats, PrefetchOutcome, TierIo, TierStats};
 
 /// Latency statistics of one call kind, in milliseconds (LMCache's columns).
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -140,6 +140,8 @@ pub struct ReplayReport {
     pub hits: HitSummary,
     pub calls: CallStats,
     pub tiers: Vec<TierStats>,
+    /// Live I/O timing of the L2 tiers (bandwidth, load latency).
+    pub tier_io: Vec<TierIo>,
     pub requests: Vec<PrefetchOutcome>,
     pub skip_reasons: BTreeMap<String, u64>,
     pub failure_reasons: BTreeMap<String, u64>,

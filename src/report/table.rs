@@ -133,6 +133,21 @@ pub fn render(report: &ReplayReport) -> String {
             format!("{} ({})", t.evictions, mib(t.bytes_evicted)),
         );
     }
+    for t in &report.tier_io {
+        row(
+            &mut s,
+            &format!("{} write / read MiB/s", t.name),
+            pair(
+                format!("{:.0}", t.write_mib_per_s),
+                format!("{:.0}", t.read_mib_per_s),
+            ),
+        );
+        row(
+            &mut s,
+            &format!("{} mean load (ms)", t.name),
+            format!("{:.3}", t.mean_load_ms),
+        );
+    }
     s.push_str(&rule("", '='));
     s
 }

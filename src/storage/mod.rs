@@ -130,6 +130,20 @@ pub struct TierStats {
     pub bytes_evicted: u64,
 }
 
+/// Time an L2 tier's backend spent storing and loading, measured live (unlike the counters
+/// of [`TierStats`], these differ between runs).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct TierIo {
+    pub name: String,
+    pub write_seconds: f64,
+    pub read_seconds: f64,
+    /// MiB/s over the time spent in stores and in loads.
+    pub write_mib_per_s: f64,
+    pub read_mib_per_s: f64,
+    /// Mean time of one load from this tier (the L2 load latency), in milliseconds.
+    pub mean_load_ms: f64,
+}
+
 /// Counters of the manager's calls.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct CallStats {
@@ -275,6 +289,8 @@ struct L2 {
     policy: Box<dyn EvictionPolicy>,
     backend: Box<dyn Backend>,
     stats: TierStats,
+    write_time: std::time::Duration,
+    read_time: std::time::Duration,
 }
 
 fn build_backend(config: &BackendConfig) -> io::Result<Box<dyn Backend>> {
@@ -303,6 +319,8 @@ impl L2 {
                 ..TierStats::default()
             },
             backend,
+            write_time: Default::default(),
+            read_time: Default::default(),
         })
     }
 
@@ -326,7 +344,9 @@ impl L2 {
                 self.stats.bytes_evicted += freed;
             }
         }
+        let began = std::time::Instant::now();
         self.backend.put(key, size)?;
+        self.write_time += began.elapsed();
         if self.backend.contains(key) {
             self.sizes.insert(key, size);
             self.policy.insert(key);
@@ -736,10 +756,12 @@ impl StorageManager {
             return Ok(false);
         }
         let tier = &mut self.l2[index];
+        let began = std::time::Instant::now();
         let found = tier
             .backend
             .get(key)
             .map_err(|e| CallError::Io(e.to_string()))?;
+        tier.read_time += began.elapsed();
         if !found {
             return Ok(false);
         }
@@ -876,6 +898,35 @@ impl StorageManager {
 
     pub fn call_stats(&self) -> &CallStats {
         &self.calls
+    }
+
+    /// Time each L2 tier spent in its backend.
+    pub fn tier_io(&self) -> Vec<TierIo> {
+        let mib = |bytes: u64, secs: f64| {
+            if secs > 0.0 {
+                bytes as f64 / (1u64 << 20) as f64 / secs
+            } else {
+                0.0
+            }
+        };
+        self.l2
+            .iter()
+            .map(|t| {
+                let (w, r) = (t.write_time.as_secs_f64(), t.read_time.as_secs_f64());
+                TierIo {
+                    name: t.stats.name.clone(),
+                    write_seconds: w,
+                    read_seconds: r,
+                    write_mib_per_s: mib(t.stats.bytes_written, w),
+                    read_mib_per_s: mib(t.stats.bytes_read, r),
+                    mean_load_ms: if t.stats.reads > 0 {
+                        r * 1e3 / t.stats.reads as f64
+                    } else {
+                        0.0
+                    },
+                }
+            })
+            .collect()
     }
 
     /// Counters of every tier, L1 first.

@@ -209,7 +209,11 @@ fn a_hostile_layout_size_is_refused_not_overflowed() {
         shapes: vec![vec![1 << 31, 1 << 31, 1 << 20]],
         dtypes: vec!["torch.float64".into()],
     };
-    assert_eq!(huge.object_bytes(), None, "overflowing sizes are unknown, not wrapped");
+    assert_eq!(
+        huge.object_bytes(),
+        None,
+        "overflowing sizes are unknown, not wrapped"
+    );
     // One object of 2^62 bytes is representable; eight of them overflow u64 and saturate.
     let big = MemoryLayoutDesc {
         shapes: vec![vec![1 << 30, 1 << 29]],
