@@ -516,3 +516,80 @@ fn diff_flags_a_regression_between_two_replays() {
         Some(1)
     );
 }
+
+#[test]
+fn replay_reads_a_toml_hierarchy_and_flags_override_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = dir.path().join("hierarchy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[l1]\nsize_gb = 0.001\neviction_policy = \"ARC\"\neviction_timing = \"immediate\"\n\n\
+             [[l2]]\ntype = \"memory\"\ncapacity_gb = 1\n\n[[l2]]\ntype = \"fs\"\npath = \"{}\"\n",
+            dir.path().join("tier").display()
+        ),
+    )
+    .expect("write");
+    let out_dir = dir.path().join("out").display().to_string();
+    let c = config.display().to_string();
+    let out = kvtrace(&[
+        "replay",
+        &path("basic_lru"),
+        "--config",
+        &c,
+        "--eviction-policy",
+        "FIFO",
+        "--json",
+        "--no-csv",
+        "-q",
+        "--output-dir",
+        &out_dir,
+    ]);
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        text(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("out/trace_replay_summary.json")).expect("json"),
+    )
+    .expect("summary");
+    let k = &summary["kvtrace"];
+    assert_eq!(
+        k["config"]["eviction_config"]["eviction_policy"], "FIFO",
+        "the flag wins"
+    );
+    assert_eq!(
+        k["config"]["kvtrace_eviction_timing"], "immediate",
+        "the file applies"
+    );
+    assert_eq!(
+        k["config"]["l1_manager_config"]["memory_config"]["size_in_bytes"],
+        1_073_741
+    );
+    let tiers: Vec<&str> = k["tiers"]
+        .as_array()
+        .expect("tiers")
+        .iter()
+        .map(|t| t["backend"].as_str().expect("b"))
+        .collect();
+    assert_eq!(tiers, ["memory", "memory", "file"]);
+    assert_eq!(k["digest"]["result"], "MISMATCH");
+
+    std::fs::write(&config, "[l1]\nsise_gb = 1\n").expect("write");
+    let bad = kvtrace(&[
+        "replay",
+        &path("basic_lru"),
+        "--config",
+        &c,
+        "--no-csv",
+        "-q",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    let err = text(&bad.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("hierarchy.toml") && err.contains("sise_gb"),
+        "{err}"
+    );
+}

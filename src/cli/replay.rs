@@ -16,10 +16,9 @@ use kvtrace::report::json::JsonSummary;
 use kvtrace::report::xlsx::XlsxWorkbook;
 use kvtrace::report::{table, Exporter};
 use kvtrace::storage::config::{
-    BackendConfig, EvictionTiming, L2Config, PrefetchPolicy, StorageConfig, StorePolicy,
+    self, gib_to_bytes, EvictionTiming, L2Config, PrefetchPolicy, StorageConfig, StorePolicy,
 };
 use kvtrace::storage::eviction::PolicyKind;
-use kvtrace::storage::file::FsyncPolicy;
 use kvtrace::storage::StorageManager;
 
 use super::{print_stdout, warn, ReadArgs};
@@ -75,6 +74,9 @@ pub struct Args {
     /// Also wait through the time before the first record
     #[arg(long)]
     keep_startup_gap: bool,
+    /// A TOML file describing the hierarchy (see README); flags given as well override it
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// L1 memory pool size in GB (GiB, as LMCache reads it)
     #[arg(long, value_name = "GB")]
     l1_size_gb: Option<f64>,
@@ -88,9 +90,9 @@ pub struct Args {
     /// When eviction runs (kvtrace)
     #[arg(long, value_enum)]
     eviction_timing: Option<Timing>,
-    /// Seconds of trace time between periodic eviction checks
-    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
-    eviction_interval: f64,
+    /// Seconds of trace time between periodic eviction checks (default 1)
+    #[arg(long, value_name = "SECONDS")]
+    eviction_interval: Option<f64>,
     #[arg(long, value_name = "SECONDS")]
     l1_write_ttl_seconds: Option<f64>,
     #[arg(long, value_name = "SECONDS")]
@@ -148,102 +150,45 @@ fn positive(v: f64) -> bool {
 }
 
 fn fraction(name: &str, v: f64) -> Result<f64, Error> {
-    if (0.0..=1.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(Error::usage(format!(
-            "{name} {v}: expected a fraction between 0 and 1"
-        )))
-    }
+    config::fraction(name, v).map_err(Error::usage)
 }
 
 fn gib(name: &str, gb: f64) -> Result<u64, Error> {
-    if gb.is_finite() && gb >= 0.0 {
-        Ok((gb * (1u64 << 30) as f64) as u64)
-    } else {
-        Err(Error::usage(format!(
-            "{name} {gb}: expected a non-negative size"
-        )))
-    }
+    gib_to_bytes(gb).map_err(|e| Error::usage(format!("{name} {e}")))
 }
 
 fn l2_tier(text: &str) -> Result<L2Config, Error> {
     let bad = |why: String| Error::usage(format!("--l2-adapter {text}: {why}"));
     let v: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-    let backend = match v.get("type").and_then(|t| t.as_str()) {
-        Some("memory" | "mock") => BackendConfig::Memory {
-            buffers: v.get("buffers").and_then(|b| b.as_bool()).unwrap_or(true),
-        },
-        Some("null") => BackendConfig::Null,
-        Some("fs" | "file") => BackendConfig::File {
-            dir: v
-                .get("path")
-                .or_else(|| v.get("base_path"))
-                .and_then(|p| p.as_str())
-                .ok_or_else(|| bad("a file tier needs \"path\"".into()))?
-                .into(),
-            direct: v.get("direct").and_then(|d| d.as_bool()).unwrap_or(false),
-            fsync: match v.get("fsync").and_then(|f| f.as_str()) {
-                None | Some("never") => FsyncPolicy::Never,
-                Some("every_write") => FsyncPolicy::EveryWrite,
-                Some(other) => return Err(bad(format!("fsync {other:?}: never or every_write"))),
-            },
-        },
-        Some("resp" | "redis" | "valkey") => BackendConfig::Redis {
-            url: v
-                .get("url")
-                .and_then(|u| u.as_str())
-                .unwrap_or("redis://127.0.0.1:6379/0")
-                .to_owned(),
-            prefix: v
-                .get("prefix")
-                .and_then(|p| p.as_str())
-                .unwrap_or("kvtrace")
-                .to_owned(),
-        },
-        Some(other) => {
-            return Err(bad(format!(
-                "tier type {other:?} is not available (memory, fs, redis, null)"
-            )))
-        }
-        None => return Err(bad("missing \"type\"".into())),
-    };
-    let capacity_bytes = match v.get("capacity_gb") {
-        None | Some(serde_json::Value::Null) => None,
-        Some(g) => Some(gib(
-            "capacity_gb",
-            g.as_f64()
-                .ok_or_else(|| bad("capacity_gb: not a number".into()))?,
-        )?),
-    };
-    let policy = match v.get("eviction_policy").and_then(|p| p.as_str()) {
-        Some(p) => p.parse().map_err(bad)?,
-        None => PolicyKind::Lru,
-    };
-    Ok(L2Config {
-        backend,
-        capacity_bytes,
-        policy,
-    })
+    L2Config::from_adapter(&v).map_err(bad)
 }
 
 /// The recorded configuration, overridden by every flag given.
 fn storage_config(args: &Args, recorded: &str, shown: &str) -> Result<StorageConfig, Error> {
     let from_trace = StorageConfig::from_lmcache_json(recorded);
-    let mut config = match (&from_trace, args.l1_size_gb) {
+    let explicit = args.l1_size_gb.is_some() || args.config.is_some();
+    let mut config = match (&from_trace, explicit) {
         (Some((c, notes)), _) => {
             for n in notes {
                 warn(shown, n);
             }
             c.clone()
         }
-        (None, Some(_)) => StorageConfig::default(),
-        (None, None) => {
+        (None, true) => StorageConfig::default(),
+        (None, false) => {
             return Err(Error::usage(
-                "the trace records no storage configuration kvtrace can read; give one with --l1-size-gb",
+                "the trace records no storage configuration kvtrace can read; give one with --l1-size-gb or --config",
             ))
         }
     };
+    if let Some(path) = &args.config {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io("cannot read", e).in_file(&file))?;
+        config
+            .apply_toml(&text)
+            .map_err(|e| Error::usage(e).in_file(&file))?;
+    }
     if let Some(gb) = args.l1_size_gb {
         config.l1_size_bytes = gib("--l1-size-gb", gb)?;
     }
@@ -256,15 +201,20 @@ fn storage_config(args: &Args, recorded: &str, shown: &str) -> Result<StorageCon
     if let Some(r) = args.eviction_ratio {
         config.eviction.eviction_ratio = fraction("--eviction-ratio", r)?;
     }
-    if !positive(args.eviction_interval) {
+    if args.eviction_interval.is_some_and(|i| !positive(i)) {
         return Err(Error::usage("--eviction-interval must be positive"));
     }
-    config.eviction.timing = match args.eviction_timing {
-        Some(Timing::Immediate) => EvictionTiming::Immediate,
-        _ => EvictionTiming::Periodic {
-            interval_s: args.eviction_interval,
-        },
+    let interval_s = match config.eviction.timing {
+        EvictionTiming::Periodic { interval_s } => args.eviction_interval.unwrap_or(interval_s),
+        EvictionTiming::Immediate => args.eviction_interval.unwrap_or(1.0),
     };
+    match (args.eviction_timing, args.eviction_interval) {
+        (Some(Timing::Immediate), _) => config.eviction.timing = EvictionTiming::Immediate,
+        (Some(Timing::Periodic), _) | (None, Some(_)) => {
+            config.eviction.timing = EvictionTiming::Periodic { interval_s }
+        }
+        (None, None) => {}
+    }
     if let Some(t) = args.l1_write_ttl_seconds {
         config.write_ttl_s = t;
     }

@@ -302,3 +302,185 @@ impl L2Config {
         })
     }
 }
+
+/// GiB (LMCache's "GB") to bytes; refuses negative and non-finite sizes.
+pub fn gib_to_bytes(gb: f64) -> Result<u64, String> {
+    if gb.is_finite() && gb >= 0.0 {
+        Ok((gb * (1u64 << 30) as f64) as u64)
+    } else {
+        Err(format!("{gb}: expected a non-negative size"))
+    }
+}
+
+impl L2Config {
+    /// An L2 tier from its adapter description, as `--l2-adapter` and the TOML file give it:
+    /// `{"type": "memory"|"fs"|"redis"|"null", "capacity_gb", "eviction_policy", ...}`.
+    pub fn from_adapter(v: &Json) -> Result<L2Config, String> {
+        let backend = match v.get("type").and_then(|t| t.as_str()) {
+            Some("memory" | "mock") => BackendConfig::Memory {
+                buffers: v.get("buffers").and_then(|b| b.as_bool()).unwrap_or(true),
+            },
+            Some("null") => BackendConfig::Null,
+            Some("fs" | "file") => BackendConfig::File {
+                dir: v
+                    .get("path")
+                    .or_else(|| v.get("base_path"))
+                    .and_then(|p| p.as_str())
+                    .ok_or("a file tier needs \"path\"")?
+                    .into(),
+                direct: v.get("direct").and_then(|d| d.as_bool()).unwrap_or(false),
+                fsync: match v.get("fsync").and_then(|f| f.as_str()) {
+                    None | Some("never") => FsyncPolicy::Never,
+                    Some("every_write") => FsyncPolicy::EveryWrite,
+                    Some(other) => return Err(format!("fsync {other:?}: never or every_write")),
+                },
+            },
+            Some("resp" | "redis" | "valkey") => BackendConfig::Redis {
+                url: v
+                    .get("url")
+                    .and_then(|u| u.as_str())
+                    .unwrap_or("redis://127.0.0.1:6379/0")
+                    .to_owned(),
+                prefix: v
+                    .get("prefix")
+                    .and_then(|p| p.as_str())
+                    .unwrap_or("kvtrace")
+                    .to_owned(),
+            },
+            Some(other) => {
+                return Err(format!(
+                    "tier type {other:?} is not available (memory, fs, redis, null)"
+                ))
+            }
+            None => return Err("missing \"type\"".into()),
+        };
+        let capacity_bytes = match v.get("capacity_gb") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(g) => Some(
+                gib_to_bytes(g.as_f64().ok_or("capacity_gb: not a number")?)
+                    .map_err(|e| format!("capacity_gb {e}"))?,
+            ),
+        };
+        let policy = match v.get("eviction_policy").and_then(|p| p.as_str()) {
+            Some(p) => p.parse()?,
+            None => PolicyKind::Lru,
+        };
+        Ok(L2Config {
+            backend,
+            capacity_bytes,
+            policy,
+        })
+    }
+}
+
+/// The TOML file: every key optional, unknown keys refused by name.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TomlConfig {
+    l1: Option<TomlL1>,
+    store_policy: Option<String>,
+    prefetch_policy: Option<String>,
+    prefetch_max_in_flight: Option<u64>,
+    #[serde(default)]
+    l2: Vec<toml::Table>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TomlL1 {
+    size_gb: Option<f64>,
+    eviction_policy: Option<String>,
+    trigger_watermark: Option<f64>,
+    eviction_ratio: Option<f64>,
+    eviction_timing: Option<String>,
+    eviction_interval_s: Option<f64>,
+    write_ttl_s: Option<f64>,
+    read_ttl_s: Option<f64>,
+    accounting_only: Option<bool>,
+}
+
+/// A value that must lie in 0..=1 (watermarks, ratios).
+pub fn fraction(name: &str, v: f64) -> Result<f64, String> {
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{name} {v}: expected a fraction between 0 and 1"))
+    }
+}
+
+impl StorageConfig {
+    /// Applies a TOML hierarchy description over this configuration (README: "Configuration
+    /// file"). `[[l2]]` tables, when present, replace the L2 tiers.
+    pub fn apply_toml(&mut self, text: &str) -> Result<(), String> {
+        let file: TomlConfig =
+            toml::from_str(text).map_err(|e| e.to_string().replace('\n', " "))?;
+        if let Some(l1) = file.l1 {
+            if let Some(gb) = l1.size_gb {
+                self.l1_size_bytes = gib_to_bytes(gb).map_err(|e| format!("l1.size_gb {e}"))?;
+            }
+            if let Some(p) = l1.eviction_policy {
+                self.eviction.policy = p.parse().map_err(|e| format!("l1.eviction_policy: {e}"))?;
+            }
+            if let Some(w) = l1.trigger_watermark {
+                self.eviction.trigger_watermark = fraction("l1.trigger_watermark", w)?;
+            }
+            if let Some(r) = l1.eviction_ratio {
+                self.eviction.eviction_ratio = fraction("l1.eviction_ratio", r)?;
+            }
+            let interval_s = l1.eviction_interval_s.unwrap_or(1.0);
+            if !(interval_s.is_finite() && interval_s > 0.0) {
+                return Err(format!(
+                    "l1.eviction_interval_s {interval_s}: must be positive"
+                ));
+            }
+            match l1.eviction_timing.as_deref() {
+                None if l1.eviction_interval_s.is_none() => {}
+                None | Some("periodic") => {
+                    self.eviction.timing = EvictionTiming::Periodic { interval_s }
+                }
+                Some("immediate") => self.eviction.timing = EvictionTiming::Immediate,
+                Some(other) => {
+                    return Err(format!(
+                        "l1.eviction_timing {other:?}: periodic or immediate"
+                    ))
+                }
+            }
+            if let Some(t) = l1.write_ttl_s {
+                self.write_ttl_s = t;
+            }
+            if let Some(t) = l1.read_ttl_s {
+                self.read_ttl_s = t;
+            }
+            if let Some(a) = l1.accounting_only {
+                self.l1_buffers = !a;
+            }
+        }
+        match file.store_policy.as_deref() {
+            None => {}
+            Some("default") => self.store_policy = StorePolicy::Default,
+            Some("skip_l1") => self.store_policy = StorePolicy::SkipL1,
+            Some(other) => return Err(format!("store_policy {other:?}: default or skip_l1")),
+        }
+        match file.prefetch_policy.as_deref() {
+            None => {}
+            Some("default") => self.prefetch_policy = PrefetchPolicy::Default,
+            Some("retain") => self.prefetch_policy = PrefetchPolicy::Retain,
+            Some(other) => return Err(format!("prefetch_policy {other:?}: default or retain")),
+        }
+        if let Some(n) = file.prefetch_max_in_flight {
+            self.prefetch_max_in_flight = n;
+        }
+        if !file.l2.is_empty() {
+            self.l2 = file
+                .l2
+                .iter()
+                .enumerate()
+                .map(|(i, table)| {
+                    let json = serde_json::to_value(table).map_err(|e| e.to_string())?;
+                    L2Config::from_adapter(&json).map_err(|e| format!("l2[{i}]: {e}"))
+                })
+                .collect::<Result<_, String>>()?;
+        }
+        Ok(())
+    }
+}
