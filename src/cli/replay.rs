@@ -16,7 +16,8 @@ use kvtrace::report::json::JsonSummary;
 use kvtrace::report::xlsx::XlsxWorkbook;
 use kvtrace::report::{table, Exporter};
 use kvtrace::storage::config::{
-    self, gib_to_bytes, EvictionTiming, L2Config, PrefetchPolicy, StorageConfig, StorePolicy,
+    self, gib_to_bytes, EvictionTiming, L2Config, Placement, PrefetchPolicy, StorageConfig,
+    StorePolicy,
 };
 use kvtrace::storage::eviction::PolicyKind;
 use kvtrace::storage::StorageManager;
@@ -41,6 +42,14 @@ enum StorePolicyArg {
 enum PrefetchPolicyArg {
     Default,
     Retain,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PlacementArg {
+    /// Every admitted object is stored to every L2 tier (LMCache)
+    WriteThrough,
+    /// Objects enter L1; evicted ones move down tier by tier (MLPerf Storage KV-cache)
+    Waterfall,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -105,6 +114,9 @@ pub struct Args {
     /// (never|every_write); redis takes "url" and "prefix"
     #[arg(long, value_name = "JSON")]
     l2_adapter: Vec<String>,
+    /// How objects reach the L2 tiers (kvtrace)
+    #[arg(long, value_enum)]
+    placement: Option<PlacementArg>,
     #[arg(long, value_enum)]
     l2_store_policy: Option<StorePolicyArg>,
     #[arg(long, value_enum)]
@@ -238,6 +250,12 @@ fn storage_config(args: &Args, recorded: &str, shown: &str) -> Result<StorageCon
             .iter()
             .map(|a| l2_tier(a))
             .collect::<Result<_, _>>()?;
+    }
+    if let Some(p) = args.placement {
+        config.placement = match p {
+            PlacementArg::WriteThrough => Placement::WriteThrough,
+            PlacementArg::Waterfall => Placement::Waterfall,
+        };
     }
     if let Some(p) = args.l2_store_policy {
         config.store_policy = match p {

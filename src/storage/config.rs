@@ -56,6 +56,17 @@ pub enum PrefetchPolicy {
     Retain,
 }
 
+/// How objects reach the L2 tiers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// LMCache: every admitted object is stored to every L2 tier at once.
+    WriteThrough,
+    /// MLPerf Storage's KV-cache benchmark: objects enter L1 only; what L1 evicts is moved
+    /// down one tier, and each non-terminal tier keeps itself under 80 % of its capacity by
+    /// moving its least recently used objects further down; only the last tier drops data.
+    Waterfall,
+}
+
 /// The backend kinds a tier can use.
 #[derive(Clone, Debug, PartialEq)]
 pub enum BackendConfig {
@@ -93,6 +104,7 @@ pub struct StorageConfig {
     pub l1_buffers: bool,
     pub eviction: EvictionConfig,
     pub l2: Vec<L2Config>,
+    pub placement: Placement,
     pub store_policy: StorePolicy,
     pub prefetch_policy: PrefetchPolicy,
     pub prefetch_max_in_flight: u64,
@@ -107,6 +119,7 @@ impl Default for StorageConfig {
             l1_buffers: true,
             eviction: EvictionConfig::default(),
             l2: Vec::new(),
+            placement: Placement::WriteThrough,
             store_policy: StorePolicy::Default,
             prefetch_policy: PrefetchPolicy::Default,
             prefetch_max_in_flight: 8,
@@ -163,6 +176,9 @@ impl StorageConfig {
                 StorePolicy::SkipL1 => "skip_l1",
             },
         });
+        if self.placement == Placement::Waterfall {
+            config["kvtrace_placement"] = json!("waterfall");
+        }
         match self.eviction.timing {
             EvictionTiming::Immediate => config["kvtrace_eviction_timing"] = json!("immediate"),
             EvictionTiming::Periodic { interval_s } if interval_s != 1.0 => {
@@ -216,6 +232,9 @@ impl StorageConfig {
         }
         if let Some(n) = v.get("prefetch_max_in_flight").and_then(Json::as_u64) {
             config.prefetch_max_in_flight = n;
+        }
+        if v.get("kvtrace_placement").and_then(Json::as_str) == Some("waterfall") {
+            config.placement = Placement::Waterfall;
         }
         if v.get("kvtrace_eviction_timing").and_then(Json::as_str) == Some("immediate") {
             config.eviction.timing = EvictionTiming::Immediate;
@@ -378,6 +397,7 @@ impl L2Config {
 #[serde(deny_unknown_fields)]
 struct TomlConfig {
     l1: Option<TomlL1>,
+    placement: Option<String>,
     store_policy: Option<String>,
     prefetch_policy: Option<String>,
     prefetch_max_in_flight: Option<u64>,
@@ -454,6 +474,12 @@ impl StorageConfig {
             if let Some(a) = l1.accounting_only {
                 self.l1_buffers = !a;
             }
+        }
+        match file.placement.as_deref() {
+            None => {}
+            Some("write_through") => self.placement = Placement::WriteThrough,
+            Some("waterfall") => self.placement = Placement::Waterfall,
+            Some(other) => return Err(format!("placement {other:?}: write_through or waterfall")),
         }
         match file.store_policy.as_deref() {
             None => {}

@@ -24,7 +24,9 @@ use crate::bus::Tracer;
 use crate::lmct::calls::StorageCall;
 use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, ObjectKeyRef, PrefetchTaskSpec};
 use backend::{Backend, Memory, Null};
-use config::{BackendConfig, EvictionTiming, L2Config, PrefetchPolicy, StorageConfig, StorePolicy};
+use config::{
+    BackendConfig, EvictionTiming, L2Config, Placement, PrefetchPolicy, StorageConfig, StorePolicy,
+};
 use eviction::EvictionPolicy;
 
 /// The identity of an object: a 128-bit hash of every `ObjectKey` field. Also what file names
@@ -162,6 +164,12 @@ pub struct CallStats {
     pub write_reservations_expired: u64,
     /// L2 loads that could not get L1 room.
     pub l2_loads_out_of_memory: u64,
+    /// Objects moved one tier down (waterfall placement).
+    pub demotions: u64,
+    /// Objects dropped from the last tier (waterfall placement).
+    pub dropped_from_last_tier: u64,
+    /// Demotions a tier's backend failed (the object is lost and counted here).
+    pub demotion_errors: u64,
 }
 
 /// What one prefetch found, per LMCache's `request` span attributes.
@@ -344,6 +352,12 @@ impl L2 {
                 self.stats.bytes_evicted += freed;
             }
         }
+        self.admit(key, size)
+    }
+
+    /// Writes an object into this tier and accounts for it (a `null` backend keeps nothing,
+    /// so nothing becomes resident).
+    fn admit(&mut self, key: KeyId, size: u64) -> io::Result<()> {
         let began = std::time::Instant::now();
         self.backend.put(key, size)?;
         self.write_time += began.elapsed();
@@ -510,10 +524,67 @@ impl StorageManager {
                 freed += obj.size;
                 self.l1.stats.evictions += 1;
                 self.l1.stats.bytes_evicted += obj.size;
+                if self.config.placement == Placement::Waterfall {
+                    let _ = self.l1.backend.get(victim);
+                    self.demote(0, victim, obj.size);
+                }
                 let _ = self.l1.backend.delete(victim);
             }
         }
         freed
+    }
+
+    /// Waterfall: places an object evicted from the tier above into L2 tier `index`, making
+    /// room by moving that tier's least recently used objects further down; past the last
+    /// tier the object is dropped. Single-threaded, so no object is ever lost to a race.
+    fn demote(&mut self, index: usize, key: KeyId, size: u64) {
+        let last = self.l2.len().saturating_sub(1);
+        let Some(tier) = self.l2.get(index) else {
+            self.calls.dropped_from_last_tier += 1;
+            return;
+        };
+        if tier.sizes.contains_key(&key) {
+            return;
+        }
+        let cap = tier.capacity.unwrap_or(u64::MAX);
+        if index < last && size as f64 > 0.95 * cap as f64 {
+            return self.demote(index + 1, key, size);
+        }
+        let target = if index < last {
+            (0.8 * cap as f64) as u64
+        } else {
+            cap
+        };
+        loop {
+            let tier = &mut self.l2[index];
+            if tier.used.saturating_add(size) <= target {
+                break;
+            }
+            let Some(victim) = tier.policy.pick(&mut |_| true) else {
+                break;
+            };
+            let victim_size = tier.sizes.remove(&victim).unwrap_or(0);
+            tier.used -= victim_size;
+            tier.stats.evictions += 1;
+            tier.stats.bytes_evicted += victim_size;
+            match tier
+                .backend
+                .get(victim)
+                .and_then(|_| tier.backend.delete(victim))
+            {
+                Ok(()) => self.demote(index + 1, victim, victim_size),
+                Err(_) => self.calls.demotion_errors += 1,
+            }
+        }
+        let tier = &mut self.l2[index];
+        if tier.used.saturating_add(size) > cap {
+            self.calls.dropped_from_last_tier += u64::from(index == last);
+            return;
+        }
+        match tier.admit(key, size) {
+            Ok(()) => self.calls.demotions += 1,
+            Err(_) => self.calls.demotion_errors += 1,
+        }
     }
 
     fn evict_if_over_watermark(&mut self) {
@@ -630,9 +701,11 @@ impl StorageManager {
             self.l1.stats.writes += 1;
             self.l1.stats.bytes_written += size;
             admitted += 1;
-            for tier in &mut self.l2 {
-                tier.store(key, size)
-                    .map_err(|e| CallError::Io(e.to_string()))?;
+            if self.config.placement == Placement::WriteThrough {
+                for tier in &mut self.l2 {
+                    tier.store(key, size)
+                        .map_err(|e| CallError::Io(e.to_string()))?;
+                }
             }
             if self.config.store_policy == StorePolicy::SkipL1 && !self.l2.is_empty() {
                 self.drop_from_l1(key);

@@ -223,3 +223,73 @@ fn a_hostile_layout_size_is_refused_not_overflowed() {
     let r = sm.reserve_write(&keys(0..8), &big);
     assert!(r.out_of_memory, "8 objects of 2^62 bytes do not fit");
 }
+
+/// MLPerf's leak scenario: 40 entries that fit in the hierarchy as a whole pass through a
+/// small L1 and a bounded middle tier; every one must survive and be found again.
+#[test]
+fn waterfall_keeps_every_entry_that_fits_and_drops_only_from_the_last_tier() {
+    use super::config::Placement;
+    let dir = tempfile::tempdir().expect("tmp");
+    let tier = |backend, capacity_bytes| L2Config {
+        backend,
+        capacity_bytes,
+        policy: PolicyKind::Lru,
+    };
+    let mut config = StorageConfig {
+        l1_size_bytes: 4_000,
+        placement: Placement::Waterfall,
+        l2: vec![
+            tier(BackendConfig::Memory { buffers: true }, Some(10_000)),
+            tier(
+                BackendConfig::File {
+                    dir: dir.path().to_path_buf(),
+                    direct: false,
+                    fsync: super::file::FsyncPolicy::Never,
+                },
+                Some(40_000),
+            ),
+        ],
+        ..StorageConfig::default()
+    };
+    config.eviction.timing = EvictionTiming::Immediate;
+    let mut sm = StorageManager::new(config, Tracer::disabled()).expect("manager");
+    let all = keys(0..40);
+    for k in all.chunks(1) {
+        store(&mut sm, k);
+    }
+    let calls = sm.call_stats().clone();
+    assert_eq!(calls.dropped_from_last_tier, 0);
+    let tiers = sm.tier_stats();
+    let resident: u64 = tiers.iter().map(|t| t.resident_objects).sum();
+    assert_eq!(resident, 40, "every entry is somewhere");
+    assert!(
+        tiers[1].resident_bytes <= 8_000,
+        "the middle tier stays under 80 %"
+    );
+    assert!(
+        tiers[2].bytes_written > 0,
+        "demotions reach the last tier and are counted"
+    );
+    assert_eq!(
+        calls.demotions,
+        tiers[1].writes + tiers[2].writes,
+        "each move is a write below"
+    );
+    assert_eq!(tiers[1].bytes_written, tiers[1].writes * 1000);
+    for k in all.chunks(1) {
+        let hit = sm
+            .submit_prefetch_task(
+                &PrefetchTaskSpec::single_group(k.to_vec(), layout(), "prefix", LockMode::Lock),
+                "r",
+                false,
+            )
+            .expect("prefetch");
+        assert_eq!(hit.hit_chunks, 1, "entry {:?} lost", k[0].chunk_hash[0]);
+        sm.finish_read_prefetched(k, 1);
+    }
+    // Ten more than fit: the overflow leaves from the last tier only.
+    for k in keys(40..52).chunks(1) {
+        store(&mut sm, k);
+    }
+    assert!(sm.call_stats().dropped_from_last_tier > 0);
+}
