@@ -524,7 +524,7 @@ fn replay_reads_a_toml_hierarchy_and_flags_override_it() {
     std::fs::write(
         &config,
         format!(
-            "[l1]\nsize_gb = 0.001\neviction_policy = \"ARC\"\neviction_timing = \"immediate\"\n\n\
+            "[l1]\nsize_gb = 0.001\neviction_policy = \"ARC\"\neviction_timing = \"immediate\"\naccounting_only = true\n\n\
              [[l2]]\ntype = \"memory\"\ncapacity_gb = 1\n\n[[l2]]\ntype = \"fs\"\npath = \"{}\"\n",
             dir.path().join("tier").display()
         ),
@@ -573,7 +573,7 @@ fn replay_reads_a_toml_hierarchy_and_flags_override_it() {
         .iter()
         .map(|t| t["backend"].as_str().expect("b"))
         .collect();
-    assert_eq!(tiers, ["memory", "memory", "file"]);
+    assert_eq!(tiers, ["memory (accounting only)", "memory", "file"]);
     assert_eq!(k["digest"]["result"], "MISMATCH");
 
     std::fs::write(&config, "[l1]\nsise_gb = 1\n").expect("write");

@@ -233,7 +233,9 @@ fn storage_config(args: &Args, recorded: &str, shown: &str) -> Result<StorageCon
     if let Some(t) = args.l1_read_ttl_seconds {
         config.read_ttl_s = t;
     }
-    config.l1_buffers = !args.l1_accounting_only;
+    if args.l1_accounting_only {
+        config.l1_buffers = false;
+    }
     if let Some(available) = available_memory() {
         if config.l1_buffers && config.l1_size_bytes > available {
             return Err(Error::usage(format!(
