@@ -2,9 +2,8 @@
 //! trace ask next — which schema variant, when the first call came (the start-up gap), how
 //! many distinct chunks and how many bytes the calls imply, and whether the file is complete.
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::hash::{Hash, Hasher};
+use std::collections::{BTreeMap, HashSet};
+use std::hash::BuildHasherDefault;
 use std::path::Path;
 
 use serde::Serialize;
@@ -13,12 +12,13 @@ use crate::error::Result;
 use crate::lmct::calls::{
     FINISH_READ_PREFETCHED, FINISH_WRITE, RECORDER_SUMMARY, RESERVE_WRITE, SUBMIT_PREFETCH_TASK,
 };
-use crate::lmct::codec::{object_keys, MemoryLayoutDesc, ObjectKeyRef, PrefetchTaskSpecRef};
+use crate::lmct::codec::{object_keys, MemoryLayoutDesc, PrefetchTaskSpecRef};
 use crate::lmct::digest::{config_digest, python_json, semantic_digest};
 use crate::lmct::json::to_display;
 use crate::lmct::msgpack::RawValue;
 use crate::lmct::schema::SchemaEvidence;
 use crate::lmct::{HeaderSchema, ReadOptions, RecordRef, TraceReader};
+use crate::storage::{KeyId, KeyIdHasher, KeyMap};
 
 /// Bytes implied by the calls' layouts (one object = one chunk's KV).
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
@@ -71,18 +71,12 @@ pub struct TraceInfo {
     pub bytes_read: u64,
 }
 
-fn key_hash(k: &ObjectKeyRef<'_>) -> u64 {
-    let mut h = DefaultHasher::new();
-    k.hash(&mut h);
-    h.finish()
-}
-
 /// Accumulates per-record facts in one pass.
 #[derive(Default)]
 struct Tally {
     ops: BTreeMap<String, u64>,
-    keys: HashSet<u64>,
-    size_of: HashMap<u64, u64>,
+    keys: HashSet<KeyId, BuildHasherDefault<KeyIdHasher>>,
+    size_of: KeyMap<u64>,
     sizes: Vec<u64>,
     payload: PayloadBytes,
     evidence: SchemaEvidence,
@@ -121,7 +115,7 @@ impl Tally {
         };
         let mut bytes = 0;
         for k in keys {
-            let h = key_hash(&k);
+            let h = KeyId::of_ref(&k);
             self.keys.insert(h);
             if let Some(s) = size {
                 self.size_of.insert(h, s);

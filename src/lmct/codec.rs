@@ -77,23 +77,7 @@ pub struct ObjectKeyRef<'a> {
 
 impl<'a> ObjectKeyRef<'a> {
     pub fn from_raw(v: RawValue<'a>) -> Option<Self> {
-        let [hash, model, rank, group, salt] = v.tagged(TAG_OBJECT_KEY)?.fields([
-            "chunk_hash",
-            "model_name",
-            "kv_rank",
-            "object_group_id",
-            "cache_salt",
-        ])?;
-        Some(ObjectKeyRef {
-            chunk_hash: hash?.as_bin()?,
-            model_name: model?.as_str()?,
-            kv_rank: rank?.as_i64()?,
-            object_group_id: group?.as_i64()?,
-            cache_salt: match salt {
-                Some(s) => Some(s.as_str()?),
-                None => None,
-            },
-        })
+        ObjectKeyRef::read(&mut Cursor::new(v))
     }
 
     pub fn to_owned(&self) -> ObjectKey {
@@ -121,13 +105,14 @@ impl<'a> ObjectKeyRef<'a> {
             return None;
         }
         let (mut hash, mut model, mut rank, mut group, mut salt) = (None, None, None, None, None);
+        // A repeated field keeps its first value, as every other lookup in kvtrace does.
         for _ in 0..c.map_len()? {
             match c.str_bytes()? {
-                b"chunk_hash" => hash = Some(c.bin()?),
-                b"model_name" => model = Some(c.str()?),
-                b"kv_rank" => rank = Some(c.int()?),
-                b"object_group_id" => group = Some(c.int()?),
-                b"cache_salt" => salt = Some(c.str()?),
+                b"chunk_hash" if hash.is_none() => hash = Some(c.bin()?),
+                b"model_name" if model.is_none() => model = Some(c.str()?),
+                b"kv_rank" if rank.is_none() => rank = Some(c.int()?),
+                b"object_group_id" if group.is_none() => group = Some(c.int()?),
+                b"cache_salt" if salt.is_none() => salt = Some(c.str()?),
                 _ => c.skip()?,
             }
         }

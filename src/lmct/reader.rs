@@ -376,24 +376,19 @@ impl TraceReader {
         let Some(offset) = self.read_next_body()? else {
             return Ok(None);
         };
-        let body = &self.buf[..self.body_len];
-        match RecordSpans::parse(body) {
+        match RecordSpans::parse(&self.buf[..self.body_len]) {
             Ok(spans) => {
                 self.summary.records += 1;
+                let body = &self.buf[..self.body_len];
                 Ok(Some(Frame::Record(RecordRef::from_spans(
                     offset, body, &spans,
                 ))))
             }
             Err(reason) => {
-                self.summary.undecodable += 1;
-                if self.summary.undecodable_examples.len() < KEPT_SKIP_REASONS {
-                    self.summary
-                        .undecodable_examples
-                        .push((offset, reason.clone()));
-                }
+                self.note_undecodable(offset, reason.clone());
                 Ok(Some(Frame::Undecodable {
                     offset,
-                    body,
+                    body: &self.buf[..self.body_len],
                     reason,
                 }))
             }

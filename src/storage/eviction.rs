@@ -39,8 +39,11 @@ impl PolicyKind {
 
     pub fn build(self) -> Box<dyn EvictionPolicy> {
         match self {
-            PolicyKind::Lru => Box::new(Linked::new(true)),
-            PolicyKind::Fifo => Box::new(Linked::new(false)),
+            PolicyKind::Lru => Box::new(Linked {
+                promote_on_touch: true,
+                ..Linked::default()
+            }),
+            PolicyKind::Fifo => Box::new(Linked::default()),
             PolicyKind::Lfu => Box::new(Frequency::default()),
             PolicyKind::Arc => Box::new(AdaptiveReplacement::default()),
             PolicyKind::Noop => Box::new(Noop),
@@ -86,44 +89,29 @@ pub trait EvictionPolicy: Send {
 
 /// LRU (touches move an object to the back) and FIFO (they do not): a linked hash map,
 /// O(1) per operation however many objects are resident.
+#[derive(Default)]
 struct Linked {
-    order: LinkedKeys,
+    order: Queue,
     promote_on_touch: bool,
-}
-
-impl Linked {
-    fn new(promote_on_touch: bool) -> Self {
-        Linked {
-            order: LinkedKeys::unbounded_with_hasher(Default::default()),
-            promote_on_touch,
-        }
-    }
 }
 
 impl EvictionPolicy for Linked {
     fn insert(&mut self, key: KeyId) {
-        self.order.push(key, ());
+        self.order.push(key);
     }
 
     fn touch(&mut self, key: KeyId) {
         if self.promote_on_touch {
-            self.order.promote(&key);
+            self.order.promote(key);
         }
     }
 
     fn remove(&mut self, key: KeyId) {
-        self.order.pop(&key);
+        self.order.remove(key);
     }
 
     fn pick(&mut self, evictable: &mut dyn FnMut(KeyId) -> bool) -> Option<KeyId> {
-        let victim = self
-            .order
-            .iter()
-            .rev()
-            .map(|(k, _)| *k)
-            .find(|k| evictable(*k))?;
-        self.order.pop(&victim);
-        Some(victim)
+        self.order.pop_oldest(evictable)
     }
 }
 
@@ -186,7 +174,8 @@ struct AdaptiveReplacement {
     p: usize,
 }
 
-/// One of ARC's four lists: an insertion-ordered set, O(1) per operation.
+/// An insertion-ordered set, O(1) per operation: the order behind LRU and FIFO, and each of
+/// ARC's four lists.
 struct Queue {
     order: LinkedKeys,
 }
@@ -200,8 +189,14 @@ impl Default for Queue {
 }
 
 impl Queue {
+    /// Adds a key as the newest, or makes an existing one the newest.
     fn push(&mut self, key: KeyId) {
         self.order.push(key, ());
+    }
+
+    /// Makes an existing key the newest; does nothing for an unknown one.
+    fn promote(&mut self, key: KeyId) {
+        self.order.promote(&key);
     }
 
     fn remove(&mut self, key: KeyId) -> bool {

@@ -394,19 +394,20 @@ fn release(obj: &mut Object, n: u64) -> bool {
 impl StorageManager {
     /// Builds the tiers; fails when one cannot be set up (e.g. an unwritable directory).
     pub fn new(config: StorageConfig, tracer: Tracer) -> crate::Result<StorageManager> {
+        let l1_backend = Memory::new(config.l1_buffers);
         let l1 = L1 {
             capacity: config.l1_size_bytes,
             used: 0,
             objects: KeyMap::default(),
             deadlines: Deadlines::default(),
             policy: config.eviction.policy.build(),
-            backend: Memory::new(config.l1_buffers),
             stats: TierStats {
                 name: "L1".into(),
-                backend: Memory::new(config.l1_buffers).name().into(),
+                backend: l1_backend.name().into(),
                 capacity_bytes: Some(config.l1_size_bytes),
                 ..TierStats::default()
             },
+            backend: l1_backend,
         };
         let l2 = config
             .l2
