@@ -3,20 +3,9 @@
 mod common;
 
 use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-use common::sample;
-
-fn kvtrace(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvtrace"))
-        .args(args)
-        .output()
-        .expect("run kvtrace")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use common::{kvtrace, sample, text};
 
 fn path(name: &str) -> String {
     sample(name).display().to_string()
@@ -24,7 +13,7 @@ fn path(name: &str) -> String {
 
 #[test]
 fn info_prints_lmcache_fields_and_kvtrace_additions() {
-    let out = kvtrace(&["info", &path("basic_lru")]);
+    let out = kvtrace(["info", &path("basic_lru")]);
     assert_eq!(out.status.code(), Some(0));
     let stdout = text(&out.stdout);
     for needle in [
@@ -41,7 +30,7 @@ fn info_prints_lmcache_fields_and_kvtrace_additions() {
 
 #[test]
 fn info_json_has_one_object_per_file_and_warns_on_truncation() {
-    let out = kvtrace(&[
+    let out = kvtrace([
         "info",
         "--json",
         &path("empty_arc"),
@@ -63,33 +52,33 @@ fn errors_are_one_line_with_file_offset_and_field_and_documented_exit_codes() {
     let dir = tempfile::tempdir().expect("tmp");
     let garbage = dir.path().join("garbage.lct");
     std::fs::write(&garbage, b"\x00\x00\x00\x05\xc1\xc1\xc1\xc1\xc1").expect("write");
-    let out = kvtrace(&["info", &garbage.display().to_string()]);
+    let out = kvtrace(["info", &garbage.display().to_string()]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("garbage.lct: byte 0: header:"), "{err}");
 
-    let missing = kvtrace(&["info", "/no/such/file.lct"]);
+    let missing = kvtrace(["info", "/no/such/file.lct"]);
     assert_eq!(missing.status.code(), Some(1));
     assert!(text(&missing.stderr).contains("/no/such/file.lct: cannot open"));
 
-    let usage = kvtrace(&["info", "--no-such-flag", &path("basic_lru")]);
+    let usage = kvtrace(["info", "--no-such-flag", &path("basic_lru")]);
     assert_eq!(usage.status.code(), Some(2));
-    let usage = kvtrace(&["convert", &path("basic_lru"), "x.lct", "--schema", "2"]);
+    let usage = kvtrace(["convert", &path("basic_lru"), "x.lct", "--schema", "2"]);
     assert_eq!(usage.status.code(), Some(2));
-    assert_eq!(kvtrace(&["--help"]).status.code(), Some(0));
+    assert_eq!(kvtrace(["--help"]).status.code(), Some(0));
 }
 
 #[test]
 fn one_bad_file_does_not_hide_the_others() {
-    let out = kvtrace(&["info", "/no/such.lct", &path("empty_arc")]);
+    let out = kvtrace(["info", "/no/such.lct", &path("empty_arc")]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stdout).contains("total_records:              0"));
 }
 
 #[test]
 fn dump_filters_limits_and_decodes_codec_tags() {
-    let out = kvtrace(&["dump", &path("basic_lru"), "--limit", "3"]);
+    let out = kvtrace(["dump", &path("basic_lru"), "--limit", "3"]);
     assert_eq!(out.status.code(), Some(0));
     let lines: Vec<serde_json::Value> = text(&out.stdout)
         .lines()
@@ -108,7 +97,7 @@ fn dump_filters_limits_and_decodes_codec_tags() {
         Some(64)
     );
 
-    let out = kvtrace(&[
+    let out = kvtrace([
         "dump",
         &path("basic_lru"),
         "--qualname",
@@ -116,7 +105,7 @@ fn dump_filters_limits_and_decodes_codec_tags() {
         "--no-header",
     ]);
     assert_eq!(text(&out.stdout).lines().count(), 4);
-    let out = kvtrace(&[
+    let out = kvtrace([
         "dump",
         &path("unknown_qualname"),
         "--qualname",
@@ -154,7 +143,7 @@ fn dump_reads_standard_input_and_stops_quietly_on_a_closed_pipe() {
 
     let dir = tempfile::tempdir().expect("tmp");
     let big = dir.path().join("big.lct");
-    let gen = kvtrace(&["generate", &big.display().to_string(), "--records", "20000"]);
+    let gen = kvtrace(["generate", &big.display().to_string(), "--records", "20000"]);
     assert_eq!(gen.status.code(), Some(0));
     let piped = Command::new("bash")
         .arg("-c")
@@ -181,11 +170,11 @@ fn convert_round_trips_byte_for_byte_through_jsonl_and_zstd() {
         let d = |f: &str| dir.path().join(format!("{name}.{f}")).display().to_string();
         for (via, back) in [("jsonl", "from-jsonl.lct"), ("lct.zst", "from-zst.lct")] {
             assert_eq!(
-                kvtrace(&["convert", &path(name), &d(via)]).status.code(),
+                kvtrace(["convert", &path(name), &d(via)]).status.code(),
                 Some(0)
             );
             assert_eq!(
-                kvtrace(&["convert", &d(via), &d(back)]).status.code(),
+                kvtrace(["convert", &d(via), &d(back)]).status.code(),
                 Some(0)
             );
             assert_eq!(
@@ -203,14 +192,14 @@ fn convert_refuses_to_overwrite_its_input_and_names_bad_jsonl_lines() {
     let copy = dir.path().join("c.lct");
     std::fs::copy(sample("basic_lru"), &copy).expect("copy");
     let c = copy.display().to_string();
-    assert_eq!(kvtrace(&["convert", &c, &c]).status.code(), Some(2));
+    assert_eq!(kvtrace(["convert", &c, &c]).status.code(), Some(2));
     assert_eq!(
         std::fs::read(&copy).expect("kept"),
         std::fs::read(sample("basic_lru")).expect("o")
     );
 
     let jsonl = dir.path().join("bad.jsonl");
-    let good = kvtrace(&["convert", &path("basic_lru"), &jsonl.display().to_string()]);
+    let good = kvtrace(["convert", &path("basic_lru"), &jsonl.display().to_string()]);
     assert_eq!(good.status.code(), Some(0));
     let mut lines: Vec<String> = std::fs::read_to_string(&jsonl)
         .expect("read")
@@ -220,7 +209,7 @@ fn convert_refuses_to_overwrite_its_input_and_names_bad_jsonl_lines() {
     lines[3] = "{\"args\": {\"$bin_hex\": \"zz\"}}".into();
     std::fs::write(&jsonl, lines.join("\n")).expect("write");
     let out_path = dir.path().join("partial.lct");
-    let out = kvtrace(&[
+    let out = kvtrace([
         "convert",
         &jsonl.display().to_string(),
         &out_path.display().to_string(),
@@ -248,13 +237,13 @@ fn generate_is_deterministic_for_a_seed() {
     let b = dir.path().join("b.lct").display().to_string();
     let c = dir.path().join("c.lct").display().to_string();
     for (p, seed) in [(&a, "5"), (&b, "5"), (&c, "6")] {
-        let out = kvtrace(&["generate", p, "--records", "3000", "--seed", seed]);
+        let out = kvtrace(["generate", p, "--records", "3000", "--seed", seed]);
         assert_eq!(out.status.code(), Some(0));
     }
     let read = |p: &str| std::fs::read(p).expect("read");
     assert_eq!(read(&a), read(&b));
     assert_ne!(read(&a), read(&c));
-    let out = kvtrace(&["info", "--json", &a]);
+    let out = kvtrace(["info", "--json", &a]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v[0]["total_records"], 3000);
     assert_eq!(v[0]["schema_variant"], "1 (LMCache 0.5.6)");
@@ -265,7 +254,7 @@ fn replay_writes_lmcache_shaped_reports_and_jsonl() {
     let dir = tempfile::tempdir().expect("tmp");
     let out_dir = dir.path().display().to_string();
     let jsonl = dir.path().join("records.jsonl").display().to_string();
-    let out = kvtrace(&[
+    let out = kvtrace([
         "replay",
         &path("basic_lru"),
         "--output-dir",
@@ -326,7 +315,7 @@ fn replay_writes_lmcache_shaped_reports_and_jsonl() {
 #[test]
 fn replay_prints_the_table_and_verbose_lines() {
     let dir = tempfile::tempdir().expect("tmp");
-    let out = kvtrace(&[
+    let out = kvtrace([
         "replay",
         &path("unknown_qualname"),
         "--no-csv",
@@ -400,12 +389,12 @@ fn replay_exits_one_when_a_call_fails_and_refuses_events_traces() {
     let dir = tempfile::tempdir().expect("tmp");
     let gen = dir.path().join("g.lct").display().to_string();
     assert_eq!(
-        kvtrace(&["generate", &gen, "--records", "2000"])
+        kvtrace(["generate", &gen, "--records", "2000"])
             .status
             .code(),
         Some(0)
     );
-    let out = kvtrace(&["replay", &gen, "--l1-size-gb", "0", "--no-csv", "-q"]);
+    let out = kvtrace(["replay", &gen, "--l1-size-gb", "0", "--no-csv", "-q"]);
     assert_eq!(out.status.code(), Some(1));
 
     let events = dir.path().join("events.lct");
@@ -414,7 +403,7 @@ fn replay_exits_one_when_a_call_fails_and_refuses_events_traces() {
     let w =
         kvtrace::lmct::TraceWriter::new(std::fs::File::create(&events).expect("create"), header);
     w.finish().expect("finish");
-    let out = kvtrace(&[
+    let out = kvtrace([
         "replay",
         &events.display().to_string(),
         "--l1-size-gb",
@@ -435,7 +424,7 @@ fn diff_flags_a_regression_between_two_replays() {
     let dir = tempfile::tempdir().expect("tmp");
     let gen = dir.path().join("g.lct").display().to_string();
     assert_eq!(
-        kvtrace(&[
+        kvtrace([
             "generate",
             &gen,
             "--records",
@@ -450,7 +439,7 @@ fn diff_flags_a_regression_between_two_replays() {
     let base = dir.path().join("base").display().to_string();
     let new = dir.path().join("new").display().to_string();
     for (out, size) in [(&base, "0.02"), (&new, "0.002")] {
-        let r = kvtrace(&[
+        let r = kvtrace([
             "replay",
             &gen,
             "--l1-size-gb",
@@ -472,7 +461,7 @@ fn diff_flags_a_regression_between_two_replays() {
     }
     let summary = |d: &str| format!("{d}/trace_replay_summary.json");
     // Latencies are live measurements: only the cache metrics decide here.
-    let same = kvtrace(&[
+    let same = kvtrace([
         "diff",
         &summary(&base),
         &summary(&base),
@@ -480,7 +469,7 @@ fn diff_flags_a_regression_between_two_replays() {
         "0",
     ]);
     assert_eq!(same.status.code(), Some(0), "{}", text(&same.stdout));
-    let worse = kvtrace(&[
+    let worse = kvtrace([
         "diff",
         &summary(&base),
         &summary(&new),
@@ -499,7 +488,7 @@ fn diff_flags_a_regression_between_two_replays() {
         hit["new"].as_f64() < hit["base"].as_f64(),
         "a 10x smaller L1 hits less"
     );
-    let strict = kvtrace(&[
+    let strict = kvtrace([
         "diff",
         &summary(&base),
         &summary(&new),
@@ -510,7 +499,7 @@ fn diff_flags_a_regression_between_two_replays() {
     assert!(text(&strict.stdout).contains("hit rate"));
     assert!(text(&strict.stdout).contains("REGRESSED"));
     assert_eq!(
-        kvtrace(&["diff", &summary(&base), "/no/such.json"])
+        kvtrace(["diff", &summary(&base), "/no/such.json"])
             .status
             .code(),
         Some(1)
@@ -532,7 +521,7 @@ fn replay_reads_a_toml_hierarchy_and_flags_override_it() {
     .expect("write");
     let out_dir = dir.path().join("out").display().to_string();
     let c = config.display().to_string();
-    let out = kvtrace(&[
+    let out = kvtrace([
         "replay",
         &path("basic_lru"),
         "--config",
@@ -577,7 +566,7 @@ fn replay_reads_a_toml_hierarchy_and_flags_override_it() {
     assert_eq!(k["digest"]["result"], "MISMATCH");
 
     std::fs::write(&config, "[l1]\nsise_gb = 1\n").expect("write");
-    let bad = kvtrace(&[
+    let bad = kvtrace([
         "replay",
         &path("basic_lru"),
         "--config",

@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::sample;
+use common::{kvtrace, sample, text};
 use kvtrace::bus::Tracer;
 use kvtrace::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
 use kvtrace::storage::config::{BackendConfig, EvictionTiming, L2Config, StorageConfig};
@@ -142,25 +142,17 @@ fn an_unusable_directory_is_a_clear_error() {
     let err = manager(&file.join("tier"), false)
         .err()
         .expect("not a directory");
-    let text = err.to_string();
-    assert!(text.starts_with("L2[0] tier: "), "{text}");
-    assert!(text.contains("plain-file/tier"), "{text}");
-    let out = Command::new(env!("CARGO_BIN_EXE_kvtrace"))
-        .args([
-            "replay",
-            &sample("basic_lru").display().to_string(),
-            "--no-csv",
-            "-q",
-            "--l2-adapter",
-        ])
-        .arg(format!(
-            "{{\"type\":\"fs\",\"path\":\"{}\"}}",
-            file.join("tier").display()
-        ))
-        .output()
-        .expect("run");
+    let message = err.to_string();
+    assert!(message.starts_with("L2[0] tier: "), "{message}");
+    assert!(message.contains("plain-file/tier"), "{message}");
+    let adapter = format!(
+        "{{\"type\":\"fs\",\"path\":\"{}\"}}",
+        file.join("tier").display()
+    );
+    let trace = sample("basic_lru").display().to_string();
+    let out = kvtrace(["replay", &trace, "--no-csv", "-q", "--l2-adapter", &adapter]);
     assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = text(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("L2[0] tier"), "{stderr}");
 }
@@ -182,12 +174,7 @@ fn a_full_disk_fails_the_calls_cleanly() {
         .arg(script)
         .output()
         .expect("bash");
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let lines = std::fs::read_to_string(dir.path().join("r.jsonl")).expect("jsonl");
     let failed: Vec<&str> = lines
         .lines()

@@ -7,7 +7,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::sample;
+use common::{kvtrace, sample, text};
 use kvtrace::bus::Tracer;
 use kvtrace::replay::{replay, ReplayOptions};
 use kvtrace::storage::config::{BackendConfig, EvictionTiming, L2Config, StorageConfig};
@@ -170,26 +170,10 @@ fn prefetches_load_what_l1_lost_back_from_redis() {
 #[test]
 fn the_cli_takes_lmcache_style_resp_adapters() {
     let Some(server) = start() else { return };
-    let out = Command::new(env!("CARGO_BIN_EXE_kvtrace"))
-        .args([
-            "replay",
-            &sample("basic_lru").display().to_string(),
-            "--no-csv",
-            "-q",
-        ])
-        .arg("--l2-adapter")
-        .arg(format!(
-            "{{\"type\":\"resp\",\"url\":\"{}\"}}",
-            server.url()
-        ))
-        .output()
-        .expect("run");
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let adapter = format!("{{\"type\":\"resp\",\"url\":\"{}\"}}", server.url());
+    let trace = sample("basic_lru").display().to_string();
+    let out = kvtrace(["replay", &trace, "--no-csv", "-q", "--l2-adapter", &adapter]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let dbsize: u64 = server.query(&mut redis::cmd("DBSIZE"));
     assert_eq!(dbsize, 13);
 }

@@ -6,29 +6,23 @@ mod common;
 use std::io::Read;
 
 use calamine::{open_workbook, Data, Reader, Xlsx};
-use common::sample;
+use common::{kvtrace, sample, text};
 
 #[test]
 fn the_workbook_has_every_sheet_with_numbers_as_numbers() {
     let dir = tempfile::tempdir().expect("tmp");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtrace"))
-        .args([
-            "replay",
-            &sample("basic_lru").display().to_string(),
-            "--xlsx",
-            "--no-csv",
-            "-q",
-            "--output-dir",
-        ])
-        .arg(dir.path())
-        .output()
-        .expect("run");
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let trace = sample("basic_lru").display().to_string();
+    let out_dir = dir.path().display().to_string();
+    let out = kvtrace([
+        "replay",
+        &trace,
+        "--xlsx",
+        "--no-csv",
+        "-q",
+        "--output-dir",
+        &out_dir,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let path = dir.path().join("trace_replay.xlsx");
     let mut wb: Xlsx<_> = open_workbook(&path).expect("valid xlsx");
     assert_eq!(

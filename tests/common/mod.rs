@@ -1,7 +1,9 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 /// The LMCache 0.5.6 samples copied into the repository (see testdata/lmcache/PROVENANCE.md).
 pub const SAMPLES: [&str; 4] = [
@@ -30,4 +32,16 @@ pub fn shared() -> Option<PathBuf> {
         eprintln!("SKIP: ../shared is absent (fresh clone); this check runs in CI");
         None
     }
+}
+
+/// Runs the `kvtrace` binary built for these tests.
+pub fn kvtrace<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvtrace"))
+        .args(args)
+        .output()
+        .expect("run kvtrace")
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
 }
