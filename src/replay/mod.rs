@@ -66,8 +66,12 @@ pub struct RecordEvent<'a> {
     pub latency_ms: f64,
 }
 
-fn digest_report(recorded: &str, recorded_digest: &str, sm: &StorageManager) -> DigestReport {
-    let run = python_json(&sm.config().to_lmcache_json());
+fn digest_report(
+    recorded: &str,
+    recorded_digest: &str,
+    config: &serde_json::Value,
+) -> DigestReport {
+    let run = python_json(config);
     let (result, differing_paths) = match compare_configs(recorded, &run) {
         DigestMatch::Exact => ("match".to_string(), Vec::new()),
         DigestMatch::Semantic => ("match (semantic)".to_string(), Vec::new()),
@@ -102,12 +106,13 @@ pub fn replay(
         )
         .in_file(&shown));
     }
+    let config = sm.config().to_lmcache_json();
     let mut report = ReplayReport {
         trace: shown.clone(),
         level: header.level.clone(),
         pacing: options.pacing.describe(),
-        digest: digest_report(&header.sm_config_json, &header.sm_config_digest, sm),
-        config: sm.config().to_lmcache_json(),
+        digest: digest_report(&header.sm_config_json, &header.sm_config_digest, &config),
+        config,
         warnings: reader.header_warnings(),
         ..ReplayReport::default()
     };
