@@ -582,3 +582,116 @@ fn replay_reads_a_toml_hierarchy_and_flags_override_it() {
         "{err}"
     );
 }
+
+/// Every other way a command line can be wrong: one line naming the problem, the documented
+/// exit code.
+#[test]
+fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = |f: &str| dir.path().join(f).display().to_string();
+    let generated = d("no-lmcache-config.lct");
+    assert_eq!(
+        kvtrace(["generate", &generated, "--records", "50"])
+            .status
+            .code(),
+        Some(0)
+    );
+    let not_summary = d("not-a-summary.json");
+    std::fs::write(&not_summary, "{\"hello\": 1}").expect("write");
+    let basic = path("basic_lru");
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (
+            vec!["convert", &basic, "x.out", "--to", "parquet"],
+            2,
+            "--to \"parquet\"",
+        ),
+        (vec!["convert", &basic, "-"], 2, "needs --to"),
+        (
+            vec!["dump", &basic, "--qualname", "[unclosed"],
+            2,
+            "--qualname",
+        ),
+        (
+            vec!["generate", &generated, "--chunk-tokens", "0"],
+            2,
+            "--chunk-tokens",
+        ),
+        (
+            vec!["replay", &basic, "--l1-size-gb", "100000", "-q", "--no-csv"],
+            2,
+            "--l1-accounting-only",
+        ),
+        (
+            vec![
+                "replay",
+                &basic,
+                "--eviction-interval",
+                "0",
+                "-q",
+                "--no-csv",
+            ],
+            2,
+            "--eviction-interval",
+        ),
+        (
+            vec![
+                "replay",
+                &basic,
+                "--l2-adapter",
+                "{not json",
+                "-q",
+                "--no-csv",
+            ],
+            2,
+            "--l2-adapter",
+        ),
+        (
+            vec![
+                "replay",
+                &basic,
+                "--l2-adapter",
+                "{\"type\":\"fs\"}",
+                "-q",
+                "--no-csv",
+            ],
+            2,
+            "needs \"path\"",
+        ),
+        (
+            vec![
+                "replay",
+                &basic,
+                "--l2-adapter",
+                "{\"type\":\"fs\",\"path\":\"x\",\"fsync\":\"sometimes\"}",
+                "-q",
+            ],
+            2,
+            "fsync",
+        ),
+        (
+            vec!["replay", &generated, "-q", "--no-csv"],
+            2,
+            "give one with --l1-size-gb or --config",
+        ),
+        (
+            vec!["diff", &not_summary, &not_summary],
+            1,
+            "no watched metric",
+        ),
+        (
+            vec!["diff", &not_summary, &not_summary, "--max-regression=-1"],
+            2,
+            "--max-regression",
+        ),
+    ];
+    for (args, code, needle) in cases {
+        let out = kvtrace(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("kvtrace: error: ") && err.contains(needle),
+            "{args:?}: {err}"
+        );
+    }
+}
