@@ -272,10 +272,7 @@ fn replay_writes_lmcache_shaped_reports_and_jsonl() {
         Some("qualname,count,errors,mean_ms,p50_ms,p90_ms,p99_ms,min_ms,max_ms")
     );
     assert_eq!(ops.lines().count(), 7);
-    let summary: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("trace_replay_summary.json")).expect("json"),
-    )
-    .expect("summary");
+    let summary = replay_summary(dir.path());
     let op = &summary["ops"]
         ["lmcache.v1.distributed.storage_manager.StorageManager.submit_prefetch_task"];
     let keys: Vec<&String> = op.as_object().expect("op").keys().collect();
@@ -347,10 +344,7 @@ fn replay_paces_in_real_time_with_a_speedup() {
         let mut args = vec!["replay", trace.as_str(), "--output-dir", &d, "--json", "-q"];
         args.extend(extra);
         assert_eq!(kvtrace(&args).status.code(), Some(0));
-        let v: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(dir.path().join("trace_replay_summary.json")).expect("json"),
-        )
-        .expect("summary");
+        let v = replay_summary(dir.path());
         v["duration_s"].as_f64().expect("duration")
     };
     // Records span 3.846 s .. 4.406 s of trace time.
@@ -539,10 +533,7 @@ fn replay_reads_a_toml_hierarchy_and_flags_override_it() {
         "{}",
         text(&out.stderr)
     );
-    let summary: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("out/trace_replay_summary.json")).expect("json"),
-    )
-    .expect("summary");
+    let summary = replay_summary(&dir.path().join("out"));
     let k = &summary["kvtrace"];
     assert_eq!(
         k["config"]["eviction_config"]["eviction_policy"], "FIFO",
@@ -694,4 +685,61 @@ fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
             "{args:?}: {err}"
         );
     }
+}
+
+#[test]
+fn replay_models_a_gpu_top_tier_from_the_toml_file() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = dir.path().join("gpu.toml");
+    std::fs::write(
+        &config,
+        "placement = \"waterfall\"\n[l1]\ndevice = \"gpu\"\nbandwidth_gbps = 10\nsize_gb = 0.001\n\
+         eviction_timing = \"immediate\"\n\n[[l2]]\ntype = \"memory\"\ncapacity_gb = 1\n",
+    )
+    .expect("write");
+    let out_dir = dir.path().join("out").display().to_string();
+    let c = config.display().to_string();
+    let args = [
+        "replay",
+        &path("basic_lru"),
+        "--config",
+        &c,
+        "--json",
+        "--no-csv",
+        "-q",
+        "--output-dir",
+        &out_dir,
+    ];
+    let out = kvtrace(args);
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        text(&out.stderr)
+    );
+    let summary = replay_summary(&dir.path().join("out"));
+    let k = &summary["kvtrace"];
+    assert_eq!(k["config"]["kvtrace_l1_gpu_bandwidth_gbps"], 10.0);
+    assert_eq!(k["tiers"][0]["backend"], "gpu (budget)");
+    let l1_io = &k["tier_io"][0];
+    assert_eq!(l1_io["name"], "L1");
+    let written = k["tiers"][0]["bytes_written"].as_f64().expect("bytes");
+    assert!(written > 0.0);
+    let modelled = l1_io["write_seconds"].as_f64().expect("seconds");
+    assert!(
+        (modelled - written / 10e9).abs() < 1e-12,
+        "{modelled} s for {written} bytes at 10 GB/s"
+    );
+
+    std::fs::write(&config, "[l1]\ndevice = \"gpu\"\nbandwidth_gbps = -1\n").expect("write");
+    let bad = kvtrace(args);
+    assert_eq!(bad.status.code(), Some(2));
+    let err = text(&bad.stderr);
+    assert!(err.contains("l1.bandwidth_gbps -1"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// The `trace_replay_summary.json` a replay wrote into `dir`.
+fn replay_summary(dir: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(dir.join("trace_replay_summary.json")).expect("json");
+    serde_json::from_str(&text).expect("summary")
 }

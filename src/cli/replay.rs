@@ -237,7 +237,8 @@ fn storage_config(args: &Args, recorded: &str, shown: &str) -> Result<StorageCon
         config.l1_buffers = false;
     }
     if let Some(available) = available_memory() {
-        if config.l1_buffers && config.l1_size_bytes > available {
+        let host_buffers = config.l1_buffers && config.l1_gpu_bandwidth_gbps.is_none();
+        if host_buffers && config.l1_size_bytes > available {
             return Err(Error::usage(format!(
                 "an L1 of {:.1} GiB with real buffers exceeds the {:.1} GiB of memory available; \
                  use --l1-accounting-only or a smaller --l1-size-gb",

@@ -1,5 +1,6 @@
 //! Where a tier keeps its objects. `memory` holds real buffers (zero-filled, as LMCache's
-//! replay leaves them) or only accounts for them; `null` keeps nothing and only counts.
+//! replay leaves them) or only accounts for them; `gpu` is a capacity and bandwidth budget
+//! for machines without a GPU; `null` keeps nothing and only counts.
 
 use std::io;
 
@@ -14,6 +15,11 @@ pub trait Backend: Send {
     fn get(&mut self, key: KeyId) -> io::Result<bool>;
     fn delete(&mut self, key: KeyId) -> io::Result<()>;
     fn contains(&self, key: KeyId) -> bool;
+    /// Seconds one transfer of `size` bytes takes on a modelled device; `None` for backends
+    /// whose time is measured.
+    fn modelled_seconds(&self, _size: u64) -> Option<f64> {
+        None
+    }
 }
 
 /// Objects in process memory.
@@ -103,5 +109,51 @@ impl Backend for Null {
 
     fn contains(&self, _: KeyId) -> bool {
         false
+    }
+}
+
+/// A GPU's KV memory as a budget: it accounts for what it holds (the tier's capacity is the
+/// budget) and charges every store and load `size / bandwidth`, so a hierarchy with a GPU
+/// tier can be sized and replayed on a machine without one. Deterministic by construction.
+pub struct GpuBudget {
+    bytes_per_s: f64,
+    sizes: KeyMap<u64>,
+}
+
+impl GpuBudget {
+    /// `bandwidth_gbps` in GB/s (10^9 bytes), as PCIe and NVLink figures are quoted.
+    pub fn new(bandwidth_gbps: f64) -> GpuBudget {
+        GpuBudget {
+            bytes_per_s: bandwidth_gbps * 1e9,
+            sizes: KeyMap::default(),
+        }
+    }
+}
+
+impl Backend for GpuBudget {
+    fn name(&self) -> &'static str {
+        "gpu (budget)"
+    }
+
+    fn put(&mut self, key: KeyId, size: u64) -> io::Result<()> {
+        self.sizes.insert(key, size);
+        Ok(())
+    }
+
+    fn get(&mut self, key: KeyId) -> io::Result<bool> {
+        Ok(self.sizes.contains_key(&key))
+    }
+
+    fn delete(&mut self, key: KeyId) -> io::Result<()> {
+        self.sizes.remove(&key);
+        Ok(())
+    }
+
+    fn contains(&self, key: KeyId) -> bool {
+        self.sizes.contains_key(&key)
+    }
+
+    fn modelled_seconds(&self, size: u64) -> Option<f64> {
+        Some(size as f64 / self.bytes_per_s)
     }
 }

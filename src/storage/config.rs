@@ -85,7 +85,24 @@ pub enum BackendConfig {
         url: String,
         prefix: String,
     },
+    /// A GPU memory budget: holds no bytes, charges `size / bandwidth` per transfer.
+    Gpu {
+        bandwidth_gbps: f64,
+    },
     Null,
+}
+
+/// Host-to-device bandwidth a `gpu` tier assumes unless told otherwise: PCIe 4.0 x16 in
+/// practice, GB/s.
+pub const DEFAULT_GPU_BANDWIDTH_GBPS: f64 = 25.0;
+
+/// A GPU tier's bandwidth from its description; must be positive.
+fn gpu_bandwidth(v: Option<f64>, field: &str) -> Result<f64, String> {
+    match v {
+        None => Ok(DEFAULT_GPU_BANDWIDTH_GBPS),
+        Some(b) if b.is_finite() && b > 0.0 => Ok(b),
+        Some(b) => Err(format!("{field} {b}: must be a positive number of GB/s")),
+    }
 }
 
 /// One L2 tier.
@@ -102,6 +119,9 @@ pub struct StorageConfig {
     pub l1_size_bytes: u64,
     /// Keep real L1 buffers; off for traces bigger than RAM.
     pub l1_buffers: bool,
+    /// L1 is a GPU budget with this host-to-device bandwidth (GB/s) instead of host memory:
+    /// the top tier of a GPU → CPU → disk waterfall on a machine without a GPU.
+    pub l1_gpu_bandwidth_gbps: Option<f64>,
     pub eviction: EvictionConfig,
     pub l2: Vec<L2Config>,
     pub placement: Placement,
@@ -117,6 +137,7 @@ impl Default for StorageConfig {
         StorageConfig {
             l1_size_bytes: 1 << 30,
             l1_buffers: true,
+            l1_gpu_bandwidth_gbps: None,
             eviction: EvictionConfig::default(),
             l2: Vec::new(),
             placement: Placement::WriteThrough,
@@ -179,6 +200,9 @@ impl StorageConfig {
         if self.placement == Placement::Waterfall {
             config["kvtrace_placement"] = json!("waterfall");
         }
+        if let Some(bw) = self.l1_gpu_bandwidth_gbps {
+            config["kvtrace_l1_gpu_bandwidth_gbps"] = json!(bw);
+        }
         match self.eviction.timing {
             EvictionTiming::Immediate => config["kvtrace_eviction_timing"] = json!("immediate"),
             EvictionTiming::Periodic { interval_s } if interval_s != 1.0 => {
@@ -236,6 +260,9 @@ impl StorageConfig {
         if v.get("kvtrace_placement").and_then(Json::as_str) == Some("waterfall") {
             config.placement = Placement::Waterfall;
         }
+        config.l1_gpu_bandwidth_gbps = v
+            .get("kvtrace_l1_gpu_bandwidth_gbps")
+            .and_then(Json::as_f64);
         if v.get("kvtrace_eviction_timing").and_then(Json::as_str) == Some("immediate") {
             config.eviction.timing = EvictionTiming::Immediate;
         } else if let Some(i) = v.get("kvtrace_eviction_interval_s").and_then(Json::as_f64) {
@@ -287,6 +314,9 @@ impl L2Config {
                 url: tier.get("url")?.as_str()?.to_owned(),
                 prefix: tier.get("prefix")?.as_str()?.to_owned(),
             },
+            "gpu" => BackendConfig::Gpu {
+                bandwidth_gbps: tier.get("bandwidth_gbps")?.as_f64()?,
+            },
             "null" => BackendConfig::Null,
             _ => return None,
         };
@@ -312,6 +342,9 @@ impl L2Config {
             BackendConfig::Redis { url, prefix } => {
                 json!({"type": "redis", "url": url, "prefix": prefix})
             }
+            BackendConfig::Gpu { bandwidth_gbps } => {
+                json!({"type": "gpu", "bandwidth_gbps": bandwidth_gbps})
+            }
             BackendConfig::Null => json!({"type": "null"}),
         };
         json!({
@@ -333,13 +366,19 @@ pub fn gib_to_bytes(gb: f64) -> Result<u64, String> {
 
 impl L2Config {
     /// An L2 tier from its adapter description, as `--l2-adapter` and the TOML file give it:
-    /// `{"type": "memory"|"fs"|"redis"|"null", "capacity_gb", "eviction_policy", ...}`.
+    /// `{"type": "memory"|"gpu"|"fs"|"redis"|"null", "capacity_gb", "eviction_policy", ...}`.
     pub fn from_adapter(v: &Json) -> Result<L2Config, String> {
         let backend = match v.get("type").and_then(|t| t.as_str()) {
             Some("memory" | "mock") => BackendConfig::Memory {
                 buffers: v.get("buffers").and_then(|b| b.as_bool()).unwrap_or(true),
             },
             Some("null") => BackendConfig::Null,
+            Some("gpu") => BackendConfig::Gpu {
+                bandwidth_gbps: gpu_bandwidth(
+                    v.get("bandwidth_gbps").and_then(|b| b.as_f64()),
+                    "bandwidth_gbps",
+                )?,
+            },
             Some("fs" | "file") => BackendConfig::File {
                 dir: v
                     .get("path")
@@ -368,7 +407,7 @@ impl L2Config {
             },
             Some(other) => {
                 return Err(format!(
-                    "tier type {other:?} is not available (memory, fs, redis, null)"
+                    "tier type {other:?} is not available (memory, gpu, fs, redis, null)"
                 ))
             }
             None => return Err("missing \"type\"".into()),
@@ -417,6 +456,8 @@ struct TomlL1 {
     write_ttl_s: Option<f64>,
     read_ttl_s: Option<f64>,
     accounting_only: Option<bool>,
+    device: Option<String>,
+    bandwidth_gbps: Option<f64>,
 }
 
 /// A value that must lie in 0..=1 (watermarks, ratios).
@@ -473,6 +514,17 @@ impl StorageConfig {
             }
             if let Some(a) = l1.accounting_only {
                 self.l1_buffers = !a;
+            }
+            match l1.device.as_deref() {
+                None | Some("cpu") if l1.bandwidth_gbps.is_none() => {}
+                None | Some("gpu") => {
+                    self.l1_gpu_bandwidth_gbps =
+                        Some(gpu_bandwidth(l1.bandwidth_gbps, "l1.bandwidth_gbps")?)
+                }
+                Some("cpu") => {
+                    return Err("l1.bandwidth_gbps applies to device = \"gpu\" only".into())
+                }
+                Some(other) => return Err(format!("l1.device {other:?}: cpu or gpu")),
             }
         }
         match file.placement.as_deref() {

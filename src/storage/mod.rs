@@ -16,6 +16,7 @@ pub mod redis;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_128;
@@ -23,7 +24,7 @@ use xxhash_rust::xxh3::xxh3_128;
 use crate::bus::Tracer;
 use crate::lmct::calls::StorageCall;
 use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, ObjectKeyRef, PrefetchTaskSpec};
-use backend::{Backend, Memory, Null};
+use backend::{Backend, GpuBudget, Memory, Null};
 use config::{
     BackendConfig, EvictionTiming, L2Config, Placement, PrefetchPolicy, StorageConfig, StorePolicy,
 };
@@ -132,8 +133,9 @@ pub struct TierStats {
     pub bytes_evicted: u64,
 }
 
-/// Time an L2 tier's backend spent storing and loading, measured live (unlike the counters
-/// of [`TierStats`], these differ between runs).
+/// Time a tier's backend spent storing and loading: measured live for real backends (so,
+/// unlike the counters of [`TierStats`], it differs between runs), modelled and therefore
+/// reproducible for `gpu` budget tiers.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct TierIo {
     pub name: String,
@@ -144,6 +146,30 @@ pub struct TierIo {
     pub read_mib_per_s: f64,
     /// Mean time of one load from this tier (the L2 load latency), in milliseconds.
     pub mean_load_ms: f64,
+}
+
+impl TierIo {
+    fn of(stats: &TierStats, write_seconds: f64, read_seconds: f64) -> TierIo {
+        let mib = |bytes: u64, secs: f64| {
+            if secs > 0.0 {
+                bytes as f64 / (1u64 << 20) as f64 / secs
+            } else {
+                0.0
+            }
+        };
+        TierIo {
+            name: stats.name.clone(),
+            write_seconds,
+            read_seconds,
+            write_mib_per_s: mib(stats.bytes_written, write_seconds),
+            read_mib_per_s: mib(stats.bytes_read, read_seconds),
+            mean_load_ms: if stats.reads > 0 {
+                read_seconds * 1e3 / stats.reads as f64
+            } else {
+                0.0
+            },
+        }
+    }
 }
 
 /// Counters of the manager's calls.
@@ -285,8 +311,34 @@ struct L1 {
     objects: KeyMap<Object>,
     deadlines: Deadlines,
     policy: Box<dyn EvictionPolicy>,
-    backend: Memory,
+    backend: Box<dyn Backend>,
     stats: TierStats,
+    /// Modelled transfer seconds (write, read) when L1 is a GPU budget.
+    modelled: [f64; 2],
+}
+
+impl L1 {
+    fn put(&mut self, key: KeyId, size: u64) -> io::Result<()> {
+        self.backend.put(key, size)?;
+        self.modelled[0] += self.backend.modelled_seconds(size).unwrap_or(0.0);
+        Ok(())
+    }
+
+    /// Reads an object's bytes, as a load into the engine or a demotion does.
+    fn read(&mut self, key: KeyId, size: u64) {
+        let _ = self.backend.get(key);
+        self.modelled[1] += self.backend.modelled_seconds(size).unwrap_or(0.0);
+        self.stats.reads += 1;
+        self.stats.bytes_read += size;
+    }
+}
+
+/// The time a transfer counts for: the device model's when the backend has one, else what
+/// was measured.
+fn transfer_time(backend: &dyn Backend, size: u64, measured: Duration) -> Duration {
+    backend
+        .modelled_seconds(size)
+        .map_or(measured, Duration::from_secs_f64)
 }
 
 /// One L2 tier.
@@ -297,8 +349,8 @@ struct L2 {
     policy: Box<dyn EvictionPolicy>,
     backend: Box<dyn Backend>,
     stats: TierStats,
-    write_time: std::time::Duration,
-    read_time: std::time::Duration,
+    write_time: Duration,
+    read_time: Duration,
 }
 
 fn build_backend(config: &BackendConfig) -> io::Result<Box<dyn Backend>> {
@@ -308,6 +360,7 @@ fn build_backend(config: &BackendConfig) -> io::Result<Box<dyn Backend>> {
             Box::new(file::FileTier::create(dir, *direct, *fsync)?)
         }
         BackendConfig::Redis { url, prefix } => Box::new(redis::RedisTier::connect(url, prefix)?),
+        BackendConfig::Gpu { bandwidth_gbps } => Box::new(GpuBudget::new(*bandwidth_gbps)),
         BackendConfig::Null => Box::new(Null),
     })
 }
@@ -358,9 +411,9 @@ impl L2 {
     /// Writes an object into this tier and accounts for it (a `null` backend keeps nothing,
     /// so nothing becomes resident).
     fn admit(&mut self, key: KeyId, size: u64) -> io::Result<()> {
-        let began = std::time::Instant::now();
+        let began = Instant::now();
         self.backend.put(key, size)?;
-        self.write_time += began.elapsed();
+        self.write_time += transfer_time(&*self.backend, size, began.elapsed());
         if self.backend.contains(key) {
             self.sizes.insert(key, size);
             self.policy.insert(key);
@@ -394,7 +447,10 @@ fn release(obj: &mut Object, n: u64) -> bool {
 impl StorageManager {
     /// Builds the tiers; fails when one cannot be set up (e.g. an unwritable directory).
     pub fn new(config: StorageConfig, tracer: Tracer) -> crate::Result<StorageManager> {
-        let l1_backend = Memory::new(config.l1_buffers);
+        let l1_backend: Box<dyn Backend> = match config.l1_gpu_bandwidth_gbps {
+            Some(bw) => Box::new(GpuBudget::new(bw)),
+            None => Box::new(Memory::new(config.l1_buffers)),
+        };
         let l1 = L1 {
             capacity: config.l1_size_bytes,
             used: 0,
@@ -408,6 +464,7 @@ impl StorageManager {
                 ..TierStats::default()
             },
             backend: l1_backend,
+            modelled: [0.0; 2],
         };
         let l2 = config
             .l2
@@ -526,7 +583,7 @@ impl StorageManager {
                 self.l1.stats.evictions += 1;
                 self.l1.stats.bytes_evicted += obj.size;
                 if self.config.placement == Placement::Waterfall {
-                    let _ = self.l1.backend.get(victim);
+                    self.l1.read(victim, obj.size);
                     self.demote(0, victim, obj.size);
                 }
                 let _ = self.l1.backend.delete(victim);
@@ -568,11 +625,12 @@ impl StorageManager {
             tier.used -= victim_size;
             tier.stats.evictions += 1;
             tier.stats.bytes_evicted += victim_size;
-            match tier
-                .backend
-                .get(victim)
-                .and_then(|_| tier.backend.delete(victim))
-            {
+            let began = Instant::now();
+            let moved = tier.backend.get(victim);
+            tier.read_time += transfer_time(&*tier.backend, victim_size, began.elapsed());
+            tier.stats.reads += 1;
+            tier.stats.bytes_read += victim_size;
+            match moved.and_then(|_| tier.backend.delete(victim)) {
                 Ok(()) => self.demote(index + 1, victim, victim_size),
                 Err(_) => self.calls.demotion_errors += 1,
             }
@@ -696,7 +754,6 @@ impl StorageManager {
             self.set_deadline(key, f64::INFINITY, WRITE_RESERVATIONS);
             self.l1.policy.insert(key);
             self.l1
-                .backend
                 .put(key, size)
                 .map_err(|e| CallError::Io(e.to_string()))?;
             self.l1.stats.writes += 1;
@@ -830,12 +887,12 @@ impl StorageManager {
             return Ok(false);
         }
         let tier = &mut self.l2[index];
-        let began = std::time::Instant::now();
+        let began = Instant::now();
         let found = tier
             .backend
             .get(key)
             .map_err(|e| CallError::Io(e.to_string()))?;
-        tier.read_time += began.elapsed();
+        tier.read_time += transfer_time(&*tier.backend, size, began.elapsed());
         if !found {
             return Ok(false);
         }
@@ -845,9 +902,10 @@ impl StorageManager {
         self.allocate(key, size, State::Resident, true);
         self.l1.policy.insert(key);
         self.l1
-            .backend
             .put(key, size)
             .map_err(|e| CallError::Io(e.to_string()))?;
+        self.l1.stats.writes += 1;
+        self.l1.stats.bytes_written += size;
         Ok(true)
     }
 
@@ -866,10 +924,8 @@ impl StorageManager {
             match self.l1.objects.get(&key) {
                 Some(o) if o.state == State::Resident && o.read_locks > 0 => {
                     let size = o.size;
-                    let _ = self.l1.backend.get(key);
+                    self.l1.read(key, size);
                     self.l1.policy.touch(key);
-                    self.l1.stats.reads += 1;
-                    self.l1.stats.bytes_read += size;
                 }
                 Some(o) if o.state == State::Resident => unlocked += 1,
                 _ => missing += 1,
@@ -974,33 +1030,21 @@ impl StorageManager {
         &self.calls
     }
 
-    /// Time each L2 tier spent in its backend.
+    /// Time each L2 tier spent in its backend, preceded by L1's modelled transfer time when
+    /// L1 is a GPU budget (host memory copies are not timed).
     pub fn tier_io(&self) -> Vec<TierIo> {
-        let mib = |bytes: u64, secs: f64| {
-            if secs > 0.0 {
-                bytes as f64 / (1u64 << 20) as f64 / secs
-            } else {
-                0.0
-            }
-        };
-        self.l2
-            .iter()
-            .map(|t| {
-                let (w, r) = (t.write_time.as_secs_f64(), t.read_time.as_secs_f64());
-                TierIo {
-                    name: t.stats.name.clone(),
-                    write_seconds: w,
-                    read_seconds: r,
-                    write_mib_per_s: mib(t.stats.bytes_written, w),
-                    read_mib_per_s: mib(t.stats.bytes_read, r),
-                    mean_load_ms: if t.stats.reads > 0 {
-                        r * 1e3 / t.stats.reads as f64
-                    } else {
-                        0.0
-                    },
-                }
-            })
-            .collect()
+        let l1 = self.config.l1_gpu_bandwidth_gbps.map(|_| {
+            let [w, r] = self.l1.modelled;
+            TierIo::of(&self.l1.stats, w, r)
+        });
+        let l2 = self.l2.iter().map(|t| {
+            TierIo::of(
+                &t.stats,
+                t.write_time.as_secs_f64(),
+                t.read_time.as_secs_f64(),
+            )
+        });
+        l1.into_iter().chain(l2).collect()
     }
 
     /// Counters of every tier, L1 first.

@@ -293,3 +293,48 @@ fn waterfall_keeps_every_entry_that_fits_and_drops_only_from_the_last_tier() {
     }
     assert!(sm.call_stats().dropped_from_last_tier > 0);
 }
+
+/// A GPU → CPU waterfall on a machine without a GPU: the GPU tier holds its budget, and every
+/// transfer costs exactly `size / bandwidth`, so two runs report the same I/O time.
+#[test]
+fn a_gpu_budget_tier_charges_modelled_transfer_time() {
+    use super::config::Placement;
+    let run = || {
+        let mut config = StorageConfig {
+            l1_size_bytes: 3_000,
+            l1_gpu_bandwidth_gbps: Some(1e-3), // 1 MB/s: 1 ms per 1000-byte object
+            placement: Placement::Waterfall,
+            l2: vec![L2Config {
+                backend: BackendConfig::Gpu {
+                    bandwidth_gbps: 2e-3,
+                },
+                capacity_bytes: Some(100_000),
+                policy: PolicyKind::Lru,
+            }],
+            ..StorageConfig::default()
+        };
+        config.eviction.timing = EvictionTiming::Immediate;
+        let mut sm = StorageManager::new(config, Tracer::disabled()).expect("manager");
+        for k in keys(0..5).chunks(1) {
+            store(&mut sm, k);
+        }
+        let o = sm
+            .submit_prefetch_task(&spec(&keys(0..1), "prefix", LockMode::Lock), "r", false)
+            .expect("prefetch");
+        assert_eq!(o.l2_hit_chunks, 1, "the demoted entry is found below");
+        sm.read_prefetched_enter(&keys(0..1)).expect("read");
+        (sm.tier_stats(), sm.tier_io())
+    };
+    let (stats, io) = run();
+    assert_eq!(stats[0].backend, "gpu (budget)");
+    assert_eq!(io.len(), 2, "L1 is listed because its time is modelled");
+    let l1_writes = stats[0].bytes_written as f64 / 1e6;
+    assert!((io[0].write_seconds - l1_writes).abs() < 1e-12);
+    assert!((io[0].read_seconds - stats[0].bytes_read as f64 / 1e6).abs() < 1e-12);
+    assert!((io[1].write_seconds - stats[1].bytes_written as f64 / 2e6).abs() < 1e-12);
+    assert!(
+        (io[1].mean_load_ms - 0.5).abs() < 1e-9,
+        "1000 bytes at 2 MB/s"
+    );
+    assert_eq!(run().1, io, "modelled time is reproducible");
+}
