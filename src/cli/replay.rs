@@ -1,14 +1,15 @@
 //! `kvtrace replay`.
 
 use std::fs::File;
-use std::io::{BufWriter, IsTerminal, Write};
+use std::io::{BufWriter, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvtrace::bus::Tracer;
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
-use kvtrace::lmct::{ReadOptions, TraceReader};
+use kvtrace::lmct::reader::ZSTD_MAGIC;
+use kvtrace::lmct::TraceReader;
 use kvtrace::replay::dispatch::Outcome;
 use kvtrace::replay::{replay, Pacing, ReplayOptions};
 use kvtrace::report::csv::CsvTables;
@@ -292,16 +293,29 @@ fn pacing(args: &Args) -> Result<Pacing, Error> {
     }
 }
 
-/// Counts records for the progress bar (only when one is shown).
-fn count_records(path: &Path, read: ReadOptions) -> u64 {
-    let Ok(mut reader) = TraceReader::open(path, read) else {
-        return 0;
+/// The progress bar's unit: byte offsets against the file size for a plain trace (no second
+/// pass over the file), records without a total for a compressed one.
+fn progress_bar(path: &Path) -> (ProgressBar, bool) {
+    let mut magic = [0u8; 4];
+    let plain_size = File::open(path).ok().and_then(|mut f| {
+        let compressed = f.read_exact(&mut magic).is_ok() && magic == ZSTD_MAGIC;
+        let size = f.metadata().ok()?.len();
+        (!compressed).then_some(size)
+    });
+    let (bar, template) = match plain_size {
+        Some(size) => (
+            ProgressBar::with_draw_target(Some(size), ProgressDrawTarget::stderr()),
+            "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        ),
+        None => (
+            ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
+            "{spinner} {pos} records {per_sec}",
+        ),
     };
-    let mut n = 0;
-    while let Ok(Some(_)) = reader.next_record() {
-        n += 1;
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style);
     }
-    n
+    (bar, plain_size.is_some())
 }
 
 fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), Error> {
@@ -328,19 +342,10 @@ pub fn run(args: Args) -> Result<i32, Error> {
         None => None,
     };
     let show_bar = !args.quiet && !args.verbose && std::io::stderr().is_terminal();
-    let bar = if show_bar {
-        let bar = ProgressBar::with_draw_target(
-            Some(count_records(&args.file, args.read.options())),
-            ProgressDrawTarget::stderr(),
-        );
-        if let Ok(style) =
-            ProgressStyle::with_template("{bar:40} {pos}/{len} records {per_sec} eta {eta}")
-        {
-            bar.set_style(style);
-        }
-        bar
+    let (bar, by_bytes) = if show_bar {
+        progress_bar(&args.file)
     } else {
-        ProgressBar::hidden()
+        (ProgressBar::hidden(), false)
     };
     let mut sm = StorageManager::new(config, Tracer::disabled())?;
     let options = ReplayOptions {
@@ -352,7 +357,11 @@ pub fn run(args: Args) -> Result<i32, Error> {
     let mut io_error = None;
     let report = replay(&args.file, &mut sm, &options, |event| {
         if event.index % 4096 == 0 {
-            bar.set_position(event.index);
+            bar.set_position(if by_bytes {
+                event.record.offset
+            } else {
+                event.index
+            });
         }
         let failed = !matches!(event.outcome, Outcome::Ok { .. });
         if args.verbose {
