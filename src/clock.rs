@@ -24,3 +24,24 @@ pub fn wall_secs() -> f64 {
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
 }
+
+/// Local time as `YYYYmmdd_HHMMSS`, for default report file names.
+pub fn local_stamp() -> String {
+    let now = wall_secs() as libc::time_t;
+    // SAFETY: `tm` is plain old data that `localtime_r` fills in; both pointers are valid for
+    // the duration of the call and `localtime_r` keeps neither.
+    let tm = unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::localtime_r(&now, &mut tm);
+        tm
+    };
+    format!(
+        "{:04}{:02}{:02}_{:02}{:02}{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}

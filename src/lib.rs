@@ -46,6 +46,7 @@ pub mod lmct;
 pub mod replay;
 pub mod report;
 pub mod rng;
+pub mod simulate;
 pub mod storage;
 pub mod synth;
 

@@ -7,6 +7,7 @@ mod dump;
 mod generate;
 mod info;
 mod replay;
+mod simulate;
 
 use std::io::{self, Write};
 
@@ -40,6 +41,7 @@ enum Command {
     Generate(generate::Args),
     Replay(replay::Args),
     Diff(diff::Args),
+    Simulate(simulate::Args),
 }
 
 /// Options every trace-reading command shares.
@@ -112,6 +114,7 @@ pub fn run() -> i32 {
         Command::Generate(args) => generate::run(args),
         Command::Replay(args) => replay::run(args),
         Command::Diff(args) => diff::run(args),
+        Command::Simulate(args) => simulate::run(args),
     };
     result.unwrap_or_else(|e| report(&e))
 }

@@ -17,11 +17,34 @@ pub fn config_digest(config_json: &str) -> String {
 /// `json.dumps(value, sort_keys=True)` with Python's default separators and `ensure_ascii`.
 pub fn python_json(value: &Json) -> String {
     let mut out = String::new();
-    write_json(value, &mut out);
+    write_json(value, None, 0, &mut out);
     out
 }
 
-fn write_json(value: &Json, out: &mut String) {
+/// `json.dumps(value, sort_keys=True, indent=indent)`: the layout of reports other tools'
+/// scripts already parse and diff.
+pub fn python_json_indented(value: &Json, indent: usize) -> String {
+    let mut out = String::new();
+    write_json(value, Some(indent), 0, &mut out);
+    out
+}
+
+/// The separator before item `i` of a container at nesting `level`.
+fn separate(i: usize, indent: Option<usize>, level: usize, out: &mut String) {
+    match indent {
+        None if i > 0 => out.push_str(", "),
+        None => {}
+        Some(n) => {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push('\n');
+            out.extend(std::iter::repeat_n(' ', n * level));
+        }
+    }
+}
+
+fn write_json(value: &Json, indent: Option<usize>, level: usize, out: &mut String) {
     match value {
         Json::Null => out.push_str("null"),
         Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
@@ -38,10 +61,11 @@ fn write_json(value: &Json, out: &mut String) {
         Json::Array(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_json(item, out);
+                separate(i, indent, level + 1, out);
+                write_json(item, indent, level + 1, out);
+            }
+            if !items.is_empty() {
+                separate(0, indent, level, out);
             }
             out.push(']');
         }
@@ -49,13 +73,14 @@ fn write_json(value: &Json, out: &mut String) {
             let mut entries: Vec<_> = map.iter().collect();
             entries.sort_by(|a, b| a.0.cmp(b.0));
             out.push('{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
+            for (i, (k, v)) in entries.iter().enumerate() {
+                separate(i, indent, level + 1, out);
                 write_python_str(k, out);
                 out.push_str(": ");
-                write_json(v, out);
+                write_json(v, indent, level + 1, out);
+            }
+            if !entries.is_empty() {
+                separate(0, indent, level, out);
             }
             out.push('}');
         }

@@ -1,0 +1,343 @@
+//! Mock engine arguments, as the JSON of `--extra-engine-args`, `--prefill-engine-args` and
+//! `--decode-engine-args` gives them: the same field names and defaults as Dynamo's
+//! `MockEngineArgs`, so existing argument files keep working. An unknown field is an error
+//! naming it; fields kvtrace accepts but does not model are reported as warnings.
+
+use serde::Deserialize;
+use serde_json::Value as Json;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineType {
+    Vllm,
+    Sglang,
+    Trtllm,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerType {
+    Aggregated,
+    Prefill,
+    Decode,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preemption {
+    /// Preempt the newest running request (vLLM's default).
+    Lifo,
+    Fifo,
+}
+
+/// The resolved engine configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineArgs {
+    pub engine_type: EngineType,
+    pub num_gpu_blocks: u64,
+    pub block_size: u32,
+    pub max_model_len: Option<u64>,
+    pub max_num_seqs: Option<u64>,
+    pub max_num_batched_tokens: Option<u64>,
+    pub enable_prefix_caching: bool,
+    pub enable_chunked_prefill: bool,
+    pub speedup_ratio: f64,
+    pub decode_speedup_ratio: f64,
+    pub dp_size: u32,
+    pub worker_type: WorkerType,
+    pub preemption: Preemption,
+    /// GPUs behind one worker for the gpu-hours figures (tensor parallel size × DP size).
+    pub tp_size: u32,
+    /// KV bytes per token and link GB/s for the disaggregated transfer model.
+    pub kv_bytes_per_token: Option<u64>,
+    pub kv_transfer_bandwidth: Option<f64>,
+}
+
+impl Default for EngineArgs {
+    fn default() -> Self {
+        EngineArgs {
+            engine_type: EngineType::Vllm,
+            num_gpu_blocks: 16384,
+            block_size: 64,
+            max_model_len: None,
+            max_num_seqs: Some(256),
+            max_num_batched_tokens: Some(8192),
+            enable_prefix_caching: true,
+            enable_chunked_prefill: true,
+            speedup_ratio: 1.0,
+            decode_speedup_ratio: 1.0,
+            dp_size: 1,
+            worker_type: WorkerType::Aggregated,
+            preemption: Preemption::Lifo,
+            tp_size: 1,
+            kv_bytes_per_token: None,
+            kv_transfer_bandwidth: None,
+        }
+    }
+}
+
+/// `Some(None)` is an explicit JSON null ("unbounded"); `None` is an absent field.
+fn nullable<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// The JSON fields; everything optional, unknown ones refused.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+struct Raw {
+    engine_type: Option<String>,
+    num_gpu_blocks: Option<u64>,
+    block_size: Option<u32>,
+    max_model_len: Option<u64>,
+    #[serde(deserialize_with = "nullable")]
+    max_num_seqs: Option<Option<u64>>,
+    #[serde(deserialize_with = "nullable")]
+    max_num_batched_tokens: Option<Option<u64>>,
+    enable_prefix_caching: Option<bool>,
+    enable_chunked_prefill: Option<bool>,
+    speedup_ratio: Option<f64>,
+    decode_speedup_ratio: Option<f64>,
+    dp_size: Option<u32>,
+    worker_type: Option<String>,
+    is_prefill: Option<bool>,
+    is_decode: Option<bool>,
+    preemption_mode: Option<String>,
+    aic_tp_size: Option<u32>,
+    kv_bytes_per_token: Option<u64>,
+    kv_transfer_bandwidth: Option<f64>,
+    kv_transfer_timing_mode: Option<String>,
+    router_queue_policy: Option<String>,
+    sglang: Option<Json>,
+    trtllm: Option<Json>,
+    // Accepted for compatibility; they select models or live-mode plumbing kvtrace does not
+    // have, so a value other than null is reported.
+    g1_backend: Option<Json>,
+    startup_time: Option<Json>,
+    planner_profile_data: Option<Json>,
+    aic_backend: Option<Json>,
+    aic_system: Option<Json>,
+    aic_backend_version: Option<Json>,
+    aic_model_path: Option<Json>,
+    aic_moe_tp_size: Option<Json>,
+    aic_moe_ep_size: Option<Json>,
+    aic_attention_dp_size: Option<Json>,
+    aic_gemm_dtype: Option<Json>,
+    aic_moe_dtype: Option<Json>,
+    aic_fmha_dtype: Option<Json>,
+    aic_kv_cache_dtype: Option<Json>,
+    aic_comm_dtype: Option<Json>,
+    aic_nextn: Option<Json>,
+    aic_nextn_accept_rates: Option<Json>,
+    aic_mtp_seed: Option<Json>,
+    gpu_memory_utilization: Option<Json>,
+    mem_fraction_static: Option<Json>,
+    free_gpu_memory_fraction: Option<Json>,
+    enable_local_indexer: Option<Json>,
+    bootstrap_port: Option<Json>,
+    handoff_session_timeout_ms: Option<Json>,
+    num_g2_blocks: Option<Json>,
+    num_g3_blocks: Option<Json>,
+    enable_g4_storage: Option<Json>,
+    offload_batch_size: Option<Json>,
+    bandwidth_g1_to_g2_gbps: Option<Json>,
+    bandwidth_g2_to_g1_gbps: Option<Json>,
+    bandwidth_g2_to_g3_gbps: Option<Json>,
+    bandwidth_g3_to_g2_gbps: Option<Json>,
+    bandwidth_g2_to_g4_gbps: Option<Json>,
+    bandwidth_g4_to_g2_gbps: Option<Json>,
+    reasoning: Option<Json>,
+    response_replay_trace_path: Option<Json>,
+    zmq_kv_events_port: Option<Json>,
+    zmq_replay_port: Option<Json>,
+}
+
+/// Parsed arguments plus what was accepted without effect.
+pub struct Parsed {
+    pub args: EngineArgs,
+    pub warnings: Vec<String>,
+    /// The router queue policy override, when given.
+    pub router_queue_policy: Option<String>,
+}
+
+impl EngineArgs {
+    /// Parses the JSON text; errors are one line naming the field.
+    pub fn from_json(text: &str) -> Result<Parsed, String> {
+        let raw: Raw = serde_json::from_str(text).map_err(|e| {
+            let message = e.to_string();
+            match message.find(" at line ") {
+                Some(cut) => message[..cut].to_owned(),
+                None => message,
+            }
+        })?;
+        let mut args = EngineArgs::default();
+        let mut warnings = Vec::new();
+        if let Some(t) = &raw.engine_type {
+            args.engine_type = match t.as_str() {
+                "vllm" => EngineType::Vllm,
+                "sglang" => EngineType::Sglang,
+                "trtllm" => EngineType::Trtllm,
+                other => {
+                    return Err(format!(
+                        "engine_type {other:?}: expected vllm, sglang or trtllm"
+                    ))
+                }
+            };
+        }
+        let page_size = raw
+            .sglang
+            .as_ref()
+            .and_then(|s| s.get("page_size"))
+            .and_then(Json::as_u64);
+        args.block_size = match (raw.block_size, args.engine_type) {
+            (Some(b), _) if b > 0 => b,
+            (_, EngineType::Vllm) => 64,
+            (_, EngineType::Sglang) => page_size.unwrap_or(1) as u32,
+            (_, EngineType::Trtllm) => 32,
+        };
+        if let Some(n) = raw.num_gpu_blocks {
+            args.num_gpu_blocks = n;
+        }
+        args.max_model_len = raw.max_model_len;
+        if let Some(v) = raw.max_num_seqs {
+            args.max_num_seqs = v;
+        }
+        if let Some(v) = raw.max_num_batched_tokens {
+            args.max_num_batched_tokens = v;
+        }
+        if let Some(v) = raw.enable_prefix_caching {
+            args.enable_prefix_caching = v;
+        }
+        if let Some(v) = raw.enable_chunked_prefill {
+            args.enable_chunked_prefill = v;
+        }
+        for (name, value, slot) in [
+            ("speedup_ratio", raw.speedup_ratio, &mut args.speedup_ratio),
+            (
+                "decode_speedup_ratio",
+                raw.decode_speedup_ratio,
+                &mut args.decode_speedup_ratio,
+            ),
+        ] {
+            if let Some(v) = value {
+                if !v.is_finite() {
+                    return Err(format!("{name} {v}: expected a finite number"));
+                }
+                *slot = v;
+            }
+        }
+        if let Some(d) = raw.dp_size {
+            if d == 0 {
+                return Err("dp_size 0: expected at least 1".into());
+            }
+            args.dp_size = d;
+        }
+        args.worker_type = match (raw.worker_type.as_deref(), raw.is_prefill, raw.is_decode) {
+            (Some("prefill"), ..) | (None, Some(true), _) => WorkerType::Prefill,
+            (Some("decode"), ..) | (None, _, Some(true)) => WorkerType::Decode,
+            (Some("aggregated") | None, ..) => WorkerType::Aggregated,
+            (Some(other), ..) => {
+                return Err(format!(
+                    "worker_type {other:?}: expected aggregated, prefill or decode"
+                ))
+            }
+        };
+        args.preemption = match raw.preemption_mode.as_deref() {
+            None | Some("lifo") => Preemption::Lifo,
+            Some("fifo") => Preemption::Fifo,
+            Some(other) => return Err(format!("preemption_mode {other:?}: expected lifo or fifo")),
+        };
+        if let Some(tp) = raw.aic_tp_size {
+            args.tp_size = tp.max(1);
+        }
+        args.kv_bytes_per_token = raw.kv_bytes_per_token;
+        args.kv_transfer_bandwidth = raw.kv_transfer_bandwidth;
+        if let Some(mode) = raw.kv_transfer_timing_mode.as_deref() {
+            if mode != "full_prompt" {
+                warnings.push(format!(
+                    "kv_transfer_timing_mode {mode:?} is not modelled; kvtrace times the full prompt"
+                ));
+            }
+        }
+        if let Some(policy) = raw
+            .trtllm
+            .as_ref()
+            .and_then(|t| t.get("capacity_scheduler_policy"))
+        {
+            if policy.as_str() != Some("guaranteed_no_evict") {
+                return Err(format!(
+                    "trtllm.capacity_scheduler_policy {policy}: only \"guaranteed_no_evict\" exists"
+                ));
+            }
+        }
+        for (name, value) in [
+            ("planner_profile_data", &raw.planner_profile_data),
+            ("aic_backend", &raw.aic_backend),
+            ("aic_nextn", &raw.aic_nextn),
+            ("num_g2_blocks", &raw.num_g2_blocks),
+            ("num_g3_blocks", &raw.num_g3_blocks),
+            ("startup_time", &raw.startup_time),
+        ] {
+            if value.as_ref().is_some_and(|v| !v.is_null()) {
+                warnings.push(format!(
+                    "{name} is accepted but not modelled; the polynomial timing model applies"
+                ));
+            }
+        }
+        Ok(Parsed {
+            args,
+            warnings,
+            router_queue_policy: raw.router_queue_policy,
+        })
+    }
+
+    /// KV capacity in tokens.
+    pub fn kv_tokens(&self) -> u64 {
+        self.num_gpu_blocks * u64::from(self.block_size)
+    }
+
+    /// GPUs one worker stands for in the gpu-hours figures.
+    pub fn gpus_per_worker(&self) -> u64 {
+        u64::from(self.tp_size) * u64::from(self.dp_size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_engine_specific_block_sizes() {
+        let p = EngineArgs::from_json("{}").expect("empty");
+        assert_eq!(p.args, EngineArgs::default());
+        let t = EngineArgs::from_json(r#"{"engine_type": "trtllm"}"#).expect("trtllm");
+        assert_eq!(t.args.block_size, 32);
+        let s = EngineArgs::from_json(r#"{"engine_type": "sglang", "sglang": {"page_size": 16}}"#)
+            .expect("sglang");
+        assert_eq!(s.args.block_size, 16);
+        let unbounded = EngineArgs::from_json(
+            r#"{"max_num_seqs": null, "block_size": 512, "is_decode": true}"#,
+        )
+        .expect("nulls");
+        assert_eq!(unbounded.args.max_num_seqs, None);
+        assert_eq!(unbounded.args.worker_type, WorkerType::Decode);
+    }
+
+    #[test]
+    fn unknown_and_bad_fields_are_named() {
+        let e = EngineArgs::from_json(r#"{"blok_size": 4}"#)
+            .err()
+            .expect("unknown");
+        assert!(e.contains("unknown field `blok_size`"), "{e}");
+        assert!(!e.contains('\n'));
+        for (json, expected) in [
+            (r#"{"engine_type": "tgi"}"#, "engine_type \"tgi\""),
+            (r#"{"worker_type": "both"}"#, "worker_type \"both\""),
+            (r#"{"dp_size": 0}"#, "dp_size 0"),
+            (r#"{"block_size": "x"}"#, "invalid type"),
+        ] {
+            let e = EngineArgs::from_json(json).err().expect(json);
+            assert!(e.contains(expected), "{json}: {e}");
+        }
+        let w = EngineArgs::from_json(r#"{"planner_profile_data": "p.npz"}"#).expect("ok");
+        assert_eq!(w.warnings.len(), 1);
+    }
+}

@@ -1,0 +1,325 @@
+//! The vLLM-style mock engine (and TRT-LLM's no-evict variant): one `pass` schedules the
+//! running requests first, then admits waiting ones against a token budget and the KV pool,
+//! and takes as long as the timing model says its prefill chunks and decode step take. Every
+//! token of a pass is emitted at the pass's end.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::args::{EngineArgs, EngineType, Preemption};
+use super::blocks::{BlockPool, KvEvent};
+use super::perf;
+
+/// Index of a request in the simulation's request table.
+pub type RequestId = u32;
+
+/// A request as an engine sees it.
+pub struct Sequence {
+    pub id: RequestId,
+    pub prompt_len: u32,
+    pub output_len: u32,
+    /// Chained hashes of the prompt's full blocks at this engine's block size.
+    pub hashes: Arc<[u64]>,
+    /// Tokens already generated; prefill-only workers generate one hidden token.
+    pub generated: u32,
+    computed: u32,
+    blocks: Vec<u32>,
+    registered: usize,
+    /// Got tokens in the current pass.
+    scheduled: bool,
+}
+
+impl Sequence {
+    pub fn new(id: RequestId, prompt_len: u32, output_len: u32, hashes: Arc<[u64]>) -> Self {
+        Sequence {
+            id,
+            prompt_len,
+            output_len: output_len.max(1),
+            hashes,
+            generated: 0,
+            computed: 0,
+            blocks: Vec::new(),
+            registered: 0,
+            scheduled: false,
+        }
+    }
+
+    fn len(&self) -> u32 {
+        self.prompt_len + self.generated
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Default)]
+pub struct PassOutput {
+    pub duration_ms: f64,
+    /// Requests admitted this pass with the prompt tokens their prefix hit covered.
+    pub admitted: Vec<(RequestId, u32)>,
+    /// Requests that emitted a token, and whether it was their last.
+    pub emitted: Vec<(RequestId, bool)>,
+    /// Requests that can never fit this engine.
+    pub rejected: Vec<RequestId>,
+    pub preempted: Vec<RequestId>,
+    pub kv_events: Vec<KvEvent>,
+}
+
+pub struct Engine {
+    args: EngineArgs,
+    pool: BlockPool,
+    running: Vec<Sequence>,
+    waiting: VecDeque<Sequence>,
+    /// Prefill-only engines (disaggregation) charge no decode step.
+    prefill_only: bool,
+}
+
+impl Engine {
+    pub fn new(args: EngineArgs, track_events: bool, prefill_only: bool) -> Engine {
+        Engine {
+            pool: BlockPool::new(
+                args.num_gpu_blocks,
+                args.enable_prefix_caching,
+                track_events,
+            ),
+            args,
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            prefill_only,
+        }
+    }
+
+    pub fn enqueue(&mut self, seq: Sequence) {
+        self.waiting.push_back(seq);
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.args.block_size
+    }
+
+    /// Blocks a prompt would find cached here (the prefix a router could credit).
+    pub fn cached_prefix_blocks(&self, hashes: &[u64]) -> usize {
+        self.pool.match_prefix(hashes).0
+    }
+
+    fn blocks_for(&self, tokens: u32) -> usize {
+        tokens.div_ceil(self.args.block_size) as usize
+    }
+
+    /// Runs one pass; `None` when there is nothing to do.
+    pub fn pass(&mut self) -> Option<PassOutput> {
+        let mut out = PassOutput::default();
+        let mut budget = self.args.max_num_batched_tokens.unwrap_or(u64::MAX);
+        let mut prefill = (0u64, 0u64, 0u64);
+        for seq in &mut self.running {
+            seq.scheduled = false;
+        }
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let seq = &self.running[i];
+            let before = seq.computed;
+            let take = u64::from(seq.len() - before).min(budget) as u32;
+            let need = self
+                .blocks_for(before + take)
+                .saturating_sub(seq.blocks.len());
+            if !self.grow(i, need, &mut out) {
+                // Preempted itself; `i` now names the next request.
+                continue;
+            }
+            let seq = &mut self.running[i];
+            seq.computed += take;
+            budget -= u64::from(take);
+            if before < seq.prompt_len || before + 1 < seq.len() {
+                prefill.0 += 1;
+                prefill.1 += u64::from(seq.computed);
+                prefill.2 += u64::from(before);
+            }
+            seq.scheduled = true;
+            i += 1;
+        }
+        if out.preempted.is_empty() {
+            self.admit(&mut budget, &mut prefill, &mut out);
+        }
+        for seq in &mut self.running {
+            let full = (seq.computed.min(seq.prompt_len) / self.args.block_size) as usize;
+            while seq.registered < full.min(seq.hashes.len()) {
+                self.pool
+                    .register(seq.blocks[seq.registered], seq.hashes[seq.registered]);
+                seq.registered += 1;
+            }
+        }
+        let ready = self
+            .running
+            .iter()
+            .filter(|s| s.scheduled && s.computed == s.len())
+            .count() as u64;
+        if prefill.0 == 0 && ready == 0 && out.rejected.is_empty() && out.preempted.is_empty() {
+            return None;
+        }
+        let prefill_ms = if prefill.0 > 0 {
+            perf::prefill_ms(prefill.0, prefill.1 / prefill.0, prefill.2 / prefill.0)
+        } else {
+            0.0
+        };
+        let decode_ms = if self.prefill_only {
+            0.0
+        } else {
+            let block = u64::from(self.args.block_size);
+            perf::decode_ms(
+                ready,
+                self.pool.active() * block,
+                self.pool.capacity() * block,
+            )
+        };
+        let speedup = self.args.speedup_ratio;
+        out.duration_ms = perf::scaled(prefill_ms, speedup)
+            + perf::scaled(
+                perf::scaled(decode_ms, speedup),
+                self.args.decode_speedup_ratio,
+            );
+        self.emit(&mut out);
+        out.kv_events = self.pool.take_events();
+        Some(out)
+    }
+
+    /// Allocates `need` blocks for running request `i`, preempting others (or itself) when
+    /// the pool is full. `false` when `i` itself was preempted. TRT-LLM never preempts: it
+    /// admitted only what fits to completion.
+    fn grow(&mut self, i: usize, need: usize, out: &mut PassOutput) -> bool {
+        let mut i = i;
+        for _ in 0..need {
+            loop {
+                if let Some(b) = self.pool.allocate() {
+                    self.running[i].blocks.push(b);
+                    break;
+                }
+                if self.args.engine_type == EngineType::Trtllm {
+                    return false;
+                }
+                let victim = match self.args.preemption {
+                    Preemption::Lifo => self.running.len() - 1,
+                    Preemption::Fifo => 0,
+                };
+                let mut seq = self.running.remove(victim);
+                self.pool.release(&seq.blocks);
+                seq.blocks.clear();
+                seq.computed = 0;
+                seq.registered = 0;
+                out.preempted.push(seq.id);
+                self.waiting.push_front(seq);
+                if victim == i {
+                    return false;
+                }
+                if victim < i {
+                    i -= 1;
+                }
+            }
+        }
+        true
+    }
+
+    /// Admits waiting requests in order while the budget, the sequence limit and the pool
+    /// allow; the first that does not fit blocks the ones behind it.
+    fn admit(&mut self, budget: &mut u64, prefill: &mut (u64, u64, u64), out: &mut PassOutput) {
+        let block = self.args.block_size;
+        while *budget > 0 {
+            if self
+                .args
+                .max_num_seqs
+                .is_some_and(|m| self.running.len() as u64 >= m)
+            {
+                break;
+            }
+            let Some(seq) = self.waiting.front() else {
+                break;
+            };
+            let len = seq.len();
+            let total = self.blocks_for(len) as u64;
+            if total > self.pool.capacity()
+                || self
+                    .args
+                    .max_model_len
+                    .is_some_and(|m| u64::from(seq.prompt_len) >= m)
+            {
+                let seq = self.waiting.pop_front().expect("front");
+                out.rejected.push(seq.id);
+                continue;
+            }
+            let (mut hit, mut active_hit) = self.pool.match_prefix(&seq.hashes);
+            let mut cached = hit as u32 * block;
+            if cached >= len {
+                cached = (len - 1) / block * block;
+                hit = (cached / block) as usize;
+                active_hit = self.pool.match_prefix(&seq.hashes[..hit]).1;
+            }
+            let free = self.pool.capacity() - self.pool.active();
+            let fits = if self.args.engine_type == EngineType::Trtllm {
+                let footprint = |s: &Sequence| s.prompt_len.saturating_add(s.output_len);
+                let reserved: u64 = self
+                    .running
+                    .iter()
+                    .map(|s| self.blocks_for(footprint(s)).saturating_sub(s.blocks.len()) as u64)
+                    .sum();
+                let own = self.blocks_for(footprint(seq)) as u64 - active_hit;
+                own + reserved <= free
+            } else {
+                total - active_hit <= free
+            };
+            if !fits {
+                break;
+            }
+            let remaining = len - cached;
+            let take = u64::from(remaining).min(*budget) as u32;
+            if !self.args.enable_chunked_prefill && take < remaining {
+                break;
+            }
+            let mut seq = self.waiting.pop_front().expect("front");
+            for h in &seq.hashes[..hit] {
+                seq.blocks.push(self.pool.acquire(*h));
+            }
+            seq.registered = hit;
+            let mut grown = true;
+            for _ in hit..self.blocks_for(cached + take) {
+                match self.pool.allocate() {
+                    Some(b) => seq.blocks.push(b),
+                    None => grown = false,
+                }
+            }
+            if !grown {
+                self.pool.release(&seq.blocks);
+                seq.blocks.clear();
+                seq.registered = 0;
+                self.waiting.push_front(seq);
+                break;
+            }
+            out.admitted.push((seq.id, cached.min(seq.prompt_len)));
+            seq.computed = cached + take;
+            *budget -= u64::from(take);
+            prefill.0 += 1;
+            prefill.1 += u64::from(seq.computed);
+            prefill.2 += u64::from(cached);
+            seq.scheduled = true;
+            self.running.push(seq);
+        }
+    }
+
+    /// Every scheduled request whose tokens are all computed emits one; finished ones
+    /// release their blocks.
+    fn emit(&mut self, out: &mut PassOutput) {
+        let pool = &mut self.pool;
+        self.running.retain_mut(|seq| {
+            if !seq.scheduled || seq.computed != seq.len() {
+                return true;
+            }
+            seq.generated += 1;
+            let done = seq.generated >= seq.output_len;
+            out.emitted.push((seq.id, done));
+            if done {
+                pool.release(&seq.blocks);
+            }
+            !done
+        });
+    }
+}
