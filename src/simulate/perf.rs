@@ -59,7 +59,10 @@ mod tests {
             (prefill_ms(2, 4096, 0) - 169.137).abs() < 1e-3,
             "a full 8192-token chunk"
         );
-        assert!((decode_ms(3, 0, 0) - 34.01).abs() < 1e-9, "no pool counts as full");
+        assert!(
+            (decode_ms(3, 0, 0) - 34.01).abs() < 1e-9,
+            "no pool counts as full"
+        );
         assert_eq!(prefill_ms(0, 10, 0) + decode_ms(0, 1, 2), 0.0);
     }
 }

@@ -1,0 +1,308 @@
+//! `kvtrace simulate`: parity with the reference report, Mooncake traces through both
+//! routers, per-request output and the one-line errors.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{kvtrace, shared, text};
+use serde_json::Value;
+
+fn mooncake_slice() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata/mooncake/conversation_head300.jsonl")
+        .display()
+        .to_string()
+}
+
+/// Runs `kvtrace simulate ARGS --report-json DIR/report.json -q` and reads the report.
+fn simulate(dir: &Path, args: &[&str]) -> serde_json::Map<String, Value> {
+    let report = dir.join("report.json");
+    let mut all: Vec<String> = vec!["simulate".into()];
+    all.extend(args.iter().map(|s| s.to_string()));
+    all.extend([
+        "--report-json".into(),
+        report.display().to_string(),
+        "-q".into(),
+    ]);
+    let out = kvtrace(&all);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(report).expect("report")).expect("json");
+    v.as_object().expect("object").clone()
+}
+
+/// Keys that measure the simulator's own speed, not the simulated system.
+fn live(key: &str) -> bool {
+    matches!(
+        key,
+        "wall_time_ms" | "processed_tokens_per_s" | "processed_output_tokens_per_s"
+    )
+}
+
+fn without_live(mut m: serde_json::Map<String, Value>) -> serde_json::Map<String, Value> {
+    m.retain(|k, _| !live(k));
+    m
+}
+
+#[test]
+fn reproduces_the_reference_report_of_a_synthetic_closed_loop() {
+    let Some(shared) = shared() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let report = dir.path().join("r.json");
+    let out = kvtrace([
+        "simulate",
+        "--input-tokens",
+        "5000",
+        "--output-tokens",
+        "500",
+        "--request-count",
+        "1000",
+        "--num-workers",
+        "1",
+        "--replay-mode",
+        "offline",
+        "--replay-concurrency",
+        "100",
+        "--extra-engine-args",
+        "{\"block_size\":512}",
+        "--report-json",
+        &report.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let ours: Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("ours")).expect("json");
+    let path = shared.join("dynamo/synthetic_1w_conc100.report.json");
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("reference")).expect("json");
+    let (ours, reference) = (
+        ours.as_object().expect("o"),
+        reference.as_object().expect("r"),
+    );
+    assert_eq!(
+        ours.keys().collect::<Vec<_>>(),
+        reference.keys().collect::<Vec<_>>(),
+        "the same 74 keys, sorted"
+    );
+    for (key, want) in reference {
+        if live(key) {
+            continue;
+        }
+        let (got, want) = (ours[key].as_f64().expect("n"), want.as_f64().expect("n"));
+        let rel = (got - want).abs() / want.abs().max(1e-12);
+        assert!(rel <= 1e-6, "{key}: {got} vs {want}");
+    }
+    let printed = text(&out.stdout);
+    let expected =
+        std::fs::read_to_string(shared.join("dynamo/synthetic_1w_conc100.stdout.txt")).expect("t");
+    let same_lines = |s: &str| {
+        s.lines()
+            .filter(|l| !l.starts_with("Wall Time") && !l.starts_with("Saved full report"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(same_lines(&printed), same_lines(&expected), "the table");
+}
+
+#[test]
+fn mooncake_trace_through_both_routers_is_reproducible() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let trace = mooncake_slice();
+    let engine = "{\"block_size\": 64, \"num_gpu_blocks\": 4096}";
+    let run = |router: &str, seed: &str| {
+        without_live(simulate(
+            dir.path(),
+            &[
+                &trace,
+                "--num-workers",
+                "3",
+                "--router-mode",
+                router,
+                "--extra-engine-args",
+                engine,
+                "--seed",
+                seed,
+            ],
+        ))
+    };
+    let rr = run("round_robin", "1");
+    assert_eq!(rr["num_requests"], 300);
+    assert_eq!(rr["completed_requests"], 300);
+    assert_eq!(rr.len(), 71);
+    let kv = run("kv_router", "1");
+    assert_eq!(kv, run("kv_router", "1"), "same seed, same report");
+    let reuse =
+        |m: &serde_json::Map<String, Value>| m["prefix_cache_reused_ratio"].as_f64().expect("r");
+    assert!(
+        reuse(&kv) > reuse(&rr),
+        "kv_router follows cached prefixes: {} vs {}",
+        reuse(&kv),
+        reuse(&rr)
+    );
+    let jsonl = dir.path().join("faster.jsonl");
+    simulate(
+        dir.path(),
+        &[
+            &trace,
+            "--arrival-speedup-ratio",
+            "4",
+            "--report-jsonl",
+            &jsonl.display().to_string(),
+        ],
+    );
+    let last_arrival = std::fs::read_to_string(&jsonl)
+        .expect("jsonl")
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).expect("line")["arrival_time_ms"]
+                .as_f64()
+                .expect("t")
+        })
+        .fold(0.0, f64::max);
+    assert_eq!(
+        last_arrival,
+        102_000.0 / 4.0,
+        "timestamps divided by the ratio"
+    );
+}
+
+#[test]
+fn per_request_lines_and_rejections() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let jsonl = dir.path().join("requests.jsonl");
+    let report = simulate(
+        dir.path(),
+        &[
+            &mooncake_slice(),
+            "--extra-engine-args",
+            "{\"block_size\": 512, \"num_gpu_blocks\": 20}",
+            "--report-jsonl",
+            &jsonl.display().to_string(),
+            "--sla-ttft-ms",
+            "1000",
+        ],
+    );
+    let lines: Vec<Value> = std::fs::read_to_string(&jsonl)
+        .expect("jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("line"))
+        .collect();
+    assert_eq!(lines.len(), 300);
+    let rejected = lines
+        .iter()
+        .filter(|l| l["terminal_status"] == "rejected")
+        .count();
+    assert!(rejected > 0, "prompts above 20 blocks of 512 cannot fit");
+    assert_eq!(report["num_requests"], 300);
+    assert_eq!(report["completed_requests"], 300 - rejected);
+    let done = lines
+        .iter()
+        .find(|l| l["terminal_status"] == "completed")
+        .expect("one completed");
+    let ttft = done["ttft_ms"].as_f64().expect("ttft");
+    let first = done["first_token_ms"].as_f64().expect("first");
+    let arrival = done["arrival_time_ms"].as_f64().expect("arrival");
+    assert!((ttft - (first - arrival)).abs() < 1e-9);
+    assert!(report["goodput_completed_requests"].as_u64().expect("g") <= 300);
+}
+
+#[test]
+fn a_single_prompt_matches_the_timing_model_spot_check() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let r = simulate(
+        dir.path(),
+        &[
+            "--input-tokens",
+            "5000",
+            "--output-tokens",
+            "20",
+            "--request-count",
+            "1",
+            "--replay-concurrency",
+            "1",
+            "--extra-engine-args",
+            "{\"block_size\": 512, \"speedup_ratio\": 2, \"decode_speedup_ratio\": 4}",
+        ],
+    );
+    let get = |k: &str| r[k].as_f64().expect(k);
+    assert!((get("mean_ttft_ms") - 52.193).abs() < 1e-3);
+    assert!((get("mean_itl_ms") - 0.72162).abs() < 1e-5);
+}
+
+#[test]
+fn meaningless_combinations_are_one_line_usage_errors() {
+    let trace = mooncake_slice();
+    let cases: [(Vec<&str>, &str); 9] = [
+        (vec![&trace, "--input-tokens", "5"], "not both"),
+        (
+            vec!["--input-tokens", "5", "--output-tokens", "5"],
+            "all of --input-tokens",
+        ),
+        (
+            vec![&trace, "--turns-per-session", "2"],
+            "--turns-per-session applies to synthetic",
+        ),
+        (
+            vec![
+                "--input-tokens",
+                "5",
+                "--output-tokens",
+                "5",
+                "--request-count",
+                "2",
+            ],
+            "exactly one of --replay-concurrency",
+        ),
+        (
+            vec![&trace, "--extra-engine-args", "{\"blok_size\": 4}"],
+            "unknown field `blok_size`",
+        ),
+        (
+            vec![&trace, "--extra-engine-args", "{\"engine_type\": \"tgi\"}"],
+            "engine_type \"tgi\"",
+        ),
+        (
+            vec![&trace, "--router-config", "{\"x\": 1}"],
+            "--router-config configures",
+        ),
+        (
+            vec![
+                &trace,
+                "--router-mode",
+                "kv_router",
+                "--router-config",
+                "{\"x\": 1}",
+            ],
+            "unknown field `x`",
+        ),
+        (
+            vec![&trace, "--num-workers", "0"],
+            "--num-workers must be at least 1",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = kvtrace(std::iter::once("simulate").chain(args.iter().copied()));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_bad_trace_row_names_file_line_and_field() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let bad: PathBuf = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [1]}\n\
+         {\"timestamp\": 1, \"input_length\": 2000, \"output_length\": 2, \"hash_ids\": [1, 2]}\n",
+    )
+    .expect("write");
+    let out = kvtrace(["simulate", &bad.display().to_string(), "-q"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("bad.jsonl") && err.contains("line 2") && err.contains("hash_ids"));
+    assert!(err.contains("--trace-block-size"), "{err}");
+}
