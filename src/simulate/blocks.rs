@@ -2,7 +2,7 @@
 //! a full prompt block is registered under its chained hash and stays reusable after its
 //! request ends, on an LRU list of inactive blocks, until a fresh block is needed.
 
-use std::collections::HashMap;
+use super::BlockMap;
 
 /// What the router's index learns from the pool after each pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,7 +24,7 @@ pub struct BlockPool {
     tail: u32,
     /// Blocks that hold nothing reusable.
     free: Vec<u32>,
-    cached: HashMap<u64, u32>,
+    cached: BlockMap<u32>,
     active: u32,
     prefix_caching: bool,
     events: Option<Vec<KvEvent>>,
@@ -42,7 +42,7 @@ impl BlockPool {
             head: NONE,
             tail: NONE,
             free: Vec::new(),
-            cached: HashMap::new(),
+            cached: BlockMap::default(),
             active: 0,
             prefix_caching,
             events: track_events.then(Vec::new),

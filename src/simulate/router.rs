@@ -3,13 +3,12 @@
 //! events after every pass) against the load the router itself has sent there. Ties are
 //! broken by a seeded generator, so kvtrace's kv_router runs are reproducible.
 
-use std::collections::{HashMap, HashSet};
-
 use serde::Deserialize;
 use serde_json::Value as Json;
 
 use super::blocks::KvEvent;
 use super::engine::RequestId;
+use super::{BlockMap, BlockSet};
 use crate::rng::SplitMix64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -198,7 +197,7 @@ pub enum RouterMode {
 struct Load {
     prefill_tokens: u64,
     /// Prompt blocks of in-flight requests, by hash, with how many requests hold each.
-    blocks: HashMap<u64, u32>,
+    blocks: BlockMap<u32>,
     /// Blocks counted once per request (partial tails, or all when reuse is not assumed).
     private_blocks: u64,
     requests: u64,
@@ -219,8 +218,9 @@ pub struct Router {
     rng: SplitMix64,
     loads: Vec<Load>,
     /// Each candidate's cached prompt blocks, as its KV events report them.
-    index: Vec<HashSet<u64>>,
-    routed: HashMap<RequestId, Routed>,
+    index: Vec<BlockSet>,
+    /// By request id.
+    routed: Vec<Option<Routed>>,
 }
 
 /// A routing decision.
@@ -238,8 +238,8 @@ impl Router {
             next: 0,
             rng: SplitMix64::new(seed),
             loads: (0..candidates).map(|_| Load::default()).collect(),
-            index: (0..candidates).map(|_| HashSet::new()).collect(),
-            routed: HashMap::new(),
+            index: (0..candidates).map(|_| BlockSet::default()).collect(),
+            routed: Vec::new(),
         }
     }
 
@@ -361,19 +361,19 @@ impl Router {
                 *load.blocks.entry(*h).or_default() += 1;
             }
         }
-        self.routed.insert(
-            id,
-            Routed {
-                candidate,
-                prefill_tokens,
-                hashes: if assume_reuse {
-                    hashes
-                } else {
-                    std::sync::Arc::from(Vec::new())
-                },
-                private_blocks,
+        if self.routed.len() <= id as usize {
+            self.routed.resize_with(id as usize + 1, || None);
+        }
+        self.routed[id as usize] = Some(Routed {
+            candidate,
+            prefill_tokens,
+            hashes: if assume_reuse {
+                hashes
+            } else {
+                std::sync::Arc::from(Vec::new())
             },
-        );
+            private_blocks,
+        });
         Route {
             candidate,
             overlap_tokens: overlap_tokens as u32,
@@ -414,7 +414,7 @@ impl Router {
 
     /// The request emitted its first token: its prompt no longer loads the candidate.
     pub fn prefill_done(&mut self, id: RequestId) {
-        if let Some(r) = self.routed.get_mut(&id) {
+        if let Some(Some(r)) = self.routed.get_mut(id as usize) {
             let load = &mut self.loads[r.candidate];
             load.prefill_tokens -= r.prefill_tokens;
             r.prefill_tokens = 0;
@@ -423,7 +423,7 @@ impl Router {
 
     /// The request ended (completed or rejected).
     pub fn free(&mut self, id: RequestId) {
-        let Some(r) = self.routed.remove(&id) else {
+        let Some(r) = self.routed.get_mut(id as usize).and_then(Option::take) else {
             return;
         };
         let load = &mut self.loads[r.candidate];

@@ -18,6 +18,9 @@ pub struct Sketch {
     sum_squares: f64,
     min: f64,
     max: f64,
+    /// The last positive sample and its key: the tokens of one pass share their gap, so
+    /// most samples repeat the one before and skip the logarithm.
+    last: (f64, i32),
 }
 
 impl Default for Sketch {
@@ -32,6 +35,7 @@ impl Default for Sketch {
             sum_squares: 0.0,
             min: f64::INFINITY,
             max: f64::NEG_INFINITY,
+            last: (f64::NAN, 0),
         }
     }
 }
@@ -55,7 +59,13 @@ impl Sketch {
         if v == 0.0 {
             self.zeros += 1;
         } else {
-            let key = ceil_key(v.ln() / self.gamma_ln);
+            let key = if v == self.last.0 {
+                self.last.1
+            } else {
+                let key = ceil_key(v.ln() / self.gamma_ln);
+                self.last = (v, key);
+                key
+            };
             if self.buckets.is_empty() {
                 self.offset = key;
             }
