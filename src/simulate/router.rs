@@ -480,7 +480,11 @@ mod tests {
         };
         assert_eq!(picks(1), picks(1), "same seed, same ties");
         assert!(
-            picks(1).iter().collect::<HashSet<_>>().len() > 1,
+            picks(1)
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len()
+                > 1,
             "load spreads"
         );
     }
