@@ -180,7 +180,19 @@ fn per_request_lines_and_rejections() {
             &jsonl.display().to_string(),
             "--sla-ttft-ms",
             "1000",
+            "--per-request-metrics",
         ],
+    );
+    let tpot = report["mean_tpot_ms"].as_f64().expect("tpot");
+    let own = report["mean_per_request_itl_ms"]
+        .as_f64()
+        .expect("per-request itl");
+    assert!((tpot - own).abs() < 1e-9, "a request's own ITL is its TPOT");
+    assert!(
+        report["p99_per_request_output_token_throughput"]
+            .as_f64()
+            .expect("rate")
+            > 0.0
     );
     let lines: Vec<Value> = std::fs::read_to_string(&jsonl)
         .expect("jsonl")

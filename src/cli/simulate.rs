@@ -125,6 +125,10 @@ pub struct Args {
     /// Goodput: end-to-end latency target
     #[arg(long, value_name = "MS")]
     sla_e2e_ms: Option<f64>,
+    /// Add kvtrace's per-request views beside the pooled ones: each request's own mean
+    /// inter-token latency and output rate (per_request_itl_ms, per_request_output_token_throughput)
+    #[arg(long)]
+    per_request_metrics: bool,
     /// No table and no progress display
     #[arg(short, long)]
     quiet: bool,
@@ -371,9 +375,13 @@ pub fn run(args: Args) -> Result<i32, Error> {
         ));
     });
     bar.finish_and_clear();
-    let summary = result
+    let mut summary = result
         .collector
         .summary(result.provision, result.wall_ms, sla);
+    if args.per_request_metrics {
+        summary.extend(result.collector.per_request_extras());
+        summary.sort_keys();
+    }
     let mut text = report_json(&summary);
     text.push('\n');
     std::fs::write(&report_path, text)
