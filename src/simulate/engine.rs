@@ -237,7 +237,15 @@ impl Engine {
             };
             let len = seq.len();
             let total = self.blocks_for(len) as u64;
-            if total > self.pool.capacity()
+            let no_evict = self.args.engine_type == EngineType::Trtllm;
+            // TRT-LLM admits only what fits to completion: a request whose whole output
+            // cannot fit would wait forever.
+            let needed = if no_evict {
+                self.blocks_for(seq.prompt_len.saturating_add(seq.output_len)) as u64
+            } else {
+                total
+            };
+            if needed > self.pool.capacity()
                 || self
                     .args
                     .max_model_len
@@ -255,7 +263,7 @@ impl Engine {
                 active_hit = self.pool.match_prefix(&seq.hashes[..hit]).1;
             }
             let free = self.pool.capacity() - self.pool.active();
-            let fits = if self.args.engine_type == EngineType::Trtllm {
+            let fits = if no_evict {
                 let footprint = |s: &Sequence| s.prompt_len.saturating_add(s.output_len);
                 let reserved: u64 = self
                     .running
@@ -321,5 +329,68 @@ impl Engine {
             }
             !done
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(id: RequestId, prompt: u32, output: u32) -> Sequence {
+        Sequence::new(id, prompt, output, Arc::from(Vec::new()))
+    }
+
+    /// Runs passes until idle; returns each request's token count.
+    fn drain(engine: &mut Engine, requests: usize) -> (Vec<u32>, Vec<RequestId>) {
+        let (mut tokens, mut rejected) = (vec![0; requests], Vec::new());
+        while let Some(out) = engine.pass() {
+            for (id, _) in out.emitted {
+                tokens[id as usize] += 1;
+            }
+            rejected.extend(out.rejected);
+        }
+        (tokens, rejected)
+    }
+
+    #[test]
+    fn trtllm_rejects_what_cannot_fit_to_completion_and_never_preempts() {
+        let args = EngineArgs {
+            engine_type: EngineType::Trtllm,
+            block_size: 32,
+            num_gpu_blocks: 64,
+            ..EngineArgs::default()
+        };
+        let mut engine = Engine::new(args, false, false);
+        engine.enqueue(seq(0, 1000, 3000));
+        engine.enqueue(seq(1, 100, 5));
+        let (tokens, rejected) = drain(&mut engine, 2);
+        assert_eq!(rejected, [0]);
+        assert_eq!(tokens, [0, 5]);
+    }
+
+    #[test]
+    fn a_full_pool_preempts_the_newest_and_everyone_still_finishes() {
+        let args = EngineArgs {
+            block_size: 16,
+            num_gpu_blocks: 12,
+            ..EngineArgs::default()
+        };
+        let mut engine = Engine::new(args, false, false);
+        for id in 0..3 {
+            engine.enqueue(seq(id, 60, 40));
+        }
+        let mut preempted = 0;
+        let mut tokens = [0u32; 3];
+        while let Some(out) = engine.pass() {
+            preempted += out.preempted.len();
+            for (id, _) in out.emitted {
+                tokens[id as usize] += 1;
+            }
+        }
+        assert!(
+            preempted > 0,
+            "three 100-token sequences cannot share 192 tokens of KV"
+        );
+        assert_eq!(tokens, [40, 40, 40], "recompute never re-emits a token");
     }
 }
