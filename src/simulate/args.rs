@@ -161,13 +161,7 @@ pub struct Parsed {
 impl EngineArgs {
     /// Parses the JSON text; errors are one line naming the field.
     pub fn from_json(text: &str) -> Result<Parsed, String> {
-        let raw: Raw = serde_json::from_str(text).map_err(|e| {
-            let message = e.to_string();
-            match message.find(" at line ") {
-                Some(cut) => message[..cut].to_owned(),
-                None => message,
-            }
-        })?;
+        let raw: Raw = serde_json::from_str(text).map_err(super::field_error)?;
         let mut args = EngineArgs::default();
         let mut warnings = Vec::new();
         if let Some(t) = &raw.engine_type {

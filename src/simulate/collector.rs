@@ -43,20 +43,23 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
-    fn ttft(&self) -> Option<f64> {
+    /// Time to first token.
+    pub fn ttft(&self) -> Option<f64> {
         Some(self.first_token_ms? - self.arrival_time_ms)
     }
 
-    fn ttst(&self) -> Option<f64> {
+    /// Time from the first token to the second.
+    pub fn ttst(&self) -> Option<f64> {
         Some(self.second_token_ms? - self.first_token_ms?)
     }
 
-    fn e2e(&self) -> Option<f64> {
+    /// Arrival to last token.
+    pub fn e2e(&self) -> Option<f64> {
         Some(self.last_token_ms? - self.arrival_time_ms)
     }
 
     /// Mean gap between this request's tokens.
-    fn tpot(&self) -> Option<f64> {
+    pub fn tpot(&self) -> Option<f64> {
         if self.output_length < 2 {
             return None;
         }
@@ -191,7 +194,32 @@ impl Exact {
         values.sort_by(f64::total_cmp);
         Exact(values)
     }
+}
 
+/// A distribution the report can describe; `figure` maps a report key's statistic
+/// (`mean`, `median`, `p90`, ...) onto it.
+trait Distribution {
+    fn mean(&self) -> f64;
+    fn min(&self) -> f64;
+    fn max(&self) -> f64;
+    /// Population standard deviation.
+    fn std(&self) -> f64;
+    /// Rounded-rank percentile, `p` in 0..=100.
+    fn percentile(&self, p: f64) -> f64;
+
+    fn figure(&self, stat: &str) -> f64 {
+        match stat {
+            "mean" => self.mean(),
+            "min" => self.min(),
+            "max" => self.max(),
+            "std" => self.std(),
+            "median" => self.percentile(50.0),
+            p => self.percentile(p[1..].parse().unwrap_or(50.0)),
+        }
+    }
+}
+
+impl Distribution for Exact {
     fn percentile(&self, p: f64) -> f64 {
         match self.0.len() {
             0 => 0.0,
@@ -224,34 +252,25 @@ impl Exact {
     }
 }
 
-/// The figures of one distribution, by report key suffix.
-trait Distribution {
-    fn figure(&self, stat: &str) -> f64;
-}
-
-impl Distribution for Exact {
-    fn figure(&self, stat: &str) -> f64 {
-        match stat {
-            "mean" => self.mean(),
-            "min" => self.min(),
-            "max" => self.max(),
-            "std" => self.std(),
-            "median" => self.percentile(50.0),
-            p => self.percentile(p[1..].parse().unwrap_or(50.0)),
-        }
-    }
-}
-
 impl Distribution for Sketch {
-    fn figure(&self, stat: &str) -> f64 {
-        match stat {
-            "mean" => self.mean(),
-            "min" => self.min(),
-            "max" => self.max(),
-            "std" => self.std(),
-            "median" => self.percentile(50.0),
-            p => self.percentile(p[1..].parse().unwrap_or(50.0)),
-        }
+    fn mean(&self) -> f64 {
+        Sketch::mean(self)
+    }
+
+    fn min(&self) -> f64 {
+        Sketch::min(self)
+    }
+
+    fn max(&self) -> f64 {
+        Sketch::max(self)
+    }
+
+    fn std(&self) -> f64 {
+        Sketch::std(self)
+    }
+
+    fn percentile(&self, p: f64) -> f64 {
+        Sketch::percentile(self, p)
     }
 }
 

@@ -14,28 +14,19 @@ pub mod router;
 pub mod sketch;
 pub mod workload;
 
-/// Hashes of prompt blocks are xxh3 outputs already: maps keyed by them use the value itself.
-#[derive(Default, Clone, Copy)]
-pub struct BlockHashHasher(u64);
-
-impl std::hash::Hasher for BlockHashHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type BlockHashBuild = std::hash::BuildHasherDefault<BlockHashHasher>;
+/// Block hashes are xxh3 digests already: maps keyed by them fold the value itself.
+type BlockHashBuild = std::hash::BuildHasherDefault<crate::storage::KeyIdHasher>;
 /// A map keyed by block hash.
 pub type BlockMap<V> = std::collections::HashMap<u64, V, BlockHashBuild>;
 /// A set of block hashes.
 pub type BlockSet = std::collections::HashSet<u64, BlockHashBuild>;
+
+/// A serde error without serde's " at line L column C" suffix: the JSON comes from one flag,
+/// so the field name is what locates the mistake.
+fn field_error(e: serde_json::Error) -> String {
+    let message = e.to_string();
+    match message.find(" at line ") {
+        Some(cut) => message[..cut].to_owned(),
+        None => message,
+    }
+}

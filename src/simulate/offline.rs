@@ -177,7 +177,7 @@ impl Simulation<'_> {
                 self.arrivals.pop();
                 self.arrive(s, now.0);
             }
-            self.drain_queue(now.0);
+            self.drain_queue();
             for w in 0..self.workers.len() {
                 if !self.workers[w].busy {
                     self.start_pass(w, now.0);
@@ -245,7 +245,7 @@ impl Simulation<'_> {
     }
 
     /// Releases queued requests, best first, while some candidate has room.
-    fn drain_queue(&mut self, _now: f64) {
+    fn drain_queue(&mut self) {
         let budget = self
             .config
             .engine

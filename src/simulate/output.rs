@@ -128,19 +128,12 @@ pub fn table(summary: &Map<String, Json>) -> String {
 
 /// One request's JSON line: its times, lengths, workers and terminal status.
 pub fn request_line(r: &RequestRecord) -> String {
-    let ttft = r.first_token_ms.map(|t| t - r.arrival_time_ms);
-    let ttst = r.first_token_ms.zip(r.second_token_ms).map(|(a, b)| b - a);
-    let e2e = r.last_token_ms.map(|t| t - r.arrival_time_ms);
-    let itl = match (r.first_token_ms, r.last_token_ms) {
-        (Some(a), Some(b)) if r.output_length > 1 => Some((b - a) / f64::from(r.output_length - 1)),
-        _ => None,
-    };
     let mut v = serde_json::to_value(r).unwrap_or_default();
     if let Some(m) = v.as_object_mut() {
-        m.insert("ttft_ms".into(), serde_json::json!(ttft));
-        m.insert("ttst_ms".into(), serde_json::json!(ttst));
-        m.insert("e2e_latency_ms".into(), serde_json::json!(e2e));
-        m.insert("itl_ms".into(), serde_json::json!(itl));
+        m.insert("ttft_ms".into(), serde_json::json!(r.ttft()));
+        m.insert("ttst_ms".into(), serde_json::json!(r.ttst()));
+        m.insert("e2e_latency_ms".into(), serde_json::json!(r.e2e()));
+        m.insert("itl_ms".into(), serde_json::json!(r.tpot()));
     }
     v.to_string()
 }

@@ -112,14 +112,7 @@ impl QueuePolicy {
 impl KvRouterConfig {
     /// Parses `--router-config` JSON; errors are one line naming the field.
     pub fn from_json(text: &str) -> Result<KvRouterConfig, String> {
-        let raw: RawRouter = serde_json::from_str(text).map_err(|e| {
-            let message = e.to_string();
-            message
-                .split(" at line ")
-                .next()
-                .unwrap_or_default()
-                .to_owned()
-        })?;
+        let raw: RawRouter = serde_json::from_str(text).map_err(super::field_error)?;
         let mut c = KvRouterConfig::default();
         if let Some(w) = raw.overlap_score_weight {
             c.prefill_load_scale = w;

@@ -90,8 +90,9 @@ impl KeyId {
     }
 }
 
-/// Hashes a [`KeyId`] by folding its bits: it is already a uniform 128-bit digest, so
-/// hashing it again (std's SipHash) only costs time on every lookup.
+/// Hashes a [`KeyId`] (or any key that is itself a digest, such as a 64-bit block hash) by
+/// folding its bits: it is already uniform, so hashing it again (std's SipHash) only costs
+/// time on every lookup.
 #[derive(Default, Clone, Copy)]
 pub struct KeyIdHasher(u64);
 
@@ -318,9 +319,12 @@ struct L1 {
 }
 
 impl L1 {
+    /// Writes an object's bytes, as an admission or a load from L2 does.
     fn put(&mut self, key: KeyId, size: u64) -> io::Result<()> {
         self.backend.put(key, size)?;
         self.modelled[0] += self.backend.modelled_seconds(size).unwrap_or(0.0);
+        self.stats.writes += 1;
+        self.stats.bytes_written += size;
         Ok(())
     }
 
@@ -756,8 +760,6 @@ impl StorageManager {
             self.l1
                 .put(key, size)
                 .map_err(|e| CallError::Io(e.to_string()))?;
-            self.l1.stats.writes += 1;
-            self.l1.stats.bytes_written += size;
             admitted += 1;
             if self.config.placement == Placement::WriteThrough {
                 for tier in &mut self.l2 {
@@ -904,8 +906,6 @@ impl StorageManager {
         self.l1
             .put(key, size)
             .map_err(|e| CallError::Io(e.to_string()))?;
-        self.l1.stats.writes += 1;
-        self.l1.stats.bytes_written += size;
         Ok(true)
     }
 
