@@ -730,12 +730,28 @@ fn replay_models_a_gpu_top_tier_from_the_toml_file() {
         "{modelled} s for {written} bytes at 10 GB/s"
     );
 
-    std::fs::write(&config, "[l1]\ndevice = \"gpu\"\nbandwidth_gbps = -1\n").expect("write");
-    let bad = kvtrace(args);
-    assert_eq!(bad.status.code(), Some(2));
-    let err = text(&bad.stderr);
-    assert!(err.contains("l1.bandwidth_gbps -1"), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
+    for (toml, expected) in [
+        (
+            "[l1]\ndevice = \"gpu\"\nbandwidth_gbps = -1\n",
+            "l1.bandwidth_gbps -1",
+        ),
+        ("[l1]\ndevice = \"tpu\"\n", "l1.device \"tpu\": cpu or gpu"),
+        (
+            "[l1]\ndevice = \"cpu\"\nbandwidth_gbps = 5\n",
+            "applies to device = \"gpu\" only",
+        ),
+        (
+            "[[l2]]\ntype = \"gpu\"\nbandwidth_gbps = 0\n",
+            "l2[0]: bandwidth_gbps 0",
+        ),
+    ] {
+        std::fs::write(&config, toml).expect("write");
+        let bad = kvtrace(args);
+        let err = text(&bad.stderr);
+        assert_eq!(bad.status.code(), Some(2), "{toml}: {err}");
+        assert!(err.contains(expected), "{toml}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
 }
 
 /// The `trace_replay_summary.json` a replay wrote into `dir`.

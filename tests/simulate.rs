@@ -244,7 +244,17 @@ fn a_single_prompt_matches_the_timing_model_spot_check() {
 #[test]
 fn meaningless_combinations_are_one_line_usage_errors() {
     let trace = mooncake_slice();
-    let cases: [(Vec<&str>, &str); 9] = [
+    let synthetic = [
+        "--input-tokens",
+        "5",
+        "--output-tokens",
+        "5",
+        "--request-count",
+        "2",
+    ];
+    let with =
+        |extra: &[&'static str]| -> Vec<&str> { synthetic.iter().chain(extra).copied().collect() };
+    let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec![&trace, "--input-tokens", "5"], "not both"),
         (
             vec!["--input-tokens", "5", "--output-tokens", "5"],
@@ -291,6 +301,60 @@ fn meaningless_combinations_are_one_line_usage_errors() {
             vec![&trace, "--num-workers", "0"],
             "--num-workers must be at least 1",
         ),
+        (
+            vec![&trace, "--replay-concurrency", "0"],
+            "--replay-concurrency must be at least 1",
+        ),
+        (
+            vec![&trace, "--arrival-speedup-ratio", "0"],
+            "--arrival-speedup-ratio 0",
+        ),
+        (
+            vec![&trace, "--trace-block-size", "0"],
+            "--trace-block-size must be at least 1",
+        ),
+        (
+            vec![&trace, "--replay-mode", "online"],
+            "--replay-mode online",
+        ),
+        (
+            vec![&trace, "--num-prefill-workers", "1"],
+            "disaggregated serving",
+        ),
+        (
+            vec![
+                &trace,
+                "--extra-engine-args",
+                "{\"engine_type\": \"sglang\"}",
+            ],
+            "sglang",
+        ),
+        (
+            vec![
+                &trace,
+                "--extra-engine-args",
+                "{\"worker_type\": \"prefill\"}",
+            ],
+            "worker_type prefill/decode",
+        ),
+        (vec![&trace, "--sla-ttft-ms=-1"], "--sla-ttft-ms -1"),
+        (with(&["--request-rate", "0"]), "--request-rate 0"),
+        (
+            with(&["--arrival-interval-ms=-1"]),
+            "--arrival-interval-ms -1",
+        ),
+        (
+            with(&["--replay-concurrency", "2", "--shared-prefix-ratio", "1.5"]),
+            "--shared-prefix-ratio 1.5",
+        ),
+        (
+            with(&["--replay-concurrency", "2", "--inter-turn-delay-ms=-3"]),
+            "--inter-turn-delay-ms -3",
+        ),
+        (
+            with(&["--replay-concurrency", "2", "--turns-per-session", "0"]),
+            "must be at least 1",
+        ),
     ];
     for (args, expected) in cases {
         let out = kvtrace(std::iter::once("simulate").chain(args.iter().copied()));
@@ -299,6 +363,23 @@ fn meaningless_combinations_are_one_line_usage_errors() {
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
         assert!(err.contains(expected), "{args:?}: {err}");
     }
+    let missing = kvtrace([
+        "simulate",
+        &trace,
+        "--extra-engine-args",
+        "/no/such/args.json",
+    ]);
+    let err = text(&missing.stderr);
+    assert_eq!(
+        missing.status.code(),
+        Some(1),
+        "an unreadable file is an I/O error: {err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("/no/such/args.json") && err.contains("cannot read"),
+        "{err}"
+    );
 }
 
 #[test]
