@@ -68,6 +68,7 @@ fn block_mode_loses_nothing_under_concurrent_publishers() {
         BusOptions {
             capacity: 8,
             backpressure: Backpressure::Block,
+            ..BusOptions::default()
         },
         vec![Box::new(recorder)],
     )
@@ -142,6 +143,7 @@ fn drop_mode_never_waits_and_counts_every_drop() {
         BusOptions {
             capacity: 16,
             backpressure: Backpressure::Drop,
+            ..BusOptions::default()
         },
         vec![Box::new(gate), Box::new(recorder)],
     )

@@ -319,7 +319,53 @@ fn meaningless_combinations_are_one_line_usage_errors() {
         ),
         (
             vec![&trace, "--num-prefill-workers", "1"],
-            "disaggregated serving",
+            "need --prefill-engine-args and --decode-engine-args",
+        ),
+        (
+            vec![&trace, "--prefill-engine-args", "{}"],
+            "needs both --prefill-engine-args and --decode-engine-args",
+        ),
+        (
+            vec![
+                &trace,
+                "--prefill-engine-args",
+                "{\"worker_type\": \"decode\"}",
+                "--decode-engine-args",
+                "{}",
+            ],
+            "--prefill-engine-args: worker_type must be \"prefill\"",
+        ),
+        (
+            vec![
+                &trace,
+                "--prefill-engine-args",
+                "{\"block_size\": 32}",
+                "--decode-engine-args",
+                "{\"block_size\": 64}",
+            ],
+            "block sizes differ (32 and 64)",
+        ),
+        (
+            vec![
+                &trace,
+                "--prefill-engine-args",
+                "{}",
+                "--decode-engine-args",
+                "{}",
+                "--num-workers",
+                "2",
+            ],
+            "describe aggregated workers",
+        ),
+        (vec![&trace, "--eviction-policy", "LRU"], "need KV offload"),
+        (vec![&trace, "--record", "x.lct"], "need KV offload"),
+        (
+            vec![&trace, "--l1-size-gb", "1", "--offload-chunk-size", "0"],
+            "--offload-chunk-size must be at least 1",
+        ),
+        (
+            vec![&trace, "--l1-size-gb", "1", "--offload-l2-gbps", "0"],
+            "--offload-l2-gbps 0",
         ),
         (
             vec![
@@ -398,4 +444,149 @@ fn a_bad_trace_row_names_file_line_and_field() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("bad.jsonl") && err.contains("line 2") && err.contains("hash_ids"));
     assert!(err.contains("--trace-block-size"), "{err}");
+}
+
+#[test]
+fn disaggregated_pools_hand_prompts_to_decode_workers_under_both_routers() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let trace = mooncake_slice();
+    let disagg = |router: &str, prefill_args: &str| {
+        simulate(
+            dir.path(),
+            &[
+                &trace,
+                "--router-mode",
+                router,
+                "--prefill-engine-args",
+                prefill_args,
+                "--decode-engine-args",
+                "{\"worker_type\": \"decode\"}",
+                "--num-prefill-workers",
+                "2",
+                "--num-decode-workers",
+                "2",
+            ],
+        )
+    };
+    let get = |m: &serde_json::Map<String, Value>, k: &str| m[k].as_f64().expect(k);
+    let aggregated = simulate(dir.path(), &[&trace, "--num-workers", "4"]);
+    for router in ["round_robin", "kv_router"] {
+        let r = disagg(router, "{\"worker_type\": \"prefill\"}");
+        assert_eq!(r["completed_requests"], 300, "{router}");
+        assert!(get(&r, "prefill_worker_seconds") > 0.0, "{router}");
+        assert!(
+            get(&r, "p99_ttst_ms") < get(&aggregated, "p99_ttst_ms") / 4.0,
+            "{router}: decode workers never stall behind a prefill chunk"
+        );
+    }
+    let plain = disagg("kv_router", "{}");
+    let linked = disagg(
+        "kv_router",
+        "{\"kv_bytes_per_token\": 131072, \"kv_transfer_bandwidth\": 1.0}",
+    );
+    let mean_transfer_ms = get(&linked, "total_input_tokens") / 300.0 * 131_072.0 / 1e6;
+    assert!(
+        get(&linked, "mean_ttft_ms") - get(&plain, "mean_ttft_ms") > 0.5 * mean_transfer_ms,
+        "the KV transfer delays the first token"
+    );
+}
+
+/// A shared-prefix workload on small GPU caches: prefixes evicted from the GPU come back
+/// from the store.
+fn offload_workload(extra: &[&str]) -> Vec<String> {
+    let base = [
+        "--input-tokens",
+        "4096",
+        "--output-tokens",
+        "16",
+        "--request-count",
+        "200",
+        "--shared-prefix-ratio",
+        "0.75",
+        "--num-prefix-groups",
+        "4",
+        "--request-rate",
+        "20",
+        "--num-workers",
+        "4",
+        "--extra-engine-args",
+        "{\"kv_bytes_per_token\": 1024, \"num_gpu_blocks\": 256}",
+    ];
+    base.iter().chain(extra).map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn kv_offload_serves_evicted_prefixes_and_its_recording_replays_to_the_same_hits() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let run = |extra: &[&str]| {
+        let args = offload_workload(extra);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        without_live(simulate(dir.path(), &refs))
+    };
+    let tier = |name: &str| {
+        format!(
+            "{{\"type\":\"fs\",\"path\":\"{}\",\"capacity_gb\":0.1}}",
+            dir.path().join(name).display()
+        )
+    };
+    let recording = dir.path().join("rec.lct");
+    let rec = recording.display().to_string();
+    let (tier_a, tier_b, tier_c) = (tier("l2a"), tier("l2b"), tier("l2c"));
+    let store = |l2: &str, record: Option<&str>| {
+        let mut extra = vec![
+            "--l1-size-gb",
+            "0.0125",
+            "--eviction-timing",
+            "immediate",
+            "--l2-adapter",
+        ];
+        extra.push(l2);
+        if let Some(r) = record {
+            extra.extend(["--record", r]);
+        }
+        run(&extra)
+    };
+    let base = run(&[]);
+    let with = store(&tier_a, Some(&rec));
+    let get = |m: &serde_json::Map<String, Value>, k: &str| m[k].as_f64().expect(k);
+    assert!(get(&with, "offload_l1_hit_chunks") > 0.0);
+    assert!(
+        get(&with, "offload_l2_hit_chunks") > 0.0,
+        "the file tier serves"
+    );
+    assert!(
+        get(&with, "mean_ttft_ms") < get(&base, "mean_ttft_ms"),
+        "loading beats recomputing: {} vs {}",
+        get(&with, "mean_ttft_ms"),
+        get(&base, "mean_ttft_ms")
+    );
+    assert_eq!(
+        with,
+        store(&tier_b, None),
+        "same workload, same store, same report"
+    );
+
+    let out = kvtrace([
+        "replay",
+        &rec,
+        "--l1-accounting-only",
+        "--l2-adapter",
+        &tier_c,
+        "--json",
+        "--no-csv",
+        "-q",
+        "--output-dir",
+        &dir.path().display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("trace_replay_summary.json")).expect("summary"),
+    )
+    .expect("json");
+    let k = &summary["kvtrace"];
+    assert_eq!(k["failed"], 0);
+    assert_eq!(k["hits"]["hit_chunks"], with["offload_hit_chunks"]);
+    assert_eq!(k["hits"]["l2_hit_chunks"], with["offload_l2_hit_chunks"]);
+    assert_eq!(k["calls"]["keys_admitted"], with["offload_stored_chunks"]);
+    assert_eq!(k["calls"]["prefetches"], with["offload_lookups"]);
 }

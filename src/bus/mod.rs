@@ -78,6 +78,10 @@ pub struct BusOptions {
     /// Events the queue holds before `block` waits or `drop` drops.
     pub capacity: usize,
     pub backpressure: Backpressure,
+    /// Stamp events with a simulation's clock instead of the machine's: `(t_mono, t_wall)`
+    /// of virtual time zero. A simulation moves the clock with [`Tracer::set_virtual_time`],
+    /// so a recorded trace carries simulated times and is the same bytes every run.
+    pub virtual_origin: Option<(f64, f64)>,
 }
 
 impl Default for BusOptions {
@@ -85,8 +89,16 @@ impl Default for BusOptions {
         BusOptions {
             capacity: 1 << 16,
             backpressure: Backpressure::Block,
+            virtual_origin: None,
         }
     }
+}
+
+/// A simulation's clock: the origin and the current virtual second (f64 bits).
+struct VirtualClock {
+    origin_mono: f64,
+    origin_wall: f64,
+    now: AtomicU64,
 }
 
 enum Message {
@@ -102,6 +114,7 @@ struct Shared {
     /// Argument buffers the drain thread hands back for reuse: publishers then neither
     /// allocate nor free per call, and no memory crosses threads through the allocator.
     spare: Option<Receiver<Vec<u8>>>,
+    virtual_clock: Option<VirtualClock>,
 }
 
 /// Buffers kept for reuse; larger ones are freed rather than pooled.
@@ -124,6 +137,7 @@ impl Tracer {
                 backpressure: Backpressure::Block,
                 tx: None,
                 spare: None,
+                virtual_clock: None,
             }),
         }
     }
@@ -145,8 +159,13 @@ impl Tracer {
         if !self.is_recording() {
             return;
         }
-        let t_mono = clock::monotonic_secs();
-        let t_wall = clock::wall_secs();
+        let (t_mono, t_wall) = match &self.shared.virtual_clock {
+            Some(c) => {
+                let now = f64::from_bits(c.now.load(Ordering::Relaxed));
+                (c.origin_mono + now, c.origin_wall + now)
+            }
+            None => (clock::monotonic_secs(), clock::wall_secs()),
+        };
         let mut args = match self.shared.spare.as_ref().and_then(|s| s.try_recv().ok()) {
             Some(mut buf) => {
                 buf.clear();
@@ -180,6 +199,14 @@ impl Tracer {
         }
     }
 
+    /// Moves the virtual clock of a bus started with `virtual_origin` (seconds since its
+    /// origin); does nothing on a bus that follows the machine's clock.
+    pub fn set_virtual_time(&self, secs: f64) {
+        if let Some(c) = &self.shared.virtual_clock {
+            c.now.store(secs.to_bits(), Ordering::Relaxed);
+        }
+    }
+
     /// Events dropped so far.
     pub fn dropped(&self) -> u64 {
         self.shared.dropped.load(Ordering::Relaxed)
@@ -204,6 +231,13 @@ impl EventBus {
             backpressure: options.backpressure,
             tx: Some(tx),
             spare: Some(spare_rx),
+            virtual_clock: options
+                .virtual_origin
+                .map(|(origin_mono, origin_wall)| VirtualClock {
+                    origin_mono,
+                    origin_wall,
+                    now: AtomicU64::new(0f64.to_bits()),
+                }),
         });
         let drain_shared = Arc::clone(&shared);
         let drain = std::thread::Builder::new()

@@ -23,6 +23,8 @@ pub struct Recorder {
     writer: TraceWriter<TraceSink>,
     path: String,
     options: RecorderOptions,
+    /// Time of the last record, so the trailer never goes back in time on a virtual clock.
+    last_t_mono: f64,
 }
 
 impl Recorder {
@@ -36,7 +38,14 @@ impl Recorder {
             writer: TraceWriter::new(sink, header),
             path: shown,
             options,
+            last_t_mono: 0.0,
         })
+    }
+
+    /// `(t_mono, t_wall)` of the header: the origin a virtual-clock bus stamps from.
+    pub fn origin(&self) -> (f64, f64) {
+        let h = self.writer.header();
+        (h.t_mono_start, h.t_wall_start)
     }
 
     fn io(&self, what: &str, e: std::io::Error) -> Error {
@@ -64,6 +73,7 @@ impl Recorder {
 impl Subscriber for Recorder {
     fn on_event(&mut self, event: &CallEvent) -> Result<()> {
         let t_mono = self.since_start(event.t_mono);
+        self.last_t_mono = self.last_t_mono.max(t_mono);
         self.writer
             .write_record_parts(t_mono, event.t_wall, &event.qualname, &event.args)
             .map_err(|e| self.io("cannot write a record", e))
@@ -82,9 +92,12 @@ impl Subscriber for Recorder {
             msgpack::put_str(&mut args, bus.backpressure.name());
             msgpack::put_str(&mut args, "kvtrace_version");
             msgpack::put_str(&mut args, env!("CARGO_PKG_VERSION"));
-            let t_mono = self.since_start(clock::monotonic_secs());
+            let t_mono = self
+                .since_start(clock::monotonic_secs())
+                .max(self.last_t_mono);
+            let t_wall = self.writer.header().t_wall_start + t_mono;
             self.writer
-                .write_record_parts(t_mono, clock::wall_secs(), RECORDER_SUMMARY, &args)
+                .write_record_parts(t_mono, t_wall, RECORDER_SUMMARY, &args)
                 .map_err(|e| self.io("cannot write the trailer", e))?;
         }
         let path = self.path.clone();

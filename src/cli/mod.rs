@@ -8,6 +8,7 @@ mod generate;
 mod info;
 mod replay;
 mod simulate;
+mod tiers;
 
 use std::io::{self, Write};
 
@@ -41,7 +42,7 @@ enum Command {
     Generate(generate::Args),
     Replay(replay::Args),
     Diff(diff::Args),
-    Simulate(simulate::Args),
+    Simulate(Box<simulate::Args>),
 }
 
 /// Options every trace-reading command shares.
@@ -114,7 +115,7 @@ pub fn run() -> i32 {
         Command::Generate(args) => generate::run(args),
         Command::Replay(args) => replay::run(args),
         Command::Diff(args) => diff::run(args),
-        Command::Simulate(args) => simulate::run(args),
+        Command::Simulate(args) => simulate::run(*args),
     };
     result.unwrap_or_else(|e| report(&e))
 }

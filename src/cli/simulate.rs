@@ -6,18 +6,26 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kvtrace::bus::recorder::{Recorder, RecorderOptions};
+use kvtrace::bus::{BusOptions, EventBus, Tracer};
 use kvtrace::clock::local_stamp;
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::simulate::args::{EngineArgs, EngineType, WorkerType};
 use kvtrace::simulate::collector::Sla;
-use kvtrace::simulate::offline::{simulate, SimConfig};
+use kvtrace::simulate::offline::{simulate, PrefillPool, SimConfig};
+use kvtrace::simulate::offload::{
+    Offload, OffloadConfig, DEFAULT_CHUNK_TOKENS, DEFAULT_KV_BYTES_PER_TOKEN,
+};
 use kvtrace::simulate::output::{report_json, request_line, table};
 use kvtrace::simulate::router::{KvRouterConfig, QueuePolicy, RouterMode};
 use kvtrace::simulate::workload::{
     read_mooncake, SyntheticArrivals, SyntheticSpec, Workload, DEFAULT_TRACE_BLOCK_SIZE,
 };
+use kvtrace::storage::config::StorageConfig;
+use kvtrace::storage::StorageManager;
 
 use super::print_stdout;
+use super::tiers::{apply_toml, TierArgs};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum ReplayMode {
@@ -47,13 +55,13 @@ pub struct Args {
     replay_mode: ReplayMode,
     #[arg(long, value_enum, default_value = "round_robin")]
     router_mode: RouterKind,
-    /// Aggregated workers
-    #[arg(long, default_value_t = 1)]
-    num_workers: u32,
-    /// Prefill workers (disaggregated serving)
+    /// Aggregated workers [default: 1]
+    #[arg(long)]
+    num_workers: Option<u32>,
+    /// Prefill workers (disaggregated serving) [default: 1]
     #[arg(long)]
     num_prefill_workers: Option<u32>,
-    /// Decode workers (disaggregated serving)
+    /// Decode workers (disaggregated serving) [default: 1]
     #[arg(long)]
     num_decode_workers: Option<u32>,
     /// Closed loop: keep at most N requests (or multi-turn sessions) in flight
@@ -132,6 +140,36 @@ pub struct Args {
     /// No table and no progress display
     #[arg(short, long)]
     quiet: bool,
+    /// KV offload: a TOML tier hierarchy (as `kvtrace replay --config`) for one StorageManager
+    /// every engine shares; the tier flags below override it. L1 keeps sizes only unless the
+    /// file sets `accounting_only = false`
+    #[arg(long, value_name = "FILE", help_heading = "KV offload")]
+    storage: Option<PathBuf>,
+    /// KV offload: tokens per stored chunk
+    #[arg(long, value_name = "TOKENS", default_value_t = DEFAULT_CHUNK_TOKENS, help_heading = "KV offload")]
+    offload_chunk_size: u32,
+    /// KV offload: GB/s of a load from L1 into the GPU (added to the pass)
+    #[arg(
+        long,
+        value_name = "GBPS",
+        default_value_t = 25.0,
+        help_heading = "KV offload"
+    )]
+    offload_l1_gbps: f64,
+    /// KV offload: GB/s of a load that comes from an L2 tier
+    #[arg(
+        long,
+        value_name = "GBPS",
+        default_value_t = 5.0,
+        help_heading = "KV offload"
+    )]
+    offload_l2_gbps: f64,
+    /// KV offload: record every StorageManager call as an LMCT trace (a name ending in .zst
+    /// is compressed), stamped with simulated time
+    #[arg(long, value_name = "PATH", help_heading = "KV offload")]
+    record: Option<PathBuf>,
+    #[command(flatten)]
+    tiers: TierArgs,
 }
 
 /// JSON given inline or as a file name.
@@ -167,6 +205,77 @@ fn engine_args(
         .map(|p| QueuePolicy::parse(&p).map_err(|e| Error::usage(format!("{flag}: {e}"))))
         .transpose()?;
     Ok((parsed.args, queue_policy))
+}
+
+fn at_least_one(flag: &str, n: Option<u32>) -> Result<u32, Error> {
+    match n {
+        Some(0) => Err(Error::usage(format!("{flag} must be at least 1"))),
+        n => Ok(n.unwrap_or(1)),
+    }
+}
+
+/// The decode (or aggregated) engines and their count, the prefill pool of a disaggregated
+/// run, and the router queue policy the engine arguments override.
+fn pools(
+    args: &Args,
+) -> Result<(EngineArgs, u32, Option<PrefillPool>, Option<QueuePolicy>), Error> {
+    let staged = args.prefill_engine_args.is_some() || args.decode_engine_args.is_some();
+    let staged_counts = args.num_prefill_workers.is_some() || args.num_decode_workers.is_some();
+    if !staged {
+        if staged_counts {
+            return Err(Error::usage(
+                "--num-prefill-workers/--num-decode-workers need --prefill-engine-args and --decode-engine-args",
+            ));
+        }
+        let workers = at_least_one("--num-workers", args.num_workers)?;
+        let (engine, queue) =
+            engine_args("--extra-engine-args", args.extra_engine_args.as_deref())?;
+        if engine.worker_type != WorkerType::Aggregated {
+            return Err(Error::usage(
+                "--extra-engine-args: worker_type prefill/decode belongs in --prefill-engine-args/--decode-engine-args",
+            ));
+        }
+        return Ok((engine, workers, None, queue));
+    }
+    let (Some(p), Some(d)) = (&args.prefill_engine_args, &args.decode_engine_args) else {
+        return Err(Error::usage(
+            "disaggregated serving needs both --prefill-engine-args and --decode-engine-args",
+        ));
+    };
+    if args.extra_engine_args.is_some() || args.num_workers.is_some() {
+        return Err(Error::usage(
+            "--extra-engine-args/--num-workers describe aggregated workers; a disaggregated run takes --prefill-engine-args/--decode-engine-args and --num-prefill-workers/--num-decode-workers",
+        ));
+    }
+    let (prefill, queue) = engine_args("--prefill-engine-args", Some(p))?;
+    let (decode, _) = engine_args("--decode-engine-args", Some(d))?;
+    for (flag, a, want) in [
+        ("--prefill-engine-args", &prefill, WorkerType::Prefill),
+        ("--decode-engine-args", &decode, WorkerType::Decode),
+    ] {
+        if a.worker_type != want && a.worker_type != WorkerType::Aggregated {
+            let name = if want == WorkerType::Prefill {
+                "prefill"
+            } else {
+                "decode"
+            };
+            return Err(Error::usage(format!(
+                "{flag}: worker_type must be \"{name}\" (or left out)"
+            )));
+        }
+    }
+    if prefill.block_size != decode.block_size {
+        return Err(Error::usage(format!(
+            "prefill and decode block sizes differ ({} and {}): the KV handoff needs one block size",
+            prefill.block_size, decode.block_size
+        )));
+    }
+    let pool = PrefillPool {
+        engine: prefill,
+        workers: at_least_one("--num-prefill-workers", args.num_prefill_workers)?,
+    };
+    let workers = at_least_one("--num-decode-workers", args.num_decode_workers)?;
+    Ok((decode, workers, Some(pool), queue))
 }
 
 fn positive(flag: &str, v: f64) -> Result<f64, Error> {
@@ -301,6 +410,62 @@ fn router_mode(args: &Args, queue_override: Option<QueuePolicy>) -> Result<Route
     }
 }
 
+/// The shared StorageManager and, with `--record`, the bus that records its calls.
+fn offload(
+    args: &Args,
+    kv_bytes_per_token: Option<u64>,
+) -> Result<Option<(Offload, Option<EventBus>)>, Error> {
+    if args.storage.is_none() && args.tiers.l1_size_gb.is_none() {
+        if args.tiers.given() || args.record.is_some() {
+            return Err(Error::usage(
+                "tier flags and --record need KV offload: give --storage FILE or --l1-size-gb",
+            ));
+        }
+        return Ok(None);
+    }
+    if args.offload_chunk_size == 0 {
+        return Err(Error::usage("--offload-chunk-size must be at least 1"));
+    }
+    positive("--offload-l1-gbps", args.offload_l1_gbps)?;
+    positive("--offload-l2-gbps", args.offload_l2_gbps)?;
+    let mut config = StorageConfig {
+        l1_buffers: false,
+        ..StorageConfig::default()
+    };
+    if let Some(path) = &args.storage {
+        apply_toml(&mut config, path)?;
+    }
+    args.tiers.apply(&mut config)?;
+    let (bus, tracer) = match &args.record {
+        Some(path) => {
+            let zstd = path.to_string_lossy().ends_with(".zst");
+            let options = RecorderOptions {
+                zstd_level: zstd.then_some(3),
+                ..RecorderOptions::default()
+            };
+            let mut recorder = Recorder::create(path, options)?;
+            recorder.attach_storage_config_value(&config.to_lmcache_json())?;
+            let bus_options = BusOptions {
+                virtual_origin: Some(recorder.origin()),
+                ..BusOptions::default()
+            };
+            let bus = EventBus::start(bus_options, vec![Box::new(recorder)])?;
+            let tracer = bus.tracer();
+            (Some(bus), tracer)
+        }
+        None => (None, Tracer::disabled()),
+    };
+    let sm = StorageManager::new(config, tracer.clone())?;
+    let offload_config = OffloadConfig {
+        chunk_tokens: args.offload_chunk_size,
+        kv_bytes_per_token: kv_bytes_per_token.unwrap_or(DEFAULT_KV_BYTES_PER_TOKEN),
+        l1_load_gbps: args.offload_l1_gbps,
+        l2_load_gbps: args.offload_l2_gbps,
+        model_name: "kvtrace/simulate".into(),
+    };
+    Ok(Some((Offload::new(sm, tracer, offload_config), bus)))
+}
+
 fn progress_bar(quiet: bool) -> ProgressBar {
     if quiet || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
@@ -318,28 +483,10 @@ pub fn run(args: Args) -> Result<i32, Error> {
             "--replay-mode online is not available in this kvtrace version; use offline",
         ));
     }
-    if args.prefill_engine_args.is_some()
-        || args.decode_engine_args.is_some()
-        || args.num_prefill_workers.is_some()
-        || args.num_decode_workers.is_some()
-    {
-        return Err(Error::usage(
-            "disaggregated serving (--prefill-engine-args, --decode-engine-args) is not available in this kvtrace version",
-        ));
-    }
-    if args.num_workers == 0 {
-        return Err(Error::usage("--num-workers must be at least 1"));
-    }
     if args.replay_concurrency == Some(0) {
         return Err(Error::usage("--replay-concurrency must be at least 1"));
     }
-    let (engine, queue_override) =
-        engine_args("--extra-engine-args", args.extra_engine_args.as_deref())?;
-    if engine.worker_type != WorkerType::Aggregated {
-        return Err(Error::usage(
-            "--extra-engine-args: worker_type prefill/decode belongs in --prefill-engine-args/--decode-engine-args",
-        ));
-    }
+    let (engine, workers, prefill, queue_override) = pools(&args)?;
     let router = router_mode(&args, queue_override)?;
     let workload = workload(&args, engine.block_size)?;
     let sla = Sla {
@@ -359,16 +506,19 @@ pub fn run(args: Args) -> Result<i32, Error> {
     let report_path = args.report_json.clone().unwrap_or_else(|| {
         PathBuf::from(format!("kvtrace_simulate_report_{}.json", local_stamp()))
     });
+    let mut offload = offload(&args, engine.kv_bytes_per_token)?;
     let config = SimConfig {
         engine,
-        workers: args.num_workers,
+        workers,
+        prefill,
         router,
         concurrency: args.replay_concurrency,
         seed: args.seed,
     };
     let bar = progress_bar(args.quiet);
     let total = workload.request_count();
-    let result = simulate(&workload, &config, &mut |virtual_ms, done| {
+    let connector = offload.as_mut().map(|(o, _)| o);
+    let result = simulate(&workload, &config, connector, &mut |virtual_ms, done| {
         bar.set_message(format!(
             "virtual time {:.1} s, {done}/{total} requests done",
             virtual_ms / 1e3
@@ -380,8 +530,22 @@ pub fn run(args: Args) -> Result<i32, Error> {
         .summary(result.provision, result.wall_ms, sla);
     if args.per_request_metrics {
         summary.extend(result.collector.per_request_extras());
-        summary.sort_keys();
     }
+    if let Some((store, bus)) = offload {
+        summary.extend(store.summary());
+        drop(store);
+        if let Some(bus) = bus {
+            for report in bus.close()? {
+                if !args.quiet {
+                    eprintln!(
+                        "kvtrace: {}: {} records, {} bytes",
+                        report.name, report.events, report.bytes
+                    );
+                }
+            }
+        }
+    }
+    summary.sort_keys();
     let mut text = report_json(&summary);
     text.push('\n');
     std::fs::write(&report_path, text)

@@ -27,6 +27,11 @@ pub struct Sequence {
     registered: usize,
     /// Got tokens in the current pass.
     scheduled: bool,
+    /// Its prompt's KV went to the external store (once, even if preempted later).
+    stored: bool,
+    /// Its prompt's KV arrives computed (a decode worker's handoff): admission costs no
+    /// prefill. Cleared by preemption, after which the prompt is recomputed here.
+    prefilled: bool,
 }
 
 impl Sequence {
@@ -41,12 +46,35 @@ impl Sequence {
             blocks: Vec::new(),
             registered: 0,
             scheduled: false,
+            stored: false,
+            prefilled: false,
+        }
+    }
+
+    /// A request whose prompt KV was computed elsewhere and transferred here.
+    pub fn prefilled(id: RequestId, prompt_len: u32, output_len: u32, hashes: Arc<[u64]>) -> Self {
+        Sequence {
+            prefilled: true,
+            ..Sequence::new(id, prompt_len, output_len, hashes)
         }
     }
 
     fn len(&self) -> u32 {
         self.prompt_len + self.generated
     }
+}
+
+/// An external KV store the engine consults, as an LMCache connector serves vLLM: a lookup
+/// when a request is admitted, a load of the part its own cache lacks, a store once the
+/// prompt's KV is computed.
+pub trait KvConnector {
+    /// Prompt tokens, from the start, that the store holds (pinned until [`KvConnector::load`]).
+    fn lookup(&mut self, id: RequestId) -> u32;
+    /// Loads prompt tokens `[from, from + tokens)` of what the lookup found (`tokens` may be
+    /// 0) and releases the pins; returns the milliseconds the load adds to the pass.
+    fn load(&mut self, id: RequestId, from: u32, tokens: u32) -> f64;
+    /// The prompt's KV is computed: store what the store lacks.
+    fn store(&mut self, id: RequestId);
 }
 
 /// What one pass did.
@@ -108,8 +136,10 @@ impl Engine {
         tokens.div_ceil(self.args.block_size) as usize
     }
 
-    /// Runs one pass; `None` when there is nothing to do.
-    pub fn pass(&mut self) -> Option<PassOutput> {
+    /// Runs one pass; `None` when there is nothing to do. With a connector, admissions
+    /// load what the external store holds beyond the GPU prefix hit, and completed prompts
+    /// are stored.
+    pub fn pass(&mut self, mut connector: Option<&mut dyn KvConnector>) -> Option<PassOutput> {
         let mut out = PassOutput::default();
         let mut budget = self.args.max_num_batched_tokens.unwrap_or(u64::MAX);
         let mut prefill = (0u64, 0u64, 0u64);
@@ -139,10 +169,17 @@ impl Engine {
             seq.scheduled = true;
             i += 1;
         }
+        let mut load_ms = 0.0;
         if out.preempted.is_empty() {
-            self.admit(&mut budget, &mut prefill, &mut out);
+            load_ms = self.admit(&mut budget, &mut prefill, &mut out, &mut connector);
         }
         for seq in &mut self.running {
+            if !seq.stored && seq.computed >= seq.prompt_len {
+                seq.stored = true;
+                if let Some(c) = connector.as_deref_mut() {
+                    c.store(seq.id);
+                }
+            }
             let full = (seq.computed.min(seq.prompt_len) / self.args.block_size) as usize;
             while seq.registered < full.min(seq.hashes.len()) {
                 self.pool
@@ -174,7 +211,8 @@ impl Engine {
             )
         };
         let speedup = self.args.speedup_ratio;
-        out.duration_ms = perf::scaled(prefill_ms, speedup)
+        out.duration_ms = load_ms
+            + perf::scaled(prefill_ms, speedup)
             + perf::scaled(
                 perf::scaled(decode_ms, speedup),
                 self.args.decode_speedup_ratio,
@@ -207,6 +245,7 @@ impl Engine {
                 seq.blocks.clear();
                 seq.computed = 0;
                 seq.registered = 0;
+                seq.prefilled = false;
                 out.preempted.push(seq.id);
                 self.waiting.push_front(seq);
                 if victim == i {
@@ -221,9 +260,17 @@ impl Engine {
     }
 
     /// Admits waiting requests in order while the budget, the sequence limit and the pool
-    /// allow; the first that does not fit blocks the ones behind it.
-    fn admit(&mut self, budget: &mut u64, prefill: &mut (u64, u64, u64), out: &mut PassOutput) {
+    /// allow; the first that does not fit blocks the ones behind it. Returns the time spent
+    /// loading from the connector.
+    fn admit(
+        &mut self,
+        budget: &mut u64,
+        prefill: &mut (u64, u64, u64),
+        out: &mut PassOutput,
+        connector: &mut Option<&mut dyn KvConnector>,
+    ) -> f64 {
         let block = self.args.block_size;
+        let mut load_ms = 0.0;
         while *budget > 0 {
             if self
                 .args
@@ -278,9 +325,20 @@ impl Engine {
             if !fits {
                 break;
             }
-            let remaining = len - cached;
+            let (id, prefilled) = (seq.id, seq.prefilled);
+            // A transferred prompt is all there; otherwise the store may extend the GPU hit,
+            // and the last prompt token is always computed.
+            let external = match connector.as_deref_mut() {
+                _ if prefilled => len - cached,
+                Some(c) => c.lookup(id).min(len - 1).saturating_sub(cached),
+                None => 0,
+            };
+            let remaining = len - cached - external;
             let take = u64::from(remaining).min(*budget) as u32;
             if !self.args.enable_chunked_prefill && take < remaining {
+                if let Some(c) = connector.as_deref_mut() {
+                    c.load(id, cached, 0);
+                }
                 break;
             }
             let mut seq = self.waiting.pop_front().expect("front");
@@ -289,11 +347,14 @@ impl Engine {
             }
             seq.registered = hit;
             let mut grown = true;
-            for _ in hit..self.blocks_for(cached + take) {
+            for _ in hit..self.blocks_for(cached + external + take) {
                 match self.pool.allocate() {
                     Some(b) => seq.blocks.push(b),
                     None => grown = false,
                 }
+            }
+            if let Some(c) = connector.as_deref_mut() {
+                load_ms += c.load(id, cached, if grown { external } else { 0 });
             }
             if !grown {
                 self.pool.release(&seq.blocks);
@@ -303,14 +364,17 @@ impl Engine {
                 break;
             }
             out.admitted.push((seq.id, cached.min(seq.prompt_len)));
-            seq.computed = cached + take;
+            seq.computed = cached + external + take;
             *budget -= u64::from(take);
-            prefill.0 += 1;
-            prefill.1 += u64::from(seq.computed);
-            prefill.2 += u64::from(cached);
+            if !prefilled {
+                prefill.0 += 1;
+                prefill.1 += u64::from(seq.computed);
+                prefill.2 += u64::from(cached + external);
+            }
             seq.scheduled = true;
             self.running.push(seq);
         }
+        load_ms
     }
 
     /// Every scheduled request whose tokens are all computed emits one; finished ones
@@ -343,7 +407,7 @@ mod tests {
     /// Runs passes until idle; returns each request's token count.
     fn drain(engine: &mut Engine, requests: usize) -> (Vec<u32>, Vec<RequestId>) {
         let (mut tokens, mut rejected) = (vec![0; requests], Vec::new());
-        while let Some(out) = engine.pass() {
+        while let Some(out) = engine.pass(None) {
             for (id, _) in out.emitted {
                 tokens[id as usize] += 1;
             }
@@ -381,7 +445,7 @@ mod tests {
         }
         let mut preempted = 0;
         let mut tokens = [0u32; 3];
-        while let Some(out) = engine.pass() {
+        while let Some(out) = engine.pass(None) {
             preempted += out.preempted.len();
             for (id, _) in out.emitted {
                 tokens[id as usize] += 1;

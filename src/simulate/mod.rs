@@ -1,13 +1,15 @@
 //! `kvtrace simulate`: request traces through simulated serving engines. Workloads
 //! ([`workload`]) arrive on a virtual clock ([`offline`]), a router ([`router`]) places them
 //! on mock engines ([`engine`], with the KV pool of [`blocks`] and the timing of [`perf`]),
-//! and the [`collector`] turns what happened into the report [`output`] prints.
+//! and the [`collector`] turns what happened into the report [`output`] prints. With
+//! [`offload`], the engines share a StorageManager whose calls can be recorded as LMCT.
 
 pub mod args;
 pub mod blocks;
 pub mod collector;
 pub mod engine;
 pub mod offline;
+pub mod offload;
 pub mod output;
 pub mod perf;
 pub mod router;

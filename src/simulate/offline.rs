@@ -3,6 +3,10 @@
 //! applies finished passes, releases arrivals to the router, then starts a pass on every
 //! idle worker that has work. Same-time events apply in the order they were scheduled, so a
 //! run is a pure function of workload, configuration and seed.
+//!
+//! Disaggregated serving adds a prefill pool in front: a request's prompt runs there (with
+//! one hidden output token and no decode cost), its KV moves to a decode worker after the
+//! transfer delay, and the decode worker generates every visible token.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
@@ -11,15 +15,28 @@ use std::time::Instant;
 
 use super::args::EngineArgs;
 use super::collector::{Collector, Provision, Status};
-use super::engine::{Engine, PassOutput, RequestId, Sequence};
-use super::router::{QueuePolicy, Router, RouterMode};
+use super::engine::{Engine, KvConnector, PassOutput, RequestId, Sequence};
+use super::offload::Offload;
+use super::router::{KvRouterConfig, QueuePolicy, Router, RouterMode};
 use super::workload::Workload;
+
+/// A pool of prefill workers in front of the decode workers.
+#[derive(Clone, Debug)]
+pub struct PrefillPool {
+    pub engine: EngineArgs,
+    pub workers: u32,
+}
 
 /// What to simulate.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
+    /// The engines that generate tokens (aggregated, or the decode pool).
     pub engine: EngineArgs,
     pub workers: u32,
+    /// Disaggregated serving: prompts run here first.
+    pub prefill: Option<PrefillPool>,
+    /// Routes to the entry pool; the decode pool of a disaggregated run gets a load-only
+    /// variant of it.
     pub router: RouterMode,
     /// Closed loop: at most this many requests (single-turn) or sessions in flight.
     pub concurrency: Option<u32>,
@@ -59,6 +76,50 @@ struct Worker {
     busy: bool,
 }
 
+/// Workers of one kind and the router that places requests on them.
+struct Pool {
+    workers: Vec<Worker>,
+    router: Router,
+    dp: usize,
+    block_size: u32,
+    budget: u64,
+    /// Prompts run here and move on to the decode pool.
+    prefill_only: bool,
+}
+
+impl Pool {
+    fn new(
+        args: &EngineArgs,
+        workers: u32,
+        router: RouterMode,
+        seed: u64,
+        prefill_only: bool,
+    ) -> Pool {
+        let dp = args.dp_size.max(1) as usize;
+        let router = Router::new(router, workers.max(1) as usize * dp, args.block_size, seed);
+        let track = router.uses_kv_events();
+        Pool {
+            workers: (0..workers.max(1))
+                .map(|_| Worker {
+                    ranks: (0..dp)
+                        .map(|_| Engine::new(args.clone(), track, prefill_only))
+                        .collect(),
+                    pending: Vec::new(),
+                    busy: false,
+                })
+                .collect(),
+            router,
+            dp,
+            block_size: args.block_size,
+            budget: args.max_num_batched_tokens.unwrap_or(u64::MAX),
+            prefill_only,
+        }
+    }
+}
+
+/// The pools of a run, entry first.
+const ENTRY: usize = 0;
+
 /// A request waiting in the router's queue: higher `(strict, score)` goes first.
 struct Queued {
     strict: u64,
@@ -72,57 +133,81 @@ struct Simulation<'a> {
     workload: &'a Workload,
     config: &'a SimConfig,
     collector: Collector,
-    router: Router,
-    workers: Vec<Worker>,
+    /// The entry pool (aggregated, or prefill), then the decode pool when disaggregated.
+    pools: Vec<Pool>,
     arrivals: BinaryHeap<Reverse<(Time, u64, u32)>>,
-    completions: BinaryHeap<Reverse<(Time, u64, u32)>>,
+    /// Pass ends: `(time, order, pool, worker)`.
+    completions: BinaryHeap<Reverse<(Time, u64, u8, u32)>>,
+    /// KV transfers to the decode pool that complete: `(time, order, request)`.
+    handoffs: BinaryHeap<Reverse<(Time, u64, RequestId)>>,
+    /// Prompt hashes of requests in transfer, at the decode pool's block size.
+    in_transfer: Vec<Option<Sequence>>,
     order: u64,
     next_turn: Vec<u32>,
     request_session: Vec<u32>,
     waiting_sessions: VecDeque<u32>,
     queue: Vec<Queued>,
     passes: u64,
+    offload: Option<&'a mut Offload>,
 }
 
 /// Runs the workload to completion. `progress(virtual_ms, completed)` is called now and then.
+/// With `offload`, every engine looks prompts up in and stores them to that store.
 pub fn simulate(
     workload: &Workload,
     config: &SimConfig,
+    offload: Option<&mut Offload>,
     progress: &mut dyn FnMut(f64, usize),
 ) -> SimResult {
     let began = Instant::now();
-    let dp = config.engine.dp_size.max(1) as usize;
-    let candidates = config.workers.max(1) as usize * dp;
-    let router = Router::new(
-        config.router.clone(),
-        candidates,
-        config.engine.block_size,
-        config.seed,
-    );
-    let track = router.uses_kv_events();
-    let workers = (0..config.workers.max(1))
-        .map(|_| Worker {
-            ranks: (0..dp)
-                .map(|_| Engine::new(config.engine.clone(), track, false))
-                .collect(),
-            pending: Vec::new(),
-            busy: false,
-        })
-        .collect();
+    let mut pools = Vec::new();
+    if let Some(p) = &config.prefill {
+        let mut router = config.router.clone();
+        if let RouterMode::KvRouter(c) = &mut router {
+            c.router_track_active_blocks = false;
+        }
+        pools.push(Pool::new(&p.engine, p.workers, router, config.seed, true));
+        let decode_router = match &config.router {
+            RouterMode::KvRouter(c) => RouterMode::KvRouter(KvRouterConfig {
+                overlap_score_credit: 0.0,
+                router_assume_kv_reuse: false,
+                router_track_prefill_tokens: false,
+                ..c.clone()
+            }),
+            RouterMode::RoundRobin => RouterMode::RoundRobin,
+        };
+        pools.push(Pool::new(
+            &config.engine,
+            config.workers,
+            decode_router,
+            config.seed.wrapping_add(1),
+            false,
+        ));
+    } else {
+        pools.push(Pool::new(
+            &config.engine,
+            config.workers,
+            config.router.clone(),
+            config.seed,
+            false,
+        ));
+    }
     let mut sim = Simulation {
         workload,
         config,
         collector: Collector::default(),
-        router,
-        workers,
+        pools,
         arrivals: BinaryHeap::new(),
         completions: BinaryHeap::new(),
+        handoffs: BinaryHeap::new(),
+        in_transfer: Vec::new(),
         order: 0,
         next_turn: vec![0; workload.sessions.len()],
         request_session: Vec::new(),
         waiting_sessions: VecDeque::new(),
         queue: Vec::new(),
         passes: 0,
+        offload,
     };
     for (i, s) in workload.sessions.iter().enumerate() {
         match config.concurrency {
@@ -132,14 +217,17 @@ pub fn simulate(
         }
     }
     sim.run(progress);
-    let gpus = config.engine.gpus_per_worker();
+    let (prefill_workers, prefill_gpus_per_worker) = match &config.prefill {
+        Some(p) => (u64::from(p.workers.max(1)), p.engine.gpus_per_worker()),
+        None => (0, 0),
+    };
     SimResult {
         collector: sim.collector,
         provision: Provision {
-            prefill_workers: 0,
+            prefill_workers,
             decode_workers: u64::from(config.workers.max(1)),
-            prefill_gpus_per_worker: 0,
-            decode_gpus_per_worker: gpus,
+            prefill_gpus_per_worker,
+            decode_gpus_per_worker: config.engine.gpus_per_worker(),
         },
         wall_ms: began.elapsed().as_secs_f64() * 1e3,
         passes: sim.passes,
@@ -155,20 +243,27 @@ impl Simulation<'_> {
     fn run(&mut self, progress: &mut dyn FnMut(f64, usize)) {
         let mut next_report = 0;
         loop {
-            let next_arrival = self.arrivals.peek().map(|Reverse((t, ..))| *t);
-            let next_completion = self.completions.peek().map(|Reverse((t, ..))| *t);
-            let now = match (next_arrival, next_completion) {
-                (None, None) => break,
-                (Some(a), None) => a,
-                (None, Some(c)) => c,
-                (Some(a), Some(c)) => a.min(c),
+            let next = [
+                self.arrivals.peek().map(|Reverse((t, ..))| *t),
+                self.completions.peek().map(|Reverse((t, ..))| *t),
+                self.handoffs.peek().map(|Reverse((t, ..))| *t),
+            ];
+            let Some(now) = next.into_iter().flatten().min() else {
+                break;
             };
-            while let Some(&Reverse((t, _, w))) = self.completions.peek() {
+            while let Some(&Reverse((t, _, pool, w))) = self.completions.peek() {
                 if t > now {
                     break;
                 }
                 self.completions.pop();
-                self.finish_pass(w as usize, now.0);
+                self.finish_pass(pool as usize, w as usize, now.0);
+            }
+            while let Some(&Reverse((t, _, id))) = self.handoffs.peek() {
+                if t > now {
+                    break;
+                }
+                self.handoffs.pop();
+                self.hand_off(id);
             }
             while let Some(&Reverse((t, _, s))) = self.arrivals.peek() {
                 if t > now {
@@ -178,9 +273,11 @@ impl Simulation<'_> {
                 self.arrive(s, now.0);
             }
             self.drain_queue();
-            for w in 0..self.workers.len() {
-                if !self.workers[w].busy {
-                    self.start_pass(w, now.0);
+            for pool in 0..self.pools.len() {
+                for w in 0..self.pools[pool].workers.len() {
+                    if !self.pools[pool].workers[w].busy {
+                        self.start_pass(pool, w, now.0);
+                    }
                 }
             }
             if self.passes >= next_report {
@@ -208,15 +305,30 @@ impl Simulation<'_> {
             .collector
             .arrive(name, turn_index, now, turn.prompt.len, turn.output_length);
         self.request_session.push(session);
-        let hashes: Arc<[u64]> = Arc::from(turn.prompt.block_hashes(self.config.engine.block_size));
-        let sequence = Sequence::new(id, turn.prompt.len, turn.output_length, hashes);
-        let budget = self
-            .config
-            .engine
-            .max_num_batched_tokens
-            .unwrap_or(u64::MAX);
-        if self.router.all_busy(budget) {
-            let policy = match self.router.mode() {
+        if let Some(o) = self.offload.as_deref_mut() {
+            o.register(id, &turn.prompt);
+        }
+        let entry = &self.pools[ENTRY];
+        let hashes: Arc<[u64]> = Arc::from(turn.prompt.block_hashes(entry.block_size));
+        // A prefill worker generates one hidden token; the decode worker the visible ones.
+        let output = if entry.prefill_only {
+            1
+        } else {
+            turn.output_length
+        };
+        let sequence = Sequence::new(id, turn.prompt.len, output, hashes);
+        if entry.prefill_only {
+            let decode_hashes = Arc::from(turn.prompt.block_hashes(self.pools[1].block_size));
+            self.in_transfer.resize_with(id as usize + 1, || None);
+            self.in_transfer[id as usize] = Some(Sequence::prefilled(
+                id,
+                turn.prompt.len,
+                turn.output_length,
+                decode_hashes,
+            ));
+        }
+        if entry.router.all_busy(entry.budget) {
+            let policy = match entry.router.mode() {
                 RouterMode::KvRouter(c) => c.router_queue_policy,
                 RouterMode::RoundRobin => QueuePolicy::Fcfs,
             };
@@ -225,7 +337,7 @@ impl Simulation<'_> {
                 QueuePolicy::Fcfs => bump - now / 1e3,
                 QueuePolicy::Lcfs => bump + now / 1e3,
                 QueuePolicy::Wspt => {
-                    let best = self
+                    let best = entry
                         .router
                         .best_uncached_tokens(&sequence.hashes, turn.prompt.len);
                     (1.0 + bump) / best.max(1) as f64
@@ -240,18 +352,13 @@ impl Simulation<'_> {
                 sequence,
             });
         } else {
-            self.dispatch(id, sequence);
+            self.dispatch(ENTRY, id, sequence);
         }
     }
 
     /// Releases queued requests, best first, while some candidate has room.
     fn drain_queue(&mut self) {
-        let budget = self
-            .config
-            .engine
-            .max_num_batched_tokens
-            .unwrap_or(u64::MAX);
-        while !self.queue.is_empty() && !self.router.all_busy(budget) {
+        while !self.queue.is_empty() && !self.entry_busy() {
             let best = (0..self.queue.len())
                 .max_by(|&a, &b| {
                     let (x, y) = (&self.queue[a], &self.queue[b]);
@@ -262,33 +369,76 @@ impl Simulation<'_> {
                 })
                 .expect("non-empty");
             let q = self.queue.swap_remove(best);
-            self.dispatch(q.id, q.sequence);
+            self.dispatch(ENTRY, q.id, q.sequence);
         }
     }
 
-    fn dispatch(&mut self, id: RequestId, sequence: Sequence) {
-        let route = self
-            .router
-            .route(id, sequence.hashes.clone(), sequence.prompt_len);
-        let dp = self.config.engine.dp_size.max(1) as usize;
-        let (worker, rank) = (route.candidate / dp, route.candidate % dp);
-        let record = &mut self.collector.records[id as usize];
-        record.prefill_worker_idx = Some(worker as u32);
-        record.decode_worker_idx = Some(worker as u32);
-        record.prefill_route_overlap_tokens = Some(route.overlap_tokens);
-        self.workers[worker].ranks[rank].enqueue(sequence);
+    fn entry_busy(&self) -> bool {
+        let entry = &self.pools[ENTRY];
+        entry.router.all_busy(entry.budget)
     }
 
-    fn start_pass(&mut self, w: usize, now: f64) {
-        let worker = &mut self.workers[w];
+    fn dispatch(&mut self, pool: usize, id: RequestId, sequence: Sequence) {
+        let p = &mut self.pools[pool];
+        let route = p
+            .router
+            .route(id, sequence.hashes.clone(), sequence.prompt_len);
+        let (worker, rank) = (route.candidate / p.dp, route.candidate % p.dp);
+        let record = &mut self.collector.records[id as usize];
+        if pool == ENTRY {
+            record.prefill_worker_idx = Some(worker as u32);
+            record.prefill_route_overlap_tokens = Some(route.overlap_tokens);
+        }
+        if !p.prefill_only {
+            record.decode_worker_idx = Some(worker as u32);
+        }
+        p.workers[worker].ranks[rank].enqueue(sequence);
+    }
+
+    /// The prompt's KV has reached the decode pool: a decode worker takes the request.
+    fn hand_off(&mut self, id: RequestId) {
+        if let Some(sequence) = self.in_transfer[id as usize].take() {
+            self.dispatch(1, id, sequence);
+            // Its prompt is computed: only its decode load counts.
+            self.pools[1].router.prefill_done(id);
+        }
+    }
+
+    /// Milliseconds to move a prompt's KV to the decode pool (zero without a link model).
+    fn transfer_ms(&self, prompt_tokens: u32) -> f64 {
+        let prefill = self.config.prefill.as_ref().map(|p| &p.engine);
+        let pick = |f: fn(&EngineArgs) -> Option<f64>| {
+            prefill.and_then(f).or_else(|| f(&self.config.engine))
+        };
+        let bytes = pick(|a| a.kv_bytes_per_token.map(|b| b as f64));
+        match (bytes, pick(|a| a.kv_transfer_bandwidth)) {
+            (Some(b), Some(gbps)) if gbps > 0.0 => f64::from(prompt_tokens) * b / (gbps * 1e6),
+            _ => 0.0,
+        }
+    }
+
+    fn start_pass(&mut self, pool: usize, w: usize, now: f64) {
+        // The prompt runs where the store is consulted: the entry pool.
+        let use_store = pool == ENTRY;
+        let worker = &mut self.pools[pool].workers[w];
         let mut longest: Option<f64> = None;
+        if let Some(o) = self.offload.as_deref_mut() {
+            o.advance_to(now);
+        }
         for (rank, engine) in worker.ranks.iter_mut().enumerate() {
             if engine.is_idle() {
                 continue;
             }
-            if let Some(out) = engine.pass() {
+            let connector = self
+                .offload
+                .as_deref_mut()
+                .filter(|_| use_store)
+                .map(|o| o as &mut dyn KvConnector);
+            if let Some(out) = engine.pass(connector) {
                 for &(id, reused) in &out.admitted {
-                    self.collector.admit(id, now, reused);
+                    if pool == ENTRY {
+                        self.collector.admit(id, now, reused);
+                    }
                 }
                 longest = Some(longest.unwrap_or(0.0).max(out.duration_ms));
                 worker.pending.push((rank, out));
@@ -299,37 +449,56 @@ impl Simulation<'_> {
             self.passes += 1;
             self.order += 1;
             self.completions
-                .push(Reverse((Time(now + d), self.order, w as u32)));
+                .push(Reverse((Time(now + d), self.order, pool as u8, w as u32)));
         }
     }
 
-    fn finish_pass(&mut self, w: usize, now: f64) {
-        let dp = self.config.engine.dp_size.max(1) as usize;
-        let pending = std::mem::take(&mut self.workers[w].pending);
-        self.workers[w].busy = false;
+    fn finish_pass(&mut self, pool: usize, w: usize, now: f64) {
+        let p = &mut self.pools[pool];
+        let (dp, prefill_only) = (p.dp, p.prefill_only);
+        let pending = std::mem::take(&mut p.workers[w].pending);
+        p.workers[w].busy = false;
         for (rank, out) in pending {
-            self.router.observe(w * dp + rank, &out.kv_events);
+            self.pools[pool]
+                .router
+                .observe(w * dp + rank, &out.kv_events);
             for (id, done) in out.emitted {
+                if prefill_only {
+                    let router = &mut self.pools[pool].router;
+                    router.prefill_done(id);
+                    router.free(id);
+                    let prompt = self.collector.records[id as usize].input_length;
+                    let at = now + self.transfer_ms(prompt);
+                    self.order += 1;
+                    self.handoffs.push(Reverse((Time(at), self.order, id)));
+                    continue;
+                }
                 let first = self.collector.records[id as usize].output_length == 0;
                 self.collector.token(id, now);
                 if first {
-                    self.router.prefill_done(id);
+                    self.pools[pool].router.prefill_done(id);
                 }
                 if done {
-                    self.end_request(id, now, Status::Completed);
+                    self.end_request(pool, id, now, Status::Completed);
                 }
             }
             for id in out.rejected {
-                self.end_request(id, now, Status::Rejected);
+                self.end_request(pool, id, now, Status::Rejected);
             }
         }
     }
 
     /// A request ended: its session's next turn follows after its delay, or, when the
     /// session is over, a closed loop releases the next session.
-    fn end_request(&mut self, id: RequestId, now: f64, status: Status) {
+    fn end_request(&mut self, pool: usize, id: RequestId, now: f64, status: Status) {
         self.collector.finish(id, now, status);
-        self.router.free(id);
+        self.pools[pool].router.free(id);
+        if let Some(slot) = self.in_transfer.get_mut(id as usize) {
+            *slot = None;
+        }
+        if let Some(o) = self.offload.as_deref_mut() {
+            o.forget(id);
+        }
         let session = self.request_session[id as usize];
         let turns = &self.workload.sessions[session as usize].turns;
         let next = &mut self.next_turn[session as usize];

@@ -1,0 +1,220 @@
+//! The storage-tier flags `kvtrace replay` and `kvtrace simulate` share: each one overrides
+//! the configuration it starts from (the trace's, a TOML file's, or the defaults).
+
+use std::path::Path;
+
+use clap::ValueEnum;
+use kvtrace::error::Error;
+use kvtrace::storage::config::{
+    self, gib_to_bytes, EvictionTiming, L2Config, Placement, PrefetchPolicy, StorageConfig,
+    StorePolicy,
+};
+use kvtrace::storage::eviction::PolicyKind;
+
+#[derive(Clone, Copy, ValueEnum)]
+enum StorePolicyArg {
+    Default,
+    SkipL1,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PrefetchPolicyArg {
+    Default,
+    Retain,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PlacementArg {
+    /// Every admitted object is stored to every L2 tier (LMCache)
+    WriteThrough,
+    /// Objects enter L1; evicted ones move down tier by tier (MLPerf Storage KV-cache)
+    Waterfall,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Timing {
+    /// Check the watermark once per interval of trace time (LMCache's controller)
+    Periodic,
+    /// Evict as soon as an allocation needs room
+    Immediate,
+}
+
+/// Tier flags; each one given overrides the configuration it is applied to.
+#[derive(clap::Args)]
+#[command(next_help_heading = "Storage tiers")]
+pub struct TierArgs {
+    /// L1 memory pool size in GB (GiB, as LMCache reads it)
+    #[arg(long, value_name = "GB")]
+    pub l1_size_gb: Option<f64>,
+    /// LRU, ARC, FIFO, LFU or noop
+    #[arg(long, value_name = "POLICY")]
+    eviction_policy: Option<PolicyKind>,
+    #[arg(long, value_name = "FRACTION")]
+    eviction_trigger_watermark: Option<f64>,
+    #[arg(long, value_name = "FRACTION")]
+    eviction_ratio: Option<f64>,
+    /// When eviction runs (kvtrace)
+    #[arg(long, value_enum)]
+    eviction_timing: Option<Timing>,
+    /// Seconds of trace time between periodic eviction checks (default 1)
+    #[arg(long, value_name = "SECONDS")]
+    eviction_interval: Option<f64>,
+    #[arg(long, value_name = "SECONDS")]
+    l1_write_ttl_seconds: Option<f64>,
+    #[arg(long, value_name = "SECONDS")]
+    l1_read_ttl_seconds: Option<f64>,
+    /// Keep only object sizes in L1, no buffers (traces bigger than RAM)
+    #[arg(long)]
+    l1_accounting_only: bool,
+    /// An L2 tier as JSON, repeatable: {"type":"memory"|"fs"|"redis"|"null", "capacity_gb": G,
+    /// "eviction_policy": P}; fs takes "path", "direct" (O_DIRECT) and "fsync"
+    /// (never|every_write); redis takes "url" and "prefix"
+    #[arg(long, value_name = "JSON")]
+    l2_adapter: Vec<String>,
+    /// How objects reach the L2 tiers (kvtrace)
+    #[arg(long, value_enum)]
+    placement: Option<PlacementArg>,
+    #[arg(long, value_enum)]
+    l2_store_policy: Option<StorePolicyArg>,
+    #[arg(long, value_enum)]
+    l2_prefetch_policy: Option<PrefetchPolicyArg>,
+    #[arg(long, value_name = "N")]
+    l2_prefetch_max_in_flight: Option<u64>,
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes (Linux only).
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Finite and above zero (NaN is not).
+pub fn positive(v: f64) -> bool {
+    v.is_finite() && v > 0.0
+}
+
+fn fraction(name: &str, v: f64) -> Result<f64, Error> {
+    config::fraction(name, v).map_err(Error::usage)
+}
+
+fn gib(name: &str, gb: f64) -> Result<u64, Error> {
+    gib_to_bytes(gb).map_err(|e| Error::usage(format!("{name} {e}")))
+}
+
+fn l2_tier(text: &str) -> Result<L2Config, Error> {
+    let bad = |why: String| Error::usage(format!("--l2-adapter {text}: {why}"));
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    L2Config::from_adapter(&v).map_err(bad)
+}
+
+/// Applies a TOML hierarchy file to `config`.
+pub fn apply_toml(config: &mut StorageConfig, path: &Path) -> Result<(), Error> {
+    let file = path.display().to_string();
+    let text =
+        std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", e).in_file(&file))?;
+    config
+        .apply_toml(&text)
+        .map_err(|e| Error::usage(e).in_file(&file))
+}
+
+impl TierArgs {
+    /// Whether any tier flag was given.
+    pub fn given(&self) -> bool {
+        self.l1_size_gb.is_some()
+            || self.eviction_policy.is_some()
+            || self.eviction_trigger_watermark.is_some()
+            || self.eviction_ratio.is_some()
+            || self.eviction_timing.is_some()
+            || self.eviction_interval.is_some()
+            || self.l1_write_ttl_seconds.is_some()
+            || self.l1_read_ttl_seconds.is_some()
+            || self.l1_accounting_only
+            || !self.l2_adapter.is_empty()
+            || self.placement.is_some()
+            || self.l2_store_policy.is_some()
+            || self.l2_prefetch_policy.is_some()
+            || self.l2_prefetch_max_in_flight.is_some()
+    }
+
+    /// Overrides `config` with every flag given, and refuses an L1 with real buffers larger
+    /// than the memory available.
+    pub fn apply(&self, config: &mut StorageConfig) -> Result<(), Error> {
+        if let Some(gb) = self.l1_size_gb {
+            config.l1_size_bytes = gib("--l1-size-gb", gb)?;
+        }
+        if let Some(p) = self.eviction_policy {
+            config.eviction.policy = p;
+        }
+        if let Some(w) = self.eviction_trigger_watermark {
+            config.eviction.trigger_watermark = fraction("--eviction-trigger-watermark", w)?;
+        }
+        if let Some(r) = self.eviction_ratio {
+            config.eviction.eviction_ratio = fraction("--eviction-ratio", r)?;
+        }
+        if self.eviction_interval.is_some_and(|i| !positive(i)) {
+            return Err(Error::usage("--eviction-interval must be positive"));
+        }
+        let interval_s = match config.eviction.timing {
+            EvictionTiming::Periodic { interval_s } => self.eviction_interval.unwrap_or(interval_s),
+            EvictionTiming::Immediate => self.eviction_interval.unwrap_or(1.0),
+        };
+        match (self.eviction_timing, self.eviction_interval) {
+            (Some(Timing::Immediate), _) => config.eviction.timing = EvictionTiming::Immediate,
+            (Some(Timing::Periodic), _) | (None, Some(_)) => {
+                config.eviction.timing = EvictionTiming::Periodic { interval_s }
+            }
+            (None, None) => {}
+        }
+        if let Some(t) = self.l1_write_ttl_seconds {
+            config.write_ttl_s = t;
+        }
+        if let Some(t) = self.l1_read_ttl_seconds {
+            config.read_ttl_s = t;
+        }
+        if self.l1_accounting_only {
+            config.l1_buffers = false;
+        }
+        if let Some(available) = available_memory() {
+            let host_buffers = config.l1_buffers && config.l1_gpu_bandwidth_gbps.is_none();
+            if host_buffers && config.l1_size_bytes > available {
+                return Err(Error::usage(format!(
+                    "an L1 of {:.1} GiB with real buffers exceeds the {:.1} GiB of memory available; \
+                     use --l1-accounting-only or a smaller --l1-size-gb",
+                    config.l1_size_bytes as f64 / (1u64 << 30) as f64,
+                    available as f64 / (1u64 << 30) as f64
+                )));
+            }
+        }
+        if !self.l2_adapter.is_empty() {
+            config.l2 = self
+                .l2_adapter
+                .iter()
+                .map(|a| l2_tier(a))
+                .collect::<Result<_, _>>()?;
+        }
+        if let Some(p) = self.placement {
+            config.placement = match p {
+                PlacementArg::WriteThrough => Placement::WriteThrough,
+                PlacementArg::Waterfall => Placement::Waterfall,
+            };
+        }
+        if let Some(p) = self.l2_store_policy {
+            config.store_policy = match p {
+                StorePolicyArg::Default => StorePolicy::Default,
+                StorePolicyArg::SkipL1 => StorePolicy::SkipL1,
+            };
+        }
+        if let Some(p) = self.l2_prefetch_policy {
+            config.prefetch_policy = match p {
+                PrefetchPolicyArg::Default => PrefetchPolicy::Default,
+                PrefetchPolicyArg::Retain => PrefetchPolicy::Retain,
+            };
+        }
+        if let Some(n) = self.l2_prefetch_max_in_flight {
+            config.prefetch_max_in_flight = n;
+        }
+        Ok(())
+    }
+}
