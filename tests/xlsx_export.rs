@@ -99,3 +99,56 @@ fn the_workbook_has_every_sheet_with_numbers_as_numbers() {
         assert!(xml.contains("<autoFilter"), "sheet {i} has no autofilter");
     }
 }
+
+#[test]
+fn a_simulation_exports_its_summary_requests_and_tiers_as_xlsx_and_csv() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let xlsx = dir.path().join("sim.xlsx");
+    let csv_dir = dir.path().join("csv");
+    let report = dir.path().join("sim.json");
+    let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata/mooncake/conversation_head300.jsonl");
+    let out = kvtrace([
+        "simulate",
+        &trace.display().to_string(),
+        "--l1-size-gb",
+        "4",
+        "--report-json",
+        &report.display().to_string(),
+        "--report-xlsx",
+        &xlsx.display().to_string(),
+        "--report-csv",
+        &csv_dir.display().to_string(),
+        "-q",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("json");
+
+    let mut wb: Xlsx<_> = open_workbook(&xlsx).expect("valid xlsx");
+    assert_eq!(wb.sheet_names(), ["Summary", "Requests", "Tiers"]);
+    let summary = wb.worksheet_range("Summary").expect("summary");
+    let value = |name: &str| {
+        summary
+            .rows()
+            .find(|r| r[0] == Data::String(name.into()))
+            .map(|r| r[1].clone())
+            .expect(name)
+    };
+    assert_eq!(value("completed_requests"), Data::Float(300.0));
+    assert_eq!(
+        value("mean_ttft_ms"),
+        Data::Float(json["mean_ttft_ms"].as_f64().expect("ttft"))
+    );
+    let requests = wb.worksheet_range("Requests").expect("requests");
+    assert_eq!(requests.height(), 301, "a header and one row per request");
+    let tiers = wb.worksheet_range("Tiers").expect("tiers");
+    assert_eq!(tiers.get((1, 0)), Some(&Data::String("L1".into())));
+
+    let requests_csv = std::fs::read_to_string(csv_dir.join("simulate_requests.csv")).expect("csv");
+    assert_eq!(requests_csv.lines().count(), 301);
+    assert!(requests_csv.starts_with("session_id,turn_index,"));
+    let summary_csv = std::fs::read_to_string(csv_dir.join("simulate_summary.csv")).expect("csv");
+    assert!(summary_csv.lines().any(|l| l == "completed_requests,300"));
+    assert!(csv_dir.join("simulate_tiers.csv").exists());
+}

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -10,13 +10,16 @@ use kvtrace::bus::recorder::{Recorder, RecorderOptions};
 use kvtrace::bus::{BusOptions, EventBus, Tracer};
 use kvtrace::clock::local_stamp;
 use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::report::csv::CsvTables;
+use kvtrace::report::tables::{Table, TableExporter};
+use kvtrace::report::xlsx::XlsxWorkbook;
 use kvtrace::simulate::args::{EngineArgs, EngineType, WorkerType};
 use kvtrace::simulate::collector::Sla;
 use kvtrace::simulate::offline::{simulate, PrefillPool, SimConfig};
 use kvtrace::simulate::offload::{
     Offload, OffloadConfig, DEFAULT_CHUNK_TOKENS, DEFAULT_KV_BYTES_PER_TOKEN,
 };
-use kvtrace::simulate::output::{report_json, request_line, table};
+use kvtrace::simulate::output::{report_json, request_line, table, tables};
 use kvtrace::simulate::router::{KvRouterConfig, QueuePolicy, RouterMode};
 use kvtrace::simulate::workload::{
     read_mooncake, SyntheticArrivals, SyntheticSpec, Workload, DEFAULT_TRACE_BLOCK_SIZE,
@@ -124,6 +127,13 @@ pub struct Args {
     /// One JSON line per request
     #[arg(long, value_name = "PATH")]
     report_jsonl: Option<PathBuf>,
+    /// Also write the summary, per-request and tier tables as CSV files into DIR
+    /// (simulate_summary.csv, simulate_requests.csv, simulate_tiers.csv)
+    #[arg(long, value_name = "DIR")]
+    report_csv: Option<PathBuf>,
+    /// Also write them as an XLSX workbook (sheets Summary, Requests, Tiers)
+    #[arg(long, value_name = "PATH")]
+    report_xlsx: Option<PathBuf>,
     /// Goodput: time-to-first-token target
     #[arg(long, value_name = "MS")]
     sla_ttft_ms: Option<f64>,
@@ -466,6 +476,27 @@ fn offload(
     Ok(Some((Offload::new(sm, tracer, offload_config), bus)))
 }
 
+fn write(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    std::fs::write(path, bytes).map_err(|e| Error::io("cannot write", e).in_file(path.display()))
+}
+
+/// `--report-csv` and `--report-xlsx`.
+fn export_tables(args: &Args, tables: &[Table]) -> Result<(), Error> {
+    if let Some(dir) = &args.report_csv {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
+        for (name, bytes) in CsvTables.table_files("simulate", tables)? {
+            write(&dir.join(name), &bytes)?;
+        }
+    }
+    if let Some(path) = &args.report_xlsx {
+        for (_, bytes) in XlsxWorkbook.table_files("simulate", tables)? {
+            write(path, &bytes)?;
+        }
+    }
+    Ok(())
+}
+
 fn progress_bar(quiet: bool) -> ProgressBar {
     if quiet || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
@@ -560,6 +591,9 @@ pub fn run(args: Args) -> Result<i32, Error> {
         }
         out.flush()
             .map_err(|e| Error::io("cannot write", e).in_file(&shown))?;
+    }
+    if args.report_csv.is_some() || args.report_xlsx.is_some() {
+        export_tables(&args, &tables(&summary, &result.collector.records))?;
     }
     if !args.quiet {
         print_stdout(&format!(

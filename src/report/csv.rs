@@ -1,6 +1,7 @@
 //! CSV, one file per table: `trace_replay_ops.csv` with LMCache's columns and six decimals,
 //! `trace_replay_requests.csv` (one row per prefetch) and `trace_replay_tiers.csv`.
 
+use super::tables::{Table, TableExporter};
 use super::{Exporter, ReplayReport, OP_COLUMNS, REQUEST_COLUMNS};
 use crate::error::{Error, Result};
 
@@ -62,5 +63,21 @@ impl Exporter for CsvTables {
             ("trace_replay_requests.csv".into(), finish(requests)?),
             ("trace_replay_tiers.csv".into(), finish(tiers)?),
         ])
+    }
+}
+
+impl TableExporter for CsvTables {
+    fn table_files(&self, stem: &str, tables: &[Table]) -> Result<Vec<(String, Vec<u8>)>> {
+        tables
+            .iter()
+            .map(|t| {
+                let mut w = csv::Writer::from_writer(Vec::new());
+                w.write_record(&t.columns).map_err(io)?;
+                for row in &t.rows {
+                    w.write_record(row.iter().map(|c| c.text())).map_err(io)?;
+                }
+                Ok((format!("{stem}_{}.csv", t.name.to_lowercase()), finish(w)?))
+            })
+            .collect()
     }
 }

@@ -7,6 +7,7 @@ pub mod csv;
 pub mod diff;
 pub mod json;
 pub mod table;
+pub mod tables;
 pub mod xlsx;
 
 use std::collections::BTreeMap;

@@ -5,6 +5,7 @@
 use rust_xlsxwriter::{Format, Workbook, Worksheet, XlsxError};
 use serde_json::Value as Json;
 
+use super::tables::{Cell, Table, TableExporter};
 use super::{Exporter, ReplayReport, OP_COLUMNS, REQUEST_COLUMNS};
 use crate::error::{Error, Result};
 
@@ -252,14 +253,18 @@ fn config(ws: &mut Worksheet, f: &Formats, r: &ReplayReport) -> Result<(), XlsxE
     Ok(())
 }
 
-fn build(report: &ReplayReport) -> Result<Vec<u8>, XlsxError> {
-    let f = Formats {
+fn formats() -> Formats {
+    Formats {
         header: Format::new().set_bold(),
         int: Format::new().set_num_format("#,##0"),
         ms: Format::new().set_num_format("0.000000"),
         secs: Format::new().set_num_format("0.000"),
         pct: Format::new().set_num_format("0.0%"),
-    };
+    }
+}
+
+fn build(report: &ReplayReport) -> Result<Vec<u8>, XlsxError> {
+    let f = formats();
     let rows = report.requests.len().min(MAX_ROWS - 1);
     let mut wb = Workbook::new();
     summary(wb.add_worksheet(), &f, report, report.requests.len() - rows)?;
@@ -275,6 +280,60 @@ impl Exporter for XlsxWorkbook {
         Ok(vec![(
             "trace_replay.xlsx".into(),
             build(report).map_err(xlsx_error)?,
+        )])
+    }
+}
+
+/// One sheet per table; rows past Excel's limit are left out and counted in a last row.
+fn table_sheet(ws: &mut Worksheet, f: &Formats, table: &Table) -> Result<(), XlsxError> {
+    ws.set_name(&table.name)?;
+    let rows = table.rows.len().min(MAX_ROWS - 2);
+    let columns: Vec<&str> = table.columns.iter().map(String::as_str).collect();
+    if !columns.is_empty() {
+        table_header(ws, f, &columns, rows)?;
+    }
+    for (i, cells) in table.rows.iter().take(rows).enumerate() {
+        let row = i as u32 + 1;
+        for (c, cell) in cells.iter().enumerate() {
+            let col = c as u16;
+            match cell {
+                Cell::Number(v) if v.fract() == 0.0 => {
+                    ws.write_number_with_format(row, col, *v, &f.int)?;
+                }
+                Cell::Number(v) => {
+                    ws.write_number(row, col, *v)?;
+                }
+                Cell::Text(s) => {
+                    ws.write_string(row, col, s)?;
+                }
+                Cell::Bool(b) => {
+                    ws.write_boolean(row, col, *b)?;
+                }
+                Cell::Empty => {}
+            }
+        }
+    }
+    if rows < table.rows.len() {
+        let note = format!(
+            "{} rows left out (Excel row limit)",
+            table.rows.len() - rows
+        );
+        ws.write_string(rows as u32 + 1, 0, note)?;
+    }
+    ws.autofit();
+    Ok(())
+}
+
+impl TableExporter for XlsxWorkbook {
+    fn table_files(&self, stem: &str, tables: &[Table]) -> Result<Vec<(String, Vec<u8>)>> {
+        let f = formats();
+        let mut wb = Workbook::new();
+        for t in tables {
+            table_sheet(wb.add_worksheet(), &f, t).map_err(xlsx_error)?;
+        }
+        Ok(vec![(
+            format!("{stem}.xlsx"),
+            wb.save_to_buffer().map_err(xlsx_error)?,
         )])
     }
 }

@@ -6,6 +6,7 @@ use serde_json::{Map, Value as Json};
 
 use super::collector::RequestRecord;
 use crate::lmct::digest::python_json_indented;
+use crate::report::tables::Table;
 
 /// The report file's text.
 pub fn report_json(summary: &Map<String, Json>) -> String {
@@ -126,8 +127,8 @@ pub fn table(summary: &Map<String, Json>) -> String {
     out
 }
 
-/// One request's JSON line: its times, lengths, workers and terminal status.
-pub fn request_line(r: &RequestRecord) -> String {
+/// One request: its times, lengths, workers and terminal status.
+pub fn request_json(r: &RequestRecord) -> Json {
     let mut v = serde_json::to_value(r).unwrap_or_default();
     if let Some(m) = v.as_object_mut() {
         m.insert("ttft_ms".into(), serde_json::json!(r.ttft()));
@@ -135,7 +136,26 @@ pub fn request_line(r: &RequestRecord) -> String {
         m.insert("e2e_latency_ms".into(), serde_json::json!(r.e2e()));
         m.insert("itl_ms".into(), serde_json::json!(r.tpot()));
     }
-    v.to_string()
+    v
+}
+
+/// One request's JSON line.
+pub fn request_line(r: &RequestRecord) -> String {
+    request_json(r).to_string()
+}
+
+/// The report as tables for CSV and XLSX: Summary (every scalar key), Requests (one row per
+/// request, the JSONL's fields) and, with KV offload, Tiers.
+pub fn tables(summary: &Map<String, Json>, records: &[RequestRecord]) -> Vec<Table> {
+    let requests: Vec<Json> = records.iter().map(request_json).collect();
+    let mut out = vec![
+        Table::key_values("Summary", summary),
+        Table::from_objects("Requests", &requests),
+    ];
+    if let Some(Json::Array(tiers)) = summary.get("offload_tiers") {
+        out.push(Table::from_objects("Tiers", tiers));
+    }
+    out
 }
 
 #[cfg(test)]
