@@ -314,8 +314,8 @@ fn meaningless_combinations_are_one_line_usage_errors() {
             "--trace-block-size must be at least 1",
         ),
         (
-            vec![&trace, "--replay-mode", "online"],
-            "--replay-mode online",
+            vec![&trace, "--replay-mode", "online", "--l1-size-gb", "1"],
+            "runs offline only",
         ),
         (
             vec![&trace, "--num-prefill-workers", "1"],
@@ -589,4 +589,43 @@ fn kv_offload_serves_evicted_prefixes_and_its_recording_replays_to_the_same_hits
     assert_eq!(k["hits"]["l2_hit_chunks"], with["offload_l2_hit_chunks"]);
     assert_eq!(k["calls"]["keys_admitted"], with["offload_stored_chunks"]);
     assert_eq!(k["calls"]["prefetches"], with["offload_lookups"]);
+}
+
+#[test]
+fn online_mode_serves_everything_on_live_workers_in_real_time() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let run = |mode: &str| {
+        simulate(
+            dir.path(),
+            &[
+                "--input-tokens",
+                "2000",
+                "--output-tokens",
+                "50",
+                "--request-count",
+                "100",
+                "--replay-concurrency",
+                "20",
+                "--num-workers",
+                "2",
+                "--router-mode",
+                "kv_router",
+                "--extra-engine-args",
+                "{\"speedup_ratio\": 20}",
+                "--replay-mode",
+                mode,
+            ],
+        )
+    };
+    let offline = run("offline");
+    let online = run("online");
+    assert_eq!(online["completed_requests"], 100);
+    assert_eq!(online.len(), offline.len(), "the same report keys");
+    let get = |m: &serde_json::Map<String, Value>, k: &str| m[k].as_f64().expect(k);
+    assert!(
+        get(&online, "wall_time_ms") >= 0.9 * get(&offline, "duration_ms"),
+        "live workers sleep through the modelled pass times: {} ms vs {} ms simulated",
+        get(&online, "wall_time_ms"),
+        get(&offline, "duration_ms")
+    );
 }

@@ -53,7 +53,9 @@ enum RouterKind {
 pub struct Args {
     /// Mooncake-style JSONL request trace (or give --input-tokens/--output-tokens/--request-count)
     trace: Option<PathBuf>,
-    /// offline: virtual time, as fast as possible
+    /// offline: virtual time, as fast as possible, reproducible; online: live worker threads
+    /// that sleep through every pass on the wall clock (speed it up with the engines'
+    /// speedup_ratio and --arrival-speedup-ratio)
     #[arg(long, value_enum, default_value = "offline")]
     replay_mode: ReplayMode,
     #[arg(long, value_enum, default_value = "round_robin")]
@@ -509,9 +511,10 @@ fn progress_bar(quiet: bool) -> ProgressBar {
 }
 
 pub fn run(args: Args) -> Result<i32, Error> {
-    if matches!(args.replay_mode, ReplayMode::Online) {
+    let online = matches!(args.replay_mode, ReplayMode::Online);
+    if online && (args.storage.is_some() || args.tiers.given() || args.record.is_some()) {
         return Err(Error::usage(
-            "--replay-mode online is not available in this kvtrace version; use offline",
+            "KV offload (--storage, tier flags, --record) runs offline only: its calls follow the simulated clock",
         ));
     }
     if args.replay_concurrency == Some(0) {
@@ -545,16 +548,18 @@ pub fn run(args: Args) -> Result<i32, Error> {
         router,
         concurrency: args.replay_concurrency,
         seed: args.seed,
+        online,
     };
     let bar = progress_bar(args.quiet);
     let total = workload.request_count();
     let connector = offload.as_mut().map(|(o, _)| o);
-    let result = simulate(&workload, &config, connector, &mut |virtual_ms, done| {
+    let clock = if online { "wall time" } else { "virtual time" };
+    let result = simulate(&workload, &config, connector, &mut |ms, done| {
         bar.set_message(format!(
-            "virtual time {:.1} s, {done}/{total} requests done",
-            virtual_ms / 1e3
+            "{clock} {:.1} s, {done}/{total} requests done",
+            ms / 1e3
         ));
-    });
+    })?;
     bar.finish_and_clear();
     let mut summary = result
         .collector

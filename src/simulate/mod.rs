@@ -8,6 +8,7 @@ pub mod args;
 pub mod blocks;
 pub mod collector;
 pub mod engine;
+pub mod live;
 pub mod offline;
 pub mod offload;
 pub mod output;

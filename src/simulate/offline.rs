@@ -11,11 +11,14 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
 
 use super::args::EngineArgs;
 use super::collector::{Collector, Provision, Status};
 use super::engine::{Engine, KvConnector, PassOutput, RequestId, Sequence};
+use super::live::{Done, LiveWorker};
 use super::offload::Offload;
 use super::router::{KvRouterConfig, QueuePolicy, Router, RouterMode};
 use super::workload::Workload;
@@ -42,6 +45,8 @@ pub struct SimConfig {
     pub concurrency: Option<u32>,
     /// Seeds the router's tie-breaking.
     pub seed: u64,
+    /// Live workers on threads and the wall clock instead of the virtual clock.
+    pub online: bool,
 }
 
 pub struct SimResult {
@@ -71,7 +76,9 @@ impl Ord for Time {
 }
 
 struct Worker {
+    /// The engines, unless a live worker thread owns them.
     ranks: Vec<Engine>,
+    live: Option<LiveWorker>,
     pending: Vec<(usize, PassOutput)>,
     busy: bool,
 }
@@ -104,6 +111,7 @@ impl Pool {
                     ranks: (0..dp)
                         .map(|_| Engine::new(args.clone(), track, prefill_only))
                         .collect(),
+                    live: None,
                     pending: Vec::new(),
                     busy: false,
                 })
@@ -151,14 +159,15 @@ struct Simulation<'a> {
     offload: Option<&'a mut Offload>,
 }
 
-/// Runs the workload to completion. `progress(virtual_ms, completed)` is called now and then.
-/// With `offload`, every engine looks prompts up in and stores them to that store.
+/// Runs the workload to completion. `progress(simulated_ms, completed)` is called now and
+/// then. With `offload`, every engine looks prompts up in and stores them to that store
+/// (offline only). Online, the only failure is a worker thread that cannot start.
 pub fn simulate(
     workload: &Workload,
     config: &SimConfig,
     offload: Option<&mut Offload>,
     progress: &mut dyn FnMut(f64, usize),
-) -> SimResult {
+) -> crate::Result<SimResult> {
     let began = Instant::now();
     let mut pools = Vec::new();
     if let Some(p) = &config.prefill {
@@ -216,12 +225,25 @@ pub fn simulate(
             None => sim.schedule_arrival(s.start_ms, i as u32),
         }
     }
-    sim.run(progress);
+    if config.online {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        for (p, pool) in sim.pools.iter_mut().enumerate() {
+            for (w, worker) in pool.workers.iter_mut().enumerate() {
+                let ranks = std::mem::take(&mut worker.ranks);
+                let live = LiveWorker::spawn(p, w, ranks, tx.clone())
+                    .map_err(|e| crate::Error::io("cannot start a worker thread", e))?;
+                worker.live = Some(live);
+            }
+        }
+        sim.run_online(&rx, progress);
+    } else {
+        sim.run(progress);
+    }
     let (prefill_workers, prefill_gpus_per_worker) = match &config.prefill {
         Some(p) => (u64::from(p.workers.max(1)), p.engine.gpus_per_worker()),
         None => (0, 0),
     };
-    SimResult {
+    Ok(SimResult {
         collector: sim.collector,
         provision: Provision {
             prefill_workers,
@@ -231,7 +253,7 @@ pub fn simulate(
         },
         wall_ms: began.elapsed().as_secs_f64() * 1e3,
         passes: sim.passes,
-    }
+    })
 }
 
 impl Simulation<'_> {
@@ -272,19 +294,88 @@ impl Simulation<'_> {
                 self.arrivals.pop();
                 self.arrive(s, now.0);
             }
-            self.drain_queue();
-            for pool in 0..self.pools.len() {
-                for w in 0..self.pools[pool].workers.len() {
-                    if !self.pools[pool].workers[w].busy {
-                        self.start_pass(pool, w, now.0);
-                    }
-                }
-            }
+            self.start_idle_workers(now.0);
             if self.passes >= next_report {
                 next_report = self.passes + 4096;
                 progress(now.0, self.collector.completed());
             }
         }
+        self.final_progress(progress);
+    }
+
+    /// Releases queued requests and starts a pass on every idle worker with work.
+    fn start_idle_workers(&mut self, now: f64) {
+        self.drain_queue();
+        for pool in 0..self.pools.len() {
+            for w in 0..self.pools[pool].workers.len() {
+                if !self.pools[pool].workers[w].busy {
+                    self.start_pass(pool, w, now);
+                }
+            }
+        }
+    }
+
+    /// Online: the same steps on the wall clock. Arrivals and handoffs fall due at their
+    /// real time; passes end when the worker threads report. Times are measured, so two
+    /// runs differ by scheduling jitter.
+    fn run_online(&mut self, done: &Receiver<Done>, progress: &mut dyn FnMut(f64, usize)) {
+        let began = Instant::now();
+        let elapsed = || began.elapsed().as_secs_f64() * 1e3;
+        let mut last_report = 0.0;
+        loop {
+            let now = elapsed();
+            while let Some(&Reverse((t, _, id))) = self.handoffs.peek() {
+                if t.0 > now {
+                    break;
+                }
+                self.handoffs.pop();
+                self.hand_off(id);
+            }
+            while let Some(&Reverse((t, _, s))) = self.arrivals.peek() {
+                if t.0 > now {
+                    break;
+                }
+                self.arrivals.pop();
+                self.arrive(s, now);
+            }
+            self.start_idle_workers(now);
+            let busy = self.pools.iter().flat_map(|p| &p.workers).any(|w| w.busy);
+            let next = [
+                self.arrivals.peek().map(|Reverse((t, ..))| *t),
+                self.handoffs.peek().map(|Reverse((t, ..))| *t),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let report = match next {
+                Some(t) => {
+                    let due = began + Duration::from_secs_f64(t.0.max(0.0) / 1e3);
+                    done.recv_deadline(due).ok()
+                }
+                None if busy => done.recv().ok(),
+                None => break,
+            };
+            if let Some(report) = report {
+                let now = elapsed();
+                let worker = &mut self.pools[report.pool].workers[report.worker];
+                if let Some(live) = worker.live.as_mut() {
+                    live.has_work = !report.idle && !report.outputs.is_empty();
+                }
+                if !report.outputs.is_empty() {
+                    self.passes += 1;
+                }
+                worker.pending = report.outputs;
+                self.finish_pass(report.pool, report.worker, now);
+            }
+            if now - last_report > 100.0 {
+                last_report = now;
+                progress(now, self.collector.completed());
+            }
+        }
+        self.final_progress(progress);
+    }
+
+    fn final_progress(&self, progress: &mut dyn FnMut(f64, usize)) {
         progress(
             self.collector
                 .records
@@ -392,7 +483,11 @@ impl Simulation<'_> {
         if !p.prefill_only {
             record.decode_worker_idx = Some(worker as u32);
         }
-        p.workers[worker].ranks[rank].enqueue(sequence);
+        let w = &mut p.workers[worker];
+        match w.live.as_mut() {
+            Some(live) => live.enqueue(rank, sequence),
+            None => w.ranks[rank].enqueue(sequence),
+        }
     }
 
     /// The prompt's KV has reached the decode pool: a decode worker takes the request.
@@ -421,6 +516,13 @@ impl Simulation<'_> {
         // The prompt runs where the store is consulted: the entry pool.
         let use_store = pool == ENTRY;
         let worker = &mut self.pools[pool].workers[w];
+        if let Some(live) = &worker.live {
+            if live.has_work {
+                live.run_pass();
+                worker.busy = true;
+            }
+            return;
+        }
         let mut longest: Option<f64> = None;
         if let Some(o) = self.offload.as_deref_mut() {
             o.advance_to(now);
