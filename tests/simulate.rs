@@ -371,9 +371,17 @@ fn meaningless_combinations_are_one_line_usage_errors() {
             vec![
                 &trace,
                 "--extra-engine-args",
-                "{\"engine_type\": \"sglang\"}",
+                "{\"engine_type\": \"sglang\", \"sglang\": {\"schedule_policy\": \"random\"}}",
             ],
-            "sglang",
+            "sglang.schedule_policy \"random\"",
+        ),
+        (
+            vec![
+                &trace,
+                "--extra-engine-args",
+                "{\"sglang\": {\"pagesize\": 4}}",
+            ],
+            "sglang: unknown field `pagesize`",
         ),
         (
             vec![
@@ -628,4 +636,21 @@ fn online_mode_serves_everything_on_live_workers_in_real_time() {
         get(&online, "wall_time_ms"),
         get(&offline, "duration_ms")
     );
+}
+
+#[test]
+fn the_sglang_and_trtllm_engines_serve_a_trace() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let trace = mooncake_slice();
+    let run = |engine: &str| simulate(dir.path(), &[&trace, "--extra-engine-args", engine]);
+    let vllm = run("{\"block_size\": 16}");
+    let sglang = run("{\"engine_type\": \"sglang\", \"sglang\": {\"page_size\": 16, \"schedule_policy\": \"lpm\"}}");
+    let trtllm = run("{\"engine_type\": \"trtllm\", \"block_size\": 16}");
+    for r in [&sglang, &trtllm] {
+        assert_eq!(r["completed_requests"], 300);
+        assert_ne!(
+            r["mean_ttft_ms"], vllm["mean_ttft_ms"],
+            "each scheduler admits differently"
+        );
+    }
 }

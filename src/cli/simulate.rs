@@ -13,7 +13,7 @@ use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::report::csv::CsvTables;
 use kvtrace::report::tables::{Table, TableExporter};
 use kvtrace::report::xlsx::XlsxWorkbook;
-use kvtrace::simulate::args::{EngineArgs, EngineType, WorkerType};
+use kvtrace::simulate::args::{EngineArgs, WorkerType};
 use kvtrace::simulate::collector::Sla;
 use kvtrace::simulate::offline::{simulate, PrefillPool, SimConfig};
 use kvtrace::simulate::offload::{
@@ -206,11 +206,6 @@ fn engine_args(
     let parsed = EngineArgs::from_json(&text).map_err(|e| Error::usage(format!("{flag}: {e}")))?;
     for w in &parsed.warnings {
         eprintln!("kvtrace: warning: {flag}: {w}");
-    }
-    if parsed.args.engine_type == EngineType::Sglang {
-        return Err(Error::usage(format!(
-            "{flag}: engine_type \"sglang\" (radix-cache scheduler) is not available in this kvtrace version; use vllm or trtllm"
-        )));
     }
     let queue_policy = parsed
         .router_queue_policy

@@ -27,6 +27,100 @@ pub enum Preemption {
     Fifo,
 }
 
+/// How the SGLang scheduler orders its waiting queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SglangPolicy {
+    Fifo,
+    /// Longest prefix match first (FIFO once more than 128 requests wait).
+    Lpm,
+}
+
+/// The `sglang` object of the engine arguments, SGLang's scheduler defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SglangArgs {
+    pub schedule_policy: SglangPolicy,
+    pub max_prefill_tokens: u64,
+    pub chunked_prefill_size: u64,
+    pub clip_max_new_tokens: u64,
+    pub schedule_conservativeness: f64,
+}
+
+impl Default for SglangArgs {
+    fn default() -> Self {
+        SglangArgs {
+            schedule_policy: SglangPolicy::Fifo,
+            max_prefill_tokens: 16384,
+            chunked_prefill_size: 8192,
+            clip_max_new_tokens: 4096,
+            schedule_conservativeness: 1.0,
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+struct RawSglang {
+    schedule_policy: Option<String>,
+    page_size: Option<u32>,
+    max_prefill_tokens: Option<u64>,
+    chunked_prefill_size: Option<u64>,
+    clip_max_new_tokens: Option<u64>,
+    schedule_conservativeness: Option<f64>,
+}
+
+impl SglangArgs {
+    /// Parses the `sglang` object; returns its page size too.
+    fn from_json(value: &Json) -> Result<(SglangArgs, Option<u32>), String> {
+        let raw: RawSglang = serde_json::from_value(value.clone())
+            .map_err(|e| format!("sglang: {}", super::field_error(e)))?;
+        let schedule_policy = match raw.schedule_policy.as_deref() {
+            None | Some("fifo") | Some("fcfs") => SglangPolicy::Fifo,
+            Some("lpm") => SglangPolicy::Lpm,
+            Some(other) => {
+                return Err(format!(
+                    "sglang.schedule_policy {other:?}: expected fifo, fcfs or lpm"
+                ))
+            }
+        };
+        let mut s = SglangArgs {
+            schedule_policy,
+            ..SglangArgs::default()
+        };
+        for (name, value, slot) in [
+            (
+                "max_prefill_tokens",
+                raw.max_prefill_tokens,
+                &mut s.max_prefill_tokens,
+            ),
+            (
+                "chunked_prefill_size",
+                raw.chunked_prefill_size,
+                &mut s.chunked_prefill_size,
+            ),
+            (
+                "clip_max_new_tokens",
+                raw.clip_max_new_tokens,
+                &mut s.clip_max_new_tokens,
+            ),
+        ] {
+            match value {
+                Some(0) => return Err(format!("sglang.{name} 0: expected at least 1")),
+                Some(v) => *slot = v,
+                None => {}
+            }
+        }
+        if let Some(c) = raw.schedule_conservativeness {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(format!(
+                    "sglang.schedule_conservativeness {c}: expected a positive number"
+                ));
+            }
+            s.schedule_conservativeness = c;
+        }
+        Ok((s, raw.page_size.filter(|&p| p > 0)))
+    }
+}
+
 /// The resolved engine configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineArgs {
@@ -48,6 +142,7 @@ pub struct EngineArgs {
     /// KV bytes per token and link GB/s for the disaggregated transfer model.
     pub kv_bytes_per_token: Option<u64>,
     pub kv_transfer_bandwidth: Option<f64>,
+    pub sglang: SglangArgs,
 }
 
 impl Default for EngineArgs {
@@ -69,6 +164,7 @@ impl Default for EngineArgs {
             tp_size: 1,
             kv_bytes_per_token: None,
             kv_transfer_bandwidth: None,
+            sglang: SglangArgs::default(),
         }
     }
 }
@@ -176,15 +272,16 @@ impl EngineArgs {
                 }
             };
         }
-        let page_size = raw
-            .sglang
-            .as_ref()
-            .and_then(|s| s.get("page_size"))
-            .and_then(Json::as_u64);
+        let mut page_size = None;
+        if let Some(value) = raw.sglang.as_ref().filter(|v| !v.is_null()) {
+            let (sglang, page) = SglangArgs::from_json(value)?;
+            args.sglang = sglang;
+            page_size = page;
+        }
         args.block_size = match (raw.block_size, args.engine_type) {
             (Some(b), _) if b > 0 => b,
             (_, EngineType::Vllm) => 64,
-            (_, EngineType::Sglang) => page_size.unwrap_or(1) as u32,
+            (_, EngineType::Sglang) => page_size.unwrap_or(1),
             (_, EngineType::Trtllm) => 32,
         };
         if let Some(n) = raw.num_gpu_blocks {

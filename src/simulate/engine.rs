@@ -1,13 +1,17 @@
-//! The vLLM-style mock engine (and TRT-LLM's no-evict variant): one `pass` schedules the
-//! running requests first, then admits waiting ones against a token budget and the KV pool,
-//! and takes as long as the timing model says its prefill chunks and decode step take. Every
-//! token of a pass is emitted at the pass's end.
+//! The mock engine: one `pass` schedules the running requests first, then admits waiting
+//! ones against the pass's budget ([`Budget`]) and the KV pool, and takes as long as the
+//! timing model says its prefill chunks and decode step take. Every token of a pass is
+//! emitted at the pass's end. vLLM is the base; TRT-LLM admits only what fits to
+//! completion and never preempts; SGLang budgets prefill and memory its own way, may order
+//! its queue by longest cached prefix, retracts under memory pressure (resetting its
+//! new-token ratio) and times decode over unrounded sequence lengths.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::args::{EngineArgs, EngineType, Preemption};
+use super::args::{EngineArgs, EngineType, Preemption, SglangPolicy};
 use super::blocks::{BlockPool, KvEvent};
+use super::budget::{Budget, NewTokenRatio};
 use super::perf;
 
 /// Index of a request in the simulation's request table.
@@ -98,11 +102,13 @@ pub struct Engine {
     waiting: VecDeque<Sequence>,
     /// Prefill-only engines (disaggregation) charge no decode step.
     prefill_only: bool,
+    new_token_ratio: NewTokenRatio,
 }
 
 impl Engine {
     pub fn new(args: EngineArgs, track_events: bool, prefill_only: bool) -> Engine {
         Engine {
+            new_token_ratio: NewTokenRatio::new(args.sglang.schedule_conservativeness),
             pool: BlockPool::new(
                 args.num_gpu_blocks,
                 args.enable_prefix_caching,
@@ -141,16 +147,26 @@ impl Engine {
     /// are stored.
     pub fn pass(&mut self, mut connector: Option<&mut dyn KvConnector>) -> Option<PassOutput> {
         let mut out = PassOutput::default();
-        let mut budget = self.args.max_num_batched_tokens.unwrap_or(u64::MAX);
+        let sglang = self.args.engine_type == EngineType::Sglang;
+        let mut budget = if sglang {
+            self.sglang_budget()
+        } else {
+            Budget::Tokens(self.args.max_num_batched_tokens.unwrap_or(u64::MAX))
+        };
         let mut prefill = (0u64, 0u64, 0u64);
         for seq in &mut self.running {
             seq.scheduled = false;
         }
         let mut i = 0;
-        while i < self.running.len() && budget > 0 {
+        while i < self.running.len() && !budget.exhausted() {
             let seq = &self.running[i];
             let before = seq.computed;
-            let take = u64::from(seq.len() - before).min(budget) as u32;
+            let in_prefill = before < seq.prompt_len;
+            let take = budget.take(seq.len() - before, in_prefill);
+            if take == 0 {
+                i += 1;
+                continue;
+            }
             let need = self
                 .blocks_for(before + take)
                 .saturating_sub(seq.blocks.len());
@@ -160,7 +176,7 @@ impl Engine {
             }
             let seq = &mut self.running[i];
             seq.computed += take;
-            budget -= u64::from(take);
+            budget.spend(take, in_prefill, None);
             if before < seq.prompt_len || before + 1 < seq.len() {
                 prefill.0 += 1;
                 prefill.1 += u64::from(seq.computed);
@@ -200,16 +216,20 @@ impl Engine {
         } else {
             0.0
         };
+        let block = u64::from(self.args.block_size);
         let decode_ms = if self.prefill_only {
             0.0
+        } else if sglang {
+            let tokens: u64 = self.running.iter().map(|s| u64::from(s.len())).sum();
+            perf::decode_ms(ready, tokens, self.pool.capacity() * block)
         } else {
-            let block = u64::from(self.args.block_size);
             perf::decode_ms(
                 ready,
                 self.pool.active() * block,
                 self.pool.capacity() * block,
             )
         };
+        self.new_token_ratio.decay();
         let speedup = self.args.speedup_ratio;
         out.duration_ms = load_ms
             + perf::scaled(prefill_ms, speedup)
@@ -220,6 +240,37 @@ impl Engine {
         self.emit(&mut out);
         out.kv_events = self.pool.take_events();
         Some(out)
+    }
+
+    /// SGLang's budget for this pass: the chunk budget, and the free and evictable KV
+    /// tokens minus the output running requests are still expected to generate.
+    fn sglang_budget(&self) -> Budget {
+        let s = &self.args.sglang;
+        let page = self.args.block_size;
+        let ratio = self.new_token_ratio.value();
+        let reserved: f64 = self
+            .running
+            .iter()
+            .map(|q| {
+                u64::from(q.output_len - q.generated).min(s.clip_max_new_tokens) as f64 * ratio
+            })
+            .sum();
+        let free = (self.pool.capacity() - self.pool.active()) * u64::from(page);
+        Budget::sglang(s, page, free, reserved)
+    }
+
+    /// SGLang's `lpm` policy serves the longest cached prefix first, while at most 128
+    /// requests wait (FIFO beyond, where sorting costs more than it gains).
+    fn order_waiting(&mut self) {
+        let lpm = self.args.engine_type == EngineType::Sglang
+            && self.args.sglang.schedule_policy == SglangPolicy::Lpm;
+        if !lpm || self.waiting.len() > 128 || self.waiting.len() < 2 {
+            return;
+        }
+        let pool = &self.pool;
+        self.waiting
+            .make_contiguous()
+            .sort_by_key(|s| std::cmp::Reverse(pool.match_prefix(&s.hashes).0));
     }
 
     /// Allocates `need` blocks for running request `i`, preempting others (or itself) when
@@ -236,6 +287,7 @@ impl Engine {
                 if self.args.engine_type == EngineType::Trtllm {
                     return false;
                 }
+                self.new_token_ratio.reset();
                 let victim = match self.args.preemption {
                     Preemption::Lifo => self.running.len() - 1,
                     Preemption::Fifo => 0,
@@ -264,14 +316,15 @@ impl Engine {
     /// loading from the connector.
     fn admit(
         &mut self,
-        budget: &mut u64,
+        budget: &mut Budget,
         prefill: &mut (u64, u64, u64),
         out: &mut PassOutput,
         connector: &mut Option<&mut dyn KvConnector>,
     ) -> f64 {
         let block = self.args.block_size;
         let mut load_ms = 0.0;
-        while *budget > 0 {
+        self.order_waiting();
+        while !budget.exhausted() {
             if self
                 .args
                 .max_num_seqs
@@ -334,8 +387,11 @@ impl Engine {
                 None => 0,
             };
             let remaining = len - cached - external;
-            let take = u64::from(remaining).min(*budget) as u32;
-            if !self.args.enable_chunked_prefill && take < remaining {
+            let take = budget.take(remaining, !prefilled);
+            let output_left = seq.output_len - seq.generated;
+            let refused = !budget.admits(take, take == remaining, output_left)
+                || (take == 0 && remaining > 0);
+            if refused || (!self.args.enable_chunked_prefill && take < remaining) {
                 if let Some(c) = connector.as_deref_mut() {
                     c.load(id, cached, 0);
                 }
@@ -365,7 +421,7 @@ impl Engine {
             }
             out.admitted.push((seq.id, cached.min(seq.prompt_len)));
             seq.computed = cached + external + take;
-            *budget -= u64::from(take);
+            budget.spend(take, !prefilled, Some((take == remaining, output_left)));
             if !prefilled {
                 prefill.0 += 1;
                 prefill.1 += u64::from(seq.computed);
@@ -456,5 +512,40 @@ mod tests {
             "three 100-token sequences cannot share 192 tokens of KV"
         );
         assert_eq!(tokens, [40, 40, 40], "recompute never re-emits a token");
+    }
+
+    #[test]
+    fn sglang_admits_against_memory_with_output_reserves_and_still_finishes_everyone() {
+        let sglang = EngineArgs {
+            engine_type: EngineType::Sglang,
+            block_size: 16,
+            num_gpu_blocks: 64,
+            ..EngineArgs::default()
+        };
+        let vllm = EngineArgs {
+            engine_type: EngineType::Vllm,
+            ..sglang.clone()
+        };
+        let first_pass = |args: EngineArgs| {
+            let mut engine = Engine::new(args, false, false);
+            for id in 0..3 {
+                engine.enqueue(seq(id, 200, 300));
+            }
+            let admitted = engine.pass(None).expect("a pass").admitted.len();
+            let mut tokens = [0u32; 3];
+            while let Some(out) = engine.pass(None) {
+                for (id, _) in out.emitted {
+                    tokens[id as usize] += 1;
+                }
+            }
+            (admitted, tokens)
+        };
+        let (admitted, tokens) = first_pass(sglang);
+        assert_eq!(
+            admitted, 2,
+            "each needs 208 prompt + 300 reserved of 1024 tokens: the third waits"
+        );
+        assert_eq!(tokens[2], 300, "and is served later");
+        assert_eq!(first_pass(vllm).0, 3, "vLLM counts blocks only");
     }
 }

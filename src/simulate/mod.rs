@@ -6,6 +6,7 @@
 
 pub mod args;
 pub mod blocks;
+pub mod budget;
 pub mod collector;
 pub mod engine;
 pub mod live;
