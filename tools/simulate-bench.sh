@@ -30,3 +30,10 @@ engine='{"block_size":512}'
 measure "conversation, 4 workers, round_robin" "$bin" simulate "$trace" --num-workers 4 --extra-engine-args "$engine"
 measure "conversation, 4 workers, kv_router" "$bin" simulate "$trace" --num-workers 4 --router-mode kv_router --extra-engine-args "$engine"
 measure "synthetic 1000 x 5000/500, conc 100" "$bin" simulate --input-tokens 5000 --output-tokens 500 --request-count 1000 --replay-concurrency 100 --extra-engine-args "$engine"
+measure "conversation, 2P+2D disaggregated, kv_router" "$bin" simulate "$trace" --router-mode kv_router \
+    --prefill-engine-args '{"worker_type":"prefill","block_size":512}' \
+    --decode-engine-args '{"worker_type":"decode","block_size":512}' \
+    --num-prefill-workers 2 --num-decode-workers 2
+measure "conversation, kv_router, 64 GiB offload + record" "$bin" simulate "$trace" --num-workers 4 \
+    --router-mode kv_router --extra-engine-args "$engine" --l1-size-gb 64 --record "$tmp/rec.lct"
+echo "recorded trace: $(du -h "$tmp/rec.lct" | cut -f1)"
