@@ -47,6 +47,13 @@ pub struct FileTier {
     buf: AlignedBuf,
 }
 
+/// Where an object lives under `dir`: a fan-out directory and the key hash, nothing from
+/// the key's own bytes.
+pub fn object_path(dir: &Path, key: KeyId) -> PathBuf {
+    let hex = key.hex();
+    dir.join(&hex[..2]).join(format!("{hex}.kv"))
+}
+
 fn padded(size: u64) -> usize {
     (size as usize).div_ceil(ALIGN) * ALIGN
 }
@@ -69,10 +76,9 @@ impl FileTier {
         })
     }
 
-    /// Where an object lives: a fan-out directory and the key hash, nothing from the key.
+    /// Where an object lives.
     pub fn path_of(&self, key: KeyId) -> PathBuf {
-        let hex = key.hex();
-        self.dir.join(&hex[..2]).join(format!("{hex}.kv"))
+        object_path(&self.dir, key)
     }
 
     fn open(&self, path: &Path, write: bool) -> io::Result<File> {

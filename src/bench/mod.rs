@@ -1,0 +1,8 @@
+//! `kvtrace bench`: a KV-cache storage benchmark in the manner of MLPerf Storage's, with
+//! real I/O through kvtrace's tiers. [`models`] sizes entries by model; [`users`] generates
+//! each simulated user's requests from the seed.
+
+pub mod io;
+pub mod models;
+pub mod tiers;
+pub mod users;

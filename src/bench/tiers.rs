@@ -1,0 +1,603 @@
+//! The benchmark's tier hierarchy (GPU → CPU → storage) with waterfall placement: a new
+//! entry goes to the fastest tier that has room after evicting; an evicted entry moves one
+//! tier down (making room there first) and leaves the last tier by deletion. Nothing is
+//! promoted: a hit is read where the entry lives.
+//!
+//! Every placement decision — room, reservations, victims, moves — happens under one lock,
+//! so usage is always the sum of the entries a tier holds: concurrent writers cannot leak
+//! reservations and evict live entries. An entry being written or read is pinned and never
+//! chosen as a victim; its bytes move outside the lock.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::io::{delete_entry, read_entry, write_entry, FileMode, IoBuffer, IoTime};
+use crate::storage::file::object_path;
+use crate::storage::{KeyId, KeyMap};
+
+/// A tier's place in the hierarchy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TierKind {
+    Gpu,
+    Cpu,
+    Storage,
+}
+
+impl TierKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            TierKind::Gpu => "gpu",
+            TierKind::Cpu => "cpu",
+            TierKind::Storage => "storage",
+        }
+    }
+}
+
+/// Where a tier's bytes go.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TierStore {
+    /// A capacity and bandwidth budget (a GPU on a machine without one): each transfer takes
+    /// `bytes / bandwidth`, slept through by the worker.
+    Modelled { gbps: f64 },
+    /// One real file per entry under a directory.
+    Files { dir: PathBuf, mode: FileMode },
+    /// Keeps nothing and takes no time: for logging the I/O a run would do.
+    Null,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TierSpec {
+    pub kind: TierKind,
+    /// Bytes it may hold; `None` is unbounded.
+    pub capacity: Option<u64>,
+    pub store: TierStore,
+}
+
+/// Counters of one tier.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TierCounters {
+    pub entries: u64,
+    pub used_bytes: u64,
+    pub peak_bytes: u64,
+    /// Bytes written here: new entries and entries moved in from the tier above.
+    pub bytes_written: u64,
+    /// Bytes read here: hits and entries moved out to the tier below.
+    pub bytes_read: u64,
+    pub writes: u64,
+    pub reads: u64,
+    /// Entries moved down to the next tier.
+    pub demotions: u64,
+    /// Entries deleted to make room (last tier) or lost because no tier below had room.
+    pub deletions: u64,
+    /// Moves that failed on I/O (the entry is lost and counted here).
+    pub move_errors: u64,
+    /// Seconds spent writing and reading (moves included).
+    pub write_s: f64,
+    pub read_s: f64,
+}
+
+/// Where a new entry went.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Allocation {
+    /// Already cached: nothing written.
+    Existing {
+        tier: TierKind,
+    },
+    Written {
+        tier: TierKind,
+        time: IoTime,
+    },
+    /// No tier had room, even after evicting.
+    NoRoom,
+}
+
+/// What a lookup found.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Access {
+    Hit {
+        tier: TierKind,
+        size: u64,
+        time: IoTime,
+    },
+    Miss,
+}
+
+struct Entry {
+    tier: usize,
+    size: u64,
+    ready: bool,
+    pins: u32,
+    tick: u64,
+    stamp: u64,
+}
+
+struct Tier {
+    spec: TierSpec,
+    used: u64,
+    /// Entries by last use, oldest first.
+    lru: BTreeMap<u64, KeyId>,
+    counters: TierCounters,
+}
+
+struct State {
+    entries: KeyMap<Entry>,
+    tiers: Vec<Tier>,
+    tick: u64,
+}
+
+/// The shared cache; workers call it from many threads.
+pub struct TierCache {
+    state: Mutex<State>,
+}
+
+/// How deep a chain of demotions may go.
+const MAX_DEPTH: usize = 10;
+/// A tier above the last evicts down to this share of its capacity, so it does not evict
+/// on every write; an entry larger than `TOO_LARGE` of it skips it.
+const TARGET: f64 = 0.8;
+const TOO_LARGE: f64 = 0.95;
+
+fn sleep_modelled(gbps: f64, size: u64) -> f64 {
+    let secs = size as f64 / (gbps * 1e9);
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    secs
+}
+
+fn store_write(
+    spec: &TierSpec,
+    key: KeyId,
+    size: u64,
+    stamp: u64,
+    buf: &mut IoBuffer,
+) -> io::Result<IoTime> {
+    match &spec.store {
+        TierStore::Modelled { gbps } => Ok(IoTime {
+            host_s: 0.0,
+            device_s: sleep_modelled(*gbps, size),
+        }),
+        TierStore::Files { dir, mode } => {
+            write_entry(&object_path(dir, key), size, stamp, *mode, buf)
+        }
+        TierStore::Null => Ok(IoTime::default()),
+    }
+}
+
+fn store_read(spec: &TierSpec, key: KeyId, size: u64, buf: &mut IoBuffer) -> io::Result<IoTime> {
+    match &spec.store {
+        TierStore::Modelled { gbps } => Ok(IoTime {
+            host_s: 0.0,
+            device_s: sleep_modelled(*gbps, size),
+        }),
+        TierStore::Files { dir, mode } => read_entry(&object_path(dir, key), size, *mode, buf),
+        TierStore::Null => Ok(IoTime::default()),
+    }
+}
+
+fn store_delete(spec: &TierSpec, key: KeyId) -> io::Result<()> {
+    match &spec.store {
+        TierStore::Files { dir, .. } => delete_entry(&object_path(dir, key)),
+        _ => Ok(()),
+    }
+}
+
+impl State {
+    fn touch(&mut self, key: KeyId) {
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some(e) = self.entries.get_mut(&key) {
+            let lru = &mut self.tiers[e.tier].lru;
+            lru.remove(&e.tick);
+            lru.insert(tick, key);
+            e.tick = tick;
+        }
+    }
+
+    fn add(&mut self, tier: usize, size: u64) {
+        let t = &mut self.tiers[tier];
+        t.used += size;
+        t.counters.entries += 1;
+        t.counters.peak_bytes = t.counters.peak_bytes.max(t.used);
+    }
+
+    fn remove_from(&mut self, tier: usize, size: u64, tick: u64) {
+        let t = &mut self.tiers[tier];
+        t.used -= size;
+        t.counters.entries -= 1;
+        t.lru.remove(&tick);
+    }
+
+    /// The oldest entry of a tier that nobody is using.
+    fn victim(&self, tier: usize) -> Option<KeyId> {
+        self.tiers[tier]
+            .lru
+            .values()
+            .copied()
+            .find(|k| self.entries.get(k).is_some_and(|e| e.ready && e.pins == 0))
+    }
+
+    /// Makes room for `bytes` in `tier` by moving its oldest entries down, and reserves it.
+    /// `false` when the tier cannot hold them.
+    fn make_room(&mut self, tier: usize, bytes: u64, depth: usize, buf: &mut IoBuffer) -> bool {
+        if depth > MAX_DEPTH {
+            return false;
+        }
+        let last = tier + 1 == self.tiers.len();
+        let Some(capacity) = self.tiers[tier].spec.capacity else {
+            return true;
+        };
+        let target = if last {
+            capacity as f64
+        } else {
+            if bytes as f64 > TOO_LARGE * capacity as f64 {
+                return false;
+            }
+            TARGET * capacity as f64
+        };
+        if bytes > capacity {
+            return false;
+        }
+        while (self.tiers[tier].used + bytes) as f64 > target {
+            let Some(victim) = self.victim(tier) else {
+                return false;
+            };
+            self.evict(tier, victim, depth, buf);
+        }
+        true
+    }
+
+    /// Moves an entry one tier down, or deletes it from the last tier (or when nothing
+    /// below has room).
+    fn evict(&mut self, tier: usize, key: KeyId, depth: usize, buf: &mut IoBuffer) {
+        let Some(e) = self.entries.get(&key) else {
+            return;
+        };
+        let (size, tick, stamp) = (e.size, e.tick, e.stamp);
+        let below = tier + 1;
+        let moved = below < self.tiers.len() && self.make_room(below, size, depth + 1, buf);
+        self.remove_from(tier, size, tick);
+        if !moved {
+            let _ = store_delete(&self.tiers[tier].spec, key);
+            self.tiers[tier].counters.deletions += 1;
+            self.entries.remove(&key);
+            return;
+        }
+        let result = store_read(&self.tiers[tier].spec, key, size, buf).and_then(|r| {
+            store_write(&self.tiers[below].spec, key, size, stamp, buf).map(|w| (r, w))
+        });
+        let _ = store_delete(&self.tiers[tier].spec, key);
+        let src = &mut self.tiers[tier].counters;
+        src.demotions += 1;
+        match result {
+            Ok((r, w)) => {
+                src.bytes_read += size;
+                src.reads += 1;
+                src.read_s += r.total_s();
+                let dst = &mut self.tiers[below].counters;
+                dst.bytes_written += size;
+                dst.writes += 1;
+                dst.write_s += w.total_s();
+                self.add(below, size);
+                self.tick += 1;
+                let tick = self.tick;
+                self.tiers[below].lru.insert(tick, key);
+                if let Some(e) = self.entries.get_mut(&key) {
+                    e.tier = below;
+                    e.tick = tick;
+                }
+            }
+            Err(_) => {
+                src.move_errors += 1;
+                self.entries.remove(&key);
+            }
+        }
+    }
+}
+
+impl TierCache {
+    /// Creates the tiers' directories (empty tiers are left out).
+    pub fn new(specs: Vec<TierSpec>) -> io::Result<TierCache> {
+        let mut tiers = Vec::new();
+        for spec in specs {
+            if spec.capacity == Some(0) {
+                continue;
+            }
+            if let TierStore::Files { dir, .. } = &spec.store {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+            }
+            tiers.push(Tier {
+                spec,
+                used: 0,
+                lru: BTreeMap::new(),
+                counters: TierCounters::default(),
+            });
+        }
+        Ok(TierCache {
+            state: Mutex::new(State {
+                entries: KeyMap::default(),
+                tiers,
+                tick: 0,
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stores a new entry of `size` bytes in the fastest tier with room.
+    pub fn allocate(
+        &self,
+        key: KeyId,
+        size: u64,
+        stamp: u64,
+        buf: &mut IoBuffer,
+    ) -> io::Result<Allocation> {
+        let (tier, spec) = {
+            let mut s = self.lock();
+            if let Some(e) = s.entries.get(&key) {
+                return Ok(Allocation::Existing {
+                    tier: s.tiers[e.tier].spec.kind,
+                });
+            }
+            let Some(tier) = (0..s.tiers.len()).find(|&t| s.make_room(t, size, 0, buf)) else {
+                return Ok(Allocation::NoRoom);
+            };
+            s.add(tier, size);
+            s.tick += 1;
+            let tick = s.tick;
+            s.tiers[tier].lru.insert(tick, key);
+            s.entries.insert(
+                key,
+                Entry {
+                    tier,
+                    size,
+                    ready: false,
+                    pins: 0,
+                    tick,
+                    stamp,
+                },
+            );
+            (tier, s.tiers[tier].spec.clone())
+        };
+        let written = store_write(&spec, key, size, stamp, buf);
+        let mut s = self.lock();
+        match written {
+            Ok(time) => {
+                if let Some(e) = s.entries.get_mut(&key) {
+                    e.ready = true;
+                }
+                let c = &mut s.tiers[tier].counters;
+                c.writes += 1;
+                c.bytes_written += size;
+                c.write_s += time.total_s();
+                Ok(Allocation::Written {
+                    tier: spec.kind,
+                    time,
+                })
+            }
+            Err(e) => {
+                if let Some(entry) = s.entries.remove(&key) {
+                    s.remove_from(tier, size, entry.tick);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads a whole entry where it lives.
+    pub fn access(&self, key: KeyId, buf: &mut IoBuffer) -> io::Result<Access> {
+        let (tier, size, spec) = {
+            let mut s = self.lock();
+            let Some(e) = s.entries.get_mut(&key).filter(|e| e.ready) else {
+                return Ok(Access::Miss);
+            };
+            e.pins += 1;
+            let (tier, size) = (e.tier, e.size);
+            s.touch(key);
+            (tier, size, s.tiers[tier].spec.clone())
+        };
+        let read = store_read(&spec, key, size, buf);
+        let mut s = self.lock();
+        if let Some(e) = s.entries.get_mut(&key) {
+            e.pins -= 1;
+        }
+        let time = read?;
+        let c = &mut s.tiers[tier].counters;
+        c.reads += 1;
+        c.bytes_read += size;
+        c.read_s += time.total_s();
+        Ok(Access::Hit {
+            tier: spec.kind,
+            size,
+            time,
+        })
+    }
+
+    /// Whether an entry is cached (written or being written).
+    pub fn contains(&self, key: KeyId) -> bool {
+        self.lock().entries.contains_key(&key)
+    }
+
+    /// Each tier's kind and counters, fastest first.
+    pub fn counters(&self) -> Vec<(TierKind, TierCounters)> {
+        self.lock()
+            .tiers
+            .iter()
+            .map(|t| {
+                let mut c = t.counters.clone();
+                c.used_bytes = t.used;
+                (t.spec.kind, c)
+            })
+            .collect()
+    }
+
+    /// How many entries each tier holds, counted entry by entry (a check on the counters).
+    pub fn entries_per_tier(&self) -> Vec<(TierKind, u64)> {
+        let s = self.lock();
+        s.tiers
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let n = s.entries.values().filter(|e| e.tier == i).count() as u64;
+                (t.spec.kind, n)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(dir: &std::path::Path, name: &str) -> TierStore {
+        TierStore::Files {
+            dir: dir.join(name),
+            mode: FileMode {
+                direct: false,
+                fsync: false,
+                drop_cache_before_read: false,
+            },
+        }
+    }
+
+    fn count_files(dir: &std::path::Path) -> usize {
+        walk(dir)
+    }
+
+    fn walk(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir).map_or(0, |d| {
+            d.flatten()
+                .map(|e| {
+                    if e.path().is_dir() {
+                        walk(&e.path())
+                    } else {
+                        1
+                    }
+                })
+                .sum()
+        })
+    }
+
+    /// The concurrent-eviction scenario that loses entries in kv-cache.py: 40 entries of
+    /// 500–3000 tokens that fit the CPU and storage tiers together, written by 1 to 40
+    /// threads (at 1/16 of its sizes). Every entry must survive, readable, with usage equal
+    /// to what the tiers hold.
+    #[test]
+    fn every_entry_that_fits_survives_concurrent_waterfall_eviction() {
+        let per_token = 24_576 / 16;
+        let sizes: Vec<u64> = (0..40u64)
+            .map(|i| (500 + (i * 2503) % 2501) * per_token)
+            .collect();
+        for threads in [1usize, 4, 8, 20, 40] {
+            let dir = tempfile::tempdir().expect("tmp");
+            let cache = TierCache::new(vec![
+                TierSpec {
+                    kind: TierKind::Cpu,
+                    capacity: Some((1 << 28) / 16),
+                    store: files(dir.path(), "cpu"),
+                },
+                TierSpec {
+                    kind: TierKind::Storage,
+                    capacity: Some((2 << 30) / 16),
+                    store: files(dir.path(), "nvme"),
+                },
+            ])
+            .expect("tiers");
+            std::thread::scope(|scope| {
+                for t in 0..threads {
+                    let (cache, sizes) = (&cache, &sizes);
+                    scope.spawn(move || {
+                        let mut buf = IoBuffer::new();
+                        for (i, &size) in sizes.iter().enumerate().skip(t).step_by(threads) {
+                            let got = cache
+                                .allocate(KeyId(i as u128), size, i as u64, &mut buf)
+                                .expect("write");
+                            assert!(matches!(got, Allocation::Written { .. }), "{got:?}");
+                        }
+                    });
+                }
+            });
+            let mut buf = IoBuffer::new();
+            for (i, &size) in sizes.iter().enumerate() {
+                match cache.access(KeyId(i as u128), &mut buf).expect("read") {
+                    Access::Hit { size: s, .. } => assert_eq!(s, size),
+                    Access::Miss => panic!("{threads} threads lost entry {i}"),
+                }
+            }
+            let counters = cache.counters();
+            let held: u64 = counters.iter().map(|(_, c)| c.used_bytes).sum();
+            assert_eq!(
+                held,
+                sizes.iter().sum::<u64>(),
+                "{threads} threads: usage = entries"
+            );
+            assert!(counters.iter().all(|(_, c)| c.deletions == 0));
+            assert!(
+                counters[0].1.demotions > 0,
+                "the CPU tier overflowed into storage"
+            );
+            let entries: Vec<u64> = cache.entries_per_tier().iter().map(|e| e.1).collect();
+            assert_eq!(
+                entries,
+                counters.iter().map(|(_, c)| c.entries).collect::<Vec<_>>()
+            );
+            assert_eq!(
+                count_files(&dir.path().join("cpu")) + count_files(&dir.path().join("nvme")),
+                40,
+                "one file per entry, none orphaned"
+            );
+        }
+    }
+
+    #[test]
+    fn the_last_tier_deletes_its_oldest_entries_and_reads_do_not_promote() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let cache = TierCache::new(vec![
+            TierSpec {
+                kind: TierKind::Cpu,
+                capacity: Some(100_000),
+                store: files(dir.path(), "cpu"),
+            },
+            TierSpec {
+                kind: TierKind::Storage,
+                capacity: Some(200_000),
+                store: files(dir.path(), "nvme"),
+            },
+        ])
+        .expect("tiers");
+        let mut buf = IoBuffer::new();
+        for i in 0..6u128 {
+            cache
+                .allocate(KeyId(i), 60_000, i as u64, &mut buf)
+                .expect("write");
+        }
+        assert_eq!(
+            cache.access(KeyId(0), &mut buf).expect("read"),
+            Access::Miss,
+            "oldest deleted"
+        );
+        match cache.access(KeyId(3), &mut buf).expect("read") {
+            Access::Hit { tier, .. } => assert_eq!(tier, TierKind::Storage),
+            Access::Miss => panic!("entry 3 is on storage"),
+        }
+        match cache.access(KeyId(3), &mut buf).expect("read") {
+            Access::Hit { tier, .. } => assert_eq!(tier, TierKind::Storage, "not promoted"),
+            Access::Miss => panic!("still there"),
+        }
+        let c = cache.counters();
+        assert_eq!(
+            c[1].1.bytes_written,
+            5 * 60_000,
+            "entries 0-4 moved down: demotions count as storage writes"
+        );
+        assert_eq!(c[1].1.deletions, 2, "entries 0 and 1 made room for 3 and 4");
+        assert_eq!(c[0].1.bytes_read, 5 * 60_000, "and as CPU reads");
+    }
+}
