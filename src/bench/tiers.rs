@@ -82,6 +82,20 @@ pub struct TierCounters {
     pub read_s: f64,
 }
 
+impl TierCounters {
+    fn record_write(&mut self, size: u64, time: IoTime) {
+        self.writes += 1;
+        self.bytes_written += size;
+        self.write_s += time.total_s();
+    }
+
+    fn record_read(&mut self, size: u64, time: IoTime) {
+        self.reads += 1;
+        self.bytes_read += size;
+        self.read_s += time.total_s();
+    }
+}
+
 /// Where a new entry went.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Allocation {
@@ -275,13 +289,8 @@ impl State {
         src.demotions += 1;
         match result {
             Ok((r, w)) => {
-                src.bytes_read += size;
-                src.reads += 1;
-                src.read_s += r.total_s();
-                let dst = &mut self.tiers[below].counters;
-                dst.bytes_written += size;
-                dst.writes += 1;
-                dst.write_s += w.total_s();
+                src.record_read(size, r);
+                self.tiers[below].counters.record_write(size, w);
                 self.add(below, size);
                 self.tick += 1;
                 let tick = self.tick;
@@ -373,10 +382,7 @@ impl TierCache {
                 if let Some(e) = s.entries.get_mut(&key) {
                     e.ready = true;
                 }
-                let c = &mut s.tiers[tier].counters;
-                c.writes += 1;
-                c.bytes_written += size;
-                c.write_s += time.total_s();
+                s.tiers[tier].counters.record_write(size, time);
                 Ok(Allocation::Written {
                     tier: spec.kind,
                     time,
@@ -409,10 +415,7 @@ impl TierCache {
             e.pins -= 1;
         }
         let time = read?;
-        let c = &mut s.tiers[tier].counters;
-        c.reads += 1;
-        c.bytes_read += size;
-        c.read_s += time.total_s();
+        s.tiers[tier].counters.record_read(size, time);
         Ok(Access::Hit {
             tier: spec.kind,
             size,
