@@ -152,3 +152,113 @@ fn a_simulation_exports_its_summary_requests_and_tiers_as_xlsx_and_csv() {
     assert!(summary_csv.lines().any(|l| l == "completed_requests,300"));
     assert!(csv_dir.join("simulate_tiers.csv").exists());
 }
+
+#[test]
+fn a_bench_run_writes_kv_cache_py_json_and_the_99_column_workbook_and_csv() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::create_dir_all(dir.path().join("nvme")).expect("dir");
+    std::fs::create_dir_all(dir.path().join("cpu")).expect("dir");
+    let out = kvtrace([
+        "bench",
+        "--model",
+        "tiny-1b",
+        "--num-users",
+        "4",
+        "--duration",
+        "2",
+        "--cpu-mem-gb",
+        "0.05",
+        "--cache-dir",
+        &p("nvme"),
+        "--cpu-tier-dir",
+        &p("cpu"),
+        "--generation-mode",
+        "none",
+        "--personas",
+        "january-2026",
+        "--seed",
+        "1",
+        "--output",
+        &p("r.json"),
+        "--xlsx-output",
+        &p("r.xlsx"),
+        "--csv",
+        &p("r.csv"),
+        "-q",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p("r.json")).expect("json")).expect("json");
+    let completed = json["requests_completed"].as_u64().expect("count");
+    assert!(completed > 0);
+    assert_eq!(json["summary"]["total_requests"], completed);
+    for key in [
+        "end_to_end_latency_ms",
+        "storage_io_latency_ms",
+        "cache_stats",
+        "qos_metrics",
+        "multi_turn_stats",
+        "prefix_cache_stats",
+    ] {
+        assert!(json["summary"].get(key).is_some(), "summary.{key}");
+    }
+    let stats = &json["summary"]["cache_stats"];
+    assert!(
+        stats["tier_storage_kv_bytes_written_gb"]
+            .as_f64()
+            .expect("gb")
+            > 0.0
+    );
+    assert!(stats["storage_health"]["criteria"].is_array());
+
+    let mut wb: Xlsx<_> = open_workbook(p("r.xlsx")).expect("valid xlsx");
+    assert_eq!(
+        wb.sheet_names(),
+        [
+            "Summary",
+            "Run Parameters",
+            "Performance Metrics",
+            "QoS Metrics"
+        ]
+    );
+    let summary = wb.worksheet_range("Summary").expect("summary");
+    assert_eq!(summary.width(), 99);
+    assert_eq!(summary.get((0, 0)), Some(&Data::String("Timestamp".into())));
+    assert_eq!(
+        summary.get((0, 98)),
+        Some(&Data::String("Multi-turn Hit Rate".into()))
+    );
+    assert_eq!(summary.get((1, 1)), Some(&Data::String("tiny-1b".into())));
+    assert_eq!(summary.get((1, 27)), Some(&Data::Float(completed as f64)));
+    let csv = std::fs::read_to_string(p("r.csv")).expect("csv");
+    let mut lines = csv.lines();
+    assert_eq!(lines.next().expect("header").split(',').count(), 99);
+    assert!(lines.next().expect("row").contains(",tiny-1b,"));
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("nvme"))
+            .expect("dir")
+            .count(),
+        0,
+        "the run removes its entries"
+    );
+}
+
+#[test]
+fn bad_bench_flags_are_one_line_usage_errors() {
+    let cases: [(&[&str], &str); 6] = [
+        (&["--num-users", "0"], "--num-users 0"),
+        (&["--cpu-mem-gb=-1"], "--cpu-mem-gb -1"),
+        (&["--storage-capacity-gb=-2"], "--storage-capacity-gb -2"),
+        (&["--cache-dir", "/etc"], "a system directory"),
+        (&["--model", "llama9"], "unknown model \"llama9\""),
+        (&["--tensor-parallel", "2"], "exceeds --num-gpus 1"),
+    ];
+    for (args, expected) in cases {
+        let out = kvtrace(std::iter::once("bench").chain(args.iter().copied()));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
+}

@@ -9,7 +9,8 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crate::rng::SplitMix64;
@@ -44,10 +45,13 @@ fn noise() -> &'static [u8] {
     })
 }
 
-/// A worker thread's I/O buffer, 4 KiB aligned (for `O_DIRECT`).
+/// A worker thread's I/O buffer, 4 KiB aligned (for `O_DIRECT`). With a cancel flag, an
+/// entry's I/O stops between chunks once the flag is set (the run's deadline), failing with
+/// `Interrupted`.
 pub struct IoBuffer {
     raw: Vec<u8>,
     offset: usize,
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl Default for IoBuffer {
@@ -60,7 +64,29 @@ impl IoBuffer {
     pub fn new() -> IoBuffer {
         let raw = vec![0u8; CHUNK + BLOCK];
         let offset = raw.as_ptr().align_offset(BLOCK).min(BLOCK);
-        IoBuffer { raw, offset }
+        IoBuffer {
+            raw,
+            offset,
+            cancel: None,
+        }
+    }
+
+    /// A buffer whose I/O stops once `cancel` is set.
+    pub fn with_cancel(cancel: Arc<AtomicBool>) -> IoBuffer {
+        IoBuffer {
+            cancel: Some(cancel),
+            ..IoBuffer::new()
+        }
+    }
+
+    fn check(&self) -> io::Result<()> {
+        match &self.cancel {
+            Some(c) if c.load(Ordering::Relaxed) => Err(io::Error::new(
+                io::ErrorKind::Interrupted,
+                "the run stopped",
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn chunk(&mut self) -> &mut [u8] {
@@ -121,6 +147,7 @@ pub fn write_entry(
     let total = padded(size, mode.direct);
     let mut written = 0u64;
     while written < total {
+        buf.check()?;
         let len = (total - written).min(CHUNK as u64) as usize;
         let chunk = buf.chunk();
         chunk[..len].copy_from_slice(&noise()[..len]);
@@ -169,6 +196,7 @@ pub fn read_entry(
     let total = padded(size, mode.direct);
     let mut done = 0u64;
     while done < total {
+        buf.check()?;
         let len = (total - done).min(CHUNK as u64) as usize;
         file.read_exact(&mut buf.chunk()[..len])
             .map_err(|e| with_path(e, path))?;

@@ -2,7 +2,11 @@
 //! real I/O through kvtrace's tiers. [`models`] sizes entries by model; [`users`] generates
 //! each simulated user's requests from the seed.
 
+pub mod export;
 pub mod io;
+pub mod metrics;
 pub mod models;
+pub mod report;
+pub mod run;
 pub mod tiers;
 pub mod users;

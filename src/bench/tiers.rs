@@ -21,7 +21,7 @@ use crate::storage::file::object_path;
 use crate::storage::{KeyId, KeyMap};
 
 /// A tier's place in the hierarchy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TierKind {
     Gpu,
@@ -392,6 +392,7 @@ impl TierCache {
                 if let Some(entry) = s.entries.remove(&key) {
                     s.remove_from(tier, size, entry.tick);
                 }
+                let _ = store_delete(&spec, key);
                 Err(e)
             }
         }

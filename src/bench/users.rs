@@ -118,6 +118,9 @@ pub enum Phase {
 
 /// Prompts of at least this many tokens are prefill-only.
 pub const PREFILL_ONLY_CONTEXT: u64 = 10_000;
+/// Shared system prompts, and the chance a request starts with one.
+pub const SYSTEM_PROMPTS: u8 = 3;
+const SYSTEM_PROMPT_SHARE: f64 = 0.2;
 /// Chance that a user ends its conversation before a request.
 const END_CONVERSATION: f64 = 0.2;
 /// A conversation never has more turns than this.
@@ -148,6 +151,8 @@ pub struct Request {
     pub phase: Phase,
     /// Seconds the user thinks before sending it.
     pub think_s: f64,
+    /// One of the shared system prompts it starts with, if any (one request in five).
+    pub system_prompt: Option<u8>,
 }
 
 /// The request stream of one user.
@@ -212,6 +217,8 @@ impl UserStream {
             (p.generation_tokens / 4, p.generation_tokens),
         );
         let think_s = p.think_time_s * (0.8 + 0.4 * self.rng.next_f64());
+        let system_prompt = (self.rng.next_f64() < SYSTEM_PROMPT_SHARE)
+            .then(|| self.rng.range(0, u64::from(SYSTEM_PROMPTS) - 1) as u8);
         Request {
             user: p.id,
             qos: p.qos,
@@ -225,6 +232,7 @@ impl UserStream {
                 Phase::PrefillDecode
             },
             think_s,
+            system_prompt,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Command-line definitions and dispatch. Each subcommand lives in its own file and does no
 //! work beyond calling the library and printing.
 
+mod bench;
 mod convert;
 mod diff;
 mod dump;
@@ -43,6 +44,7 @@ enum Command {
     Replay(replay::Args),
     Diff(diff::Args),
     Simulate(Box<simulate::Args>),
+    Bench(Box<bench::Args>),
 }
 
 /// Options every trace-reading command shares.
@@ -116,6 +118,7 @@ pub fn run() -> i32 {
         Command::Replay(args) => replay::run(args),
         Command::Diff(args) => diff::run(args),
         Command::Simulate(args) => simulate::run(*args),
+        Command::Bench(args) => bench::run(*args),
     };
     result.unwrap_or_else(|e| report(&e))
 }

@@ -1,0 +1,519 @@
+//! A benchmark run: user threads think and submit requests to a priority queue (QoS first,
+//! then arrival), worker threads serve them with real I/O through the tier cache, and the
+//! run stops cleanly at its deadline (or after its request count), counting only what
+//! completed before it.
+//!
+//! Each user waits for its request to complete before thinking about the next one, as a
+//! person at a chat window does, so the offered load is the number of users and never an
+//! unbounded queue; a multi-turn conversation's earlier turns are therefore written before
+//! the next turn reads them.
+
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use super::io::{IoBuffer, IoTime};
+use super::metrics::{Category, Collected, Metrics, RequestSample};
+use super::models::ModelConfig;
+use super::tiers::{Access, Allocation, TierCache};
+use super::users::{PersonaSet, Phase, Request, UserStream};
+use crate::storage::KeyId;
+
+/// What a request reads back while decoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeReads {
+    /// The whole entry once, then once more per 32 generated tokens (kv-cache.py's stress
+    /// pattern).
+    Amplified,
+    /// The whole entry once, as an engine that decodes from HBM would.
+    Single,
+}
+
+/// Which earlier turns a new turn reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MultiTurn {
+    Off,
+    /// Every earlier turn of the conversation.
+    AllPrevious,
+    /// Only the turn before.
+    PreviousOnly,
+}
+
+/// Generated tokens per decode-read batch.
+const DECODE_BATCH: u64 = 32;
+
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    pub model: ModelConfig,
+    pub users: u32,
+    /// Worker threads serving the queue.
+    pub workers: u32,
+    pub duration: Duration,
+    /// Stop after this many completed requests (0: no limit).
+    pub max_requests: u64,
+    pub seed: u64,
+    pub personas: PersonaSet,
+    pub multi_turn: MultiTurn,
+    pub prefix_caching: bool,
+    /// Tokens of each shared system prompt.
+    pub system_prompt_tokens: [u64; 3],
+    /// Milliseconds slept per generated token (0, 2 or 30).
+    pub generation_ms_per_token: f64,
+    pub decode_reads: DecodeReads,
+    /// Entry writes in flight at once (0: unlimited).
+    pub max_concurrent_allocs: u32,
+    /// Entries are split over this many GPUs; one rank's share is stored.
+    pub tensor_parallel: u32,
+}
+
+/// How a run ended.
+#[derive(Clone, Debug)]
+pub struct RunOutcome {
+    pub collected: Collected,
+    /// Seconds from start to the deadline (or to the last counted completion).
+    pub elapsed_s: f64,
+    /// Requests that finished after the deadline and were not counted.
+    pub late: u64,
+}
+
+struct Queued {
+    priority: u8,
+    order: u64,
+    submitted: Instant,
+    request: Request,
+    done: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, other: &Self) -> bool {
+        (self.priority, self.order) == (other.priority, other.order)
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Queued {
+    /// Higher priority first, then earlier submission.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.priority
+            .cmp(&other.priority)
+            .then(other.order.cmp(&self.order))
+    }
+}
+
+/// The request queue.
+#[derive(Default)]
+struct Queue {
+    heap: Mutex<BinaryHeap<Queued>>,
+    ready: Condvar,
+}
+
+/// A counting semaphore for `--max-concurrent-allocs`.
+struct Permits {
+    free: Mutex<u32>,
+    released: Condvar,
+    limited: bool,
+}
+
+impl Permits {
+    fn acquire(&self) {
+        if !self.limited {
+            return;
+        }
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        while *free == 0 {
+            free = self.released.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+        *free -= 1;
+    }
+
+    fn release(&self) {
+        if self.limited {
+            *self.free.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+            self.released.notify_one();
+        }
+    }
+}
+
+/// The key of a named entry, from its name only.
+pub fn entry_key(name: &str) -> KeyId {
+    let bytes = crate::rng::hash32(&[xxhash_rust::xxh3::xxh3_64(name.as_bytes())]);
+    KeyId(u128::from_le_bytes(
+        bytes[..16].try_into().expect("16 bytes"),
+    ))
+}
+
+struct Shared<'a> {
+    config: &'a BenchConfig,
+    cache: &'a TierCache,
+    metrics: &'a Metrics,
+    queue: Queue,
+    permits: Permits,
+    /// Set at the deadline; worker I/O checks it between chunks.
+    stop: Arc<AtomicBool>,
+    deadline: Instant,
+    late: AtomicU64,
+    order: AtomicU64,
+}
+
+/// Runs the benchmark; `progress(elapsed_s, completed)` is called about once a second.
+pub fn run(
+    config: &BenchConfig,
+    cache: &TierCache,
+    progress: &mut (dyn FnMut(f64, u64) + Send),
+) -> RunOutcome {
+    let metrics = Metrics::default();
+    let began = Instant::now();
+    let shared = Shared {
+        config,
+        cache,
+        metrics: &metrics,
+        queue: Queue::default(),
+        permits: Permits {
+            free: Mutex::new(config.max_concurrent_allocs),
+            released: Condvar::new(),
+            limited: config.max_concurrent_allocs > 0,
+        },
+        stop: Arc::new(AtomicBool::new(false)),
+        deadline: began + config.duration,
+        late: AtomicU64::new(0),
+        order: AtomicU64::new(0),
+    };
+    std::thread::scope(|scope| {
+        for w in 0..config.workers.max(1) {
+            let shared = &shared;
+            std::thread::Builder::new()
+                .name(format!("kvtrace-bench-worker-{w}"))
+                .spawn_scoped(scope, move || worker(shared))
+                .expect("spawn a worker thread");
+        }
+        for u in 0..config.users {
+            let shared = &shared;
+            std::thread::Builder::new()
+                .name(format!("kvtrace-bench-user-{u}"))
+                .spawn_scoped(scope, move || user(shared, u))
+                .expect("spawn a user thread");
+        }
+        while !shared.stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+            let now = Instant::now();
+            let done = metrics.completed();
+            progress(now.duration_since(began).as_secs_f64(), done);
+            let enough = config.max_requests > 0 && done >= config.max_requests;
+            if now >= shared.deadline || enough {
+                shared.stop.store(true, Ordering::SeqCst);
+            }
+        }
+        shared.queue.ready.notify_all();
+    });
+    let collected = metrics.take();
+    let elapsed_s =
+        if config.max_requests > 0 && collected.requests.len() as u64 >= config.max_requests {
+            began
+                .elapsed()
+                .as_secs_f64()
+                .min(config.duration.as_secs_f64())
+        } else {
+            config.duration.as_secs_f64()
+        };
+    RunOutcome {
+        collected,
+        elapsed_s,
+        late: shared.late.load(Ordering::SeqCst),
+    }
+}
+
+/// A user: think, submit, wait for the answer, repeat until the run stops.
+fn user(shared: &Shared<'_>, id: u32) {
+    let c = shared.config;
+    let mut stream = UserStream::new(c.seed, id, c.personas, c.multi_turn != MultiTurn::Off);
+    while !shared.stop.load(Ordering::Relaxed) {
+        let request = stream.next_request();
+        if !sleep_unless_stopped(shared, Duration::from_secs_f64(request.think_s)) {
+            return;
+        }
+        let done = Arc::new((Mutex::new(false), Condvar::new()));
+        {
+            let mut heap = shared.queue.heap.lock().unwrap_or_else(|p| p.into_inner());
+            heap.push(Queued {
+                priority: request.qos.priority(),
+                order: shared.order.fetch_add(1, Ordering::Relaxed),
+                submitted: Instant::now(),
+                request,
+                done: Arc::clone(&done),
+            });
+        }
+        shared.queue.ready.notify_one();
+        let (lock, cv) = &*done;
+        let mut finished = lock.lock().unwrap_or_else(|p| p.into_inner());
+        while !*finished && !shared.stop.load(Ordering::Relaxed) {
+            finished = cv
+                .wait_timeout(finished, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Sleeps in short steps; `false` when the run stopped meanwhile.
+fn sleep_unless_stopped(shared: &Shared<'_>, d: Duration) -> bool {
+    let until = Instant::now() + d;
+    loop {
+        if shared.stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= until {
+            return true;
+        }
+        std::thread::sleep((until - now).min(Duration::from_millis(50)));
+    }
+}
+
+fn worker(shared: &Shared<'_>) {
+    let mut buf = IoBuffer::with_cancel(Arc::clone(&shared.stop));
+    loop {
+        let next = {
+            let mut heap = shared.queue.heap.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if shared.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                if let Some(q) = heap.pop() {
+                    break q;
+                }
+                heap = shared
+                    .queue
+                    .ready
+                    .wait_timeout(heap, Duration::from_millis(100))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+        };
+        match serve(shared, &next, &mut buf) {
+            Some(sample) if Instant::now() <= shared.deadline => shared.metrics.request(sample),
+            _ => {
+                shared.late.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let (lock, cv) = &*next.done;
+        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        cv.notify_one();
+    }
+}
+
+/// Time spent on storage by one request, split by phase.
+#[derive(Default)]
+struct Spent {
+    prefill_s: f64,
+    decode_s: f64,
+}
+
+impl Shared<'_> {
+    /// Counts an I/O failure; one cut short by the deadline is not a failure.
+    fn io_failed(&self, e: &std::io::Error) {
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            self.metrics.io_error();
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn bytes(&self, tokens: u64) -> u64 {
+        let c = self.config;
+        (tokens * c.model.bytes_per_token()).div_ceil(u64::from(c.tensor_parallel.max(1)))
+    }
+
+    /// Looks an entry up and reads it where it lives.
+    fn read(&self, name: &str, category: Category, buf: &mut IoBuffer) -> Option<IoTime> {
+        match self.cache.access(entry_key(name), buf) {
+            Ok(Access::Hit { tier, time, .. }) => {
+                self.metrics.lookup(category, true);
+                self.metrics.op(tier, false, time);
+                Some(time)
+            }
+            Ok(Access::Miss) => {
+                self.metrics.lookup(category, false);
+                None
+            }
+            Err(e) => {
+                self.io_failed(&e);
+                None
+            }
+        }
+    }
+
+    /// Writes a new entry (nothing if it exists); the write time.
+    fn write(&self, name: &str, tokens: u64, buf: &mut IoBuffer) -> f64 {
+        let key = entry_key(name);
+        self.permits.acquire();
+        let result = self
+            .cache
+            .allocate(key, self.bytes(tokens), key.0 as u64, buf);
+        self.permits.release();
+        match result {
+            Ok(Allocation::Written { tier, time }) => {
+                self.metrics.op(tier, true, time);
+                time.total_s()
+            }
+            Ok(Allocation::Existing { .. }) => 0.0,
+            Ok(Allocation::NoRoom) => {
+                self.metrics.no_room();
+                0.0
+            }
+            Err(e) => {
+                self.io_failed(&e);
+                0.0
+            }
+        }
+    }
+}
+
+fn turn_name(r: &Request, turn: u32) -> String {
+    format!("conv_{}_{}_turn_{}", r.user, r.conversation, turn)
+}
+
+/// Serves one request: shared prefix, earlier turns, the prompt's KV, decode reads, then
+/// the generation time. `None` when the run stopped first: the request is abandoned between
+/// two operations, so shutdown never waits for a long decode.
+fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestSample> {
+    let c = shared.config;
+    let r = &q.request;
+    let mut spent = Spent::default();
+    let mut context = r.context_tokens;
+    if let (true, Some(p)) = (c.prefix_caching, r.system_prompt) {
+        let tokens = c.system_prompt_tokens[usize::from(p) % 3];
+        let name = format!("system_prompt_{p}");
+        match shared.read(&name, Category::SystemPrompt, buf) {
+            Some(t) => {
+                spent.prefill_s += t.total_s();
+                shared.metrics.prefix_saved(shared.bytes(tokens));
+            }
+            None => spent.prefill_s += shared.write(&name, tokens, buf),
+        }
+        context = context.saturating_sub(tokens).max(1);
+    }
+    if r.turn > 1 {
+        let first = match c.multi_turn {
+            MultiTurn::AllPrevious => 1,
+            MultiTurn::PreviousOnly => r.turn - 1,
+            MultiTurn::Off => r.turn,
+        };
+        for turn in first..r.turn {
+            if shared.stopped() {
+                return None;
+            }
+            if let Some(t) = shared.read(&turn_name(r, turn), Category::MultiTurn, buf) {
+                spent.prefill_s += t.total_s();
+            }
+        }
+    }
+    let own = turn_name(r, r.turn);
+    if shared.stopped() {
+        return None;
+    }
+    spent.prefill_s += shared.write(&own, context, buf);
+    if r.phase == Phase::PrefillDecode {
+        match shared.read(&own, Category::User, buf) {
+            Some(t) => {
+                spent.decode_s += t.total_s();
+                if c.decode_reads == DecodeReads::Amplified {
+                    for _ in 0..r.generation_tokens.div_ceil(DECODE_BATCH) {
+                        if shared.stopped() {
+                            return None;
+                        }
+                        if let Some(t) = shared.read(&own, Category::User, buf) {
+                            spent.decode_s += t.total_s();
+                        }
+                    }
+                }
+            }
+            None => spent.decode_s += shared.write(&own, context, buf),
+        }
+    }
+    let generation_s = r.generation_tokens as f64 * c.generation_ms_per_token / 1e3;
+    if !sleep_unless_stopped(shared, Duration::from_secs_f64(generation_s)) {
+        return None;
+    }
+    Some(RequestSample {
+        qos: r.qos,
+        e2e_s: q.submitted.elapsed().as_secs_f64(),
+        storage_s: spent.prefill_s + spent.decode_s,
+        generation_s,
+        prefill_s: spent.prefill_s,
+        decode_s: spent.decode_s,
+        tokens: r.generation_tokens,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::models::model;
+    use crate::bench::tiers::{TierKind, TierSpec, TierStore};
+
+    fn config(users: u32, duration_ms: u64) -> BenchConfig {
+        BenchConfig {
+            model: *model("tiny-1b").expect("model"),
+            users,
+            workers: users,
+            duration: Duration::from_millis(duration_ms),
+            max_requests: 0,
+            seed: 3,
+            personas: PersonaSet::Current,
+            multi_turn: MultiTurn::AllPrevious,
+            prefix_caching: true,
+            system_prompt_tokens: [512, 1024, 2048],
+            generation_ms_per_token: 0.0,
+            decode_reads: DecodeReads::Amplified,
+            max_concurrent_allocs: 2,
+            tensor_parallel: 1,
+        }
+    }
+
+    fn null_cache() -> TierCache {
+        TierCache::new(vec![TierSpec {
+            kind: TierKind::Storage,
+            capacity: None,
+            store: TierStore::Null,
+        }])
+        .expect("tiers")
+    }
+
+    #[test]
+    fn shared_prefixes_are_written_once_and_hit_afterwards() {
+        let cache = null_cache();
+        let out = run(&config(40, 2500), &cache, &mut |_, _| {});
+        let (hits, misses) = out.collected.hits[&Category::SystemPrompt];
+        assert!(hits > 0, "later requests hit the shared prefixes");
+        assert!(
+            misses <= 3 * 40,
+            "a prompt misses only until its first write lands: {misses} misses, {hits} hits"
+        );
+        assert!(hits > misses, "{hits} hits, {misses} misses");
+        assert!(out.collected.prefix_bytes_saved > 0);
+        let (mt_hits, _) = out.collected.hits[&Category::MultiTurn];
+        assert!(mt_hits > 0, "a turn reads the turns before it");
+    }
+
+    #[test]
+    fn a_request_limit_stops_the_run_early_and_nothing_is_counted_twice() {
+        let cache = null_cache();
+        let mut c = config(20, 30_000);
+        c.max_requests = 25;
+        let began = Instant::now();
+        let out = run(&c, &cache, &mut |_, _| {});
+        assert!(
+            began.elapsed() < Duration::from_secs(25),
+            "stopped at the limit"
+        );
+        assert!(out.collected.requests.len() >= 25);
+        assert!(out.elapsed_s < 30.0);
+    }
+}

@@ -1,0 +1,512 @@
+//! `kvtrace bench`: MLPerf Storage's KV-cache benchmark flags, real I/O through kvtrace's
+//! tiers.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::ValueEnum;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kvtrace::bench::export;
+use kvtrace::bench::io::FileMode;
+use kvtrace::bench::models::model;
+use kvtrace::bench::report::{build, ReportInput};
+use kvtrace::bench::run::{run as run_bench, BenchConfig, DecodeReads, MultiTurn};
+use kvtrace::bench::tiers::{TierCache, TierKind, TierSpec, TierStore};
+use kvtrace::bench::users::PersonaSet;
+use kvtrace::clock::local_stamp;
+use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::report::csv::CsvTables;
+use kvtrace::report::tables::{Cell, TableExporter};
+use kvtrace::report::xlsx::XlsxWorkbook;
+
+use super::print_stdout;
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum GenerationMode {
+    /// No generation time
+    None,
+    /// 2 ms per generated token
+    Fast,
+    /// 30 ms per generated token
+    Realistic,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum Profile {
+    Latency,
+    Throughput,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum GpuTier {
+    /// No GPU tier (kvtrace moves no bytes to a GPU)
+    Off,
+    /// A capacity and bandwidth budget: entries placed there cost size / --gpu-bandwidth-gbps
+    Model,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum DecodeReadsArg {
+    /// Once, then once more per 32 generated tokens, as kv-cache.py does
+    Amplified,
+    /// Once
+    Single,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum TurnReads {
+    /// Every earlier turn of the conversation
+    All,
+    /// Only the previous turn (kv-cache.py before March 2026)
+    Previous,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum Personas {
+    Current,
+    #[value(name = "january-2026")]
+    January2026,
+}
+
+/// A KV-cache storage benchmark with MLPerf Storage kv-cache.py's flags and outputs:
+/// simulated users write and re-read whole KV entries through GPU, CPU and storage tiers
+/// with real I/O, and the run reports throughput, latency percentiles, hit rates and QoS
+#[derive(clap::Args)]
+#[command(after_help = "Examples:\n  \
+    kvtrace bench --model llama3.1-8b --num-users 20 --duration 30 --cpu-mem-gb 4 --cache-dir /mnt/nvme\n  \
+    kvtrace bench --cpu-mem-gb 0 --gpu-mem-gb 0 --generation-mode none --duration 60 --xlsx-output run.xlsx")]
+pub struct Args {
+    /// Model whose KV geometry sizes the entries
+    #[arg(long, default_value = "llama3.1-8b")]
+    model: String,
+    /// Simulated users
+    #[arg(long, default_value_t = 100)]
+    num_users: i64,
+    /// Seconds to run; requests completing later are not counted
+    #[arg(long, default_value_t = 60.0)]
+    duration: f64,
+    /// GPU memory per GPU in GiB (used with --gpu-tier model)
+    #[arg(long, default_value_t = 16.0)]
+    gpu_mem_gb: f64,
+    #[arg(long, default_value_t = 1)]
+    num_gpus: i64,
+    /// Entries are split over this many GPUs; one rank's share is stored
+    #[arg(long, default_value_t = 1)]
+    tensor_parallel: i64,
+    /// CPU tier in GiB (0: none)
+    #[arg(long, default_value_t = 32.0)]
+    cpu_mem_gb: f64,
+    /// Directory of the storage tier (default: a temporary directory)
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "realistic")]
+    generation_mode: GenerationMode,
+    /// Which pass/fail assessment is storage_health
+    #[arg(long, value_enum, default_value = "latency")]
+    performance_profile: Profile,
+    #[arg(long)]
+    disable_multi_turn: bool,
+    #[arg(long)]
+    disable_prefix_caching: bool,
+    /// Same seed, same request sequence per user
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Entry writes in flight at once (0: unlimited)
+    #[arg(long, default_value_t = 0)]
+    max_concurrent_allocs: i64,
+    /// Stop after this many completed requests (0: run for --duration)
+    #[arg(long, default_value_t = 0)]
+    max_requests: i64,
+    /// Storage tier capacity in GiB (0: 95 % of the free space under --cache-dir)
+    #[arg(long, default_value_t = 0.0)]
+    storage_capacity_gb: f64,
+    /// Results JSON (default: benchmark_results_<local time>.json)
+    #[arg(long, value_name = "PATH")]
+    output: Option<PathBuf>,
+    /// Also write the results workbook (99-column Summary row and detail sheets)
+    #[arg(long, value_name = "PATH")]
+    xlsx_output: Option<PathBuf>,
+    /// Also write the 99-column row as CSV
+    #[arg(long, value_name = "PATH")]
+    csv: Option<PathBuf>,
+    /// GPU tier: off (as kv-cache.py without CUDA) or a modelled budget
+    #[arg(long, value_enum, default_value = "off")]
+    gpu_tier: GpuTier,
+    /// Bandwidth of the modelled GPU tier
+    #[arg(long, default_value_t = 25.0)]
+    gpu_bandwidth_gbps: f64,
+    /// Where the CPU tier keeps its bytes (shared memory, so they count as host memory but
+    /// not as this process's RSS)
+    #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
+    cpu_tier_dir: PathBuf,
+    /// Storage tier I/O bypasses the page cache (O_DIRECT)
+    #[arg(long)]
+    direct_io: bool,
+    /// Do not fsync each storage write (kv-cache.py always does)
+    #[arg(long)]
+    no_fsync: bool,
+    #[arg(long, value_enum, default_value = "amplified")]
+    decode_reads: DecodeReadsArg,
+    #[arg(long, value_enum, default_value = "all")]
+    multi_turn_reads: TurnReads,
+    /// User persona ranges
+    #[arg(long, value_enum, default_value = "current")]
+    personas: Personas,
+    /// Worker threads serving requests (default: one per user, at most 500)
+    #[arg(long)]
+    workers: Option<u32>,
+    /// No console summary and no progress bar
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+/// Directories no benchmark may write into.
+const SYSTEM_DIRS: [&str; 10] = [
+    "/etc",
+    "/bin",
+    "/sbin",
+    "/usr/bin",
+    "/usr/sbin",
+    "/boot",
+    "/sys",
+    "/proc",
+    "/dev",
+    "/root",
+];
+
+fn gib(flag: &str, v: f64) -> Result<u64, Error> {
+    if v.is_finite() && v >= 0.0 {
+        Ok((v * (1u64 << 30) as f64) as u64)
+    } else {
+        Err(Error::usage(format!("{flag} {v}: expected a size >= 0")))
+    }
+}
+
+fn count(flag: &str, v: i64, min: i64, max: i64) -> Result<u32, Error> {
+    if (min..=max).contains(&v) {
+        Ok(v as u32)
+    } else {
+        Err(Error::usage(format!("{flag} {v}: expected {min} to {max}")))
+    }
+}
+
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a zeroed struct the call fills in.
+    (unsafe { libc::statvfs(path.as_ptr(), &mut s) } == 0)
+        .then(|| s.f_bavail as u64 * s.f_frsize as u64)
+}
+
+/// A directory that removes itself when the run ends.
+struct RunDir(PathBuf);
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh directory for this run under `parent`; `what` names the flag, and a flag that
+/// names a storage location (`--cache-dir`) may not point into a system directory.
+fn run_dir(parent: &Path, what: &str) -> Result<RunDir, Error> {
+    let s = parent.display().to_string();
+    if what == "--cache-dir"
+        && SYSTEM_DIRS
+            .iter()
+            .any(|d| s == *d || s.starts_with(&format!("{d}/")))
+    {
+        return Err(Error::usage(format!(
+            "{what} {s}: a system directory; choose another"
+        )));
+    }
+    let dir = parent.join(format!("kvtrace-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
+    Ok(RunDir(dir))
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    std::fs::write(path, bytes).map_err(|e| Error::io("cannot write", e).in_file(path.display()))
+}
+
+pub fn run(args: Args) -> Result<i32, Error> {
+    let model = *model(&args.model).map_err(|e| Error::usage(format!("--model: {e}")))?;
+    let users = count("--num-users", args.num_users, 1, 100_000)?;
+    if !(args.duration.is_finite() && args.duration > 0.0 && args.duration <= 86_400.0) {
+        return Err(Error::usage(format!(
+            "--duration {}: expected seconds between 0 and 86400",
+            args.duration
+        )));
+    }
+    let num_gpus = count("--num-gpus", args.num_gpus, 1, 65_536)?;
+    let tp = count("--tensor-parallel", args.tensor_parallel, 1, 65_536)?;
+    if tp > num_gpus {
+        return Err(Error::usage(format!(
+            "--tensor-parallel {tp} exceeds --num-gpus {num_gpus}"
+        )));
+    }
+    let gpu_bytes = gib("--gpu-mem-gb", args.gpu_mem_gb)? * u64::from(num_gpus);
+    let cpu_bytes = gib("--cpu-mem-gb", args.cpu_mem_gb)?;
+    let storage_bytes = gib("--storage-capacity-gb", args.storage_capacity_gb)?;
+    let allocs = count(
+        "--max-concurrent-allocs",
+        args.max_concurrent_allocs,
+        0,
+        i64::from(u32::MAX),
+    )?;
+    if args.max_requests < 0 {
+        return Err(Error::usage(format!(
+            "--max-requests {}: expected 0 or more",
+            args.max_requests
+        )));
+    }
+    if !(args.gpu_bandwidth_gbps.is_finite() && args.gpu_bandwidth_gbps > 0.0) {
+        return Err(Error::usage("--gpu-bandwidth-gbps must be positive"));
+    }
+    let cache_parent = args.cache_dir.clone().unwrap_or_else(std::env::temp_dir);
+    if !cache_parent.is_dir() {
+        return Err(Error::usage(format!(
+            "--cache-dir {}: not a directory",
+            cache_parent.display()
+        )));
+    }
+    let storage_dir = run_dir(&cache_parent, "--cache-dir")?;
+    let capacity = if storage_bytes > 0 {
+        storage_bytes
+    } else {
+        free_bytes(&storage_dir.0).map_or(u64::MAX, |b| b / 20 * 19)
+    };
+    let mut specs = Vec::new();
+    if args.gpu_tier == GpuTier::Model {
+        specs.push(TierSpec {
+            kind: TierKind::Gpu,
+            capacity: Some(gpu_bytes),
+            store: TierStore::Modelled {
+                gbps: args.gpu_bandwidth_gbps,
+            },
+        });
+    }
+    let cpu_dir = if cpu_bytes > 0 {
+        let d = run_dir(&args.cpu_tier_dir, "--cpu-tier-dir")?;
+        specs.push(TierSpec {
+            kind: TierKind::Cpu,
+            capacity: Some(cpu_bytes),
+            store: TierStore::Files {
+                dir: d.0.clone(),
+                mode: FileMode {
+                    direct: false,
+                    fsync: false,
+                    drop_cache_before_read: false,
+                },
+            },
+        });
+        Some(d)
+    } else {
+        None
+    };
+    specs.push(TierSpec {
+        kind: TierKind::Storage,
+        capacity: Some(capacity),
+        store: TierStore::Files {
+            dir: storage_dir.0.clone(),
+            mode: FileMode {
+                direct: args.direct_io,
+                fsync: !args.no_fsync,
+                drop_cache_before_read: true,
+            },
+        },
+    });
+    let cache = TierCache::new(specs).map_err(|e| Error::io("cannot set up the tiers", e))?;
+    let config = BenchConfig {
+        model,
+        users,
+        workers: args.workers.unwrap_or(users.min(500)).max(1),
+        duration: Duration::from_secs_f64(args.duration),
+        max_requests: args.max_requests as u64,
+        seed: args.seed,
+        personas: match args.personas {
+            Personas::Current => PersonaSet::Current,
+            Personas::January2026 => PersonaSet::January2026,
+        },
+        multi_turn: match (args.disable_multi_turn, args.multi_turn_reads) {
+            (true, _) => MultiTurn::Off,
+            (false, TurnReads::All) => MultiTurn::AllPrevious,
+            (false, TurnReads::Previous) => MultiTurn::PreviousOnly,
+        },
+        prefix_caching: !args.disable_prefix_caching,
+        system_prompt_tokens: [512, 1024, 2048],
+        generation_ms_per_token: match args.generation_mode {
+            GenerationMode::None => 0.0,
+            GenerationMode::Fast => 2.0,
+            GenerationMode::Realistic => 30.0,
+        },
+        decode_reads: match args.decode_reads {
+            DecodeReadsArg::Amplified => DecodeReads::Amplified,
+            DecodeReadsArg::Single => DecodeReads::Single,
+        },
+        max_concurrent_allocs: allocs,
+        tensor_parallel: tp,
+    };
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("benchmark_results_{}.json", local_stamp())));
+    let bar = if args.quiet || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::with_draw_target(
+            Some((args.duration * 10.0) as u64),
+            ProgressDrawTarget::stderr(),
+        );
+        if let Ok(style) = ProgressStyle::with_template("{bar:40} {msg}") {
+            bar.set_style(style);
+        }
+        bar
+    };
+    let mut progress = |elapsed: f64, done: u64| {
+        bar.set_position((elapsed * 10.0) as u64);
+        bar.set_message(format!(
+            "{elapsed:.0}/{:.0} s, {done} requests",
+            args.duration
+        ));
+    };
+    let outcome = run_bench(&config, &cache, &mut progress);
+    bar.finish_and_clear();
+    let tiers = cache.counters();
+    let profile = match args.performance_profile {
+        Profile::Latency => "latency",
+        Profile::Throughput => "throughput",
+    };
+    let report = build(&ReportInput {
+        config: &config,
+        outcome: &outcome,
+        tiers: &tiers,
+        profile,
+    });
+    let mut text = serde_json::to_string_pretty(&report).unwrap_or_default();
+    text.push('\n');
+    write(&output, text.as_bytes())?;
+    let parameters = parameters(&args, &config, &cache_parent, capacity, gpu_bytes);
+    if let Some(path) = &args.xlsx_output {
+        let tables = export::tables(parameters.clone(), &report, profile == "throughput");
+        for (_, bytes) in XlsxWorkbook.table_files("results", &tables)? {
+            write(path, &bytes)?;
+        }
+    }
+    if let Some(path) = &args.csv {
+        let tables = export::tables(parameters, &report, profile == "throughput");
+        for (_, bytes) in CsvTables.table_files("results", &tables[..1])? {
+            write(path, &bytes)?;
+        }
+    }
+    drop(cpu_dir);
+    if !args.quiet {
+        print_stdout(&console_summary(&report, &output))?;
+    }
+    Ok(EXIT_OK)
+}
+
+/// The 27 run-parameter cells, in the workbook's column order.
+fn parameters(
+    args: &Args,
+    config: &BenchConfig,
+    cache_dir: &Path,
+    capacity: u64,
+    gpu_bytes: u64,
+) -> Vec<Cell> {
+    let gib = |b: u64| Cell::Number(b as f64 / (1u64 << 30) as f64);
+    let yes = |b: bool| Cell::Text(if b { "Yes" } else { "No" }.into());
+    let n = |v: f64| Cell::Number(v);
+    vec![
+        Cell::Text(local_stamp()),
+        Cell::Text(config.model.name.into()),
+        n(f64::from(config.users)),
+        n(args.duration),
+        n(args.gpu_mem_gb),
+        n(args.num_gpus as f64),
+        n(args.tensor_parallel as f64),
+        if args.gpu_tier == GpuTier::Model {
+            gib(gpu_bytes)
+        } else {
+            n(0.0)
+        },
+        n(args.cpu_mem_gb),
+        Cell::Text(
+            match args.generation_mode {
+                GenerationMode::None => "none",
+                GenerationMode::Fast => "fast",
+                GenerationMode::Realistic => "realistic",
+            }
+            .into(),
+        ),
+        Cell::Text(match args.performance_profile {
+            Profile::Latency => "latency".into(),
+            Profile::Throughput => "throughput".into(),
+        }),
+        yes(config.multi_turn != MultiTurn::Off),
+        yes(config.prefix_caching),
+        yes(false),
+        yes(false),
+        n(config.seed as f64),
+        n(f64::from(config.max_concurrent_allocs)),
+        n(0.0),
+        n(config.max_requests as f64),
+        Cell::Empty,
+        Cell::Text(cache_dir.display().to_string()),
+        gib(capacity.min(u64::MAX / 2)),
+        yes(false),
+        n(0.0),
+        n(0.0),
+        n(1.0),
+        n(0.0),
+    ]
+}
+
+/// The figures a user looks at first.
+fn console_summary(report: &serde_json::Value, output: &Path) -> String {
+    let f = |p: &str| report.pointer(p).and_then(|v| v.as_f64()).unwrap_or(0.0);
+    let s = "/summary";
+    let c = "/summary/cache_stats";
+    let mut out = String::from("kvtrace bench\n");
+    out += &format!(
+        "  requests {:.0} in {:.1} s ({:.2}/s), {:.0} tokens\n",
+        f(&format!("{s}/total_requests")),
+        f(&format!("{s}/elapsed_time")),
+        f(&format!("{s}/requests_per_second")),
+        f(&format!("{s}/total_tokens"))
+    );
+    out += &format!(
+        "  throughput: {:.1} tok/s wall clock, {:.1} tok/s storage, {:.3} GiB/s storage I/O\n",
+        f(&format!("{s}/avg_throughput_tokens_per_sec")),
+        f(&format!("{s}/storage_throughput_tokens_per_sec")),
+        f("/kvtrace/storage_io_throughput_gib_per_s")
+    );
+    for (label, key) in [
+        ("E2E", "end_to_end_latency_ms"),
+        ("storage", "storage_io_latency_ms"),
+    ] {
+        out += &format!(
+            "  {label} latency ms: p50 {:.1}  p95 {:.1}  p99 {:.1}  p99.9 {:.1}\n",
+            f(&format!("{s}/{key}/p50")),
+            f(&format!("{s}/{key}/p95")),
+            f(&format!("{s}/{key}/p99")),
+            f(&format!("{s}/{key}/p999"))
+        );
+    }
+    out += &format!(
+        "  cache hit rate {:.1} %, read {:.2} GiB, written {:.2} GiB (storage tier: read {:.2}, written {:.2})\n",
+        100.0 * f(&format!("{c}/cache_hit_rate")),
+        f(&format!("{c}/total_read_gb")),
+        f(&format!("{c}/total_write_gb")),
+        f(&format!("{c}/tier_storage_kv_bytes_read_gb")),
+        f(&format!("{c}/tier_storage_kv_bytes_written_gb"))
+    );
+    let status = report
+        .pointer(&format!("{c}/storage_health/overall_status"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("?");
+    out += &format!("  assessment: {status}\n  results: {}\n", output.display());
+    out
+}
