@@ -79,7 +79,8 @@ impl IoBuffer {
         }
     }
 
-    fn check(&self) -> io::Result<()> {
+    /// `Interrupted` once the run stopped.
+    pub fn check(&self) -> io::Result<()> {
         match &self.cancel {
             Some(c) if c.load(Ordering::Relaxed) => Err(io::Error::new(
                 io::ErrorKind::Interrupted,

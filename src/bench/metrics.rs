@@ -119,6 +119,25 @@ impl Metrics {
         self.lock().prefix_bytes_saved += bytes;
     }
 
+    /// Tokens of the requests completed, and the storage read times (s), since `mark`;
+    /// moves the mark. The autoscaler's view of one window.
+    pub fn window(&self, mark: &mut (usize, usize)) -> (u64, Vec<f64>) {
+        let m = self.lock();
+        let tokens = m.requests[mark.0.min(m.requests.len())..]
+            .iter()
+            .map(|r| r.tokens)
+            .sum();
+        mark.0 = m.requests.len();
+        let reads = m
+            .ops
+            .get(&(TierKind::Storage, false))
+            .map_or(Vec::new(), |o| {
+                o.total_s[mark.1.min(o.total_s.len())..].to_vec()
+            });
+        mark.1 += reads.len();
+        (tokens, reads)
+    }
+
     /// Requests completed so far.
     pub fn completed(&self) -> u64 {
         self.lock().requests.len() as u64

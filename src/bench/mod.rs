@@ -2,6 +2,7 @@
 //! real I/O through kvtrace's tiers. [`models`] sizes entries by model; [`users`] generates
 //! each simulated user's requests from the seed.
 
+pub mod autoscale;
 pub mod export;
 pub mod io;
 pub mod metrics;

@@ -235,8 +235,8 @@ pub fn build(input: &ReportInput<'_>) -> Json {
             "common_phrase_reuse": 0,
             "bytes_saved": c.prefix_bytes_saved,
         },
-        "autoscaling_stats": [],
-        "autoscaling_summary": {},
+        "autoscaling_stats": input.outcome.scale_events,
+        "autoscaling_summary": autoscaling_summary(input),
         "multi_turn_stats": {
             "cache_hits": mt_hits,
             "cache_misses": mt_misses,
@@ -253,7 +253,7 @@ pub fn build(input: &ReportInput<'_>) -> Json {
         "end_to_end_latencies": e2e,
         "storage_latencies": storage,
         "generation_latencies": generation,
-        "throughput_timeline": [],
+        "throughput_timeline": input.outcome.timeline,
         "prefill_latencies": prefill,
         "decode_latencies": decode,
         "multi_turn_cache_hits": mt_hits,
@@ -269,6 +269,27 @@ pub fn build(input: &ReportInput<'_>) -> Json {
             "tiers": input.tiers.iter().map(|(k, t)| json!({"tier": k.name(), "counters": t})).collect::<Vec<_>>(),
         },
     })
+}
+
+fn autoscaling_summary(input: &ReportInput<'_>) -> Json {
+    let Some(a) = input.config.autoscale else {
+        return json!({});
+    };
+    let o = input.outcome;
+    let mut out = json!({
+        "mode": a.mode,
+        "target_saturation": a.target_saturation,
+        "interval_s": a.interval_s,
+        "initial_users": input.config.users,
+        "final_users": o.final_users,
+        "scale_events": o.scale_events.len(),
+        "peak_live_users": o.timeline.iter().map(|t| t.live_users).max().unwrap_or(0),
+    });
+    if let Some((users, tps)) = o.peak {
+        out["peak_users"] = users.into();
+        out["peak_tokens_per_sec"] = tps.into();
+    }
+    out
 }
 
 /// The latency profile: storage write and read P95 (device time), CPU P95, hit rate.

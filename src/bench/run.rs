@@ -9,12 +9,13 @@
 //! the next turn reads them.
 
 use std::collections::BinaryHeap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use super::autoscale::{AutoscaleConfig, AutoscaleMode, Autoscaler, Decision, ScaleEvent, Window};
 use super::io::{IoBuffer, IoTime};
-use super::metrics::{Category, Collected, Metrics, RequestSample};
+use super::metrics::{percentile, Category, Collected, Metrics, RequestSample};
 use super::models::ModelConfig;
 use super::tiers::{Access, Allocation, TierCache};
 use super::users::{PersonaSet, Phase, Request, UserStream};
@@ -39,6 +40,9 @@ pub enum MultiTurn {
     /// Only the turn before.
     PreviousOnly,
 }
+
+/// Worker threads never exceed this many.
+pub const MAX_WORKERS: u32 = 500;
 
 /// Generated tokens per decode-read batch.
 const DECODE_BATCH: u64 = 32;
@@ -65,6 +69,17 @@ pub struct BenchConfig {
     pub max_concurrent_allocs: u32,
     /// Entries are split over this many GPUs; one rank's share is stored.
     pub tensor_parallel: u32,
+    pub autoscale: Option<AutoscaleConfig>,
+}
+
+/// One autoscaler window, for the throughput timeline.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TimelinePoint {
+    pub t_s: f64,
+    /// User threads alive at the end of the window.
+    pub live_users: u32,
+    pub tokens_per_s: f64,
+    pub read_p95_ms: f64,
 }
 
 /// How a run ended.
@@ -75,6 +90,11 @@ pub struct RunOutcome {
     pub elapsed_s: f64,
     /// Requests that finished after the deadline and were not counted.
     pub late: u64,
+    pub timeline: Vec<TimelinePoint>,
+    pub scale_events: Vec<ScaleEvent>,
+    /// Capacity mode: the user count with the best throughput, and that throughput.
+    pub peak: Option<(u32, f64)>,
+    pub final_users: u32,
 }
 
 struct Queued {
@@ -158,6 +178,11 @@ struct Shared<'a> {
     deadline: Instant,
     late: AtomicU64,
     order: AtomicU64,
+    /// Users with an id below this run; the others end their thread.
+    active_users: AtomicU32,
+    live_users: AtomicU32,
+    /// Per user id: a thread is running it.
+    alive: Vec<AtomicBool>,
 }
 
 /// Runs the benchmark; `progress(elapsed_s, completed)` is called about once a second.
@@ -182,27 +207,98 @@ pub fn run(
         deadline: began + config.duration,
         late: AtomicU64::new(0),
         order: AtomicU64::new(0),
+        active_users: AtomicU32::new(config.users),
+        live_users: AtomicU32::new(0),
+        alive: (0..config
+            .users
+            .max(config.autoscale.map_or(0, |a| a.max_users)))
+            .map(|_| AtomicBool::new(false))
+            .collect(),
     };
+    let mut autoscaler = config.autoscale.map(Autoscaler::new);
+    let mut timeline = Vec::new();
+    let mut stopped_early = false;
     std::thread::scope(|scope| {
-        for w in 0..config.workers.max(1) {
-            let shared = &shared;
+        let shared = &shared;
+        let spawn_worker = |w: u32| {
             std::thread::Builder::new()
                 .name(format!("kvtrace-bench-worker-{w}"))
                 .spawn_scoped(scope, move || worker(shared))
                 .expect("spawn a worker thread");
-        }
-        for u in 0..config.users {
-            let shared = &shared;
+        };
+        let spawn_user = |u: u32| {
+            if shared.alive[u as usize].swap(true, Ordering::SeqCst) {
+                // Still running: it sees the higher user count and stays.
+                return;
+            }
+            shared.live_users.fetch_add(1, Ordering::SeqCst);
             std::thread::Builder::new()
                 .name(format!("kvtrace-bench-user-{u}"))
-                .spawn_scoped(scope, move || user(shared, u))
+                .spawn_scoped(scope, move || {
+                    let c = shared.config;
+                    let multi_turn = c.multi_turn != MultiTurn::Off;
+                    let mut stream = UserStream::new(c.seed, u, c.personas, multi_turn);
+                    loop {
+                        user(shared, u, &mut stream);
+                        shared.alive[u as usize].store(false, Ordering::SeqCst);
+                        // A scale-up may have come while this thread was leaving.
+                        let wanted = !shared.stop.load(Ordering::SeqCst)
+                            && u < shared.active_users.load(Ordering::SeqCst);
+                        if !wanted || shared.alive[u as usize].swap(true, Ordering::SeqCst) {
+                            break;
+                        }
+                    }
+                    shared.live_users.fetch_sub(1, Ordering::SeqCst);
+                })
                 .expect("spawn a user thread");
-        }
+        };
+        let mut workers = config.workers.max(1);
+        (0..workers).for_each(spawn_worker);
+        (0..config.users).for_each(spawn_user);
+        let mut mark = (0, 0);
+        let mut next_window = autoscaler
+            .as_ref()
+            .map(|a| began + Duration::from_secs_f64(a.interval_s()));
         while !shared.stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
             let now = Instant::now();
             let done = metrics.completed();
             progress(now.duration_since(began).as_secs_f64(), done);
+            let due = next_window.is_some_and(|t| now >= t);
+            if let Some(a) = autoscaler.as_mut().filter(|_| due) {
+                next_window = Some(now + Duration::from_secs_f64(a.interval_s()));
+                let users = shared.active_users.load(Ordering::SeqCst);
+                let (tokens, mut reads) = metrics.window(&mut mark);
+                reads.iter_mut().for_each(|r| *r *= 1e3);
+                reads.sort_by(f64::total_cmp);
+                let window = Window {
+                    t_s: now.duration_since(began).as_secs_f64(),
+                    users,
+                    tokens_per_s: tokens as f64 / a.interval_s(),
+                    read_p95_ms: percentile(&reads, 95.0),
+                };
+                match a.decide(&window) {
+                    Decision::Keep => {}
+                    Decision::Stop => {
+                        stopped_early = true;
+                        shared.stop.store(true, Ordering::SeqCst);
+                    }
+                    Decision::Scale(to) => {
+                        shared.active_users.store(to, Ordering::SeqCst);
+                        (users..to).for_each(spawn_user);
+                        while workers < to.min(MAX_WORKERS) {
+                            spawn_worker(workers);
+                            workers += 1;
+                        }
+                    }
+                }
+                timeline.push(TimelinePoint {
+                    t_s: window.t_s,
+                    live_users: shared.live_users.load(Ordering::SeqCst),
+                    tokens_per_s: window.tokens_per_s,
+                    read_p95_ms: window.read_p95_ms,
+                });
+            }
             let enough = config.max_requests > 0 && done >= config.max_requests;
             if now >= shared.deadline || enough {
                 shared.stop.store(true, Ordering::SeqCst);
@@ -211,27 +307,34 @@ pub fn run(
         shared.queue.ready.notify_all();
     });
     let collected = metrics.take();
-    let elapsed_s =
-        if config.max_requests > 0 && collected.requests.len() as u64 >= config.max_requests {
-            began
-                .elapsed()
-                .as_secs_f64()
-                .min(config.duration.as_secs_f64())
-        } else {
-            config.duration.as_secs_f64()
-        };
+    let limit_reached =
+        config.max_requests > 0 && collected.requests.len() as u64 >= config.max_requests;
+    let elapsed_s = if limit_reached || stopped_early {
+        began
+            .elapsed()
+            .as_secs_f64()
+            .min(config.duration.as_secs_f64())
+    } else {
+        config.duration.as_secs_f64()
+    };
     RunOutcome {
         collected,
         elapsed_s,
         late: shared.late.load(Ordering::SeqCst),
+        timeline,
+        peak: autoscaler
+            .as_ref()
+            .filter(|a| a.mode() == AutoscaleMode::Capacity)
+            .map(Autoscaler::peak),
+        scale_events: autoscaler.map(|a| a.events).unwrap_or_default(),
+        final_users: shared.active_users.load(Ordering::SeqCst),
     }
 }
 
-/// A user: think, submit, wait for the answer, repeat until the run stops.
-fn user(shared: &Shared<'_>, id: u32) {
-    let c = shared.config;
-    let mut stream = UserStream::new(c.seed, id, c.personas, c.multi_turn != MultiTurn::Off);
-    while !shared.stop.load(Ordering::Relaxed) {
+/// A user: think, submit, wait for the answer, repeat until the run stops or the user
+/// count drops below this user.
+fn user(shared: &Shared<'_>, id: u32, stream: &mut UserStream) {
+    while !shared.stop.load(Ordering::Relaxed) && id < shared.active_users.load(Ordering::SeqCst) {
         let request = stream.next_request();
         if !sleep_unless_stopped(shared, Duration::from_secs_f64(request.think_s)) {
             return;
@@ -455,6 +558,7 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::autoscale::{AutoscaleConfig, AutoscaleMode};
     use crate::bench::models::model;
     use crate::bench::tiers::{TierKind, TierSpec, TierStore};
 
@@ -474,6 +578,7 @@ mod tests {
             decode_reads: DecodeReads::Amplified,
             max_concurrent_allocs: 2,
             tensor_parallel: 1,
+            autoscale: None,
         }
     }
 
@@ -515,5 +620,66 @@ mod tests {
         );
         assert!(out.collected.requests.len() >= 25);
         assert!(out.elapsed_s < 30.0);
+    }
+
+    fn autoscaled(mode: AutoscaleMode, users: u32, ms: u64) -> BenchConfig {
+        BenchConfig {
+            autoscale: Some(AutoscaleConfig {
+                mode,
+                target_saturation: 0.5,
+                interval_s: 0.4,
+                max_users: 500,
+            }),
+            ..config(users, ms)
+        }
+    }
+
+    #[test]
+    fn the_capacity_autoscaler_starts_user_threads() {
+        let cache = null_cache();
+        let out = run(
+            &autoscaled(AutoscaleMode::Capacity, 5, 2500),
+            &cache,
+            &mut |_, _| {},
+        );
+        assert_eq!(out.scale_events[0].action, "scale_up");
+        assert_eq!(out.scale_events[0].to_users, 10);
+        let most = out.timeline.iter().map(|t| t.live_users).max().unwrap_or(0);
+        assert!(most >= 10, "live user threads grew: {:?}", out.timeline);
+    }
+
+    #[test]
+    fn the_qos_autoscaler_stops_user_threads_when_storage_saturates() {
+        // Reads of 6-200 MB entries at 0.5 GB/s: a read P95 well over 100 ms, saturation 1
+        // against a target of 0.5; single decode reads keep requests short, so a user
+        // thread told to stop ends soon.
+        let cache = TierCache::new(vec![TierSpec {
+            kind: TierKind::Storage,
+            capacity: None,
+            store: TierStore::Modelled { gbps: 0.5 },
+        }])
+        .expect("tiers");
+        let config = BenchConfig {
+            personas: PersonaSet::January2026,
+            decode_reads: DecodeReads::Single,
+            ..autoscaled(AutoscaleMode::Qos, 10, 4000)
+        };
+        let out = run(&config, &cache, &mut |_, _| {});
+        let down = out
+            .scale_events
+            .iter()
+            .find(|e| e.action == "scale_down")
+            .expect("a scale-down");
+        assert_eq!(down.to_users, down.from_users * 4 / 5);
+        let live: Vec<u32> = out.timeline.iter().map(|t| t.live_users).collect();
+        let peak = live
+            .iter()
+            .position(|&n| n == *live.iter().max().expect("windows"));
+        assert!(
+            live[peak.expect("peak")..]
+                .iter()
+                .any(|&n| n < live[peak.expect("peak")]),
+            "user threads ended after the scale-down: {live:?}"
+        );
     }
 }

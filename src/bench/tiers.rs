@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -157,10 +157,18 @@ const MAX_DEPTH: usize = 10;
 const TARGET: f64 = 0.8;
 const TOO_LARGE: f64 = 0.95;
 
-fn sleep_modelled(gbps: f64, size: u64) -> f64 {
+/// Sleeps through a modelled transfer, in steps so a cancelled run stops it.
+fn sleep_modelled(gbps: f64, size: u64, buf: &IoBuffer) -> io::Result<f64> {
     let secs = size as f64 / (gbps * 1e9);
-    std::thread::sleep(Duration::from_secs_f64(secs));
-    secs
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    loop {
+        buf.check()?;
+        let now = Instant::now();
+        if now >= until {
+            return Ok(secs);
+        }
+        std::thread::sleep((until - now).min(Duration::from_millis(20)));
+    }
 }
 
 fn store_write(
@@ -173,7 +181,7 @@ fn store_write(
     match &spec.store {
         TierStore::Modelled { gbps } => Ok(IoTime {
             host_s: 0.0,
-            device_s: sleep_modelled(*gbps, size),
+            device_s: sleep_modelled(*gbps, size, buf)?,
         }),
         TierStore::Files { dir, mode } => {
             write_entry(&object_path(dir, key), size, stamp, *mode, buf)
@@ -186,7 +194,7 @@ fn store_read(spec: &TierSpec, key: KeyId, size: u64, buf: &mut IoBuffer) -> io:
     match &spec.store {
         TierStore::Modelled { gbps } => Ok(IoTime {
             host_s: 0.0,
-            device_s: sleep_modelled(*gbps, size),
+            device_s: sleep_modelled(*gbps, size, buf)?,
         }),
         TierStore::Files { dir, mode } => read_entry(&object_path(dir, key), size, *mode, buf),
         TierStore::Null => Ok(IoTime::default()),

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kvtrace::bench::autoscale::{AutoscaleConfig, AutoscaleMode};
 use kvtrace::bench::export;
 use kvtrace::bench::io::FileMode;
 use kvtrace::bench::models::model;
 use kvtrace::bench::report::{build, ReportInput};
-use kvtrace::bench::run::{run as run_bench, BenchConfig, DecodeReads, MultiTurn};
+use kvtrace::bench::run::{run as run_bench, BenchConfig, DecodeReads, MultiTurn, MAX_WORKERS};
 use kvtrace::bench::tiers::{TierCache, TierKind, TierSpec, TierStore};
 use kvtrace::bench::users::PersonaSet;
 use kvtrace::clock::local_stamp;
@@ -60,6 +61,14 @@ enum TurnReads {
     All,
     /// Only the previous turn (kv-cache.py before March 2026)
     Previous,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum AutoscalerModeArg {
+    /// Hold storage saturation near --target-saturation
+    Qos,
+    /// Find the user count with the highest throughput, then stop
+    Capacity,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -156,6 +165,17 @@ pub struct Args {
     /// Worker threads serving requests (default: one per user, at most 500)
     #[arg(long)]
     workers: Option<u32>,
+    /// Let the autoscaler change the number of live users
+    #[arg(long)]
+    enable_autoscaling: bool,
+    #[arg(long, value_enum, default_value = "qos")]
+    autoscaler_mode: AutoscalerModeArg,
+    /// Saturation the qos autoscaler aims at (0–1)
+    #[arg(long, default_value_t = 0.8)]
+    target_saturation: f64,
+    /// Seconds between autoscaler decisions
+    #[arg(long, default_value_t = 10.0)]
+    autoscale_interval: f64,
     /// No console summary and no progress bar
     #[arg(short, long)]
     quiet: bool,
@@ -348,6 +368,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
         },
         max_concurrent_allocs: allocs,
         tensor_parallel: tp,
+        autoscale: autoscale(&args, users)?,
     };
     let output = args
         .output
@@ -408,6 +429,30 @@ pub fn run(args: Args) -> Result<i32, Error> {
     Ok(EXIT_OK)
 }
 
+fn autoscale(args: &Args, users: u32) -> Result<Option<AutoscaleConfig>, Error> {
+    if !args.enable_autoscaling {
+        return Ok(None);
+    }
+    if !(0.0..=1.0).contains(&args.target_saturation) {
+        return Err(Error::usage(format!(
+            "--target-saturation {}: expected 0 to 1",
+            args.target_saturation
+        )));
+    }
+    if !(args.autoscale_interval.is_finite() && args.autoscale_interval > 0.0) {
+        return Err(Error::usage("--autoscale-interval must be positive"));
+    }
+    Ok(Some(AutoscaleConfig {
+        mode: match args.autoscaler_mode {
+            AutoscalerModeArg::Qos => AutoscaleMode::Qos,
+            AutoscalerModeArg::Capacity => AutoscaleMode::Capacity,
+        },
+        target_saturation: args.target_saturation,
+        interval_s: args.autoscale_interval,
+        max_users: users.max(MAX_WORKERS),
+    }))
+}
+
 /// The 27 run-parameter cells, in the workbook's column order.
 fn parameters(
     args: &Args,
@@ -448,7 +493,7 @@ fn parameters(
         yes(config.multi_turn != MultiTurn::Off),
         yes(config.prefix_caching),
         yes(false),
-        yes(false),
+        yes(config.autoscale.is_some()),
         n(config.seed as f64),
         n(f64::from(config.max_concurrent_allocs)),
         n(0.0),
