@@ -185,11 +185,38 @@ fn a_bench_run_writes_kv_cache_py_json_and_the_99_column_workbook_and_csv() {
         &p("r.xlsx"),
         "--csv",
         &p("r.csv"),
+        "--record",
+        &p("rec.lct"),
         "-q",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(p("r.json")).expect("json")).expect("json");
+
+    // The recording replays to the same hits under the configuration it carries.
+    let replay = kvtrace([
+        "replay",
+        &p("rec.lct"),
+        "--l1-accounting-only",
+        "--l2-adapter",
+        &format!("{{\"type\":\"fs\",\"path\":\"{}\"}}", p("replay-l2")),
+        "--json",
+        "--no-csv",
+        "-q",
+        "--output-dir",
+        &p("replay"),
+    ]);
+    assert_eq!(replay.status.code(), Some(0), "{}", text(&replay.stderr));
+    let replayed: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("replay/trace_replay_summary.json"))
+            .expect("summary"),
+    )
+    .expect("json");
+    assert_eq!(replayed["kvtrace"]["failed"], 0);
+    assert_eq!(
+        replayed["kvtrace"]["hits"]["hit_chunks"], json["summary"]["cache_stats"]["cache_hits"],
+        "every hit of the run is a hit of its replay"
+    );
     let completed = json["requests_completed"].as_u64().expect("count");
     assert!(completed > 0);
     assert_eq!(json["summary"]["total_requests"], completed);

@@ -14,12 +14,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::autoscale::{AutoscaleConfig, AutoscaleMode, Autoscaler, Decision, ScaleEvent, Window};
+use super::calls::CallTrace;
 use super::io::{IoBuffer, IoTime};
 use super::metrics::{percentile, Category, Collected, Metrics, RequestSample};
 use super::models::ModelConfig;
 use super::tiers::{Access, Allocation, TierCache};
 use super::users::{PersonaSet, Phase, Request, UserStream};
-use crate::storage::KeyId;
 
 /// What a request reads back while decoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,17 +159,10 @@ impl Permits {
     }
 }
 
-/// The key of a named entry, from its name only.
-pub fn entry_key(name: &str) -> KeyId {
-    let bytes = crate::rng::hash32(&[xxhash_rust::xxh3::xxh3_64(name.as_bytes())]);
-    KeyId(u128::from_le_bytes(
-        bytes[..16].try_into().expect("16 bytes"),
-    ))
-}
-
 struct Shared<'a> {
     config: &'a BenchConfig,
     cache: &'a TierCache,
+    calls: &'a CallTrace,
     metrics: &'a Metrics,
     queue: Queue,
     permits: Permits,
@@ -189,6 +182,7 @@ struct Shared<'a> {
 pub fn run(
     config: &BenchConfig,
     cache: &TierCache,
+    calls: &CallTrace,
     progress: &mut (dyn FnMut(f64, u64) + Send),
 ) -> RunOutcome {
     let metrics = Metrics::default();
@@ -196,6 +190,7 @@ pub fn run(
     let shared = Shared {
         config,
         cache,
+        calls,
         metrics: &metrics,
         queue: Queue::default(),
         permits: Permits {
@@ -428,20 +423,23 @@ impl Shared<'_> {
         self.stop.load(Ordering::Relaxed)
     }
 
-    fn bytes(&self, tokens: u64) -> u64 {
-        let c = self.config;
-        (tokens * c.model.bytes_per_token()).div_ceil(u64::from(c.tensor_parallel.max(1)))
-    }
-
     /// Looks an entry up and reads it where it lives.
-    fn read(&self, name: &str, category: Category, buf: &mut IoBuffer) -> Option<IoTime> {
-        match self.cache.access(entry_key(name), buf) {
-            Ok(Access::Hit { tier, time, .. }) => {
+    fn read(
+        &self,
+        name: &str,
+        category: Category,
+        request: &str,
+        buf: &mut IoBuffer,
+    ) -> Option<IoTime> {
+        match self.cache.access(self.calls.key_id(name), buf) {
+            Ok(Access::Hit { tier, time, size }) => {
+                self.calls.read(name, request, Some(size));
                 self.metrics.lookup(category, true);
                 self.metrics.op(tier, false, time);
                 Some(time)
             }
             Ok(Access::Miss) => {
+                self.calls.read(name, request, None);
                 self.metrics.lookup(category, false);
                 None
             }
@@ -454,12 +452,16 @@ impl Shared<'_> {
 
     /// Writes a new entry (nothing if it exists); the write time.
     fn write(&self, name: &str, tokens: u64, buf: &mut IoBuffer) -> f64 {
-        let key = entry_key(name);
+        let key = self.calls.key_id(name);
+        let bytes = self.calls.entry_bytes(tokens);
         self.permits.acquire();
-        let result = self
-            .cache
-            .allocate(key, self.bytes(tokens), key.0 as u64, buf);
+        let result = self.cache.allocate(key, bytes, key.0 as u64, buf, || {
+            self.calls.write(name, tokens, true)
+        });
         self.permits.release();
+        if !matches!(result, Ok(Allocation::Written { .. })) {
+            self.calls.write(name, tokens, false);
+        }
         match result {
             Ok(Allocation::Written { tier, time }) => {
                 self.metrics.op(tier, true, time);
@@ -489,14 +491,17 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
     let c = shared.config;
     let r = &q.request;
     let mut spent = Spent::default();
+    let request = format!("user{}-conv{}-turn{}", r.user, r.conversation, r.turn);
     let mut context = r.context_tokens;
     if let (true, Some(p)) = (c.prefix_caching, r.system_prompt) {
         let tokens = c.system_prompt_tokens[usize::from(p) % 3];
         let name = format!("system_prompt_{p}");
-        match shared.read(&name, Category::SystemPrompt, buf) {
+        match shared.read(&name, Category::SystemPrompt, &request, buf) {
             Some(t) => {
                 spent.prefill_s += t.total_s();
-                shared.metrics.prefix_saved(shared.bytes(tokens));
+                shared
+                    .metrics
+                    .prefix_saved(shared.calls.entry_bytes(tokens));
             }
             None => spent.prefill_s += shared.write(&name, tokens, buf),
         }
@@ -512,7 +517,7 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
             if shared.stopped() {
                 return None;
             }
-            if let Some(t) = shared.read(&turn_name(r, turn), Category::MultiTurn, buf) {
+            if let Some(t) = shared.read(&turn_name(r, turn), Category::MultiTurn, &request, buf) {
                 spent.prefill_s += t.total_s();
             }
         }
@@ -523,7 +528,7 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
     }
     spent.prefill_s += shared.write(&own, context, buf);
     if r.phase == Phase::PrefillDecode {
-        match shared.read(&own, Category::User, buf) {
+        match shared.read(&own, Category::User, &request, buf) {
             Some(t) => {
                 spent.decode_s += t.total_s();
                 if c.decode_reads == DecodeReads::Amplified {
@@ -531,7 +536,7 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
                         if shared.stopped() {
                             return None;
                         }
-                        if let Some(t) = shared.read(&own, Category::User, buf) {
+                        if let Some(t) = shared.read(&own, Category::User, &request, buf) {
                             spent.decode_s += t.total_s();
                         }
                     }
@@ -582,6 +587,10 @@ mod tests {
         }
     }
 
+    fn no_calls() -> CallTrace {
+        CallTrace::new(crate::bus::Tracer::disabled(), "tiny-1b", 24_576)
+    }
+
     fn null_cache() -> TierCache {
         TierCache::new(vec![TierSpec {
             kind: TierKind::Storage,
@@ -594,7 +603,7 @@ mod tests {
     #[test]
     fn shared_prefixes_are_written_once_and_hit_afterwards() {
         let cache = null_cache();
-        let out = run(&config(40, 2500), &cache, &mut |_, _| {});
+        let out = run(&config(40, 2500), &cache, &no_calls(), &mut |_, _| {});
         let (hits, misses) = out.collected.hits[&Category::SystemPrompt];
         assert!(hits > 0, "later requests hit the shared prefixes");
         assert!(
@@ -613,7 +622,7 @@ mod tests {
         let mut c = config(20, 30_000);
         c.max_requests = 25;
         let began = Instant::now();
-        let out = run(&c, &cache, &mut |_, _| {});
+        let out = run(&c, &cache, &no_calls(), &mut |_, _| {});
         assert!(
             began.elapsed() < Duration::from_secs(25),
             "stopped at the limit"
@@ -640,6 +649,7 @@ mod tests {
         let out = run(
             &autoscaled(AutoscaleMode::Capacity, 5, 2500),
             &cache,
+            &no_calls(),
             &mut |_, _| {},
         );
         assert_eq!(out.scale_events[0].action, "scale_up");
@@ -664,7 +674,7 @@ mod tests {
             decode_reads: DecodeReads::Single,
             ..autoscaled(AutoscaleMode::Qos, 10, 4000)
         };
-        let out = run(&config, &cache, &mut |_, _| {});
+        let out = run(&config, &cache, &no_calls(), &mut |_, _| {});
         let down = out
             .scale_events
             .iter()

@@ -348,13 +348,16 @@ impl TierCache {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Stores a new entry of `size` bytes in the fastest tier with room.
+    /// Stores a new entry of `size` bytes in the fastest tier with room. `on_ready` runs
+    /// under the lock as the written entry becomes readable, so whatever it publishes comes
+    /// before any reader's view of the entry.
     pub fn allocate(
         &self,
         key: KeyId,
         size: u64,
         stamp: u64,
         buf: &mut IoBuffer,
+        on_ready: impl FnOnce(),
     ) -> io::Result<Allocation> {
         let (tier, spec) = {
             let mut s = self.lock();
@@ -387,6 +390,7 @@ impl TierCache {
         let mut s = self.lock();
         match written {
             Ok(time) => {
+                on_ready();
                 if let Some(e) = s.entries.get_mut(&key) {
                     e.ready = true;
                 }
@@ -529,7 +533,7 @@ mod tests {
                         let mut buf = IoBuffer::new();
                         for (i, &size) in sizes.iter().enumerate().skip(t).step_by(threads) {
                             let got = cache
-                                .allocate(KeyId(i as u128), size, i as u64, &mut buf)
+                                .allocate(KeyId(i as u128), size, i as u64, &mut buf, || {})
                                 .expect("write");
                             assert!(matches!(got, Allocation::Written { .. }), "{got:?}");
                         }
@@ -587,7 +591,7 @@ mod tests {
         let mut buf = IoBuffer::new();
         for i in 0..6u128 {
             cache
-                .allocate(KeyId(i), 60_000, i as u64, &mut buf)
+                .allocate(KeyId(i), 60_000, i as u64, &mut buf, || {})
                 .expect("write");
         }
         assert_eq!(

@@ -23,6 +23,17 @@ pub enum PersonaSet {
     January2026,
 }
 
+impl PersonaSet {
+    /// The longest prompt any user of this set can send.
+    pub fn max_context_tokens(self) -> u64 {
+        Persona::ALL
+            .iter()
+            .map(|p| p.ranges(self).context_tokens.1)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// The ranges a user's fixed shape is drawn from.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PersonaRanges {

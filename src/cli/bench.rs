@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvtrace::bench::autoscale::{AutoscaleConfig, AutoscaleMode};
+use kvtrace::bench::calls::CallTrace;
 use kvtrace::bench::export;
 use kvtrace::bench::io::FileMode;
 use kvtrace::bench::models::model;
@@ -15,11 +16,16 @@ use kvtrace::bench::report::{build, ReportInput};
 use kvtrace::bench::run::{run as run_bench, BenchConfig, DecodeReads, MultiTurn, MAX_WORKERS};
 use kvtrace::bench::tiers::{TierCache, TierKind, TierSpec, TierStore};
 use kvtrace::bench::users::PersonaSet;
+use kvtrace::bus::recorder::{Recorder, RecorderOptions};
+use kvtrace::bus::{BusOptions, EventBus, Tracer};
 use kvtrace::clock::local_stamp;
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::report::csv::CsvTables;
 use kvtrace::report::tables::{Cell, TableExporter};
 use kvtrace::report::xlsx::XlsxWorkbook;
+use kvtrace::storage::config::{
+    EvictionConfig, EvictionTiming, L2Config, Placement, StorageConfig,
+};
 
 use super::print_stdout;
 
@@ -165,6 +171,10 @@ pub struct Args {
     /// Worker threads serving requests (default: one per user, at most 500)
     #[arg(long)]
     workers: Option<u32>,
+    /// Record every entry write and read as the StorageManager calls an LMCache server
+    /// makes (LMCT; a name ending in .zst is compressed), for `kvtrace replay`
+    #[arg(long, value_name = "PATH")]
+    record: Option<PathBuf>,
     /// Let the autoscaler change the number of live users
     #[arg(long)]
     enable_autoscaling: bool,
@@ -393,8 +403,20 @@ pub fn run(args: Args) -> Result<i32, Error> {
             args.duration
         ));
     };
-    let outcome = run_bench(&config, &cache, &mut progress);
+    let (calls, bus) = recording(&args, &config, cpu_bytes, capacity, &storage_dir.0)?;
+    let outcome = run_bench(&config, &cache, &calls, &mut progress);
     bar.finish_and_clear();
+    drop(calls);
+    if let Some(bus) = bus {
+        for r in bus.close()? {
+            if !args.quiet {
+                eprintln!(
+                    "kvtrace: {}: {} records, {} bytes",
+                    r.name, r.events, r.bytes
+                );
+            }
+        }
+    }
     let tiers = cache.counters();
     let profile = match args.performance_profile {
         Profile::Latency => "latency",
@@ -427,6 +449,56 @@ pub fn run(args: Args) -> Result<i32, Error> {
         print_stdout(&console_summary(&report, &output))?;
     }
     Ok(EXIT_OK)
+}
+
+/// The call trace of the run and, with `--record`, the bus recording it. The trace's
+/// header describes the run's tiers as a waterfall hierarchy: the CPU tier as L1 (raised to
+/// hold the largest entry the run can write, since a StorageManager admits through L1), the
+/// storage tier as a file L2.
+fn recording(
+    args: &Args,
+    config: &BenchConfig,
+    cpu_bytes: u64,
+    storage_bytes: u64,
+    storage_dir: &Path,
+) -> Result<(CallTrace, Option<EventBus>), Error> {
+    let per_token = config.model.bytes_per_token() / u64::from(config.tensor_parallel);
+    let Some(path) = &args.record else {
+        return Ok((
+            CallTrace::new(Tracer::disabled(), config.model.name, per_token),
+            None,
+        ));
+    };
+    let zstd = path.to_string_lossy().ends_with(".zst");
+    let mut recorder = Recorder::create(
+        path,
+        RecorderOptions {
+            zstd_level: zstd.then_some(3),
+            ..RecorderOptions::default()
+        },
+    )?;
+    let l2 = serde_json::json!({
+        "type": "fs",
+        "path": storage_dir.display().to_string(),
+        "capacity_gb": storage_bytes.min(1 << 60) as f64 / (1u64 << 30) as f64,
+    });
+    let storage = StorageConfig {
+        l1_size_bytes: cpu_bytes.max(per_token * config.personas.max_context_tokens()),
+        l1_buffers: false,
+        placement: Placement::Waterfall,
+        eviction: EvictionConfig {
+            timing: EvictionTiming::Immediate,
+            ..EvictionConfig::default()
+        },
+        l2: vec![L2Config::from_adapter(&l2).map_err(Error::usage)?],
+        ..StorageConfig::default()
+    };
+    recorder.attach_storage_config_value(&storage.to_lmcache_json())?;
+    let bus = EventBus::start(BusOptions::default(), vec![Box::new(recorder)])?;
+    Ok((
+        CallTrace::new(bus.tracer(), config.model.name, per_token),
+        Some(bus),
+    ))
 }
 
 fn autoscale(args: &Args, users: u32) -> Result<Option<AutoscaleConfig>, Error> {
