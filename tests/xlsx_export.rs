@@ -289,3 +289,51 @@ fn bad_bench_flags_are_one_line_usage_errors() {
         assert!(err.contains(expected), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn a_bench_io_trace_log_lists_every_tier_operation_without_touching_the_devices() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let out = kvtrace([
+        "bench",
+        "--model",
+        "tiny-1b",
+        "--num-users",
+        "20",
+        "--duration",
+        "2",
+        "--cpu-mem-gb",
+        "0.05",
+        "--cache-dir",
+        &p(""),
+        "--cpu-tier-dir",
+        &p(""),
+        "--generation-mode",
+        "none",
+        "--output",
+        &p("r.json"),
+        "--io-trace-log",
+        &p("io.csv"),
+        "-q",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let log = std::fs::read_to_string(p("io.csv")).expect("log");
+    let mut lines = log.lines();
+    assert_eq!(
+        lines.next(),
+        Some("Timestamp,Operation,Object_Size_Bytes,Tier,Key,Phase")
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert!(rows.iter().all(|r| r.len() == 6));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p("r.json")).expect("json")).expect("json");
+    let writes = rows.iter().filter(|r| r[1] == "Write").count() as u64;
+    let reads = rows.iter().filter(|r| r[1] == "Read").count() as u64;
+    let stats = &json["summary"]["cache_stats"];
+    assert!(writes > 0 && reads > 0);
+    assert_eq!(
+        reads,
+        stats["read_iops"].as_u64().expect("reads"),
+        "one row per read"
+    );
+}

@@ -6,6 +6,7 @@ pub mod autoscale;
 pub mod calls;
 pub mod export;
 pub mod io;
+pub mod iolog;
 pub mod metrics;
 pub mod models;
 pub mod report;

@@ -11,12 +11,13 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::io::{delete_entry, read_entry, write_entry, FileMode, IoBuffer, IoTime};
+use super::iolog::{IoLog, IoOp};
 use crate::storage::file::object_path;
 use crate::storage::{KeyId, KeyMap};
 
@@ -143,6 +144,7 @@ struct State {
     entries: KeyMap<Entry>,
     tiers: Vec<Tier>,
     tick: u64,
+    log: Option<Arc<IoLog>>,
 }
 
 /// The shared cache; workers call it from many threads.
@@ -209,6 +211,12 @@ fn store_delete(spec: &TierSpec, key: KeyId) -> io::Result<()> {
 }
 
 impl State {
+    fn log(&self, op: IoOp, size: u64, tier: usize, key: KeyId) {
+        if let Some(log) = &self.log {
+            log.row(op, size, self.tiers[tier].spec.kind, key);
+        }
+    }
+
     fn touch(&mut self, key: KeyId) {
         self.tick += 1;
         let tick = self.tick;
@@ -283,6 +291,7 @@ impl State {
         let below = tier + 1;
         let moved = below < self.tiers.len() && self.make_room(below, size, depth + 1, buf);
         self.remove_from(tier, size, tick);
+        self.log(IoOp::Evict, size, tier, key);
         if !moved {
             let _ = store_delete(&self.tiers[tier].spec, key);
             self.tiers[tier].counters.deletions += 1;
@@ -299,6 +308,7 @@ impl State {
             Ok((r, w)) => {
                 src.record_read(size, r);
                 self.tiers[below].counters.record_write(size, w);
+                self.log(IoOp::Write, size, below, key);
                 self.add(below, size);
                 self.tick += 1;
                 let tick = self.tick;
@@ -340,8 +350,15 @@ impl TierCache {
                 entries: KeyMap::default(),
                 tiers,
                 tick: 0,
+                log: None,
             }),
         })
+    }
+
+    /// Logs every write, read and eviction to `log` from now on.
+    pub fn with_log(self, log: Arc<IoLog>) -> TierCache {
+        self.lock().log = Some(log);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -395,6 +412,7 @@ impl TierCache {
                     e.ready = true;
                 }
                 s.tiers[tier].counters.record_write(size, time);
+                s.log(IoOp::Write, size, tier, key);
                 Ok(Allocation::Written {
                     tier: spec.kind,
                     time,
@@ -429,6 +447,7 @@ impl TierCache {
         }
         let time = read?;
         s.tiers[tier].counters.record_read(size, time);
+        s.log(IoOp::Read, size, tier, key);
         Ok(Access::Hit {
             tier: spec.kind,
             size,

@@ -3,6 +3,7 @@
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ValueEnum;
@@ -11,6 +12,7 @@ use kvtrace::bench::autoscale::{AutoscaleConfig, AutoscaleMode};
 use kvtrace::bench::calls::CallTrace;
 use kvtrace::bench::export;
 use kvtrace::bench::io::FileMode;
+use kvtrace::bench::iolog::IoLog;
 use kvtrace::bench::models::model;
 use kvtrace::bench::report::{build, ReportInput};
 use kvtrace::bench::run::{run as run_bench, BenchConfig, DecodeReads, MultiTurn, MAX_WORKERS};
@@ -171,6 +173,11 @@ pub struct Args {
     /// Worker threads serving requests (default: one per user, at most 500)
     #[arg(long)]
     workers: Option<u32>,
+    /// Log every tier write, read and eviction as CSV (Timestamp, Operation,
+    /// Object_Size_Bytes, Tier, Key, Phase; .zst compresses). As in kv-cache.py's trace mode,
+    /// the tiers then keep no bytes and take no time
+    #[arg(long, value_name = "FILE")]
+    io_trace_log: Option<PathBuf>,
     /// Record every entry write and read as the StorageManager calls an LMCache server
     /// makes (LMCT; a name ending in .zst is compressed), for `kvtrace replay`
     #[arg(long, value_name = "PATH")]
@@ -348,7 +355,20 @@ pub fn run(args: Args) -> Result<i32, Error> {
             },
         },
     });
-    let cache = TierCache::new(specs).map_err(|e| Error::io("cannot set up the tiers", e))?;
+    if args.io_trace_log.is_some() {
+        for spec in &mut specs {
+            spec.store = TierStore::Null;
+        }
+    }
+    let mut cache = TierCache::new(specs).map_err(|e| Error::io("cannot set up the tiers", e))?;
+    let io_log = match &args.io_trace_log {
+        Some(path) => {
+            let log = Arc::new(IoLog::create(path)?);
+            cache = cache.with_log(Arc::clone(&log));
+            Some((log, path))
+        }
+        None => None,
+    };
     let config = BenchConfig {
         model,
         users,
@@ -416,6 +436,10 @@ pub fn run(args: Args) -> Result<i32, Error> {
                 );
             }
         }
+    }
+    if let Some((log, path)) = io_log {
+        log.finish()
+            .map_err(|e| Error::io("cannot write", e).in_file(path.display()))?;
     }
     let tiers = cache.counters();
     let profile = match args.performance_profile {
