@@ -337,3 +337,55 @@ fn a_bench_io_trace_log_lists_every_tier_operation_without_touching_the_devices(
         "one row per read"
     );
 }
+
+#[test]
+fn a_sharegpt_dataset_drives_the_requests_at_the_asked_rate() {
+    let missing = kvtrace(["bench", "--dataset-path", "/no/such/sharegpt.json"]);
+    let err = text(&missing.stderr);
+    assert_eq!(missing.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("/no/such/sharegpt.json") && err.contains("cannot read the dataset"));
+
+    let Some(shared) = common::shared() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let dataset = shared.join("traces/sharegpt/sharegpt_llm_test.json");
+    let out = kvtrace([
+        "bench",
+        "--model",
+        "tiny-1b",
+        "--num-users",
+        "8",
+        "--duration",
+        "2",
+        "--cpu-mem-gb",
+        "0.05",
+        "--cache-dir",
+        &p(""),
+        "--cpu-tier-dir",
+        &p(""),
+        "--generation-mode",
+        "none",
+        "--dataset-path",
+        &dataset.display().to_string(),
+        "--request-rate",
+        "20",
+        "--output",
+        &p("r.json"),
+        "-q",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr)
+            .contains("6 of 365 conversations have no human message followed by a gpt message"),
+        "{}",
+        text(&out.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p("r.json")).expect("json")).expect("json");
+    let done = json["requests_completed"].as_u64().expect("count");
+    assert!(done > 0);
+    assert!(done <= 2 * 20 + 1, "paced at 20/s: {done} in 2 s");
+}

@@ -11,5 +11,6 @@ pub mod metrics;
 pub mod models;
 pub mod report;
 pub mod run;
+pub mod sharegpt;
 pub mod tiers;
 pub mod users;

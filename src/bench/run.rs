@@ -18,6 +18,7 @@ use super::calls::CallTrace;
 use super::io::{IoBuffer, IoTime};
 use super::metrics::{percentile, Category, Collected, Metrics, RequestSample};
 use super::models::ModelConfig;
+use super::sharegpt::{Dataset, DatasetStream};
 use super::tiers::{Access, Allocation, TierCache};
 use super::users::{PersonaSet, Phase, Request, UserStream};
 
@@ -70,6 +71,42 @@ pub struct BenchConfig {
     /// Entries are split over this many GPUs; one rank's share is stored.
     pub tensor_parallel: u32,
     pub autoscale: Option<AutoscaleConfig>,
+    /// ShareGPT conversations instead of persona users' synthetic requests.
+    pub dataset: Option<Arc<Dataset>>,
+    /// Passes over the dataset (0: until the run ends).
+    pub replay_cycles: u32,
+    /// Submissions per second over all users (0: no pacing).
+    pub request_rate: f64,
+}
+
+/// Where a user's requests come from.
+enum Source {
+    Synthetic(UserStream),
+    Dataset(DatasetStream),
+}
+
+impl Source {
+    fn new(c: &BenchConfig, user: u32, users: u32) -> Source {
+        let synthetic = UserStream::new(c.seed, user, c.personas, c.multi_turn != MultiTurn::Off);
+        match &c.dataset {
+            Some(d) => Source::Dataset(DatasetStream::new(
+                Arc::clone(d),
+                c.seed,
+                user,
+                users,
+                synthetic.profile().qos,
+                c.replay_cycles,
+            )),
+            None => Source::Synthetic(synthetic),
+        }
+    }
+
+    fn next_request(&mut self) -> Option<Request> {
+        match self {
+            Source::Synthetic(s) => Some(s.next_request()),
+            Source::Dataset(d) => d.next_request(),
+        }
+    }
 }
 
 /// One autoscaler window, for the throughput timeline.
@@ -176,6 +213,9 @@ struct Shared<'a> {
     live_users: AtomicU32,
     /// Per user id: a thread is running it.
     alive: Vec<AtomicBool>,
+    began: Instant,
+    /// Submissions paced so far (`request_rate`).
+    paced: AtomicU64,
 }
 
 /// Runs the benchmark; `progress(elapsed_s, completed)` is called about once a second.
@@ -209,6 +249,8 @@ pub fn run(
             .max(config.autoscale.map_or(0, |a| a.max_users)))
             .map(|_| AtomicBool::new(false))
             .collect(),
+        began,
+        paced: AtomicU64::new(0),
     };
     let mut autoscaler = config.autoscale.map(Autoscaler::new);
     let mut timeline = Vec::new();
@@ -230,9 +272,7 @@ pub fn run(
             std::thread::Builder::new()
                 .name(format!("kvtrace-bench-user-{u}"))
                 .spawn_scoped(scope, move || {
-                    let c = shared.config;
-                    let multi_turn = c.multi_turn != MultiTurn::Off;
-                    let mut stream = UserStream::new(c.seed, u, c.personas, multi_turn);
+                    let mut stream = Source::new(shared.config, u, shared.config.users);
                     loop {
                         user(shared, u, &mut stream);
                         shared.alive[u as usize].store(false, Ordering::SeqCst);
@@ -328,11 +368,21 @@ pub fn run(
 
 /// A user: think, submit, wait for the answer, repeat until the run stops or the user
 /// count drops below this user.
-fn user(shared: &Shared<'_>, id: u32, stream: &mut UserStream) {
+fn user(shared: &Shared<'_>, id: u32, stream: &mut Source) {
     while !shared.stop.load(Ordering::Relaxed) && id < shared.active_users.load(Ordering::SeqCst) {
-        let request = stream.next_request();
+        let Some(request) = stream.next_request() else {
+            return;
+        };
         if !sleep_unless_stopped(shared, Duration::from_secs_f64(request.think_s)) {
             return;
+        }
+        if shared.config.request_rate > 0.0 {
+            // The n-th submission of the run waits for its slot at n / rate seconds.
+            let n = shared.paced.fetch_add(1, Ordering::SeqCst);
+            let due = shared.began + Duration::from_secs_f64(n as f64 / shared.config.request_rate);
+            if !sleep_unless_stopped(shared, due.saturating_duration_since(Instant::now())) {
+                return;
+            }
         }
         let done = Arc::new((Mutex::new(false), Condvar::new()));
         {
@@ -584,6 +634,9 @@ mod tests {
             max_concurrent_allocs: 2,
             tensor_parallel: 1,
             autoscale: None,
+            dataset: None,
+            replay_cycles: 0,
+            request_rate: 0.0,
         }
     }
 

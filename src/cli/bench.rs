@@ -16,6 +16,7 @@ use kvtrace::bench::iolog::IoLog;
 use kvtrace::bench::models::model;
 use kvtrace::bench::report::{build, ReportInput};
 use kvtrace::bench::run::{run as run_bench, BenchConfig, DecodeReads, MultiTurn, MAX_WORKERS};
+use kvtrace::bench::sharegpt::{self, Dataset};
 use kvtrace::bench::tiers::{TierCache, TierKind, TierSpec, TierStore};
 use kvtrace::bench::users::PersonaSet;
 use kvtrace::bus::recorder::{Recorder, RecorderOptions};
@@ -173,6 +174,19 @@ pub struct Args {
     /// Worker threads serving requests (default: one per user, at most 500)
     #[arg(long)]
     workers: Option<u32>,
+    /// ShareGPT JSON: its human → gpt exchanges become the requests (tokens counted with
+    /// cl100k_base) instead of the personas' synthetic ones
+    #[arg(long, value_name = "FILE")]
+    dataset_path: Option<PathBuf>,
+    /// Conversations read from the dataset
+    #[arg(long, default_value_t = 500)]
+    max_conversations: usize,
+    /// Passes over the dataset (0: until the run ends)
+    #[arg(long, default_value_t = 0)]
+    replay_cycles: u32,
+    /// Submissions per second over all users (0: as fast as users send)
+    #[arg(long, default_value_t = 0.0)]
+    request_rate: f64,
     /// Log every tier write, read and eviction as CSV (Timestamp, Operation,
     /// Object_Size_Bytes, Tier, Key, Phase; .zst compresses). As in kv-cache.py's trace mode,
     /// the tiers then keep no bytes and take no time
@@ -299,6 +313,12 @@ pub fn run(args: Args) -> Result<i32, Error> {
             args.max_requests
         )));
     }
+    if !(args.request_rate.is_finite() && args.request_rate >= 0.0) {
+        return Err(Error::usage(format!(
+            "--request-rate {}: expected requests per second >= 0",
+            args.request_rate
+        )));
+    }
     if !(args.gpu_bandwidth_gbps.is_finite() && args.gpu_bandwidth_gbps > 0.0) {
         return Err(Error::usage("--gpu-bandwidth-gbps must be positive"));
     }
@@ -399,6 +419,9 @@ pub fn run(args: Args) -> Result<i32, Error> {
         max_concurrent_allocs: allocs,
         tensor_parallel: tp,
         autoscale: autoscale(&args, users)?,
+        dataset: dataset(&args)?,
+        replay_cycles: args.replay_cycles,
+        request_rate: args.request_rate,
     };
     let output = args
         .output
@@ -525,6 +548,25 @@ fn recording(
     ))
 }
 
+/// The ShareGPT dataset, if one is given; says what could not be paired.
+fn dataset(args: &Args) -> Result<Option<Arc<Dataset>>, Error> {
+    let Some(path) = &args.dataset_path else {
+        return Ok(None);
+    };
+    let d = sharegpt::load(path, args.max_conversations)?;
+    if let Some(w) = d.warning() {
+        eprintln!("kvtrace: warning: {}: {w}", path.display());
+    }
+    if d.conversations.is_empty() {
+        return Err(Error::usage(format!(
+            "--dataset-path {}: none of its {} conversations has a human message followed by a gpt message",
+            path.display(),
+            d.read
+        )));
+    }
+    Ok(Some(Arc::new(d)))
+}
+
 fn autoscale(args: &Args, users: u32) -> Result<Option<AutoscaleConfig>, Error> {
     if !args.enable_autoscaling {
         return Ok(None);
@@ -592,16 +634,18 @@ fn parameters(
         yes(config.autoscale.is_some()),
         n(config.seed as f64),
         n(f64::from(config.max_concurrent_allocs)),
-        n(0.0),
+        n(config.request_rate),
         n(config.max_requests as f64),
-        Cell::Empty,
+        args.dataset_path
+            .as_ref()
+            .map_or(Cell::Empty, |p| Cell::Text(p.display().to_string())),
         Cell::Text(cache_dir.display().to_string()),
         gib(capacity.min(u64::MAX / 2)),
         yes(false),
         n(0.0),
         n(0.0),
         n(1.0),
-        n(0.0),
+        n(f64::from(config.replay_cycles)),
     ]
 }
 

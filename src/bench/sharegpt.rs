@@ -1,0 +1,285 @@
+//! ShareGPT conversations as benchmark requests (`--dataset-path`): each human message
+//! followed by a gpt message is one request, its prompt and answer counted in `cl100k_base`
+//! tokens (tiktoken) and clipped to 16,384 and 2,048 tokens. A conversation whose messages
+//! never pair that way (it starts with the gpt side, or carries system turns between) gives
+//! no request; the loader counts those and says so, rather than silently shrinking the run.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use tiktoken_rs::CoreBPE;
+
+use super::users::{Phase, QosLevel, Request, PREFILL_ONLY_CONTEXT};
+use crate::error::{Error, Result};
+use crate::rng::SplitMix64;
+
+/// Longest prompt and answer a ShareGPT request keeps.
+pub const MAX_CONTEXT_TOKENS: u64 = 16_384;
+pub const MAX_GENERATION_TOKENS: u64 = 2_048;
+
+#[derive(Deserialize)]
+struct Message {
+    from: String,
+    value: String,
+}
+
+#[derive(Deserialize)]
+struct Conversation {
+    #[serde(default)]
+    conversations: Vec<Message>,
+}
+
+/// One human → gpt exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exchange {
+    pub context_tokens: u64,
+    pub generation_tokens: u64,
+}
+
+/// The usable conversations of a file.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Dataset {
+    /// Each conversation's exchanges, in order; never empty.
+    pub conversations: Vec<Vec<Exchange>>,
+    /// Conversations read (at most the limit asked for).
+    pub read: usize,
+    /// Of those, how many had no human → gpt pair.
+    pub unpaired: usize,
+}
+
+impl Dataset {
+    /// A one-line account of what could not be used, if anything.
+    pub fn warning(&self) -> Option<String> {
+        (self.unpaired > 0).then(|| {
+            format!(
+                "{} of {} conversations have no human message followed by a gpt message \
+                 (they start with gpt, or system turns sit between) and give no request",
+                self.unpaired, self.read
+            )
+        })
+    }
+}
+
+/// One user's share of a dataset: conversations `i` with `i % users == user` of a seeded
+/// shuffle, turn by turn, passed over `cycles` times (0: without end).
+pub struct DatasetStream {
+    dataset: Arc<Dataset>,
+    user: u32,
+    qos: QosLevel,
+    mine: Vec<usize>,
+    next: usize,
+    turn: usize,
+    conversation: u64,
+    cycles: u32,
+    passes: u32,
+}
+
+impl DatasetStream {
+    pub fn new(
+        dataset: Arc<Dataset>,
+        seed: u64,
+        user: u32,
+        users: u32,
+        qos: QosLevel,
+        cycles: u32,
+    ) -> DatasetStream {
+        let mut order: Vec<usize> = (0..dataset.conversations.len()).collect();
+        let mut rng = SplitMix64::new(seed ^ 0x7368_6172_6567_7074);
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.range(0, i as u64) as usize);
+        }
+        let mine = order
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| *i as u64 % u64::from(users.max(1)) == u64::from(user))
+            .map(|(_, c)| c)
+            .collect();
+        DatasetStream {
+            dataset,
+            user,
+            qos,
+            mine,
+            next: 0,
+            turn: 0,
+            conversation: 0,
+            cycles,
+            passes: 0,
+        }
+    }
+
+    /// The next exchange as a request; `None` when this user's share is done.
+    pub fn next_request(&mut self) -> Option<Request> {
+        if self.mine.is_empty() {
+            return None;
+        }
+        if self.next == self.mine.len() {
+            self.passes += 1;
+            if self.cycles > 0 && self.passes >= self.cycles {
+                return None;
+            }
+            self.next = 0;
+        }
+        let exchanges = &self.dataset.conversations[self.mine[self.next]];
+        let e = exchanges[self.turn];
+        self.turn += 1;
+        let turn = self.turn as u32;
+        let conversation = self.conversation;
+        if self.turn == exchanges.len() {
+            self.turn = 0;
+            self.next += 1;
+            self.conversation += 1;
+        }
+        Some(Request {
+            user: self.user,
+            qos: self.qos,
+            conversation,
+            turn,
+            context_tokens: e.context_tokens,
+            generation_tokens: e.generation_tokens,
+            phase: if e.context_tokens >= PREFILL_ONLY_CONTEXT {
+                Phase::Prefill
+            } else {
+                Phase::PrefillDecode
+            },
+            think_s: 0.0,
+            system_prompt: None,
+        })
+    }
+}
+
+/// Pairs each `human` message with the `gpt` message right after it.
+fn exchanges(messages: &[Message], bpe: &CoreBPE) -> Vec<Exchange> {
+    let tokens = |text: &str| bpe.encode_ordinary(text).len() as u64;
+    messages
+        .windows(2)
+        .filter(|w| w[0].from == "human" && w[1].from == "gpt")
+        .map(|w| Exchange {
+            context_tokens: tokens(&w[0].value).clamp(1, MAX_CONTEXT_TOKENS),
+            generation_tokens: tokens(&w[1].value).clamp(1, MAX_GENERATION_TOKENS),
+        })
+        .collect()
+}
+
+/// Reads the first `max_conversations` conversations of a ShareGPT JSON file.
+pub fn load(path: &Path, max_conversations: usize) -> Result<Dataset> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::io("cannot read the dataset", e).in_file(&shown))?;
+    let all: Vec<Conversation> = serde_json::from_str(&text).map_err(|e| {
+        let message = e.to_string();
+        let reason = message.split(" at line ").next().unwrap_or(&message);
+        Error::line(
+            e.line() as u64,
+            format!("column {}", e.column()),
+            format!(
+                "not a ShareGPT list of {{\"conversations\": [{{\"from\", \"value\"}}]}}: {reason}"
+            ),
+        )
+        .in_file(&shown)
+    })?;
+    let bpe = tiktoken_rs::cl100k_base().map_err(|e| {
+        Error::io(
+            "cannot load the cl100k_base tokenizer",
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
+    let mut dataset = Dataset::default();
+    for conversation in all.iter().take(max_conversations) {
+        dataset.read += 1;
+        let pairs = exchanges(&conversation.conversations, &bpe);
+        if pairs.is_empty() {
+            dataset.unpaired += 1;
+        } else {
+            dataset.conversations.push(pairs);
+        }
+    }
+    Ok(dataset)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().expect("tmp");
+        std::io::Write::write_all(&mut f, text.as_bytes()).expect("write");
+        f
+    }
+
+    #[test]
+    fn human_then_gpt_pairs_become_requests_and_the_rest_is_counted() {
+        let f = write(
+            r#"[
+            {"conversations": [{"from": "human", "value": "Hello there, how are you?"},
+                               {"from": "gpt", "value": "Fine."},
+                               {"from": "human", "value": "And now?"},
+                               {"from": "gpt", "value": "Still fine, thank you for asking."}]},
+            {"conversations": [{"from": "gpt", "value": "I speak first."},
+                               {"from": "human", "value": "Then I answer."}]},
+            {"conversations": [{"from": "system", "value": "Be brief."},
+                               {"from": "human", "value": "Hi"},
+                               {"from": "gpt", "value": "Hi"}]},
+            {"conversations": []}
+        ]"#,
+        );
+        let d = load(f.path(), 10).expect("load");
+        assert_eq!(d.read, 4);
+        assert_eq!(d.conversations.len(), 2);
+        assert_eq!(d.unpaired, 2);
+        assert_eq!(d.conversations[0].len(), 2);
+        assert_eq!(
+            d.conversations[0][0],
+            Exchange {
+                context_tokens: 7,
+                generation_tokens: 2
+            },
+            "cl100k_base: 'Hello there, how are you?' is 7 tokens, 'Fine.' 2"
+        );
+        assert!(d
+            .warning()
+            .expect("warning")
+            .starts_with("2 of 4 conversations"));
+        assert_eq!(load(f.path(), 1).expect("load").read, 1, "the limit holds");
+    }
+
+    #[test]
+    fn users_share_the_conversations_and_replay_them_by_cycles() {
+        let dataset = Arc::new(Dataset {
+            conversations: (1..=5)
+                .map(|n| {
+                    vec![
+                        Exchange {
+                            context_tokens: n,
+                            generation_tokens: 1,
+                        };
+                        2
+                    ]
+                })
+                .collect(),
+            read: 5,
+            unpaired: 0,
+        });
+        let drain = |user: u32, cycles: u32| {
+            let mut s = DatasetStream::new(dataset.clone(), 9, user, 2, QosLevel::Batch, cycles);
+            std::iter::from_fn(|| s.next_request()).collect::<Vec<_>>()
+        };
+        let (a, b) = (drain(0, 1), drain(1, 1));
+        assert_eq!(a.len() + b.len(), 10, "every exchange once");
+        assert_eq!((a[0].turn, a[1].turn), (1, 2));
+        assert_eq!(drain(0, 3).len(), 3 * a.len());
+        assert_eq!(drain(0, 1), a, "the seed fixes the order");
+    }
+
+    #[test]
+    fn a_file_that_is_not_sharegpt_is_a_one_line_error_with_its_position() {
+        let f = write("[{\"conversations\": 3}]");
+        let e = load(f.path(), 10).expect_err("not a list").to_string();
+        assert!(
+            e.contains("line 1: column 20: not a ShareGPT list") && !e.contains('\n'),
+            "{e}"
+        );
+        let missing = load(Path::new("/no/such/sharegpt.json"), 10).expect_err("missing");
+        assert!(missing.to_string().contains("/no/such/sharegpt.json"));
+    }
+}
