@@ -294,28 +294,7 @@ fn bad_bench_flags_are_one_line_usage_errors() {
 fn a_bench_io_trace_log_lists_every_tier_operation_without_touching_the_devices() {
     let dir = tempfile::tempdir().expect("tmp");
     let p = |name: &str| dir.path().join(name).display().to_string();
-    let out = kvtrace([
-        "bench",
-        "--model",
-        "tiny-1b",
-        "--num-users",
-        "20",
-        "--duration",
-        "2",
-        "--cpu-mem-gb",
-        "0.05",
-        "--cache-dir",
-        &p(""),
-        "--cpu-tier-dir",
-        &p(""),
-        "--generation-mode",
-        "none",
-        "--output",
-        &p("r.json"),
-        "--io-trace-log",
-        &p("io.csv"),
-        "-q",
-    ]);
+    let out = small_bench(dir.path(), "20", &["--io-trace-log", &p("io.csv")]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let log = std::fs::read_to_string(p("io.csv")).expect("log");
     let mut lines = log.lines();
@@ -352,30 +331,12 @@ fn a_sharegpt_dataset_drives_the_requests_at_the_asked_rate() {
     let dir = tempfile::tempdir().expect("tmp");
     let p = |name: &str| dir.path().join(name).display().to_string();
     let dataset = shared.join("traces/sharegpt/sharegpt_llm_test.json");
-    let out = kvtrace([
-        "bench",
-        "--model",
-        "tiny-1b",
-        "--num-users",
+    let dataset = dataset.display().to_string();
+    let out = small_bench(
+        dir.path(),
         "8",
-        "--duration",
-        "2",
-        "--cpu-mem-gb",
-        "0.05",
-        "--cache-dir",
-        &p(""),
-        "--cpu-tier-dir",
-        &p(""),
-        "--generation-mode",
-        "none",
-        "--dataset-path",
-        &dataset.display().to_string(),
-        "--request-rate",
-        "20",
-        "--output",
-        &p("r.json"),
-        "-q",
-    ]);
+        &["--dataset-path", &dataset, "--request-rate", "20"],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr)
@@ -388,4 +349,32 @@ fn a_sharegpt_dataset_drives_the_requests_at_the_asked_rate() {
     let done = json["requests_completed"].as_u64().expect("count");
     assert!(done > 0);
     assert!(done <= 2 * 20 + 1, "paced at 20/s: {done} in 2 s");
+}
+
+/// A 2-second tiny-1b bench run with tiers under `dir`, its report at `dir/r.json`.
+fn small_bench(dir: &std::path::Path, users: &str, extra: &[&str]) -> std::process::Output {
+    let d = dir.display().to_string();
+    let report = dir.join("r.json").display().to_string();
+    let mut args = vec![
+        "bench",
+        "--model",
+        "tiny-1b",
+        "--num-users",
+        users,
+        "--duration",
+        "2",
+        "--cpu-mem-gb",
+        "0.05",
+        "--cache-dir",
+        &d,
+        "--cpu-tier-dir",
+        &d,
+        "--generation-mode",
+        "none",
+        "--output",
+        &report,
+        "-q",
+    ];
+    args.extend_from_slice(extra);
+    kvtrace(args)
 }
