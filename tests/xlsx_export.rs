@@ -378,3 +378,61 @@ fn small_bench(dir: &std::path::Path, users: &str, extra: &[&str]) -> std::proce
     args.extend_from_slice(extra);
     kvtrace(args)
 }
+
+#[test]
+fn a_burstgpt_log_is_replayed_at_its_recorded_times() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let log = dir.path().join("burst.csv");
+    let mut csv =
+        String::from("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n");
+    for i in 0..200 {
+        csv += &format!(
+            "{},ChatGPT,{},20,0,Conversation log\n",
+            100.0 + f64::from(i) * 0.1,
+            200 + i
+        );
+    }
+    std::fs::write(&log, csv).expect("write");
+    let log = log.display().to_string();
+    let run = |speedup: &str| {
+        let out = small_bench(
+            dir.path(),
+            "8",
+            &[
+                "--use-burst-trace",
+                "--burst-trace-path",
+                &log,
+                "--trace-speedup",
+                speedup,
+            ],
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let json: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("r.json")).expect("json"),
+        )
+        .expect("json");
+        json["requests_completed"].as_u64().expect("count")
+    };
+    let timed = run("1");
+    assert!(
+        timed > 0 && timed <= 21,
+        "10 rows a second for 2 s: {timed}"
+    );
+    assert!(
+        run("0") > timed,
+        "without waiting, more of the log is served"
+    );
+
+    let missing = kvtrace([
+        "bench",
+        "--use-burst-trace",
+        "--burst-trace-path",
+        "/no/burst*.csv",
+    ]);
+    let err = text(&missing.stderr);
+    assert_eq!(missing.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no CSV file matches") && err.lines().count() == 1,
+        "{err}"
+    );
+}

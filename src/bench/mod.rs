@@ -3,6 +3,7 @@
 //! each simulated user's requests from the seed.
 
 pub mod autoscale;
+pub mod burst;
 pub mod calls;
 pub mod export;
 pub mod io;

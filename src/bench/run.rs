@@ -14,6 +14,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::autoscale::{AutoscaleConfig, AutoscaleMode, Autoscaler, Decision, ScaleEvent, Window};
+use super::burst::{BurstReplay, BurstStream};
 use super::calls::CallTrace;
 use super::io::{IoBuffer, IoTime};
 use super::metrics::{percentile, Category, Collected, Metrics, RequestSample};
@@ -73,7 +74,9 @@ pub struct BenchConfig {
     pub autoscale: Option<AutoscaleConfig>,
     /// ShareGPT conversations instead of persona users' synthetic requests.
     pub dataset: Option<Arc<Dataset>>,
-    /// Passes over the dataset (0: until the run ends).
+    /// A BurstGPT log replayed at its times divided by the speedup (0: no waiting).
+    pub burst: Option<BurstReplay>,
+    /// Passes over the dataset or log (0: until the run ends).
     pub replay_cycles: u32,
     /// Submissions per second over all users (0: no pacing).
     pub request_rate: f64,
@@ -83,21 +86,31 @@ pub struct BenchConfig {
 enum Source {
     Synthetic(UserStream),
     Dataset(DatasetStream),
+    Burst(BurstStream),
 }
 
 impl Source {
     fn new(c: &BenchConfig, user: u32, users: u32) -> Source {
         let synthetic = UserStream::new(c.seed, user, c.personas, c.multi_turn != MultiTurn::Off);
-        match &c.dataset {
-            Some(d) => Source::Dataset(DatasetStream::new(
+        let qos = synthetic.profile().qos;
+        match (&c.dataset, &c.burst) {
+            (Some(d), _) => Source::Dataset(DatasetStream::new(
                 Arc::clone(d),
                 c.seed,
                 user,
                 users,
-                synthetic.profile().qos,
+                qos,
                 c.replay_cycles,
             )),
-            None => Source::Synthetic(synthetic),
+            (None, Some(b)) => Source::Burst(BurstStream::new(
+                Arc::clone(&b.rows),
+                user,
+                users,
+                qos,
+                b.speedup,
+                c.replay_cycles,
+            )),
+            (None, None) => Source::Synthetic(synthetic),
         }
     }
 
@@ -105,6 +118,7 @@ impl Source {
         match self {
             Source::Synthetic(s) => Some(s.next_request()),
             Source::Dataset(d) => d.next_request(),
+            Source::Burst(b) => b.next_request(),
         }
     }
 }
@@ -376,6 +390,12 @@ fn user(shared: &Shared<'_>, id: u32, stream: &mut Source) {
         if !sleep_unless_stopped(shared, Duration::from_secs_f64(request.think_s)) {
             return;
         }
+        if let Some(at) = request.at_s {
+            let due = shared.began + Duration::from_secs_f64(at);
+            if !sleep_unless_stopped(shared, due.saturating_duration_since(Instant::now())) {
+                return;
+            }
+        }
         if shared.config.request_rate > 0.0 {
             // The n-th submission of the run waits for its slot at n / rate seconds.
             let n = shared.paced.fetch_add(1, Ordering::SeqCst);
@@ -635,6 +655,7 @@ mod tests {
             tensor_parallel: 1,
             autoscale: None,
             dataset: None,
+            burst: None,
             replay_cycles: 0,
             request_rate: 0.0,
         }

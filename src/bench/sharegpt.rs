@@ -144,6 +144,7 @@ impl DatasetStream {
             },
             think_s: 0.0,
             system_prompt: None,
+            at_s: None,
         })
     }
 }

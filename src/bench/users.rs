@@ -164,6 +164,8 @@ pub struct Request {
     pub think_s: f64,
     /// One of the shared system prompts it starts with, if any (one request in five).
     pub system_prompt: Option<u8>,
+    /// When a replayed log sends it, in seconds from the start of the run.
+    pub at_s: Option<f64>,
 }
 
 /// The request stream of one user.
@@ -244,6 +246,7 @@ impl UserStream {
             },
             think_s,
             system_prompt,
+            at_s: None,
         }
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvtrace::bench::autoscale::{AutoscaleConfig, AutoscaleMode};
+use kvtrace::bench::burst::{self, BurstReplay};
 use kvtrace::bench::calls::CallTrace;
 use kvtrace::bench::export;
 use kvtrace::bench::io::FileMode;
@@ -181,7 +182,20 @@ pub struct Args {
     /// Conversations read from the dataset
     #[arg(long, default_value_t = 500)]
     max_conversations: usize,
-    /// Passes over the dataset (0: until the run ends)
+    /// Replay a BurstGPT request log (see --burst-trace-path) instead of the personas
+    #[arg(long)]
+    use_burst_trace: bool,
+    /// BurstGPT CSV file, directory of CSV files, or glob
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "BurstGPT/data/BurstGPT_1.csv"
+    )]
+    burst_trace_path: PathBuf,
+    /// Divide the log's timestamps by this (0: send without waiting)
+    #[arg(long, default_value_t = 1.0)]
+    trace_speedup: f64,
+    /// Passes over the dataset or log (0: until the run ends)
     #[arg(long, default_value_t = 0)]
     replay_cycles: u32,
     /// Submissions per second over all users (0: as fast as users send)
@@ -420,6 +434,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
         tensor_parallel: tp,
         autoscale: autoscale(&args, users)?,
         dataset: dataset(&args)?,
+        burst: burst(&args)?,
         replay_cycles: args.replay_cycles,
         request_rate: args.request_rate,
     };
@@ -548,6 +563,28 @@ fn recording(
     ))
 }
 
+/// The BurstGPT log, with `--use-burst-trace`.
+fn burst(args: &Args) -> Result<Option<BurstReplay>, Error> {
+    if !args.use_burst_trace {
+        return Ok(None);
+    }
+    if args.dataset_path.is_some() {
+        return Err(Error::usage(
+            "give either --dataset-path or --use-burst-trace, not both",
+        ));
+    }
+    if !(args.trace_speedup.is_finite() && args.trace_speedup >= 0.0) {
+        return Err(Error::usage(format!(
+            "--trace-speedup {}: expected a number >= 0",
+            args.trace_speedup
+        )));
+    }
+    Ok(Some(BurstReplay {
+        rows: Arc::new(burst::load(&args.burst_trace_path)?),
+        speedup: args.trace_speedup,
+    }))
+}
+
 /// The ShareGPT dataset, if one is given; says what could not be paired.
 fn dataset(args: &Args) -> Result<Option<Arc<Dataset>>, Error> {
     let Some(path) = &args.dataset_path else {
@@ -644,7 +681,7 @@ fn parameters(
         yes(false),
         n(0.0),
         n(0.0),
-        n(1.0),
+        n(config.burst.as_ref().map_or(1.0, |b| b.speedup)),
         n(f64::from(config.replay_cycles)),
     ]
 }
