@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::users::{Phase, QosLevel, Request, PREFILL_ONLY_CONTEXT};
+use super::users::{Phase, QosLevel, Request};
 use crate::error::{Error, Result};
 
 /// One logged request.
@@ -181,11 +181,7 @@ impl BurstStream {
             turn: 1,
             context_tokens: r.context_tokens,
             generation_tokens: r.generation_tokens,
-            phase: if r.context_tokens >= PREFILL_ONLY_CONTEXT {
-                Phase::Prefill
-            } else {
-                Phase::PrefillDecode
-            },
+            phase: Phase::of(r.context_tokens),
             think_s: 0.0,
             system_prompt: None,
             at_s: Some(at_s),

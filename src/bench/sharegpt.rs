@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use tiktoken_rs::CoreBPE;
 
-use super::users::{Phase, QosLevel, Request, PREFILL_ONLY_CONTEXT};
+use super::users::{Phase, QosLevel, Request};
 use crate::error::{Error, Result};
 use crate::rng::SplitMix64;
 
@@ -137,11 +137,7 @@ impl DatasetStream {
             turn,
             context_tokens: e.context_tokens,
             generation_tokens: e.generation_tokens,
-            phase: if e.context_tokens >= PREFILL_ONLY_CONTEXT {
-                Phase::Prefill
-            } else {
-                Phase::PrefillDecode
-            },
+            phase: Phase::of(e.context_tokens),
             think_s: 0.0,
             system_prompt: None,
             at_s: None,

@@ -127,6 +127,17 @@ pub enum Phase {
     PrefillDecode,
 }
 
+impl Phase {
+    /// The phase of a prompt this long.
+    pub fn of(context_tokens: u64) -> Phase {
+        if context_tokens >= PREFILL_ONLY_CONTEXT {
+            Phase::Prefill
+        } else {
+            Phase::PrefillDecode
+        }
+    }
+}
+
 /// Prompts of at least this many tokens are prefill-only.
 pub const PREFILL_ONLY_CONTEXT: u64 = 10_000;
 /// Shared system prompts, and the chance a request starts with one.
@@ -239,11 +250,7 @@ impl UserStream {
             turn: self.turn,
             context_tokens,
             generation_tokens,
-            phase: if context_tokens >= PREFILL_ONLY_CONTEXT {
-                Phase::Prefill
-            } else {
-                Phase::PrefillDecode
-            },
+            phase: Phase::of(context_tokens),
             think_s,
             system_prompt,
             at_s: None,
