@@ -30,6 +30,8 @@ pub enum Category {
     MultiTurn,
     /// The request's own entry, read for decoding.
     User,
+    /// A retrieved document chunk.
+    Rag,
 }
 
 /// Host and device seconds of the operations on one tier in one direction.

@@ -10,6 +10,7 @@ pub mod io;
 pub mod iolog;
 pub mod metrics;
 pub mod models;
+pub mod rag;
 pub mod report;
 pub mod run;
 pub mod sharegpt;

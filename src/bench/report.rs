@@ -263,6 +263,8 @@ pub fn build(input: &ReportInput<'_>) -> Json {
         "kvtrace": {
             "storage_io_throughput_gib_per_s": (read_bytes + write_bytes) as f64 / GIB / elapsed,
             "requests_after_deadline": input.outcome.late,
+            "rag_hits": category(Category::Rag).0,
+            "rag_misses": category(Category::Rag).1,
             "entries_without_room": c.no_room,
             "io_errors": c.io_errors,
             "assessments": {"latency": latency_profile, "throughput": throughput_profile},

@@ -19,6 +19,7 @@ use super::calls::CallTrace;
 use super::io::{IoBuffer, IoTime};
 use super::metrics::{percentile, Category, Collected, Metrics, RequestSample};
 use super::models::ModelConfig;
+use super::rag::Corpus;
 use super::sharegpt::{Dataset, DatasetStream};
 use super::tiers::{Access, Allocation, TierCache};
 use super::users::{PersonaSet, Phase, Request, UserStream};
@@ -80,6 +81,8 @@ pub struct BenchConfig {
     pub replay_cycles: u32,
     /// Submissions per second over all users (0: no pacing).
     pub request_rate: f64,
+    /// Documents ingested at the start and retrieved by one request in ten.
+    pub rag: Option<Corpus>,
 }
 
 /// Where a user's requests come from.
@@ -301,6 +304,20 @@ pub fn run(
                 })
                 .expect("spawn a user thread");
         };
+        if let Some(corpus) = &config.rag {
+            std::thread::Builder::new()
+                .name("kvtrace-bench-rag-ingest".into())
+                .spawn_scoped(scope, move || {
+                    let mut buf = IoBuffer::with_cancel(Arc::clone(&shared.stop));
+                    for (doc, chunk, tokens) in corpus.chunks() {
+                        if shared.stopped() {
+                            return;
+                        }
+                        shared.write(&format!("rag_{doc}_chunk_{chunk}"), tokens, &mut buf);
+                    }
+                })
+                .expect("spawn the ingestion thread");
+        }
         let mut workers = config.workers.max(1);
         (0..workers).for_each(spawn_worker);
         (0..config.users).for_each(spawn_user);
@@ -592,6 +609,23 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
             }
         }
     }
+    let retrieval = c.rag.as_ref().and_then(|corpus| {
+        corpus.retrieval(
+            c.seed,
+            [u64::from(r.user), r.conversation, u64::from(r.turn)],
+        )
+    });
+    if let Some((doc, chunks)) = retrieval {
+        for chunk in chunks {
+            if shared.stopped() {
+                return None;
+            }
+            let name = format!("rag_{doc}_chunk_{chunk}");
+            if let Some(t) = shared.read(&name, Category::Rag, &request, buf) {
+                spent.prefill_s += t.total_s();
+            }
+        }
+    }
     let own = turn_name(r, r.turn);
     if shared.stopped() {
         return None;
@@ -658,6 +692,7 @@ mod tests {
             burst: None,
             replay_cycles: 0,
             request_rate: 0.0,
+            rag: None,
         }
     }
 
@@ -765,5 +800,21 @@ mod tests {
                 .any(|&n| n < live[peak.expect("peak")]),
             "user threads ended after the scale-down: {live:?}"
         );
+    }
+
+    #[test]
+    fn rag_chunks_are_ingested_once_and_retrieved() {
+        let cache = null_cache();
+        let corpus = Corpus::new(3, 4, false);
+        let chunks = corpus.chunks().count() as u64;
+        let config = BenchConfig {
+            rag: Some(corpus),
+            ..config(40, 2500)
+        };
+        let out = run(&config, &cache, &no_calls(), &mut |_, _| {});
+        let (hits, _) = out.collected.hits[&Category::Rag];
+        assert!(hits > 0, "retrievals read ingested chunks");
+        let written = cache.counters()[0].1.writes;
+        assert!(written >= chunks, "{written} writes, {chunks} chunks ingested");
     }
 }

@@ -15,6 +15,7 @@ use kvtrace::bench::export;
 use kvtrace::bench::io::FileMode;
 use kvtrace::bench::iolog::IoLog;
 use kvtrace::bench::models::model;
+use kvtrace::bench::rag::Corpus;
 use kvtrace::bench::report::{build, ReportInput};
 use kvtrace::bench::run::{run as run_bench, BenchConfig, DecodeReads, MultiTurn, MAX_WORKERS};
 use kvtrace::bench::sharegpt::{self, Dataset};
@@ -175,6 +176,13 @@ pub struct Args {
     /// Worker threads serving requests (default: one per user, at most 500)
     #[arg(long)]
     workers: Option<u32>,
+    /// Ingest a document corpus at the start and let one request in ten read the KV of
+    /// its top 5 chunks of a document
+    #[arg(long)]
+    enable_rag: bool,
+    /// Documents in the corpus
+    #[arg(long, default_value_t = 10)]
+    rag_num_docs: u32,
     /// ShareGPT JSON: its human → gpt exchanges become the requests (tokens counted with
     /// cl100k_base) instead of the personas' synthetic ones
     #[arg(long, value_name = "FILE")]
@@ -435,6 +443,10 @@ pub fn run(args: Args) -> Result<i32, Error> {
         autoscale: autoscale(&args, users)?,
         dataset: dataset(&args)?,
         burst: burst(&args)?,
+        rag: args.enable_rag.then(|| {
+            let large = model.hidden >= 8192 || model.layers >= 64;
+            Corpus::new(args.seed, args.rag_num_docs, large)
+        }),
         replay_cycles: args.replay_cycles,
         request_rate: args.request_rate,
     };
@@ -667,7 +679,7 @@ fn parameters(
         }),
         yes(config.multi_turn != MultiTurn::Off),
         yes(config.prefix_caching),
-        yes(false),
+        yes(config.rag.is_some()),
         yes(config.autoscale.is_some()),
         n(config.seed as f64),
         n(f64::from(config.max_concurrent_allocs)),
