@@ -436,3 +436,36 @@ fn a_burstgpt_log_is_replayed_at_its_recorded_times() {
         "{err}"
     );
 }
+
+#[test]
+fn the_suite_runs_nine_scenarios_and_prints_one_table() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path().display().to_string();
+    let reports = dir.path().join("suite");
+    let out = kvtrace([
+        "bench",
+        "--suite",
+        "--model",
+        "tiny-1b",
+        "--duration",
+        "1",
+        "--cache-dir",
+        &d,
+        "--cpu-tier-dir",
+        &d,
+        "--generation-mode",
+        "none",
+        "--output",
+        &reports.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert_eq!(table.lines().count(), 10, "{table}");
+    for name in ["storage-only", "tiered", "rag", "capacity"] {
+        assert!(
+            table.lines().any(|l| l.starts_with(name)),
+            "{name}: {table}"
+        );
+        assert!(reports.join(format!("{name}.json")).exists());
+    }
+}

@@ -263,6 +263,12 @@ pub fn build(input: &ReportInput<'_>) -> Json {
         "kvtrace": {
             "storage_io_throughput_gib_per_s": (read_bytes + write_bytes) as f64 / GIB / elapsed,
             "requests_after_deadline": input.outcome.late,
+            "hit_rates": {
+                "system_prompt": rate(sp_hits, sp_misses),
+                "multi_turn": rate(mt_hits, mt_misses),
+                "user": rate(category(Category::User).0, category(Category::User).1),
+                "rag": rate(category(Category::Rag).0, category(Category::Rag).1),
+            },
             "rag_hits": category(Category::Rag).0,
             "rag_misses": category(Category::Rag).1,
             "entries_without_room": c.no_room,

@@ -815,6 +815,9 @@ mod tests {
         let (hits, _) = out.collected.hits[&Category::Rag];
         assert!(hits > 0, "retrievals read ingested chunks");
         let written = cache.counters()[0].1.writes;
-        assert!(written >= chunks, "{written} writes, {chunks} chunks ingested");
+        assert!(
+            written >= chunks,
+            "{written} writes, {chunks} chunks ingested"
+        );
     }
 }

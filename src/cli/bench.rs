@@ -92,7 +92,7 @@ enum Personas {
 /// A KV-cache storage benchmark with MLPerf Storage kv-cache.py's flags and outputs:
 /// simulated users write and re-read whole KV entries through GPU, CPU and storage tiers
 /// with real I/O, and the run reports throughput, latency percentiles, hit rates and QoS
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 #[command(after_help = "Examples:\n  \
     kvtrace bench --model llama3.1-8b --num-users 20 --duration 30 --cpu-mem-gb 4 --cache-dir /mnt/nvme\n  \
     kvtrace bench --cpu-mem-gb 0 --gpu-mem-gb 0 --generation-mode none --duration 60 --xlsx-output run.xlsx")]
@@ -229,6 +229,12 @@ pub struct Args {
     /// Seconds between autoscaler decisions
     #[arg(long, default_value_t = 10.0)]
     autoscale_interval: f64,
+    /// Run nine scenarios (storage only, tiered, GPU on top, no prefix caching, single
+    /// turn, single decode read, RAG, qos autoscaling, capacity search) sized to this
+    /// machine, each for --duration, and print one comparison table; --output names the
+    /// directory for their reports
+    #[arg(long)]
+    suite: bool,
     /// No console summary and no progress bar
     #[arg(short, long)]
     quiet: bool,
@@ -305,6 +311,15 @@ fn write(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 }
 
 pub fn run(args: Args) -> Result<i32, Error> {
+    if args.suite {
+        return suite(&args);
+    }
+    run_once(&args)?;
+    Ok(EXIT_OK)
+}
+
+/// One run: writes its files, prints its summary unless quiet, returns the report.
+fn run_once(args: &Args) -> Result<serde_json::Value, Error> {
     let model = *model(&args.model).map_err(|e| Error::usage(format!("--model: {e}")))?;
     let users = count("--num-users", args.num_users, 1, 100_000)?;
     if !(args.duration.is_finite() && args.duration > 0.0 && args.duration <= 86_400.0) {
@@ -440,9 +455,9 @@ pub fn run(args: Args) -> Result<i32, Error> {
         },
         max_concurrent_allocs: allocs,
         tensor_parallel: tp,
-        autoscale: autoscale(&args, users)?,
-        dataset: dataset(&args)?,
-        burst: burst(&args)?,
+        autoscale: autoscale(args, users)?,
+        dataset: dataset(args)?,
+        burst: burst(args)?,
         rag: args.enable_rag.then(|| {
             let large = model.hidden >= 8192 || model.layers >= 64;
             Corpus::new(args.seed, args.rag_num_docs, large)
@@ -473,7 +488,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
             args.duration
         ));
     };
-    let (calls, bus) = recording(&args, &config, cpu_bytes, capacity, &storage_dir.0)?;
+    let (calls, bus) = recording(args, &config, cpu_bytes, capacity, &storage_dir.0)?;
     let outcome = run_bench(&config, &cache, &calls, &mut progress);
     bar.finish_and_clear();
     drop(calls);
@@ -505,7 +520,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
     let mut text = serde_json::to_string_pretty(&report).unwrap_or_default();
     text.push('\n');
     write(&output, text.as_bytes())?;
-    let parameters = parameters(&args, &config, &cache_parent, capacity, gpu_bytes);
+    let parameters = parameters(args, &config, &cache_parent, capacity, gpu_bytes);
     if let Some(path) = &args.xlsx_output {
         let tables = export::tables(parameters.clone(), &report, profile == "throughput");
         for (_, bytes) in XlsxWorkbook.table_files("results", &tables)? {
@@ -522,6 +537,114 @@ pub fn run(args: Args) -> Result<i32, Error> {
     if !args.quiet {
         print_stdout(&console_summary(&report, &output))?;
     }
+    Ok(report)
+}
+
+/// Physical memory available now, in bytes.
+fn available_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m
+                .lines()
+                .find(|l| l.starts_with("MemAvailable:"))?
+                .to_owned();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(8 << 30, |kib| kib * 1024)
+}
+
+/// The scenarios of `--suite`: a name, what it shows, and how it changes the base run.
+type Scenario = (&'static str, &'static str, fn(&mut Args));
+
+const SCENARIOS: [Scenario; 9] = [
+    (
+        "storage-only",
+        "no CPU tier: every byte is storage I/O",
+        |a| a.cpu_mem_gb = 0.0,
+    ),
+    ("tiered", "CPU tier in front of storage (waterfall)", |_| {}),
+    ("gpu-cpu-storage", "a modelled GPU tier on top", |a| {
+        a.gpu_tier = GpuTier::Model
+    }),
+    ("no-prefix-caching", "shared prefixes recomputed", |a| {
+        a.disable_prefix_caching = true
+    }),
+    ("single-turn", "no conversation history reads", |a| {
+        a.disable_multi_turn = true
+    }),
+    ("single-decode-read", "decode reads each entry once", |a| {
+        a.decode_reads = DecodeReadsArg::Single
+    }),
+    ("rag", "document retrieval on one request in ten", |a| {
+        a.enable_rag = true
+    }),
+    ("autoscale-qos", "users follow storage saturation", |a| {
+        a.enable_autoscaling = true;
+        a.autoscaler_mode = AutoscalerModeArg::Qos;
+    }),
+    (
+        "capacity",
+        "users grow until throughput stops improving",
+        |a| {
+            a.enable_autoscaling = true;
+            a.autoscaler_mode = AutoscalerModeArg::Capacity;
+        },
+    ),
+];
+
+/// `--suite`: nine scenarios sized to this machine, one comparison table.
+fn suite(args: &Args) -> Result<i32, Error> {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as i64;
+    let memory_gib = available_memory() as f64 / (1u64 << 30) as f64;
+    let users = args.num_users.min(8 * cores).max(1);
+    let cpu_gb = (memory_gib / 4.0)
+        .clamp(0.5, 32.0)
+        .min(args.cpu_mem_gb.max(0.5));
+    let dir = args
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("kvtrace_suite_{}", local_stamp())));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
+    eprintln!(
+        "kvtrace: suite on {cores} cores, {memory_gib:.0} GiB available: {users} users, {cpu_gb:.1} GiB CPU tier, {} s per scenario; reports in {}",
+        args.duration,
+        dir.display()
+    );
+    let mut table = String::from(
+        "scenario              requests   tok/s  storage GiB/s  E2E p95 ms  read p95 ms  hit rate  assessment\n",
+    );
+    for (name, what, change) in SCENARIOS {
+        let mut a = args.clone();
+        a.suite = false;
+        a.quiet = true;
+        a.num_users = users;
+        a.cpu_mem_gb = cpu_gb;
+        a.xlsx_output = None;
+        a.csv = None;
+        a.record = None;
+        a.io_trace_log = None;
+        a.autoscale_interval = (args.duration / 6.0).max(1.0);
+        change(&mut a);
+        a.output = Some(dir.join(format!("{name}.json")));
+        eprintln!("kvtrace: {name}: {what}");
+        let r = run_once(&a)?;
+        let f = |p: &str| r.pointer(p).and_then(|v| v.as_f64()).unwrap_or(0.0);
+        table += &format!(
+            "{name:<20} {:>9.0} {:>7.1} {:>14.3} {:>11.1} {:>12.1} {:>8.1}%  {}\n",
+            f("/summary/total_requests"),
+            f("/summary/avg_throughput_tokens_per_sec"),
+            f("/kvtrace/storage_io_throughput_gib_per_s"),
+            f("/summary/end_to_end_latency_ms/p95"),
+            f("/summary/cache_stats/storage_read_p95_ms"),
+            100.0 * f("/summary/cache_stats/cache_hit_rate"),
+            r.pointer("/summary/cache_stats/storage_health/overall_status")
+                .and_then(|v| v.as_str())
+                .unwrap_or("?"),
+        );
+    }
+    print_stdout(&table)?;
     Ok(EXIT_OK)
 }
 
