@@ -235,13 +235,19 @@ struct Shared<'a> {
     paced: AtomicU64,
 }
 
+/// Stacks of user threads (they only think and wait) and workers (their buffers are on
+/// the heap): small, so thousands of users fit.
+const USER_STACK: usize = 64 << 10;
+const WORKER_STACK: usize = 256 << 10;
+
 /// Runs the benchmark; `progress(elapsed_s, completed)` is called about once a second.
+/// Fails only when the threads cannot be started.
 pub fn run(
     config: &BenchConfig,
     cache: &TierCache,
     calls: &CallTrace,
     progress: &mut (dyn FnMut(f64, u64) + Send),
-) -> RunOutcome {
+) -> crate::Result<RunOutcome> {
     let metrics = Metrics::default();
     let began = Instant::now();
     let shared = Shared {
@@ -272,22 +278,25 @@ pub fn run(
     let mut autoscaler = config.autoscale.map(Autoscaler::new);
     let mut timeline = Vec::new();
     let mut stopped_early = false;
+    let mut spawn_error: Option<std::io::Error> = None;
     std::thread::scope(|scope| {
         let shared = &shared;
         let spawn_worker = |w: u32| {
             std::thread::Builder::new()
                 .name(format!("kvtrace-bench-worker-{w}"))
+                .stack_size(WORKER_STACK)
                 .spawn_scoped(scope, move || worker(shared))
-                .expect("spawn a worker thread");
+                .map(drop)
         };
         let spawn_user = |u: u32| {
             if shared.alive[u as usize].swap(true, Ordering::SeqCst) {
                 // Still running: it sees the higher user count and stays.
-                return;
+                return Ok(());
             }
             shared.live_users.fetch_add(1, Ordering::SeqCst);
-            std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name(format!("kvtrace-bench-user-{u}"))
+                .stack_size(USER_STACK)
                 .spawn_scoped(scope, move || {
                     let mut stream = Source::new(shared.config, u, shared.config.users);
                     loop {
@@ -301,11 +310,16 @@ pub fn run(
                         }
                     }
                     shared.live_users.fetch_sub(1, Ordering::SeqCst);
-                })
-                .expect("spawn a user thread");
+                });
+            if spawned.is_err() {
+                shared.alive[u as usize].store(false, Ordering::SeqCst);
+                shared.live_users.fetch_sub(1, Ordering::SeqCst);
+            }
+            spawned.map(drop)
         };
+        let mut started: std::io::Result<()> = Ok(());
         if let Some(corpus) = &config.rag {
-            std::thread::Builder::new()
+            started = std::thread::Builder::new()
                 .name("kvtrace-bench-rag-ingest".into())
                 .spawn_scoped(scope, move || {
                     let mut buf = IoBuffer::with_cancel(Arc::clone(&shared.stop));
@@ -316,11 +330,16 @@ pub fn run(
                         shared.write(&format!("rag_{doc}_chunk_{chunk}"), tokens, &mut buf);
                     }
                 })
-                .expect("spawn the ingestion thread");
+                .map(drop);
         }
         let mut workers = config.workers.max(1);
-        (0..workers).for_each(spawn_worker);
-        (0..config.users).for_each(spawn_user);
+        started = started
+            .and_then(|()| (0..workers).try_for_each(spawn_worker))
+            .and_then(|()| (0..config.users).try_for_each(spawn_user));
+        if let Err(e) = started {
+            spawn_error = Some(e);
+            shared.stop.store(true, Ordering::SeqCst);
+        }
         let mut mark = (0, 0);
         let mut next_window = autoscaler
             .as_ref()
@@ -351,9 +370,10 @@ pub fn run(
                     }
                     Decision::Scale(to) => {
                         shared.active_users.store(to, Ordering::SeqCst);
-                        (users..to).for_each(spawn_user);
-                        while workers < to.min(MAX_WORKERS) {
-                            spawn_worker(workers);
+                        // A thread that cannot start leaves the user count short; the
+                        // timeline shows the live threads.
+                        let _ = (users..to).try_for_each(spawn_user);
+                        while workers < to.min(MAX_WORKERS) && spawn_worker(workers).is_ok() {
                             workers += 1;
                         }
                     }
@@ -372,6 +392,12 @@ pub fn run(
         }
         shared.queue.ready.notify_all();
     });
+    if let Some(e) = spawn_error {
+        return Err(crate::Error::io(
+            "cannot start the benchmark's threads (fewer users or --workers?)",
+            e,
+        ));
+    }
     let collected = metrics.take();
     let limit_reached =
         config.max_requests > 0 && collected.requests.len() as u64 >= config.max_requests;
@@ -383,7 +409,7 @@ pub fn run(
     } else {
         config.duration.as_secs_f64()
     };
-    RunOutcome {
+    Ok(RunOutcome {
         collected,
         elapsed_s,
         late: shared.late.load(Ordering::SeqCst),
@@ -394,7 +420,7 @@ pub fn run(
             .map(Autoscaler::peak),
         scale_events: autoscaler.map(|a| a.events).unwrap_or_default(),
         final_users: shared.active_users.load(Ordering::SeqCst),
-    }
+    })
 }
 
 /// A user: think, submit, wait for the answer, repeat until the run stops or the user
@@ -712,7 +738,7 @@ mod tests {
     #[test]
     fn shared_prefixes_are_written_once_and_hit_afterwards() {
         let cache = null_cache();
-        let out = run(&config(40, 2500), &cache, &no_calls(), &mut |_, _| {});
+        let out = run(&config(40, 2500), &cache, &no_calls(), &mut |_, _| {}).expect("run");
         let (hits, misses) = out.collected.hits[&Category::SystemPrompt];
         assert!(hits > 0, "later requests hit the shared prefixes");
         assert!(
@@ -731,7 +757,7 @@ mod tests {
         let mut c = config(20, 30_000);
         c.max_requests = 25;
         let began = Instant::now();
-        let out = run(&c, &cache, &no_calls(), &mut |_, _| {});
+        let out = run(&c, &cache, &no_calls(), &mut |_, _| {}).expect("run");
         assert!(
             began.elapsed() < Duration::from_secs(25),
             "stopped at the limit"
@@ -760,7 +786,8 @@ mod tests {
             &cache,
             &no_calls(),
             &mut |_, _| {},
-        );
+        )
+        .expect("run");
         assert_eq!(out.scale_events[0].action, "scale_up");
         assert_eq!(out.scale_events[0].to_users, 10);
         let most = out.timeline.iter().map(|t| t.live_users).max().unwrap_or(0);
@@ -783,7 +810,7 @@ mod tests {
             decode_reads: DecodeReads::Single,
             ..autoscaled(AutoscaleMode::Qos, 10, 4000)
         };
-        let out = run(&config, &cache, &no_calls(), &mut |_, _| {});
+        let out = run(&config, &cache, &no_calls(), &mut |_, _| {}).expect("run");
         let down = out
             .scale_events
             .iter()
@@ -811,7 +838,7 @@ mod tests {
             rag: Some(corpus),
             ..config(40, 2500)
         };
-        let out = run(&config, &cache, &no_calls(), &mut |_, _| {});
+        let out = run(&config, &cache, &no_calls(), &mut |_, _| {}).expect("run");
         let (hits, _) = out.collected.hits[&Category::Rag];
         assert!(hits > 0, "retrievals read ingested chunks");
         let written = cache.counters()[0].1.writes;

@@ -489,7 +489,7 @@ fn run_once(args: &Args) -> Result<serde_json::Value, Error> {
         ));
     };
     let (calls, bus) = recording(args, &config, cpu_bytes, capacity, &storage_dir.0)?;
-    let outcome = run_bench(&config, &cache, &calls, &mut progress);
+    let outcome = run_bench(&config, &cache, &calls, &mut progress)?;
     bar.finish_and_clear();
     drop(calls);
     if let Some(bus) = bus {
