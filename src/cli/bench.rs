@@ -21,8 +21,7 @@ use kvtrace::bench::run::{run as run_bench, BenchConfig, DecodeReads, MultiTurn,
 use kvtrace::bench::sharegpt::{self, Dataset};
 use kvtrace::bench::tiers::{TierCache, TierKind, TierSpec, TierStore};
 use kvtrace::bench::users::PersonaSet;
-use kvtrace::bus::recorder::{Recorder, RecorderOptions};
-use kvtrace::bus::{BusOptions, EventBus, Tracer};
+use kvtrace::bus::{EventBus, Tracer};
 use kvtrace::clock::local_stamp;
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::report::csv::CsvTables;
@@ -32,7 +31,8 @@ use kvtrace::storage::config::{
     EvictionConfig, EvictionTiming, L2Config, Placement, StorageConfig,
 };
 
-use super::print_stdout;
+use super::tiers::available_memory;
+use super::{finish_recording, print_stdout, start_recording, write_file};
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 enum GenerationMode {
@@ -306,10 +306,6 @@ fn run_dir(parent: &Path, what: &str) -> Result<RunDir, Error> {
     Ok(RunDir(dir))
 }
 
-fn write(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    std::fs::write(path, bytes).map_err(|e| Error::io("cannot write", e).in_file(path.display()))
-}
-
 pub fn run(args: Args) -> Result<i32, Error> {
     if args.suite {
         return suite(&args);
@@ -493,14 +489,7 @@ fn run_once(args: &Args) -> Result<serde_json::Value, Error> {
     bar.finish_and_clear();
     drop(calls);
     if let Some(bus) = bus {
-        for r in bus.close()? {
-            if !args.quiet {
-                eprintln!(
-                    "kvtrace: {}: {} records, {} bytes",
-                    r.name, r.events, r.bytes
-                );
-            }
-        }
+        finish_recording(bus, args.quiet)?;
     }
     if let Some((log, path)) = io_log {
         log.finish()
@@ -519,18 +508,18 @@ fn run_once(args: &Args) -> Result<serde_json::Value, Error> {
     });
     let mut text = serde_json::to_string_pretty(&report).unwrap_or_default();
     text.push('\n');
-    write(&output, text.as_bytes())?;
+    write_file(&output, text.as_bytes())?;
     let parameters = parameters(args, &config, &cache_parent, capacity, gpu_bytes);
     if let Some(path) = &args.xlsx_output {
         let tables = export::tables(parameters.clone(), &report, profile == "throughput");
         for (_, bytes) in XlsxWorkbook.table_files("results", &tables)? {
-            write(path, &bytes)?;
+            write_file(path, &bytes)?;
         }
     }
     if let Some(path) = &args.csv {
         let tables = export::tables(parameters, &report, profile == "throughput");
         for (_, bytes) in CsvTables.table_files("results", &tables[..1])? {
-            write(path, &bytes)?;
+            write_file(path, &bytes)?;
         }
     }
     drop(cpu_dir);
@@ -538,20 +527,6 @@ fn run_once(args: &Args) -> Result<serde_json::Value, Error> {
         print_stdout(&console_summary(&report, &output))?;
     }
     Ok(report)
-}
-
-/// Physical memory available now, in bytes.
-fn available_memory() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            let line = m
-                .lines()
-                .find(|l| l.starts_with("MemAvailable:"))?
-                .to_owned();
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .map_or(8 << 30, |kib| kib * 1024)
 }
 
 /// The scenarios of `--suite`: a name, what it shows, and how it changes the base run.
@@ -596,7 +571,7 @@ const SCENARIOS: [Scenario; 9] = [
 /// `--suite`: nine scenarios sized to this machine, one comparison table.
 fn suite(args: &Args) -> Result<i32, Error> {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as i64;
-    let memory_gib = available_memory() as f64 / (1u64 << 30) as f64;
+    let memory_gib = available_memory().unwrap_or(8 << 30) as f64 / (1u64 << 30) as f64;
     let users = args.num_users.min(8 * cores).max(1);
     let cpu_gb = (memory_gib / 4.0)
         .clamp(0.5, 32.0)
@@ -666,14 +641,6 @@ fn recording(
             None,
         ));
     };
-    let zstd = path.to_string_lossy().ends_with(".zst");
-    let mut recorder = Recorder::create(
-        path,
-        RecorderOptions {
-            zstd_level: zstd.then_some(3),
-            ..RecorderOptions::default()
-        },
-    )?;
     let l2 = serde_json::json!({
         "type": "fs",
         "path": storage_dir.display().to_string(),
@@ -690,8 +657,7 @@ fn recording(
         l2: vec![L2Config::from_adapter(&l2).map_err(Error::usage)?],
         ..StorageConfig::default()
     };
-    recorder.attach_storage_config_value(&storage.to_lmcache_json())?;
-    let bus = EventBus::start(BusOptions::default(), vec![Box::new(recorder)])?;
+    let bus = start_recording(path, &storage, false)?;
     Ok((
         CallTrace::new(bus.tracer(), config.model.name, per_token),
         Some(bus),

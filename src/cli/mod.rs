@@ -63,6 +63,48 @@ impl ReadArgs {
     }
 }
 
+/// Writes a whole output file; an error names it.
+fn write_file(path: &std::path::Path, bytes: &[u8]) -> Result<(), Error> {
+    std::fs::write(path, bytes).map_err(|e| Error::io("cannot write", e).in_file(path.display()))
+}
+
+/// Starts recording to an LMCT file (a name ending in .zst is compressed) whose header
+/// carries `config`. With `virtual_clock`, records are stamped with the time the caller
+/// sets on the tracer ([`kvtrace::bus::Tracer::set_virtual_time`]) instead of the machine's.
+fn start_recording(
+    path: &std::path::Path,
+    config: &kvtrace::storage::config::StorageConfig,
+    virtual_clock: bool,
+) -> Result<kvtrace::bus::EventBus, Error> {
+    use kvtrace::bus::recorder::{Recorder, RecorderOptions};
+    use kvtrace::bus::{BusOptions, EventBus};
+    let zstd = path.to_string_lossy().ends_with(".zst");
+    let options = RecorderOptions {
+        zstd_level: zstd.then_some(3),
+        ..RecorderOptions::default()
+    };
+    let mut recorder = Recorder::create(path, options)?;
+    recorder.attach_storage_config_value(&config.to_lmcache_json())?;
+    let bus_options = BusOptions {
+        virtual_origin: virtual_clock.then(|| recorder.origin()),
+        ..BusOptions::default()
+    };
+    EventBus::start(bus_options, vec![Box::new(recorder)])
+}
+
+/// Closes a recording and, unless quiet, says what it wrote.
+fn finish_recording(bus: kvtrace::bus::EventBus, quiet: bool) -> Result<(), Error> {
+    for r in bus.close()? {
+        if !quiet {
+            eprintln!(
+                "kvtrace: {}: {} records, {} bytes",
+                r.name, r.events, r.bytes
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Prints one error line and returns its exit code.
 fn report(e: &Error) -> i32 {
     eprintln!("kvtrace: error: {e}");

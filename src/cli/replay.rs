@@ -20,7 +20,7 @@ use kvtrace::storage::config::StorageConfig;
 use kvtrace::storage::StorageManager;
 
 use super::tiers::{apply_toml, positive, TierArgs};
-use super::{print_stdout, warn, ReadArgs};
+use super::{print_stdout, warn, write_file, ReadArgs};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Pace {
@@ -147,11 +147,6 @@ fn progress_bar(path: &Path) -> (ProgressBar, bool) {
     (bar, plain_size.is_some())
 }
 
-fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), Error> {
-    let path = dir.join(name);
-    std::fs::write(&path, bytes).map_err(|e| Error::io("cannot write", e).in_file(path.display()))
-}
-
 pub fn run(args: Args) -> Result<i32, Error> {
     let shown = args.file.display().to_string();
     let pacing = pacing(&args)?;
@@ -248,7 +243,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
     }
     for exporter in exporters {
         for (name, bytes) in exporter.files(&report)? {
-            write_file(&args.output_dir, &name, &bytes)?;
+            write_file(&args.output_dir.join(name), &bytes)?;
         }
     }
     if !args.quiet {

@@ -2,12 +2,11 @@
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvtrace::bus::recorder::{Recorder, RecorderOptions};
-use kvtrace::bus::{BusOptions, EventBus, Tracer};
+use kvtrace::bus::{EventBus, Tracer};
 use kvtrace::clock::local_stamp;
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::report::csv::CsvTables;
@@ -27,8 +26,8 @@ use kvtrace::simulate::workload::{
 use kvtrace::storage::config::StorageConfig;
 use kvtrace::storage::StorageManager;
 
-use super::print_stdout;
 use super::tiers::{apply_toml, TierArgs};
+use super::{finish_recording, print_stdout, start_recording, write_file};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum ReplayMode {
@@ -443,25 +442,12 @@ fn offload(
         apply_toml(&mut config, path)?;
     }
     args.tiers.apply(&mut config)?;
-    let (bus, tracer) = match &args.record {
-        Some(path) => {
-            let zstd = path.to_string_lossy().ends_with(".zst");
-            let options = RecorderOptions {
-                zstd_level: zstd.then_some(3),
-                ..RecorderOptions::default()
-            };
-            let mut recorder = Recorder::create(path, options)?;
-            recorder.attach_storage_config_value(&config.to_lmcache_json())?;
-            let bus_options = BusOptions {
-                virtual_origin: Some(recorder.origin()),
-                ..BusOptions::default()
-            };
-            let bus = EventBus::start(bus_options, vec![Box::new(recorder)])?;
-            let tracer = bus.tracer();
-            (Some(bus), tracer)
-        }
-        None => (None, Tracer::disabled()),
-    };
+    let bus = args
+        .record
+        .as_ref()
+        .map(|path| start_recording(path, &config, true))
+        .transpose()?;
+    let tracer = bus.as_ref().map_or_else(Tracer::disabled, EventBus::tracer);
     let sm = StorageManager::new(config, tracer.clone())?;
     let offload_config = OffloadConfig {
         chunk_tokens: args.offload_chunk_size,
@@ -473,22 +459,18 @@ fn offload(
     Ok(Some((Offload::new(sm, tracer, offload_config), bus)))
 }
 
-fn write(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    std::fs::write(path, bytes).map_err(|e| Error::io("cannot write", e).in_file(path.display()))
-}
-
 /// `--report-csv` and `--report-xlsx`.
 fn export_tables(args: &Args, tables: &[Table]) -> Result<(), Error> {
     if let Some(dir) = &args.report_csv {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
         for (name, bytes) in CsvTables.table_files("simulate", tables)? {
-            write(&dir.join(name), &bytes)?;
+            write_file(&dir.join(name), &bytes)?;
         }
     }
     if let Some(path) = &args.report_xlsx {
         for (_, bytes) in XlsxWorkbook.table_files("simulate", tables)? {
-            write(path, &bytes)?;
+            write_file(path, &bytes)?;
         }
     }
     Ok(())
@@ -566,21 +548,13 @@ pub fn run(args: Args) -> Result<i32, Error> {
         summary.extend(store.summary());
         drop(store);
         if let Some(bus) = bus {
-            for report in bus.close()? {
-                if !args.quiet {
-                    eprintln!(
-                        "kvtrace: {}: {} records, {} bytes",
-                        report.name, report.events, report.bytes
-                    );
-                }
-            }
+            finish_recording(bus, args.quiet)?;
         }
     }
     summary.sort_keys();
     let mut text = report_json(&summary);
     text.push('\n');
-    std::fs::write(&report_path, text)
-        .map_err(|e| Error::io("cannot write", e).in_file(report_path.display()))?;
+    write_file(&report_path, text.as_bytes())?;
     if let Some(path) = &args.report_jsonl {
         let shown = path.display().to_string();
         let file = File::create(path).map_err(|e| Error::io("cannot create", e).in_file(&shown))?;

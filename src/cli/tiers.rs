@@ -83,7 +83,7 @@ pub struct TierArgs {
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes (Linux only).
-fn available_memory() -> Option<u64> {
+pub fn available_memory() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
