@@ -4,9 +4,8 @@
 //! entry and block number, so no two 4 KiB blocks are alike and inline deduplication on the
 //! device finds nothing to save.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +13,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crate::rng::SplitMix64;
+use crate::storage::file::{io_len, open_object, with_path, AlignedBuf};
 
 /// Bytes moved per system call.
 pub const CHUNK: usize = 4 << 20;
@@ -49,8 +49,7 @@ fn noise() -> &'static [u8] {
 /// entry's I/O stops between chunks once the flag is set (the run's deadline), failing with
 /// `Interrupted`.
 pub struct IoBuffer {
-    raw: Vec<u8>,
-    offset: usize,
+    buf: AlignedBuf,
     cancel: Option<Arc<AtomicBool>>,
 }
 
@@ -62,11 +61,8 @@ impl Default for IoBuffer {
 
 impl IoBuffer {
     pub fn new() -> IoBuffer {
-        let raw = vec![0u8; CHUNK + BLOCK];
-        let offset = raw.as_ptr().align_offset(BLOCK).min(BLOCK);
         IoBuffer {
-            raw,
-            offset,
+            buf: AlignedBuf::with_len(CHUNK),
             cancel: None,
         }
     }
@@ -91,7 +87,7 @@ impl IoBuffer {
     }
 
     fn chunk(&mut self) -> &mut [u8] {
-        &mut self.raw[self.offset..self.offset + CHUNK]
+        self.buf.slice(CHUNK)
     }
 }
 
@@ -104,31 +100,6 @@ pub struct FileMode {
     pub fsync: bool,
     /// Drop the file's cached pages before reading it, so a buffered read reaches the device.
     pub drop_cache_before_read: bool,
-}
-
-fn open(path: &Path, write: bool, direct: bool) -> io::Result<File> {
-    let mut o = OpenOptions::new();
-    if write {
-        o.write(true).create(true).truncate(true);
-    } else {
-        o.read(true);
-    }
-    if direct {
-        o.custom_flags(libc::O_DIRECT);
-    }
-    o.open(path)
-}
-
-fn with_path(e: io::Error, path: &Path) -> io::Error {
-    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
-}
-
-fn padded(size: u64, direct: bool) -> u64 {
-    if direct {
-        size.div_ceil(BLOCK as u64) * BLOCK as u64
-    } else {
-        size
-    }
 }
 
 /// Writes an entry of `size` bytes; `stamp` makes its blocks distinct from every other
@@ -144,8 +115,8 @@ pub fn write_entry(
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent).map_err(|e| with_path(e, parent))?;
     }
-    let mut file = open(path, true, mode.direct).map_err(|e| with_path(e, path))?;
-    let total = padded(size, mode.direct);
+    let mut file = open_object(path, true, mode.direct).map_err(|e| with_path(e, path))?;
+    let total = io_len(size, mode.direct);
     let mut written = 0u64;
     while written < total {
         buf.check()?;
@@ -185,7 +156,7 @@ pub fn read_entry(
     buf: &mut IoBuffer,
 ) -> io::Result<IoTime> {
     let began = Instant::now();
-    let mut file = open(path, false, mode.direct).map_err(|e| with_path(e, path))?;
+    let mut file = open_object(path, false, mode.direct).map_err(|e| with_path(e, path))?;
     if mode.drop_cache_before_read && !mode.direct {
         // SAFETY: a valid open descriptor; advice has no memory effects.
         unsafe {
@@ -194,7 +165,7 @@ pub fn read_entry(
     }
     let host_s = began.elapsed().as_secs_f64();
     let reading = Instant::now();
-    let total = padded(size, mode.direct);
+    let total = io_len(size, mode.direct);
     let mut done = 0u64;
     while done < total {
         buf.check()?;
@@ -209,17 +180,10 @@ pub fn read_entry(
     })
 }
 
-/// Removes an entry's file (already gone is fine).
-pub fn delete_entry(path: &Path) -> io::Result<()> {
-    match fs::remove_file(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(with_path(e, path)),
-        _ => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::file::remove_object;
 
     #[test]
     fn entries_round_trip_and_their_blocks_are_distinct() {
@@ -251,8 +215,8 @@ mod tests {
             x,
             "an entry's bytes depend on its stamp only"
         );
-        delete_entry(&a).expect("delete");
-        delete_entry(&a).expect("deleting twice is fine");
+        remove_object(&a).expect("delete");
+        remove_object(&a).expect("deleting twice is fine");
         assert!(read_entry(&a, size, mode, &mut buf).is_err());
     }
 }

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::io::{delete_entry, read_entry, write_entry, FileMode, IoBuffer, IoTime};
+use super::io::{read_entry, write_entry, FileMode, IoBuffer, IoTime};
 use super::iolog::{IoLog, IoOp};
-use crate::storage::file::object_path;
+use crate::storage::file::{object_path, remove_object};
 use crate::storage::{KeyId, KeyMap};
 
 /// A tier's place in the hierarchy.
@@ -205,7 +205,7 @@ fn store_read(spec: &TierSpec, key: KeyId, size: u64, buf: &mut IoBuffer) -> io:
 
 fn store_delete(spec: &TierSpec, key: KeyId) -> io::Result<()> {
     match &spec.store {
-        TierStore::Files { dir, .. } => delete_entry(&object_path(dir, key)),
+        TierStore::Files { dir, .. } => remove_object(&object_path(dir, key)),
         _ => Ok(()),
     }
 }

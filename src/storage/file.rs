@@ -25,12 +25,20 @@ pub enum FsyncPolicy {
 const ALIGN: usize = 4096;
 
 /// A reusable buffer whose usable slice starts on a 4 KiB boundary (needed by `O_DIRECT`).
-struct AlignedBuf {
+pub(crate) struct AlignedBuf {
     raw: Vec<u8>,
 }
 
 impl AlignedBuf {
-    fn slice(&mut self, len: usize) -> &mut [u8] {
+    /// A buffer already large enough for `len` bytes.
+    pub(crate) fn with_len(len: usize) -> AlignedBuf {
+        let mut buf = AlignedBuf { raw: Vec::new() };
+        buf.slice(len);
+        buf
+    }
+
+    /// The first `len` aligned bytes, growing the buffer if needed.
+    pub(crate) fn slice(&mut self, len: usize) -> &mut [u8] {
         if self.raw.len() < len + ALIGN {
             self.raw = vec![0u8; len + ALIGN];
         }
@@ -54,8 +62,36 @@ pub fn object_path(dir: &Path, key: KeyId) -> PathBuf {
     dir.join(&hex[..2]).join(format!("{hex}.kv"))
 }
 
-fn padded(size: u64) -> usize {
-    (size as usize).div_ceil(ALIGN) * ALIGN
+/// Bytes moved for an object of `size`: `O_DIRECT` I/O is padded to whole 4 KiB blocks.
+pub(crate) fn io_len(size: u64, direct: bool) -> u64 {
+    if direct {
+        size.div_ceil(ALIGN as u64) * ALIGN as u64
+    } else {
+        size
+    }
+}
+
+/// Opens an object file for a whole write (created, truncated) or a read.
+pub(crate) fn open_object(path: &Path, write: bool, direct: bool) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    if write {
+        options.write(true).create(true).truncate(true);
+    } else {
+        options.read(true);
+    }
+    if direct {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_DIRECT);
+    }
+    options.open(path)
+}
+
+/// Removes an object file; one already gone is fine.
+pub(crate) fn remove_object(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(with_path(e, path)),
+        _ => Ok(()),
+    }
 }
 
 impl FileTier {
@@ -72,7 +108,7 @@ impl FileTier {
             direct,
             fsync,
             sizes: Default::default(),
-            buf: AlignedBuf { raw: Vec::new() },
+            buf: AlignedBuf::with_len(0),
         })
     }
 
@@ -80,23 +116,10 @@ impl FileTier {
     pub fn path_of(&self, key: KeyId) -> PathBuf {
         object_path(&self.dir, key)
     }
-
-    fn open(&self, path: &Path, write: bool) -> io::Result<File> {
-        let mut options = OpenOptions::new();
-        if write {
-            options.write(true).create(true).truncate(true);
-        } else {
-            options.read(true);
-        }
-        if self.direct {
-            use std::os::unix::fs::OpenOptionsExt;
-            options.custom_flags(libc::O_DIRECT);
-        }
-        options.open(path)
-    }
 }
 
-fn with_path(e: io::Error, path: &Path) -> io::Error {
+/// An I/O error that names the file.
+pub(crate) fn with_path(e: io::Error, path: &Path) -> io::Error {
     io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 
@@ -114,12 +137,8 @@ impl Backend for FileTier {
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(|e| with_path(e, parent))?;
         }
-        let len = if self.direct {
-            padded(size)
-        } else {
-            size as usize
-        };
-        let mut file = self.open(&path, true).map_err(|e| with_path(e, &path))?;
+        let len = io_len(size, self.direct) as usize;
+        let mut file = open_object(&path, true, self.direct).map_err(|e| with_path(e, &path))?;
         let data = self.buf.slice(len);
         data.fill(0);
         file.write_all(data).map_err(|e| with_path(e, &path))?;
@@ -135,12 +154,8 @@ impl Backend for FileTier {
             return Ok(false);
         };
         let path = self.path_of(key);
-        let len = if self.direct {
-            padded(size)
-        } else {
-            size as usize
-        };
-        let mut file = match self.open(&path, false) {
+        let len = io_len(size, self.direct) as usize;
+        let mut file = match open_object(&path, false, self.direct) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(with_path(e, &path)),
@@ -152,11 +167,7 @@ impl Backend for FileTier {
 
     fn delete(&mut self, key: KeyId) -> io::Result<()> {
         if self.sizes.remove(&key).is_some() {
-            let path = self.path_of(key);
-            match fs::remove_file(&path) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(with_path(e, &path)),
-                _ => {}
-            }
+            remove_object(&self.path_of(key))?;
         }
         Ok(())
     }
