@@ -107,3 +107,14 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// A JSON error's reason without serde's " at line L column C" suffix, for messages that
+/// give the position their own way (or need none: one flag's JSON, where the field name
+/// locates the mistake).
+pub fn json_reason(e: &serde_json::Error) -> String {
+    let message = e.to_string();
+    match message.find(" at line ") {
+        Some(cut) => message[..cut].to_owned(),
+        None => message,
+    }
+}

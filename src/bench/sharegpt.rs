@@ -11,7 +11,7 @@ use serde::Deserialize;
 use tiktoken_rs::CoreBPE;
 
 use super::users::{Phase, QosLevel, Request};
-use crate::error::{Error, Result};
+use crate::error::{json_reason, Error, Result};
 use crate::rng::SplitMix64;
 
 /// Longest prompt and answer a ShareGPT request keeps.
@@ -164,8 +164,7 @@ pub fn load(path: &Path, max_conversations: usize) -> Result<Dataset> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::io("cannot read the dataset", e).in_file(&shown))?;
     let all: Vec<Conversation> = serde_json::from_str(&text).map_err(|e| {
-        let message = e.to_string();
-        let reason = message.split(" at line ").next().unwrap_or(&message);
+        let reason = json_reason(&e);
         Error::line(
             e.line() as u64,
             format!("column {}", e.column()),

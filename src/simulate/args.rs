@@ -3,6 +3,7 @@
 //! `MockEngineArgs`, so existing argument files keep working. An unknown field is an error
 //! naming it; fields kvtrace accepts but does not model are reported as warnings.
 
+use crate::error::json_reason;
 use serde::Deserialize;
 use serde_json::Value as Json;
 
@@ -72,7 +73,7 @@ impl SglangArgs {
     /// Parses the `sglang` object; returns its page size too.
     fn from_json(value: &Json) -> Result<(SglangArgs, Option<u32>), String> {
         let raw: RawSglang = serde_json::from_value(value.clone())
-            .map_err(|e| format!("sglang: {}", super::field_error(e)))?;
+            .map_err(|e| format!("sglang: {}", json_reason(&e)))?;
         let schedule_policy = match raw.schedule_policy.as_deref() {
             None | Some("fifo") | Some("fcfs") => SglangPolicy::Fifo,
             Some("lpm") => SglangPolicy::Lpm,
@@ -257,7 +258,7 @@ pub struct Parsed {
 impl EngineArgs {
     /// Parses the JSON text; errors are one line naming the field.
     pub fn from_json(text: &str) -> Result<Parsed, String> {
-        let raw: Raw = serde_json::from_str(text).map_err(super::field_error)?;
+        let raw: Raw = serde_json::from_str(text).map_err(|e| json_reason(&e))?;
         let mut args = EngineArgs::default();
         let mut warnings = Vec::new();
         if let Some(t) = &raw.engine_type {

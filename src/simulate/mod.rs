@@ -24,13 +24,3 @@ type BlockHashBuild = std::hash::BuildHasherDefault<crate::storage::KeyIdHasher>
 pub type BlockMap<V> = std::collections::HashMap<u64, V, BlockHashBuild>;
 /// A set of block hashes.
 pub type BlockSet = std::collections::HashSet<u64, BlockHashBuild>;
-
-/// A serde error without serde's " at line L column C" suffix: the JSON comes from one flag,
-/// so the field name is what locates the mistake.
-fn field_error(e: serde_json::Error) -> String {
-    let message = e.to_string();
-    match message.find(" at line ") {
-        Some(cut) => message[..cut].to_owned(),
-        None => message,
-    }
-}

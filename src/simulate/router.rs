@@ -3,6 +3,7 @@
 //! events after every pass) against the load the router itself has sent there. Ties are
 //! broken by a seeded generator, so kvtrace's kv_router runs are reproducible.
 
+use crate::error::json_reason;
 use serde::Deserialize;
 use serde_json::Value as Json;
 
@@ -112,7 +113,7 @@ impl QueuePolicy {
 impl KvRouterConfig {
     /// Parses `--router-config` JSON; errors are one line naming the field.
     pub fn from_json(text: &str) -> Result<KvRouterConfig, String> {
-        let raw: RawRouter = serde_json::from_str(text).map_err(super::field_error)?;
+        let raw: RawRouter = serde_json::from_str(text).map_err(|e| json_reason(&e))?;
         let mut c = KvRouterConfig::default();
         if let Some(w) = raw.overlap_score_weight {
             c.prefill_load_scale = w;
