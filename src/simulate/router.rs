@@ -3,13 +3,13 @@
 //! events after every pass) against the load the router itself has sent there. Ties are
 //! broken by a seeded generator, so kvtrace's kv_router runs are reproducible.
 
-use crate::error::json_reason;
 use serde::Deserialize;
 use serde_json::Value as Json;
 
 use super::blocks::KvEvent;
 use super::engine::RequestId;
 use super::{BlockMap, BlockSet};
+use crate::error::json_reason;
 use crate::rng::SplitMix64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
