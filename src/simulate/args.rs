@@ -3,9 +3,10 @@
 //! `MockEngineArgs`, so existing argument files keep working. An unknown field is an error
 //! naming it; fields kvtrace accepts but does not model are reported as warnings.
 
-use crate::error::json_reason;
 use serde::Deserialize;
 use serde_json::Value as Json;
+
+use crate::error::json_reason;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineType {
