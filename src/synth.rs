@@ -149,14 +149,7 @@ pub fn generate(
             .count();
         let (hit, miss) = keys.split_at(hits);
         if !hit.is_empty() {
-            for call in [
-                StorageCall::ReadPrefetchedEnter { keys: hit },
-                StorageCall::ReadPrefetchedExit { keys: hit },
-                StorageCall::FinishReadPrefetched {
-                    keys: hit,
-                    read_locks: 1,
-                },
-            ] {
+            for call in StorageCall::read_prefetched(hit) {
                 t += rng.exp(options.mean_gap_s / 20.0);
                 if !send(t, call, &mut left)? {
                     return Ok(());

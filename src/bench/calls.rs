@@ -96,12 +96,9 @@ impl CallTrace {
         });
         if hit.is_some() {
             let keys = [key];
-            self.publish(StorageCall::ReadPrefetchedEnter { keys: &keys });
-            self.publish(StorageCall::ReadPrefetchedExit { keys: &keys });
-            self.publish(StorageCall::FinishReadPrefetched {
-                keys: &keys,
-                read_locks: 1,
-            });
+            for call in StorageCall::read_prefetched(&keys) {
+                self.publish(call);
+            }
         }
     }
 }

@@ -68,6 +68,21 @@ fn put_keys(out: &mut Vec<u8>, keys: &[ObjectKey]) {
     }
 }
 
+impl<'a> StorageCall<'a> {
+    /// How a server reads prefetched objects: the `read_prefetched_results` context
+    /// (enter, exit) and the release of one read lock per key.
+    pub fn read_prefetched(keys: &'a [ObjectKey]) -> [StorageCall<'a>; 3] {
+        [
+            StorageCall::ReadPrefetchedEnter { keys },
+            StorageCall::ReadPrefetchedExit { keys },
+            StorageCall::FinishReadPrefetched {
+                keys,
+                read_locks: 1,
+            },
+        ]
+    }
+}
+
 impl StorageCall<'_> {
     pub fn qualname(&self) -> &'static str {
         match self {
