@@ -322,3 +322,91 @@ fn the_suite_runs_nine_scenarios_and_prints_one_table() {
         assert!(reports.join(format!("{name}.json")).exists());
     }
 }
+
+#[test]
+fn every_other_bad_bench_input_is_one_line_with_its_exit_code() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        path.display().to_string()
+    };
+    let sharegpt = file(
+        "ok.json",
+        r#"[{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hi"}]}]"#,
+    );
+    let unpairable = file(
+        "gpt_first.json",
+        r#"[{"conversations": [{"from": "gpt", "value": "hi"}, {"from": "human", "value": "hi"}]}]"#,
+    );
+    let not_sharegpt = file("bad.json", r#"[{"conversations": 3}]"#);
+    let bad_burst = file(
+        "bad.csv",
+        "Timestamp,Request tokens,Response tokens\n1,10,5\n2,ten,5\n",
+    );
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (vec!["--duration", "0"], 2, "--duration 0"),
+        (vec!["--max-requests=-1"], 2, "--max-requests -1"),
+        (
+            vec!["--max-concurrent-allocs=-1"],
+            2,
+            "--max-concurrent-allocs -1",
+        ),
+        (vec!["--request-rate=-5"], 2, "--request-rate -5"),
+        (
+            vec!["--gpu-bandwidth-gbps", "0"],
+            2,
+            "--gpu-bandwidth-gbps must be positive",
+        ),
+        (vec!["--cache-dir", "/no/such/dir"], 2, "not a directory"),
+        (
+            vec!["--enable-autoscaling", "--target-saturation", "1.5"],
+            2,
+            "--target-saturation 1.5",
+        ),
+        (
+            vec!["--enable-autoscaling", "--autoscale-interval", "0"],
+            2,
+            "--autoscale-interval must be positive",
+        ),
+        (
+            vec!["--use-burst-trace", "--trace-speedup=-1"],
+            2,
+            "--trace-speedup -1",
+        ),
+        (
+            vec!["--use-burst-trace", "--dataset-path", &sharegpt],
+            2,
+            "either --dataset-path or --use-burst-trace",
+        ),
+        (
+            vec!["--dataset-path", &unpairable],
+            2,
+            "none of its 1 conversations has a human message followed by a gpt message",
+        ),
+        (
+            vec!["--dataset-path", &not_sharegpt],
+            1,
+            "line 1: column 20: not a ShareGPT list",
+        ),
+        (
+            vec!["--use-burst-trace", "--burst-trace-path", &bad_burst],
+            1,
+            "line 3: Request tokens: \"ten\" is not a number >= 0",
+        ),
+    ];
+    let cache = dir.path().display().to_string();
+    for (args, code, expected) in cases {
+        let mut all = vec!["bench", "--cpu-tier-dir", &cache, "-q"];
+        if !args.contains(&"--cache-dir") {
+            all.extend(["--cache-dir", &cache]);
+        }
+        all.extend(args.iter().copied());
+        let out = kvtrace(all);
+        let err = text(&out.stderr);
+        let errors: Vec<&str> = err.lines().filter(|l| !l.contains("warning")).collect();
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert_eq!(errors.len(), 1, "{args:?}: {err}");
+        assert!(errors[0].contains(expected), "{args:?}: {err}");
+    }
+}
