@@ -379,7 +379,7 @@ fn replay_refuses_what_cannot_mean_anything() {
 }
 
 #[test]
-fn replay_exits_one_when_a_call_fails_and_refuses_events_traces() {
+fn replay_misses_exit_zero_unless_fidelity_is_expected_and_events_traces_are_refused() {
     let dir = tempfile::tempdir().expect("tmp");
     let gen = dir.path().join("g.lct").display().to_string();
     assert_eq!(
@@ -389,7 +389,21 @@ fn replay_exits_one_when_a_call_fails_and_refuses_events_traces() {
         Some(0)
     );
     let out = kvtrace(["replay", &gen, "--l1-size-gb", "0", "--no-csv", "-q"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = kvtrace([
+        "replay",
+        &gen,
+        "--l1-size-gb",
+        "0",
+        "--no-csv",
+        "-q",
+        "--expect-fidelity",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "every recorded hit is a replayed miss"
+    );
 
     let events = dir.path().join("events.lct");
     let mut header = kvtrace::lmct::Header::storage(1.0, 2.0);

@@ -156,7 +156,7 @@ fn prefetches_load_what_l1_lost_back_from_redis() {
         })
         .collect();
     sm.reserve_write(&keys, &layout);
-    assert_eq!(sm.finish_write(&keys).expect("stored"), 3);
+    assert_eq!(sm.finish_write(&keys).expect("stored").len(), 3);
     sm.clear();
     let spec = PrefetchTaskSpec::single_group(keys.clone(), layout, "prefix", LockMode::Lock);
     let hit = sm

@@ -27,7 +27,23 @@ fn the_workbook_has_every_sheet_with_numbers_as_numbers() {
     let mut wb: Xlsx<_> = open_workbook(&path).expect("valid xlsx");
     assert_eq!(
         wb.sheet_names(),
-        ["Summary", "Ops", "Requests", "Tiers", "Config"]
+        ["Summary", "Ops", "Requests", "Tiers", "Fidelity", "Config"]
+    );
+    let fidelity = wb.worksheet_range("Fidelity").expect("fidelity");
+    let matching = fidelity
+        .rows()
+        .find(|r| r[0] == Data::String("requests matching".into()))
+        .expect("requests matching");
+    assert_eq!(
+        matching[1],
+        Data::Float(9.0),
+        "basic_lru: all 9 requests match"
+    );
+    let requests = wb.worksheet_range("Requests").expect("requests");
+    let header: Vec<Data> = requests.rows().next().expect("header").to_vec();
+    assert_eq!(
+        header.last(),
+        Some(&Data::String("recorded_hit_chunks".into()))
     );
 
     let summary = wb.worksheet_range("Summary").expect("summary");

@@ -11,6 +11,7 @@ use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::lmct::reader::ZSTD_MAGIC;
 use kvtrace::lmct::TraceReader;
 use kvtrace::replay::dispatch::Outcome;
+use kvtrace::replay::phase::{settle, PhaseChoice};
 use kvtrace::replay::{replay, Pacing, ReplayOptions};
 use kvtrace::report::csv::CsvTables;
 use kvtrace::report::json::JsonSummary;
@@ -79,6 +80,18 @@ pub struct Args {
     /// No terminal table and no progress bar
     #[arg(short, long)]
     quiet: bool,
+    /// When the recorded server's L1 eviction controller started, in seconds after the
+    /// trace's time origin (its passes follow every --eviction-interval); `auto` estimates it
+    /// from the trace's own outcomes
+    #[arg(long, value_name = "SECONDS|auto", default_value = "auto")]
+    eviction_phase: String,
+    /// Replay the calls alone: no end-of-session touch, and no writes or lock releases that
+    /// a different outcome would have made the client do
+    #[arg(long)]
+    no_session_emulation: bool,
+    /// Exit 1 when any request or store differs from the recording (regression pipelines)
+    #[arg(long)]
+    expect_fidelity: bool,
     #[command(flatten)]
     read: ReadArgs,
 }
@@ -89,8 +102,11 @@ fn storage_config(args: &Args, recorded: &str, shown: &str) -> Result<StorageCon
     let explicit = args.tiers.l1_size_gb.is_some() || args.config.is_some();
     let mut config = match (&from_trace, explicit) {
         (Some((c, notes)), _) => {
+            let tiers_given = args.tiers.gives_l2() || args.config.is_some();
             for n in notes {
-                warn(shown, n);
+                if !(tiers_given && n.contains("--l2-adapter")) {
+                    warn(shown, n);
+                }
             }
             c.clone()
         }
@@ -154,7 +170,28 @@ pub fn run(args: Args) -> Result<i32, Error> {
         .map_err(|e| e.in_file(&shown))?
         .header()
         .clone();
-    let config = storage_config(&args, &header.sm_config_json, &shown)?;
+    let mut config = storage_config(&args, &header.sm_config_json, &shown)?;
+    let choice = match args.eviction_phase.as_str() {
+        "auto" => PhaseChoice::Estimate,
+        text => match text.parse::<f64>() {
+            Ok(s) if s.is_finite() && s >= 0.0 => PhaseChoice::Fixed(s),
+            _ => {
+                return Err(Error::usage(format!(
+                    "--eviction-phase {text}: expected a non-negative number of seconds or auto"
+                )))
+            }
+        },
+    };
+    let emulate_sessions = !args.no_session_emulation;
+    let phase = settle(
+        &args.file,
+        args.read.options(),
+        &header.sm_config_json,
+        &mut config,
+        choice,
+        emulate_sessions,
+    )
+    .map_err(|e| e.in_file(&shown))?;
     std::fs::create_dir_all(&args.output_dir)
         .map_err(|e| Error::io("cannot create", e).in_file(args.output_dir.display()))?;
     let mut jsonl = match &args.jsonl_out {
@@ -176,10 +213,11 @@ pub fn run(args: Args) -> Result<i32, Error> {
         pacing,
         keep_startup_gap: args.keep_startup_gap,
         read: args.read.options(),
+        emulate_sessions,
     };
     let mut out = std::io::stdout().lock();
     let mut io_error = None;
-    let report = replay(&args.file, &mut sm, &options, |event| {
+    let mut report = replay(&args.file, &mut sm, &options, |event| {
         if event.index % 4096 == 0 {
             bar.set_position(if by_bytes {
                 event.record.offset
@@ -219,6 +257,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
             }
         }
     })?;
+    report.eviction_phase = phase;
     bar.finish_and_clear();
     drop(out);
     if let Some(e) = io_error {
@@ -249,9 +288,11 @@ pub fn run(args: Args) -> Result<i32, Error> {
     if !args.quiet {
         print_stdout(&table::render(&report))?;
     }
-    Ok(if report.failed > 0 {
-        EXIT_DATA
-    } else {
-        EXIT_OK
-    })
+    Ok(
+        if report.failed > 0 || (args.expect_fidelity && !report.fidelity.exact()) {
+            EXIT_DATA
+        } else {
+            EXIT_OK
+        },
+    )
 }

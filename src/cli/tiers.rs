@@ -56,7 +56,8 @@ pub struct TierArgs {
     /// When eviction runs (kvtrace)
     #[arg(long, value_enum)]
     eviction_timing: Option<Timing>,
-    /// Seconds of trace time between periodic eviction checks (default 1)
+    /// Seconds of trace time between periodic eviction passes (default 1.001: LMCache's
+    /// controller sleeps 1 s, and each pass takes about a millisecond)
     #[arg(long, value_name = "SECONDS")]
     eviction_interval: Option<f64>,
     #[arg(long, value_name = "SECONDS")]
@@ -120,6 +121,11 @@ pub fn apply_toml(config: &mut StorageConfig, path: &Path) -> Result<(), Error> 
 }
 
 impl TierArgs {
+    /// Whether L2 tiers were given by flag.
+    pub fn gives_l2(&self) -> bool {
+        !self.l2_adapter.is_empty()
+    }
+
     /// Whether any tier flag was given.
     pub fn given(&self) -> bool {
         self.l1_size_gb.is_some()
@@ -156,14 +162,24 @@ impl TierArgs {
         if self.eviction_interval.is_some_and(|i| !positive(i)) {
             return Err(Error::usage("--eviction-interval must be positive"));
         }
-        let interval_s = match config.eviction.timing {
-            EvictionTiming::Periodic { interval_s } => self.eviction_interval.unwrap_or(interval_s),
-            EvictionTiming::Immediate => self.eviction_interval.unwrap_or(1.0),
+        let (interval_s, phase_s) = match config.eviction.timing {
+            EvictionTiming::Periodic {
+                interval_s,
+                phase_s,
+            } => (self.eviction_interval.unwrap_or(interval_s), phase_s),
+            EvictionTiming::Immediate => (
+                self.eviction_interval
+                    .unwrap_or(config::DEFAULT_EVICTION_INTERVAL_S),
+                0.0,
+            ),
         };
         match (self.eviction_timing, self.eviction_interval) {
             (Some(Timing::Immediate), _) => config.eviction.timing = EvictionTiming::Immediate,
             (Some(Timing::Periodic), _) | (None, Some(_)) => {
-                config.eviction.timing = EvictionTiming::Periodic { interval_s }
+                config.eviction.timing = EvictionTiming::Periodic {
+                    interval_s,
+                    phase_s,
+                }
             }
             (None, None) => {}
         }

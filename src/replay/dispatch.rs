@@ -3,8 +3,10 @@
 //! `mode` argument ignored, a spec-less early prefetch given a spec), and
 //! `read_prefetched_results` entries and exits are paired FIFO per key list.
 //!
-//! Keys are hashed straight out of the record — nothing is copied — and when the replay is
-//! itself recorded, each call is published with the recorded argument bytes unchanged.
+//! Decoding and applying are two steps, so that the client-session model can act between
+//! them (the end of the previous session lands before the next call). Keys are hashed
+//! straight out of the record — nothing is copied — and when the replay is itself recorded,
+//! each call is published with the recorded argument bytes unchanged.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -17,18 +19,88 @@ use crate::lmct::codec::{
 };
 use crate::lmct::msgpack::{Cursor, RawValue};
 use crate::lmct::RecordRef;
-use crate::storage::{KeyId, PrefetchGroup, PrefetchOutcome, PrefetchRequest, StorageManager};
+use crate::storage::{
+    KeyId, PrefetchGroup, PrefetchOutcome, PrefetchRequest, Reservation, StorageManager,
+};
 
 /// What happened to one record.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
     /// The call ran; `detail` says what it did (e.g. `reserved 3, not writable 2`).
     Ok { detail: String },
-    /// The call ran and failed.
+    /// The call raised (a tier's I/O failed): LMCache's "failed".
     Failed { reason: String },
     /// No call was made: unknown qualname, undecodable arguments, unpaired exit, or
     /// kvtrace's own trailer.
     Skipped { reason: String },
+}
+
+/// A record's StorageManager call, decoded.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Call {
+    ReserveWrite {
+        keys: Vec<KeyId>,
+        object_bytes: u64,
+    },
+    FinishWrite {
+        keys: Vec<KeyId>,
+    },
+    Prefetch {
+        groups: Vec<PrefetchGroup>,
+        prefix_only: bool,
+        readers: u64,
+        lock: bool,
+        skip_l2: bool,
+        request_id: String,
+    },
+    ReadEnter {
+        keys: Vec<KeyId>,
+    },
+    ReadExit {
+        keys: Vec<KeyId>,
+    },
+    FinishRead {
+        keys: Vec<KeyId>,
+        read_locks: i64,
+    },
+}
+
+impl Call {
+    pub fn qualname(&self) -> &'static str {
+        match self {
+            Call::ReserveWrite { .. } => RESERVE_WRITE,
+            Call::FinishWrite { .. } => FINISH_WRITE,
+            Call::Prefetch { .. } => SUBMIT_PREFETCH_TASK,
+            Call::ReadEnter { .. } => READ_PREFETCHED_ENTER,
+            Call::ReadExit { .. } => READ_PREFETCHED_EXIT,
+            Call::FinishRead { .. } => FINISH_READ_PREFETCHED,
+        }
+    }
+
+    /// The keys the call names (a prefetch's: every group's, row by row).
+    pub fn keys(&self) -> impl Iterator<Item = KeyId> + '_ {
+        let (flat, groups): (&[KeyId], &[PrefetchGroup]) = match self {
+            Call::Prefetch { groups, .. } => (&[], groups),
+            Call::ReserveWrite { keys, .. }
+            | Call::FinishWrite { keys }
+            | Call::ReadEnter { keys }
+            | Call::ReadExit { keys }
+            | Call::FinishRead { keys, .. } => (keys, &[]),
+        };
+        flat.iter()
+            .chain(groups.iter().flat_map(|g| g.keys.iter()))
+            .copied()
+    }
+}
+
+/// What an applied call did, for the session model and the fidelity check.
+#[derive(Clone, Debug)]
+pub enum Effect {
+    Reserved(Reservation),
+    Admitted(Vec<KeyId>),
+    Prefetched(PrefetchOutcome),
+    Read { ok: bool },
+    None,
 }
 
 /// Open `read_prefetched_results` contexts of one key list, oldest first: the entry's
@@ -38,14 +110,20 @@ type OpenContexts = VecDeque<(Vec<u8>, bool)>;
 /// A record's arguments, read in one pass.
 #[derive(Default)]
 struct Args<'a> {
-    has_keys: bool,
+    keys: Option<Vec<KeyId>>,
     layout: Option<RawValue<'a>>,
-    /// `(groups, prefix_only, read_locks)` of a spec.
-    spec: Option<(Vec<PrefetchGroup>, bool, u64)>,
+    spec: Option<Spec>,
     request_id: Option<&'a str>,
     skip_l2: Option<bool>,
     read_locks: Option<i64>,
     extra_count: Option<i64>,
+}
+
+struct Spec {
+    groups: Vec<PrefetchGroup>,
+    prefix_only: bool,
+    readers: u64,
+    lock: bool,
 }
 
 fn expect_tag(c: &mut Cursor<'_>, tag: &str) -> Option<()> {
@@ -56,24 +134,22 @@ fn expect_tag(c: &mut Cursor<'_>, tag: &str) -> Option<()> {
     ok.then_some(())
 }
 
-/// Dispatches records in order onto a StorageManager.
+/// Decodes records and applies them in order onto a StorageManager.
 #[derive(Default)]
 pub struct Dispatcher {
     open: HashMap<Vec<KeyId>, OpenContexts>,
     /// Object bytes and chunk tokens of the layouts seen, by their encoded bytes.
     layouts: Vec<(Vec<u8>, u64, Option<u64>)>,
-    keys: Vec<KeyId>,
-    /// Every prefetch's outcome, in order.
-    pub prefetches: Vec<PrefetchOutcome>,
 }
 
-/// Hashes every key of the array at the cursor into `out`.
-fn read_key_ids(c: &mut Cursor<'_>, out: &mut Vec<KeyId>) -> Option<()> {
-    out.clear();
-    for _ in 0..c.array_len()? {
+/// Hashes every key of the array at the cursor.
+fn read_key_ids(c: &mut Cursor<'_>) -> Option<Vec<KeyId>> {
+    let n = c.array_len()?;
+    let mut out = Vec::with_capacity(n.min(4096));
+    for _ in 0..n {
         out.push(KeyId::of_ref(&ObjectKeyRef::read(c)?));
     }
-    Some(())
+    Some(out)
 }
 
 /// `read_locks`, or the pre-rename `extra_count = N` meaning `N + 1`; default 1.
@@ -99,7 +175,11 @@ impl Dispatcher {
             return Ok((*size, *tokens));
         }
         let layout = MemoryLayoutDesc::from_raw(v).ok_or("layout_desc: not a MemoryLayoutDesc")?;
-        let entry = (layout.object_bytes().unwrap_or(0), layout.chunk_tokens());
+        let size = layout
+            .object_bytes()
+            .filter(|&s| s > 0)
+            .ok_or("layout_desc: no object size (unknown dtype, empty or overflowing shape)")?;
+        let entry = (size, layout.chunk_tokens());
         self.layouts.push((v.bytes().to_vec(), entry.0, entry.1));
         Ok(entry)
     }
@@ -107,57 +187,62 @@ impl Dispatcher {
     /// One `GroupedObjectKeys` at the cursor.
     fn read_group(&mut self, c: &mut Cursor<'_>) -> Option<PrefetchGroup> {
         expect_tag(c, TAG_GROUPED_KEYS)?;
-        let mut group = PrefetchGroup::default();
+        let mut group = PrefetchGroup {
+            window: -1,
+            ..PrefetchGroup::default()
+        };
         for _ in 0..c.map_len()? {
             match c.str_bytes()? {
-                b"keys" => read_key_ids(c, &mut group.keys)?,
+                b"keys" => group.keys = read_key_ids(c)?,
                 b"layout_desc" => {
                     (group.object_bytes, group.chunk_tokens) = self.layout(Some(c.value()?)).ok()?
                 }
+                b"sliding_window_size" => group.window = c.int()?,
                 _ => c.skip()?,
             }
         }
         Some(group)
     }
 
-    /// A `PrefetchTaskSpec` at the cursor: its groups, whether it keeps only the prefix, and
-    /// the read locks it takes per kept key.
-    fn read_spec(&mut self, c: &mut Cursor<'_>) -> Option<(Vec<PrefetchGroup>, bool, u64)> {
+    /// A `PrefetchTaskSpec` at the cursor.
+    fn read_spec(&mut self, c: &mut Cursor<'_>) -> Option<Spec> {
         expect_tag(c, TAG_PREFETCH_SPEC)?;
-        let (mut groups, mut prefix_only, mut readers, mut lock) = (Vec::new(), true, 1i64, true);
+        let mut spec = Spec {
+            groups: Vec::new(),
+            prefix_only: true,
+            readers: 1,
+            lock: true,
+        };
         for _ in 0..c.map_len()? {
             match c.str_bytes()? {
                 b"key_groups" => {
                     for _ in 0..c.array_len()? {
-                        groups.push(self.read_group(c)?);
+                        spec.groups.push(self.read_group(c)?);
                     }
                 }
-                b"num_kv_readers" => readers = c.int()?,
-                b"fetching_policy" => prefix_only = c.str_bytes()? != b"full",
+                b"num_kv_readers" => spec.readers = c.int()?.max(0) as u64,
+                b"fetching_policy" => spec.prefix_only = c.str_bytes()? != b"full",
                 b"lock_mode" => {
                     expect_tag(c, TAG_LOCK_MODE)?;
-                    lock = c.str_bytes()? != b"NO_LOCK";
+                    spec.lock = c.str_bytes()? != b"NO_LOCK";
                 }
                 _ => c.skip()?,
             }
         }
-        let locks = if lock { readers.max(0) as u64 } else { 0 };
-        Some((groups, prefix_only, locks))
+        Some(spec)
     }
 
-    /// Reads every argument in one pass; keys go to `self.keys`.
+    /// Reads every argument in one pass.
     fn parse_args<'a>(&mut self, args: RawValue<'a>) -> Result<Args<'a>, String> {
         let mut c = Cursor::new(args);
         let mut out = Args::default();
-        let mut ids = std::mem::take(&mut self.keys);
         let n = c.map_len().ok_or("args: not a map")?;
         for _ in 0..n {
             let key = c.str_bytes().ok_or("args: keys must be strings")?;
             let bad = |name: &str| format!("{name}: unexpected value");
             match key {
                 b"keys" => {
-                    read_key_ids(&mut c, &mut ids).ok_or("keys: not a list of ObjectKey")?;
-                    out.has_keys = true;
+                    out.keys = Some(read_key_ids(&mut c).ok_or("keys: not a list of ObjectKey")?)
                 }
                 b"layout_desc" => out.layout = Some(c.value().ok_or_else(|| bad("layout_desc"))?),
                 b"spec" => {
@@ -177,139 +262,181 @@ impl Dispatcher {
                 _ => c.skip().ok_or("args: malformed")?,
             }
         }
-        self.keys = ids;
         Ok(out)
     }
 
-    /// Issues the call a record describes.
-    pub fn dispatch(&mut self, sm: &mut StorageManager, record: &RecordRef<'_>) -> Outcome {
-        match self.try_dispatch(sm, record) {
-            Ok(outcome) => outcome,
-            Err(reason) => skipped(reason),
-        }
+    /// Decodes the call a record describes; `Err` is the outcome of a record that makes no
+    /// call (skipped).
+    pub fn decode(&mut self, record: &RecordRef<'_>) -> Result<Call, Outcome> {
+        self.try_decode(record).map_err(|reason| match reason {
+            Some(r) => skipped(r),
+            None => skipped(format!("no handler for qualname {:?}", record.qualname)),
+        })
     }
 
-    fn try_dispatch(
-        &mut self,
-        sm: &mut StorageManager,
-        record: &RecordRef<'_>,
-    ) -> Result<Outcome, String> {
-        let qualname: &'static str = match record.qualname {
-            RECORDER_SUMMARY => return Ok(skipped("kvtrace recorder trailer")),
-            RESERVE_WRITE => RESERVE_WRITE,
-            FINISH_WRITE => FINISH_WRITE,
-            SUBMIT_PREFETCH_TASK => SUBMIT_PREFETCH_TASK,
-            READ_PREFETCHED_ENTER => READ_PREFETCHED_ENTER,
-            READ_PREFETCHED_EXIT => READ_PREFETCHED_EXIT,
-            FINISH_READ_PREFETCHED => FINISH_READ_PREFETCHED,
-            other => return Ok(skipped(format!("no handler for qualname {other:?}"))),
-        };
-        let parsed = self.parse_args(record.args)?;
-        let needs_keys = qualname != SUBMIT_PREFETCH_TASK || parsed.spec.is_none();
-        if needs_keys && !parsed.has_keys {
-            return Err("missing argument keys".into());
+    fn try_decode(&mut self, record: &RecordRef<'_>) -> Result<Call, Option<String>> {
+        match record.qualname {
+            RECORDER_SUMMARY => return Err(Some("kvtrace recorder trailer".into())),
+            RESERVE_WRITE
+            | FINISH_WRITE
+            | SUBMIT_PREFETCH_TASK
+            | READ_PREFETCHED_ENTER
+            | READ_PREFETCHED_EXIT
+            | FINISH_READ_PREFETCHED => {}
+            _ => return Err(None),
         }
-        let args = record.args.bytes();
-        let publish =
-            |sm: &StorageManager| sm.publish_raw(qualname, |buf| buf.extend_from_slice(args));
-        let ids = std::mem::take(&mut self.keys);
-        let outcome = match qualname {
-            RESERVE_WRITE => {
-                let (size, _) = self.layout(parsed.layout)?;
-                publish(sm);
-                let r = sm.reserve_write_ids(&ids, size);
-                let mut detail =
-                    format!("reserved {}, not writable {}", r.reserved, r.not_writable);
-                if r.out_of_memory {
-                    let pending = ids.len() as u64 - r.not_writable;
-                    detail.push_str(&format!(", OUT_OF_MEMORY for {pending} keys"));
-                }
-                Outcome::Ok { detail }
-            }
-            FINISH_WRITE => {
-                publish(sm);
-                match sm.finish_write_ids(&ids) {
-                    Ok(n) => Outcome::Ok {
-                        detail: format!("admitted {n}"),
-                    },
-                    Err(e) => Outcome::Failed {
-                        reason: e.to_string(),
-                    },
-                }
-            }
+        let parsed = self.parse_args(record.args).map_err(Some)?;
+        let keys = || {
+            parsed
+                .keys
+                .clone()
+                .ok_or(Some("missing argument keys".to_string()))
+        };
+        Ok(match record.qualname {
+            RESERVE_WRITE => Call::ReserveWrite {
+                object_bytes: self.layout(parsed.layout).map_err(Some)?.0,
+                keys: keys()?,
+            },
+            FINISH_WRITE => Call::FinishWrite { keys: keys()? },
             SUBMIT_PREFETCH_TASK => {
-                let (groups, prefix_only, read_locks) = match parsed.spec {
+                let spec = match parsed.spec {
                     Some(spec) => spec,
                     // The early shape: keys and a layout instead of a spec.
                     None => {
-                        let (object_bytes, chunk_tokens) = self.layout(parsed.layout)?;
-                        let group = PrefetchGroup {
-                            keys: ids.clone(),
-                            object_bytes,
-                            chunk_tokens,
-                        };
-                        let locks = read_locks(None, parsed.extra_count).max(0) as u64;
-                        (vec![group], true, locks)
+                        let (object_bytes, chunk_tokens) =
+                            self.layout(parsed.layout).map_err(Some)?;
+                        Spec {
+                            groups: vec![PrefetchGroup {
+                                keys: keys()?,
+                                object_bytes,
+                                chunk_tokens,
+                                window: -1,
+                            }],
+                            prefix_only: true,
+                            readers: read_locks(None, parsed.extra_count).max(0) as u64,
+                            lock: true,
+                        }
                     }
                 };
-                let request = PrefetchRequest {
-                    groups: &groups,
-                    prefix_only,
-                    read_locks,
+                Call::Prefetch {
+                    groups: spec.groups,
+                    prefix_only: spec.prefix_only,
+                    readers: spec.readers,
+                    lock: spec.lock,
                     skip_l2: parsed.skip_l2.unwrap_or(false),
+                    request_id: parsed.request_id.unwrap_or("").to_owned(),
+                }
+            }
+            READ_PREFETCHED_ENTER => Call::ReadEnter { keys: keys()? },
+            READ_PREFETCHED_EXIT => Call::ReadExit { keys: keys()? },
+            _ => Call::FinishRead {
+                keys: keys()?,
+                read_locks: read_locks(parsed.read_locks, parsed.extra_count),
+            },
+        })
+    }
+
+    /// Issues a decoded call; `args` are the recorded argument bytes, republished as they are.
+    pub fn apply(
+        &mut self,
+        sm: &mut StorageManager,
+        call: &Call,
+        args: &[u8],
+    ) -> (Outcome, Effect) {
+        let ok = |detail: String| Outcome::Ok { detail };
+        if let Call::ReadExit { keys } = call {
+            return match self.open.get_mut(keys).and_then(VecDeque::pop_front) {
+                Some((_, entered)) => {
+                    sm.publish_raw(call.qualname(), |buf| buf.extend_from_slice(args));
+                    sm.read_prefetched_exit_ids(keys, entered);
+                    (ok("closed".into()), Effect::None)
+                }
+                None => (
+                    skipped("read_prefetched_results exit without a matching entry"),
+                    Effect::None,
+                ),
+            };
+        }
+        sm.publish_raw(call.qualname(), |buf| buf.extend_from_slice(args));
+        match call {
+            Call::ReserveWrite { keys, object_bytes } => {
+                let r = sm.reserve_write_ids(keys, *object_bytes);
+                let mut detail = format!(
+                    "reserved {}, not writable {}",
+                    r.reserved.len(),
+                    r.not_writable
+                );
+                if r.out_of_memory {
+                    detail.push_str(", OUT_OF_MEMORY");
+                }
+                (ok(detail), Effect::Reserved(r))
+            }
+            Call::FinishWrite { keys } => match sm.finish_write_ids(keys) {
+                Ok(admitted) => (
+                    ok(format!("admitted {}", admitted.len())),
+                    Effect::Admitted(admitted),
+                ),
+                Err(e) => (
+                    Outcome::Failed {
+                        reason: e.to_string(),
+                    },
+                    Effect::None,
+                ),
+            },
+            Call::Prefetch {
+                groups,
+                prefix_only,
+                readers,
+                lock,
+                skip_l2,
+                request_id,
+            } => {
+                let request = PrefetchRequest {
+                    groups,
+                    prefix_only: *prefix_only,
+                    readers: *readers,
+                    lock: *lock,
+                    skip_l2: *skip_l2,
                 };
-                publish(sm);
-                match sm.submit_prefetch_ids(&request, parsed.request_id.unwrap_or("")) {
-                    Ok(o) => {
-                        let detail = format!(
+                match sm.submit_prefetch_ids(&request, request_id) {
+                    Ok(o) => (
+                        ok(format!(
                             "hit {}/{} chunks (L1 {}, L2 {})",
                             o.hit_chunks, o.requested_chunks, o.l1_hit_chunks, o.l2_hit_chunks
-                        );
-                        self.prefetches.push(o);
-                        Outcome::Ok { detail }
-                    }
-                    Err(e) => Outcome::Failed {
-                        reason: e.to_string(),
-                    },
+                        )),
+                        Effect::Prefetched(o),
+                    ),
+                    Err(e) => (
+                        Outcome::Failed {
+                            reason: e.to_string(),
+                        },
+                        Effect::None,
+                    ),
                 }
             }
-            READ_PREFETCHED_ENTER => {
-                publish(sm);
-                let result = sm.read_prefetched_enter_ids(&ids);
+            Call::ReadEnter { keys } => {
+                let result = sm.read_prefetched_enter_ids(keys);
                 self.open
-                    .entry(ids.clone())
+                    .entry(keys.clone())
                     .or_default()
                     .push_back((args.to_vec(), result.is_ok()));
-                match result {
-                    Ok(()) => Outcome::Ok {
-                        detail: "read".into(),
-                    },
-                    Err(e) => Outcome::Failed {
-                        reason: e.to_string(),
-                    },
-                }
+                let detail = match &result {
+                    Ok(()) => "read".to_string(),
+                    // A miss, as LMCache's "Failed to read prefetched object": the reader
+                    // gets nothing, the call itself does not raise.
+                    Err(e) => format!("miss: {e}"),
+                };
+                (ok(detail), Effect::Read { ok: result.is_ok() })
             }
-            READ_PREFETCHED_EXIT => match self.open.get_mut(&ids).and_then(VecDeque::pop_front) {
-                Some((_, entered)) => {
-                    publish(sm);
-                    sm.read_prefetched_exit_ids(&ids, entered);
-                    Outcome::Ok {
-                        detail: "closed".into(),
-                    }
-                }
-                None => skipped("read_prefetched_results exit without a matching entry"),
-            },
-            _ => {
-                let n = read_locks(parsed.read_locks, parsed.extra_count);
-                publish(sm);
-                sm.finish_read_prefetched_ids(&ids, n);
-                Outcome::Ok {
-                    detail: format!("released {n} lock(s) per key"),
-                }
+            Call::FinishRead { keys, read_locks } => {
+                sm.finish_read_prefetched_ids(keys, *read_locks);
+                (
+                    ok(format!("released {read_locks} lock(s) per key")),
+                    Effect::None,
+                )
             }
-        };
-        self.keys = ids;
-        Ok(outcome)
+            Call::ReadExit { .. } => unreachable!("handled above"),
+        }
     }
 
     /// Closes contexts whose exit was never recorded (in key order, deterministic); returns

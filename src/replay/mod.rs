@@ -8,6 +8,9 @@
 //! The start-up gap before the first record is skipped unless asked for.
 
 pub mod dispatch;
+pub mod fidelity;
+pub mod phase;
+pub mod session;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,8 +20,11 @@ use crate::error::{Error, Result};
 use crate::lmct::digest::{compare_configs, config_digest, python_json, DigestMatch};
 use crate::lmct::{ReadOptions, RecordRef, TraceReader};
 use crate::report::{DigestReport, HitSummary, OpStats, ReplayReport};
-use crate::storage::StorageManager;
+use crate::storage::config::EvictionTiming;
+use crate::storage::{CallStats, StorageManager};
 use dispatch::{Dispatcher, Outcome};
+use fidelity::Fidelity;
+use session::{Closed, Position, Sessions};
 
 /// How records are spaced in time.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -45,6 +51,9 @@ pub struct ReplayOptions {
     /// Sleep through the time before the first record too (LMCache does).
     pub keep_startup_gap: bool,
     pub read: ReadOptions,
+    /// Model the client sessions: the server's end-of-session touch, and the writes and
+    /// lock releases a client does that a what-if outcome calls for (see [`session`]).
+    pub emulate_sessions: bool,
 }
 
 impl Default for ReplayOptions {
@@ -53,6 +62,7 @@ impl Default for ReplayOptions {
             pacing: Pacing::AsFastAsPossible,
             keep_startup_gap: false,
             read: ReadOptions::default(),
+            emulate_sessions: true,
         }
     }
 }
@@ -116,12 +126,26 @@ pub fn replay(
         warnings: reader.header_warnings(),
         ..ReplayReport::default()
     };
+    sm.keep_journal();
     let mut latencies: BTreeMap<String, (Vec<f64>, u64)> = BTreeMap::new();
     let mut dispatcher = Dispatcher::default();
+    let mut sessions = Sessions::new(options.emulate_sessions);
+    let mut fidelity = Fidelity::default();
+    let mut absorb = |sm: &StorageManager, closed: Closed, report: &mut ReplayReport| {
+        fidelity.add(sm, &closed);
+        if let Closed::Retrieve(r) = closed {
+            report.requests.push(r.outcome);
+        }
+    };
     let start = Instant::now();
     let mut origin: Option<f64> = None;
+    let (mut first_t, mut last_t) = (f64::INFINITY, f64::NEG_INFINITY);
     while let Some(record) = reader.next_record().map_err(|e| e.in_file(&shown))? {
         report.records += 1;
+        if record.t_mono.is_finite() {
+            first_t = first_t.min(record.t_mono);
+            last_t = last_t.max(record.t_mono);
+        }
         let base = *origin.get_or_insert(if options.keep_startup_gap {
             0.0
         } else {
@@ -133,10 +157,25 @@ pub fn replay(
                 std::thread::sleep(wait);
             }
         }
-        sm.advance_to(record.t_mono);
-        let began = Instant::now();
-        let outcome = dispatcher.dispatch(sm, &record);
-        let latency_ms = began.elapsed().as_secs_f64() * 1e3;
+        let at = Position {
+            record: report.records,
+            offset: record.offset,
+            t: record.t_mono,
+        };
+        let (outcome, latency_ms) = match dispatcher.decode(&record) {
+            Err(skip) => (skip, 0.0),
+            Ok(call) => {
+                if let Some(closed) = sessions.before(sm, &call, at) {
+                    absorb(sm, closed, &mut report);
+                }
+                sm.advance_to(record.t_mono);
+                let began = Instant::now();
+                let (outcome, effect) = dispatcher.apply(sm, &call, record.args.bytes());
+                let latency_ms = began.elapsed().as_secs_f64() * 1e3;
+                sessions.after(&call, &effect, at);
+                (outcome, latency_ms)
+            }
+        };
         match &outcome {
             Outcome::Ok { .. } | Outcome::Failed { .. } => {
                 report.replayed += 1;
@@ -160,12 +199,11 @@ pub fn replay(
             index: report.records,
             record: &record,
             outcome: &outcome,
-            latency_ms: if matches!(outcome, Outcome::Skipped { .. }) {
-                0.0
-            } else {
-                latency_ms
-            },
+            latency_ms,
         });
+    }
+    if let Some(closed) = sessions.close(sm, f64::INFINITY) {
+        absorb(sm, closed, &mut report);
     }
     report.forced_exits = dispatcher.close_open_contexts(sm);
     report.duration_s = start.elapsed().as_secs_f64();
@@ -173,13 +211,44 @@ pub fn replay(
         .into_iter()
         .map(|(q, (ms, errors))| (q, OpStats::from_latencies(ms, errors)))
         .collect();
-    report.hits = HitSummary::from_requests(&dispatcher.prefetches);
-    report.requests = dispatcher.prefetches;
-    report.calls = sm.call_stats().clone();
+    report.hits = HitSummary::from_requests(&report.requests);
+    report.calls = sm.call_stats();
     report.tiers = sm.tier_stats();
     report.tier_io = sm.tier_io();
+    report.fidelity = fidelity.report;
+    report.completions = sessions.completions;
+    if let Some(w) = time_compressed(sm, first_t, last_t, &report.calls) {
+        report.warnings.push(w);
+    }
     report.warnings.extend(reader.into_summary().warnings());
     Ok(report)
+}
+
+/// The warning for a trace whose records are closer together than the server's eviction
+/// passes, when that starved L1: written through LMCache's recorder API (or `kvtrace
+/// generate`) rather than by a serving server, it spans too little trace time for periodic
+/// eviction to run.
+fn time_compressed(
+    sm: &StorageManager,
+    first: f64,
+    last: f64,
+    calls: &CallStats,
+) -> Option<String> {
+    let EvictionTiming::Periodic { interval_s, .. } = sm.config().eviction.timing else {
+        return None;
+    };
+    let span = last - first;
+    let short = span < 2.0 * interval_s;
+    if calls.out_of_memory_calls == 0 || !short || calls.eviction_passes > 1 {
+        return None;
+    }
+    Some(format!(
+        "the trace spans {:.3} s of trace time, so LMCache's eviction controller (one pass every {interval_s} s) ran {} time(s) while {} reservation(s) failed with OUT_OF_MEMORY; \
+         its records are closer together than a serving server's (written through the recorder API?): replay with --eviction-timing immediate to evict as allocations need room",
+        span.max(0.0),
+        calls.eviction_passes,
+        calls.out_of_memory_calls
+    ))
 }
 
 /// The failure kind without per-call numbers, for counting.

@@ -1,8 +1,10 @@
 //! CSV, one file per table: `trace_replay_ops.csv` with LMCache's columns and six decimals,
-//! `trace_replay_requests.csv` (one row per prefetch) and `trace_replay_tiers.csv`.
+//! `trace_replay_requests.csv` (one row per prefetch, replayed and recorded hits side by
+//! side), `trace_replay_tiers.csv` and `trace_replay_divergences.csv` (the first requests
+//! and stores that differ from the recording, with a reason).
 
 use super::tables::{Table, TableExporter};
-use super::{Exporter, ReplayReport, OP_COLUMNS, REQUEST_COLUMNS};
+use super::{Exporter, ReplayReport, DIVERGENCE_COLUMNS, OP_COLUMNS, REQUEST_COLUMNS};
 use crate::error::{Error, Result};
 
 pub struct CsvTables;
@@ -51,6 +53,26 @@ impl Exporter for CsvTables {
                     (r.requested_chunks * tokens).to_string(),
                     (r.hit_chunks * tokens).to_string(),
                     format!("{:.6}", r.hit_rate()),
+                    r.recorded_hit_chunks
+                        .map(|n| n.to_string())
+                        .unwrap_or_default(),
+                ])
+                .map_err(io)?;
+        }
+        let mut divergences = csv::Writer::from_writer(Vec::new());
+        divergences.write_record(DIVERGENCE_COLUMNS).map_err(io)?;
+        for d in &report.fidelity.first_divergences {
+            divergences
+                .write_record([
+                    d.record.to_string(),
+                    d.offset.to_string(),
+                    format!("{:.6}", d.t_mono),
+                    d.kind.to_string(),
+                    d.request_id.clone(),
+                    d.recorded.to_string(),
+                    d.replayed.to_string(),
+                    d.chunk.map(|c| c.to_string()).unwrap_or_default(),
+                    d.reason.clone(),
                 ])
                 .map_err(io)?;
         }
@@ -62,6 +84,7 @@ impl Exporter for CsvTables {
             ("trace_replay_ops.csv".into(), finish(ops)?),
             ("trace_replay_requests.csv".into(), finish(requests)?),
             ("trace_replay_tiers.csv".into(), finish(tiers)?),
+            ("trace_replay_divergences.csv".into(), finish(divergences)?),
         ])
     }
 }

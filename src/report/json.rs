@@ -30,6 +30,9 @@ pub fn summary(report: &ReplayReport) -> Value {
             "skip_reasons": report.skip_reasons,
             "failure_reasons": report.failure_reasons,
             "forced_exits": report.forced_exits,
+            "fidelity": report.fidelity,
+            "completions": report.completions,
+            "eviction_phase": report.eviction_phase,
             "warnings": report.warnings,
         }
     })

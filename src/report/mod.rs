@@ -15,6 +15,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::error::Result;
+use crate::replay::fidelity::FidelityReport;
+use crate::replay::phase::PhaseReport;
+use crate::replay::session::Completions;
 use crate::storage::{CallStats, PrefetchOutcome, TierIo, TierStats};
 
 /// Latency statistics of one call kind, in milliseconds (LMCache's columns).
@@ -148,6 +151,13 @@ pub struct ReplayReport {
     pub failure_reasons: BTreeMap<String, u64>,
     /// `read_prefetched_results` contexts still open at the end, closed by the replayer.
     pub forced_exits: u64,
+    /// Recorded versus replayed, request by request.
+    pub fidelity: FidelityReport,
+    /// What the replay did for the recording's client (end-of-session touches, and writes
+    /// and lock releases a different outcome called for).
+    pub completions: Completions,
+    /// When the L1 eviction passes ran, and how that was chosen.
+    pub eviction_phase: Option<PhaseReport>,
     pub warnings: Vec<String>,
 }
 
@@ -156,8 +166,8 @@ pub const OP_COLUMNS: [&str; 9] = [
     "qualname", "count", "errors", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "min_ms", "max_ms",
 ];
 
-/// Columns of the per-request table.
-pub const REQUEST_COLUMNS: [&str; 10] = [
+/// Columns of the per-request table; the last is what the recorded server hit.
+pub const REQUEST_COLUMNS: [&str; 11] = [
     "external_request_id",
     "t_mono",
     "requested_chunks",
@@ -168,6 +178,20 @@ pub const REQUEST_COLUMNS: [&str; 10] = [
     "requested_tokens",
     "hit_tokens",
     "hit_rate",
+    "recorded_hit_chunks",
+];
+
+/// Columns of the divergence table.
+pub const DIVERGENCE_COLUMNS: [&str; 9] = [
+    "record",
+    "offset",
+    "t_mono",
+    "kind",
+    "request_id",
+    "recorded",
+    "replayed",
+    "chunk",
+    "reason",
 ];
 
 /// Turns a report into files.

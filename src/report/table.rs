@@ -115,7 +115,7 @@ pub fn render(report: &ReplayReport) -> String {
         "OUT_OF_MEMORY reservations (keys)",
         format!("{} ({})", c.out_of_memory_calls, c.out_of_memory_keys),
     );
-    row(&mut s, "Failed reads of prefetched keys", c.read_failures);
+    row(&mut s, "Reads that missed (keys gone)", c.read_failures);
     for t in &report.tiers {
         row(
             &mut s,
@@ -148,6 +148,79 @@ pub fn render(report: &ReplayReport) -> String {
             format!("{:.3}", t.mean_load_ms),
         );
     }
+    fidelity(&mut s, report);
     s.push_str(&rule("", '='));
     s
+}
+
+/// Recorded versus replayed, and the first divergences.
+fn fidelity(s: &mut String, report: &ReplayReport) {
+    let f = &report.fidelity;
+    s.push_str(&rule("Fidelity (recorded vs replayed)", '-'));
+    row(
+        s,
+        "Requests whose hits match",
+        format!(
+            "{} / {} ({})",
+            f.requests_matching,
+            f.requests,
+            pct(f.request_match_rate())
+        ),
+    );
+    row(
+        s,
+        "Chunks hit recorded / replayed",
+        format!(
+            "{} / {} (L1 {}, L2 {})",
+            f.recorded_hit_chunks,
+            f.replayed_hit_chunks,
+            f.replayed_l1_hit_chunks,
+            f.replayed_l2_hit_chunks
+        ),
+    );
+    row(
+        s,
+        "Stores whose reservation matches",
+        pair(f.stores_matching, f.stores),
+    );
+    row(
+        s,
+        "Keys reserved recorded / replayed",
+        pair(f.recorded_reserved_keys, f.replayed_reserved_keys),
+    );
+    if let Some(p) = &report.eviction_phase {
+        let how = match p.source {
+            "estimated" => format!(
+                "estimated, {}/{} sessions, {:.3}–{:.3}",
+                p.matched, p.sessions, p.plateau_s[0], p.plateau_s[1]
+            ),
+            other => other.to_string(),
+        };
+        row(s, "Eviction phase (s)", format!("{:.4} ({how})", p.phase_s));
+    }
+    let c = &report.completions;
+    if c.writes_finished + c.locks_released > 0 {
+        row(
+            s,
+            "Client completions (writes / lock releases)",
+            pair(c.writes_finished, c.locks_released),
+        );
+    }
+    for d in &f.first_divergences {
+        let what = match d.kind {
+            "retrieve" => format!("retrieve {}", d.request_id),
+            _ => "store".to_string(),
+        };
+        s.push_str(&format!(
+            "  record {} (byte {}, t={:.3}s) {what}: recorded {}, replayed {}: {}\n",
+            d.record, d.offset, d.t_mono, d.recorded, d.replayed, d.reason
+        ));
+    }
+    if f.divergences > f.first_divergences.len() as u64 {
+        s.push_str(&format!(
+            "  ... and {} more (the first {} are listed here, in the JSON and in the CSV)\n",
+            f.divergences - f.first_divergences.len() as u64,
+            f.first_divergences.len()
+        ));
+    }
 }

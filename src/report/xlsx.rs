@@ -1,4 +1,4 @@
-//! `trace_replay.xlsx`: sheets Summary, Ops, Requests, Tiers and Config. Numbers are stored
+//! `trace_replay.xlsx`: sheets Summary, Ops, Requests, Tiers, Fidelity and Config. Numbers are stored
 //! as numbers with display formats, so spreadsheets can sort, filter and chart them; every
 //! table has a bold, frozen header row and an autofilter.
 
@@ -6,7 +6,7 @@ use rust_xlsxwriter::{Format, Workbook, Worksheet, XlsxError};
 use serde_json::Value as Json;
 
 use super::tables::{Cell, Table, TableExporter};
-use super::{Exporter, ReplayReport, OP_COLUMNS, REQUEST_COLUMNS};
+use super::{Exporter, ReplayReport, DIVERGENCE_COLUMNS, OP_COLUMNS, REQUEST_COLUMNS};
 use crate::error::{Error, Result};
 
 pub struct XlsxWorkbook;
@@ -154,6 +154,9 @@ fn requests(
             ws.write_number_with_format(row, c as u16 + 2, v as f64, &f.int)?;
         }
         ws.write_number_with_format(row, 9, q.hit_rate(), &f.pct)?;
+        if let Some(n) = q.recorded_hit_chunks {
+            ws.write_number_with_format(row, 10, n as f64, &f.int)?;
+        }
     }
     ws.autofit();
     Ok(())
@@ -253,6 +256,61 @@ fn config(ws: &mut Worksheet, f: &Formats, r: &ReplayReport) -> Result<(), XlsxE
     Ok(())
 }
 
+/// The fidelity summary above the table of the first divergences.
+fn fidelity(ws: &mut Worksheet, f: &Formats, r: &ReplayReport) -> Result<(), XlsxError> {
+    ws.set_name("Fidelity")?;
+    let fi = &r.fidelity;
+    let ints: [(&str, u64); 11] = [
+        ("requests", fi.requests),
+        ("requests matching", fi.requests_matching),
+        ("recorded hit chunks", fi.recorded_hit_chunks),
+        ("replayed hit chunks", fi.replayed_hit_chunks),
+        ("replayed L1 hit chunks", fi.replayed_l1_hit_chunks),
+        ("replayed L2 hit chunks", fi.replayed_l2_hit_chunks),
+        ("stores", fi.stores),
+        ("stores matching", fi.stores_matching),
+        ("recorded reserved keys", fi.recorded_reserved_keys),
+        ("replayed reserved keys", fi.replayed_reserved_keys),
+        ("divergences", fi.divergences),
+    ];
+    for (c, name) in DIVERGENCE_COLUMNS.iter().enumerate() {
+        ws.write_string_with_format(0, c as u16, *name, &f.header)?;
+    }
+    let rows = fi.first_divergences.len();
+    for (i, d) in fi.first_divergences.iter().enumerate() {
+        let row = i as u32 + 1;
+        ws.write_number_with_format(row, 0, d.record as f64, &f.int)?;
+        ws.write_number_with_format(row, 1, d.offset as f64, &f.int)?;
+        ws.write_number_with_format(row, 2, d.t_mono, &f.secs)?;
+        ws.write_string(row, 3, d.kind)?;
+        ws.write_string(row, 4, &d.request_id)?;
+        ws.write_number_with_format(row, 5, d.recorded as f64, &f.int)?;
+        ws.write_number_with_format(row, 6, d.replayed as f64, &f.int)?;
+        if let Some(c) = d.chunk {
+            ws.write_number_with_format(row, 7, c as f64, &f.int)?;
+        }
+        ws.write_string(row, 8, &d.reason)?;
+    }
+    ws.set_freeze_panes(1, 0)?;
+    ws.autofilter(0, 0, rows as u32, (DIVERGENCE_COLUMNS.len() - 1) as u16)?;
+    let mut row = rows as u32 + 2;
+    for (k, v) in ints {
+        ws.write_string(row, 0, k)?;
+        ws.write_number_with_format(row, 1, v as f64, &f.int)?;
+        row += 1;
+    }
+    ws.write_string(row, 0, "request match rate")?;
+    ws.write_number_with_format(row, 1, fi.request_match_rate(), &f.pct)?;
+    if let Some(p) = &r.eviction_phase {
+        ws.write_string(row + 1, 0, "eviction phase (s)")?;
+        ws.write_number_with_format(row + 1, 1, p.phase_s, &f.ms)?;
+        ws.write_string(row + 2, 0, "eviction phase source")?;
+        ws.write_string(row + 2, 1, p.source)?;
+    }
+    ws.autofit();
+    Ok(())
+}
+
 fn formats() -> Formats {
     Formats {
         header: Format::new().set_bold(),
@@ -271,6 +329,7 @@ fn build(report: &ReplayReport) -> Result<Vec<u8>, XlsxError> {
     ops(wb.add_worksheet(), &f, report)?;
     requests(wb.add_worksheet(), &f, report, rows)?;
     tiers(wb.add_worksheet(), &f, report)?;
+    fidelity(wb.add_worksheet(), &f, report)?;
     config(wb.add_worksheet(), &f, report)?;
     wb.save_to_buffer()
 }

@@ -284,7 +284,7 @@ impl KvConnector for Offload {
             return;
         }
         if let Ok(n) = self.sm.finish_write(&fresh) {
-            self.stats.stored_chunks += n;
+            self.stats.stored_chunks += n.len() as u64;
         }
     }
 }

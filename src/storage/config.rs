@@ -7,13 +7,20 @@ use serde_json::{json, Value as Json};
 use super::eviction::PolicyKind;
 use super::file::FsyncPolicy;
 
+/// LMCache's L1 eviction controller sleeps one second between passes and each pass adds
+/// its own run time: the passes of the reference recordings came 1.0004–1.0016 s apart.
+pub const DEFAULT_EVICTION_INTERVAL_S: f64 = 1.001;
+
 /// When eviction runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum EvictionTiming {
-    /// Every `interval_s` of trace time, as LMCache's 1-second controller does: bursts
-    /// between ticks can fail with OUT_OF_MEMORY.
-    Periodic { interval_s: f64 },
-    /// Whenever an allocation would cross the watermark or not fit.
+    /// At `phase_s + k × interval_s` of trace time (k = 1, 2, …), as LMCache's controller
+    /// thread does from its start: bursts between passes can fail with OUT_OF_MEMORY. The
+    /// phase is when the controller started relative to the trace's time origin, which a
+    /// trace does not record (replay estimates it; see `replay::phase`).
+    Periodic { interval_s: f64, phase_s: f64 },
+    /// When an allocation does not fit: exactly as many victims as it needs, one at a time
+    /// by policy (kvtrace's what-if timing; no watermark).
     Immediate,
 }
 
@@ -33,7 +40,10 @@ impl Default for EvictionConfig {
             policy: PolicyKind::Lru,
             trigger_watermark: 0.8,
             eviction_ratio: 0.2,
-            timing: EvictionTiming::Periodic { interval_s: 1.0 },
+            timing: EvictionTiming::Periodic {
+                interval_s: DEFAULT_EVICTION_INTERVAL_S,
+                phase_s: 0.0,
+            },
         }
     }
 }
@@ -117,6 +127,8 @@ pub struct L2Config {
 #[derive(Clone, Debug, PartialEq)]
 pub struct StorageConfig {
     pub l1_size_bytes: u64,
+    /// L1 allocations are rounded up to this (a power of two; LMCache's `align_bytes`).
+    pub l1_align_bytes: u64,
     /// Keep real L1 buffers; off for traces bigger than RAM.
     pub l1_buffers: bool,
     /// L1 is a GPU budget with this host-to-device bandwidth (GB/s) instead of host memory:
@@ -136,6 +148,7 @@ impl Default for StorageConfig {
     fn default() -> Self {
         StorageConfig {
             l1_size_bytes: 1 << 30,
+            l1_align_bytes: 4096,
             l1_buffers: true,
             l1_gpu_bandwidth_gbps: None,
             eviction: EvictionConfig::default(),
@@ -168,7 +181,7 @@ impl StorageConfig {
             "eviction": eviction,
             "gds_l1_config": null,
             "memory_config": {
-                "align_bytes": 4096,
+                "align_bytes": self.l1_align_bytes,
                 "devdax_path": null,
                 "devdax_size_in_bytes": 0,
                 "init_size_in_bytes": self.l1_size_bytes,
@@ -205,7 +218,9 @@ impl StorageConfig {
         }
         match self.eviction.timing {
             EvictionTiming::Immediate => config["kvtrace_eviction_timing"] = json!("immediate"),
-            EvictionTiming::Periodic { interval_s } if interval_s != 1.0 => {
+            EvictionTiming::Periodic { interval_s, .. }
+                if interval_s != DEFAULT_EVICTION_INTERVAL_S =>
+            {
                 config["kvtrace_eviction_interval_s"] = json!(interval_s)
             }
             EvictionTiming::Periodic { .. } => {}
@@ -228,6 +243,15 @@ impl StorageConfig {
             l1_size_bytes: memory.get("size_in_bytes")?.as_u64()?,
             ..StorageConfig::default()
         };
+        if let Some(align) = memory.get("align_bytes").and_then(Json::as_u64) {
+            if align.is_power_of_two() {
+                config.l1_align_bytes = align;
+            } else {
+                notes.push(format!(
+                    "recorded align_bytes {align} is not a power of two; using 4096"
+                ));
+            }
+        }
         if let Some(p) = eviction.get("eviction_policy").and_then(Json::as_str) {
             match p.parse() {
                 Ok(policy) => config.eviction.policy = policy,
@@ -266,7 +290,10 @@ impl StorageConfig {
         if v.get("kvtrace_eviction_timing").and_then(Json::as_str) == Some("immediate") {
             config.eviction.timing = EvictionTiming::Immediate;
         } else if let Some(i) = v.get("kvtrace_eviction_interval_s").and_then(Json::as_f64) {
-            config.eviction.timing = EvictionTiming::Periodic { interval_s: i };
+            config.eviction.timing = EvictionTiming::Periodic {
+                interval_s: i,
+                phase_s: 0.0,
+            };
         }
         let adapters = v
             .pointer("/l2_adapter_config/adapters")
@@ -488,7 +515,9 @@ impl StorageConfig {
             if let Some(r) = l1.eviction_ratio {
                 self.eviction.eviction_ratio = fraction("l1.eviction_ratio", r)?;
             }
-            let interval_s = l1.eviction_interval_s.unwrap_or(1.0);
+            let interval_s = l1
+                .eviction_interval_s
+                .unwrap_or(DEFAULT_EVICTION_INTERVAL_S);
             if !(interval_s.is_finite() && interval_s > 0.0) {
                 return Err(format!(
                     "l1.eviction_interval_s {interval_s}: must be positive"
@@ -497,7 +526,14 @@ impl StorageConfig {
             match l1.eviction_timing.as_deref() {
                 None if l1.eviction_interval_s.is_none() => {}
                 None | Some("periodic") => {
-                    self.eviction.timing = EvictionTiming::Periodic { interval_s }
+                    let phase_s = match self.eviction.timing {
+                        EvictionTiming::Periodic { phase_s, .. } => phase_s,
+                        EvictionTiming::Immediate => 0.0,
+                    };
+                    self.eviction.timing = EvictionTiming::Periodic {
+                        interval_s,
+                        phase_s,
+                    }
                 }
                 Some("immediate") => self.eviction.timing = EvictionTiming::Immediate,
                 Some(other) => {

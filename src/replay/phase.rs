@@ -1,0 +1,311 @@
+//! When the recorded server's L1 eviction controller ran.
+//!
+//! LMCache's controller thread starts a few milliseconds to a few tenths of a second after
+//! the trace recorder (the reference recordings: 4–130 ms) and then passes every 1.000x s.
+//! A trace does not record that phase, yet it decides which records an eviction pass falls
+//! between — and under pressure, which request hits. The trace does record the outcomes the
+//! phase produced: each retrieve's hits and each store's admitted keys. So replay estimates
+//! the phase as the one under which a replay of the recorded configuration reproduces the
+//! most of those outcomes: a coarse grid over one interval, then a fine one around the best,
+//! taking the middle of the widest run of best-scoring phases. Deterministic for a given
+//! trace and configuration; `--eviction-phase` pins it instead.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::bus::Tracer;
+use crate::error::Result;
+use crate::lmct::{ReadOptions, TraceReader};
+use crate::storage::config::{BackendConfig, EvictionTiming, StorageConfig};
+use crate::storage::StorageManager;
+
+use super::dispatch::{Call, Dispatcher};
+use super::fidelity::Fidelity;
+use super::session::{Position, Sessions};
+
+/// Records the estimate replays at most: enough for the evidence of many passes, small
+/// enough that hundreds of candidate replays stay quick.
+pub const ESTIMATE_RECORDS: usize = 10_000;
+
+/// How the eviction phase of a replay was chosen.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PhaseReport {
+    pub phase_s: f64,
+    /// `flag`, `estimated`, or `irrelevant` (L1 never reached the watermark, so no pass could
+    /// evict: any phase replays the same).
+    pub source: &'static str,
+    /// Sessions (retrieves and stores) the chosen phase reproduces, of those estimated on.
+    pub matched: u64,
+    pub sessions: u64,
+    /// The range of phases that scored as well as the chosen one around it.
+    pub plateau_s: [f64; 2],
+}
+
+/// The configuration the estimate replays: the recorded one, with sizes only (no buffers,
+/// no files, no servers) so that hundreds of runs are cheap and touch nothing.
+fn model(config: &StorageConfig) -> StorageConfig {
+    let mut m = config.clone();
+    m.l1_buffers = false;
+    for tier in &mut m.l2 {
+        tier.backend = match tier.backend {
+            BackendConfig::Gpu { bandwidth_gbps } => BackendConfig::Gpu { bandwidth_gbps },
+            BackendConfig::Null => BackendConfig::Null,
+            _ => BackendConfig::Memory { buffers: false },
+        };
+    }
+    m
+}
+
+fn with_phase(config: &StorageConfig, phase_s: f64) -> StorageConfig {
+    let mut c = config.clone();
+    if let EvictionTiming::Periodic { interval_s, .. } = c.eviction.timing {
+        c.eviction.timing = EvictionTiming::Periodic {
+            interval_s,
+            phase_s,
+        };
+    }
+    c
+}
+
+/// The first [`ESTIMATE_RECORDS`] calls of a trace, decoded once.
+fn decode(path: &Path, read: ReadOptions) -> Result<Vec<(Position, Call)>> {
+    let mut reader = TraceReader::open(path, read)?;
+    let mut dispatcher = Dispatcher::default();
+    let mut calls = Vec::new();
+    let mut n = 0;
+    while let Some(record) = reader.next_record()? {
+        n += 1;
+        if let Ok(call) = dispatcher.decode(&record) {
+            let at = Position {
+                record: n,
+                offset: record.offset,
+                t: record.t_mono,
+            };
+            calls.push((at, call));
+        }
+        if calls.len() >= ESTIMATE_RECORDS {
+            break;
+        }
+    }
+    Ok(calls)
+}
+
+/// Replays the calls under `config`: (sessions reproduced, sessions, L1 peak usage reached
+/// the watermark).
+fn score(calls: &[(Position, Call)], config: &StorageConfig, emulate: bool) -> (u64, u64, bool) {
+    let Ok(mut sm) = StorageManager::new(config.clone(), Tracer::disabled()) else {
+        return (0, 0, false);
+    };
+    let mut dispatcher = Dispatcher::default();
+    let mut sessions = Sessions::new(emulate);
+    let mut fidelity = Fidelity::default();
+    for (at, call) in calls {
+        if let Some(closed) = sessions.before(&mut sm, call, *at) {
+            fidelity.add(&sm, &closed);
+        }
+        sm.advance_to(at.t);
+        let (_, effect) = dispatcher.apply(&mut sm, call, &[]);
+        sessions.after(call, &effect, *at);
+    }
+    if let Some(closed) = sessions.close(&mut sm, f64::INFINITY) {
+        fidelity.add(&sm, &closed);
+    }
+    let r = &fidelity.report;
+    let l1 = &sm.tier_stats()[0];
+    let heap = l1.capacity_bytes.unwrap_or(0).max(1) as f64;
+    let pressured = l1.peak_bytes as f64 / heap >= config.eviction.trigger_watermark;
+    (
+        r.requests_matching + r.stores_matching,
+        r.requests + r.stores,
+        pressured,
+    )
+}
+
+/// Scores every candidate phase, over the machine's cores.
+fn scores(
+    calls: &[(Position, Call)],
+    config: &StorageConfig,
+    emulate: bool,
+    phases: &[f64],
+) -> Vec<u64> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(phases.len().max(1));
+    let chunk = phases.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = phases
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .map(|&p| score(calls, &with_phase(config, p), emulate).0)
+                        .collect::<Vec<u64>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    })
+}
+
+/// The widest run of consecutive candidates with the best score: (first, last) index.
+fn best_run(scores: &[u64]) -> (usize, usize) {
+    let best = scores.iter().copied().max().unwrap_or(0);
+    let (mut run, mut widest) = (None::<usize>, (0, 0));
+    let mut widest_len = 0;
+    for (i, &s) in scores.iter().enumerate() {
+        if s == best {
+            let start = *run.get_or_insert(i);
+            if i + 1 - start > widest_len {
+                widest_len = i + 1 - start;
+                widest = (start, i);
+            }
+        } else {
+            run = None;
+        }
+    }
+    widest
+}
+
+/// Estimates the phase for replaying `path`, whose server ran `recorded` (see the module
+/// documentation). Periodic timing only; the phase is returned unchanged otherwise.
+pub fn estimate(
+    path: &Path,
+    read: ReadOptions,
+    recorded: &StorageConfig,
+    emulate: bool,
+) -> Result<PhaseReport> {
+    let EvictionTiming::Periodic { interval_s, .. } = recorded.eviction.timing else {
+        return Ok(PhaseReport {
+            phase_s: 0.0,
+            source: "irrelevant",
+            matched: 0,
+            sessions: 0,
+            plateau_s: [0.0, 0.0],
+        });
+    };
+    let calls = decode(path, read)?;
+    let config = model(recorded);
+    let (matched, sessions, pressured) = score(&calls, &with_phase(&config, 0.0), emulate);
+    if !pressured {
+        return Ok(PhaseReport {
+            phase_s: 0.0,
+            source: "irrelevant",
+            matched,
+            sessions,
+            plateau_s: [0.0, interval_s],
+        });
+    }
+    let period = interval_s.max(1e-3);
+    let coarse_step = (period / 200.0).max(1e-4);
+    let coarse: Vec<f64> = (0..200).map(|i| i as f64 * coarse_step).collect();
+    let coarse_scores = scores(&calls, &config, emulate, &coarse);
+    let (a, b) = best_run(&coarse_scores);
+    if b - a > 4 {
+        // Deep inside a wide plateau already: its middle needs no refinement.
+        return Ok(PhaseReport {
+            phase_s: (coarse[a] + coarse[b]) / 2.0,
+            source: "estimated",
+            matched: coarse_scores[a],
+            sessions,
+            plateau_s: [coarse[a], coarse[b]],
+        });
+    }
+    let lo = (coarse[a] - coarse_step).max(0.0);
+    let hi = coarse[b] + coarse_step;
+    let fine_step = coarse_step / 10.0;
+    let fine: Vec<f64> = (0..)
+        .map(|i| lo + i as f64 * fine_step)
+        .take_while(|&p| p <= hi + 1e-12)
+        .collect();
+    let fine_scores = scores(&calls, &config, emulate, &fine);
+    let (a, b) = best_run(&fine_scores);
+    let phase = (fine[a] + fine[b]) / 2.0;
+    Ok(PhaseReport {
+        phase_s: phase,
+        source: "estimated",
+        matched: fine_scores[a],
+        sessions,
+        plateau_s: [fine[a], fine[b]],
+    })
+}
+
+/// How the replay's eviction phase is chosen.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PhaseChoice {
+    /// Seconds after the trace's time origin that the controller started.
+    Fixed(f64),
+    /// Estimated from the trace's own outcomes.
+    Estimate,
+}
+
+/// Sets the eviction phase of `config` (the replay's) for replaying `path`: pinned, or
+/// estimated against the configuration the trace records (`recorded_json`; the replay's own
+/// when the trace records none, and the replay's L2 tiers where the recording had adapters
+/// kvtrace cannot rebuild). `None` for immediate timing, which has no passes.
+pub fn settle(
+    path: &Path,
+    read: ReadOptions,
+    recorded_json: &str,
+    config: &mut StorageConfig,
+    choice: PhaseChoice,
+    emulate: bool,
+) -> Result<Option<PhaseReport>> {
+    let EvictionTiming::Periodic { interval_s, .. } = config.eviction.timing else {
+        return Ok(None);
+    };
+    let report = match choice {
+        PhaseChoice::Fixed(phase_s) => PhaseReport {
+            phase_s,
+            source: "flag",
+            matched: 0,
+            sessions: 0,
+            plateau_s: [phase_s, phase_s],
+        },
+        PhaseChoice::Estimate => {
+            let recorded = match StorageConfig::from_lmcache_json(recorded_json) {
+                Some((mut recorded, _)) => {
+                    if recorded.l2.is_empty() && records_adapters(recorded_json) {
+                        recorded.l2 = config.l2.clone();
+                    }
+                    recorded.eviction.timing = EvictionTiming::Periodic {
+                        interval_s,
+                        phase_s: 0.0,
+                    };
+                    recorded
+                }
+                None => config.clone(),
+            };
+            estimate(path, read, &recorded, emulate)?
+        }
+    };
+    *config = with_phase(config, report.phase_s);
+    Ok(Some(report))
+}
+
+/// Whether a recorded configuration names L2 adapters.
+fn records_adapters(recorded_json: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(recorded_json)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/l2_adapter_config/adapters")
+                .and_then(|a| a.as_array())
+                .map(|a| !a.is_empty())
+        })
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::best_run;
+
+    #[test]
+    fn the_widest_run_of_best_scores_wins_and_ties_go_to_the_earliest() {
+        assert_eq!(best_run(&[1, 3, 3, 2, 3, 3, 3, 1]), (4, 6));
+        assert_eq!(best_run(&[3, 1, 3]), (0, 0));
+        assert_eq!(best_run(&[]), (0, 0));
+    }
+}

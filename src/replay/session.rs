@@ -1,0 +1,289 @@
+//! The client sessions a storage trace implies, and what the server does at their end that
+//! the trace does not record.
+//!
+//! An LMCache 0.5.6 server handles each client request as a session: a retrieve is a lookup
+//! (`submit_prefetch_task`) followed, when anything hit, by the read
+//! (`read_prefetched_results` entry and exit, `finish_read_prefetched`); a store is a
+//! `reserve_write` followed by `finish_write` of what was reserved. When the client ends the
+//! session, the server touches every key of the request in L1 (`touch_l1_keys`, untraced):
+//! an eviction-policy event as real as any recorded call — it is what puts a freshly stored
+//! chunk into ARC's frequent list. Replay applies that touch a moment after the session's
+//! last record (`SESSION_END_DELAY_S`, as the end-of-session call lands on the server).
+//!
+//! A what-if replay also has to do what the client would have done with a different
+//! outcome: when the replay reserved keys the recording could not (so the trace has no
+//! `finish_write` for them), the client writes them; when the replay kept read locks for
+//! hits the recording did not have (so the trace has no `finish_read_prefetched` for them),
+//! the client releases them. Without that, a what-if replay would leak reservations and
+//! locks until their TTLs and report eviction stalls no server would have. Both are counted
+//! in the report. With the recorded configuration and outcome, nothing is added.
+
+use crate::storage::{KeyId, KeyMap, PrefetchOutcome, StorageManager};
+
+use super::dispatch::{Call, Effect};
+
+/// How long after a session's last record the server's end-of-session touch lands
+/// (measured on the reference recordings: 1–7 ms).
+pub const SESSION_END_DELAY_S: f64 = 0.002;
+
+/// Where a record sits in the trace.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Position {
+    /// 1-based record number.
+    pub record: u64,
+    /// Byte offset of the record's frame.
+    pub offset: u64,
+    pub t: f64,
+}
+
+/// A finished retrieve: what the recording and the replay hit.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Retrieve {
+    pub at: Position,
+    /// The first key group's keys, in chunk order.
+    pub keys: Vec<KeyId>,
+    /// What the replay's prefetch found; `recorded_hit_chunks` is what the recording's was:
+    /// the keys of its read, 0 when the trace has none.
+    pub outcome: PrefetchOutcome,
+}
+
+/// A finished store: what the recording and the replay reserved.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Store {
+    pub at: Position,
+    pub keys: Vec<KeyId>,
+    /// Keys the replay reserved.
+    pub replayed: Vec<KeyId>,
+    /// Keys the recording admitted (its `finish_write`), i.e. the ones its server reserved.
+    pub recorded: Vec<KeyId>,
+}
+
+/// A session that ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Closed {
+    Retrieve(Retrieve),
+    Store(Store),
+}
+
+/// Client work the replay did on the recording's behalf (see the module documentation).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Completions {
+    /// Keys the replay reserved that the trace never finished, admitted at the session's end.
+    pub writes_finished: u64,
+    /// Read locks the replay held that the trace never released, released at the end.
+    pub locks_released: u64,
+    /// End-of-session touches applied.
+    pub touches: u64,
+}
+
+enum Open {
+    Retrieve {
+        session: Retrieve,
+        /// Every key of the request (all groups), touched at the end.
+        all_keys: Vec<KeyId>,
+        held: Vec<KeyId>,
+        readers: u64,
+        released: KeyMap<u64>,
+        read_seen: bool,
+        entered_ok: bool,
+    },
+    Store {
+        session: Store,
+        finished: bool,
+    },
+}
+
+/// Follows the trace's sessions; see the module documentation.
+pub struct Sessions {
+    /// Apply the end-of-session touch and the client's completions.
+    emulate: bool,
+    open: Option<(Open, f64)>,
+    pub completions: Completions,
+}
+
+fn subset(keys: &[KeyId], of: &[KeyId]) -> bool {
+    keys.iter().all(|k| of.contains(k))
+}
+
+impl Sessions {
+    pub fn new(emulate: bool) -> Sessions {
+        Sessions {
+            emulate,
+            open: None,
+            completions: Completions::default(),
+        }
+    }
+
+    /// Before `call` at `at` is applied: ends the open session unless the call continues
+    /// it.
+    pub fn before(&mut self, sm: &mut StorageManager, call: &Call, at: Position) -> Option<Closed> {
+        let continues = match (&self.open, call) {
+            (
+                Some((Open::Retrieve { all_keys, .. }, _)),
+                Call::ReadEnter { keys } | Call::ReadExit { keys } | Call::FinishRead { keys, .. },
+            ) => subset(keys, all_keys),
+            (Some((Open::Store { session, finished }, _)), Call::FinishWrite { keys }) => {
+                !finished && subset(keys, &session.keys)
+            }
+            _ => false,
+        };
+        if continues {
+            None
+        } else {
+            self.close(sm, at.t)
+        }
+    }
+
+    /// After `call` was applied with `effect`: opens a session or records its progress.
+    pub fn after(&mut self, call: &Call, effect: &Effect, at: Position) {
+        let t = at.t;
+        match (call, effect) {
+            (
+                Call::Prefetch {
+                    groups, readers, ..
+                },
+                Effect::Prefetched(outcome),
+            ) => {
+                let mut outcome = outcome.clone();
+                let held = std::mem::take(&mut outcome.held);
+                outcome.recorded_hit_chunks = Some(0);
+                let session = Retrieve {
+                    at,
+                    keys: groups.first().map(|g| g.keys.clone()).unwrap_or_default(),
+                    outcome,
+                };
+                self.open = Some((
+                    Open::Retrieve {
+                        session,
+                        all_keys: call.keys().collect(),
+                        held,
+                        readers: (*readers).max(1),
+                        released: KeyMap::default(),
+                        read_seen: false,
+                        entered_ok: true,
+                    },
+                    t,
+                ));
+            }
+            (Call::ReserveWrite { keys, .. }, Effect::Reserved(r)) => {
+                let session = Store {
+                    at,
+                    keys: keys.clone(),
+                    replayed: r.reserved.clone(),
+                    recorded: Vec::new(),
+                };
+                self.open = Some((
+                    Open::Store {
+                        session,
+                        finished: false,
+                    },
+                    t,
+                ));
+            }
+            _ => {
+                let Some((open, last)) = &mut self.open else {
+                    return;
+                };
+                *last = t;
+                match (open, call) {
+                    (
+                        Open::Retrieve {
+                            session,
+                            read_seen,
+                            entered_ok,
+                            ..
+                        },
+                        Call::ReadEnter { keys },
+                    ) => {
+                        *entered_ok = matches!(effect, Effect::Read { ok: true });
+                        if !*read_seen {
+                            *read_seen = true;
+                            let hit = keys.iter().filter(|k| session.keys.contains(k)).count();
+                            session.outcome.recorded_hit_chunks = Some(hit as u64);
+                        }
+                    }
+                    (
+                        Open::Retrieve { held, released, .. },
+                        Call::FinishRead { keys, read_locks },
+                    ) => {
+                        for k in keys.iter().filter(|k| held.contains(k)) {
+                            *released.entry(*k).or_default() += (*read_locks).max(1) as u64;
+                        }
+                    }
+                    (
+                        Open::Retrieve {
+                            held,
+                            released,
+                            entered_ok: false,
+                            ..
+                        },
+                        Call::ReadExit { keys },
+                    ) => {
+                        // The exit of a failed read released one lock of each readable key.
+                        for k in keys.iter().filter(|k| held.contains(k)) {
+                            *released.entry(*k).or_default() += 1;
+                        }
+                    }
+                    (Open::Store { session, finished }, Call::FinishWrite { keys }) => {
+                        *finished = true;
+                        session.recorded = keys.clone();
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Ends the open session (at the end of the trace, or before a call that does not
+    /// continue it): the client's completions, then the end-of-session touch.
+    pub fn close(&mut self, sm: &mut StorageManager, next_t: f64) -> Option<Closed> {
+        let (open, last) = self.open.take()?;
+        if self.emulate {
+            sm.advance_to((last + SESSION_END_DELAY_S).min(next_t));
+        }
+        match open {
+            Open::Retrieve {
+                session,
+                all_keys,
+                held,
+                readers,
+                released,
+                ..
+            } => {
+                if self.emulate {
+                    for key in held {
+                        let left = readers.saturating_sub(released.get(&key).copied().unwrap_or(0));
+                        if left > 0 && sm.holds_read_lock(key) {
+                            sm.finish_read_prefetched_ids(&[key], left as i64);
+                            self.completions.locks_released += 1;
+                        }
+                    }
+                    self.touch(sm, &all_keys);
+                }
+                Some(Closed::Retrieve(session))
+            }
+            Open::Store { session, .. } => {
+                if self.emulate {
+                    let unfinished: Vec<KeyId> = session
+                        .replayed
+                        .iter()
+                        .copied()
+                        .filter(|k| !session.recorded.contains(k))
+                        .collect();
+                    if !unfinished.is_empty() {
+                        if let Ok(admitted) = sm.finish_write_ids(&unfinished) {
+                            self.completions.writes_finished += admitted.len() as u64;
+                        }
+                    }
+                    self.touch(sm, &session.keys);
+                }
+                Some(Closed::Store(session))
+            }
+        }
+    }
+
+    fn touch(&mut self, sm: &mut StorageManager, keys: &[KeyId]) {
+        sm.touch_keys(keys);
+        self.completions.touches += 1;
+    }
+}

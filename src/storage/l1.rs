@@ -1,0 +1,777 @@
+//! The L1 pool, with LMCache 0.5.6's `L1Manager` state machine (`l1_manager.py`): a write
+//! reserves a *staging* object, invisible to readers, that `finish_write` admits as resident
+//! (or discards when the key became resident meanwhile); readers take counted read locks;
+//! both locks are TTL locks (`TTLLock`: a lock refreshes the deadline and restarts the count
+//! once it lapsed, and a lapsed lock is not held). Memory comes from a first-fit
+//! [`Arena`](super::arena::Arena) and the eviction policy hears every reservation, admission,
+//! touch and removal as LMCache's listener does.
+//!
+//! Time is passed in (trace seconds), so every lock and deadline is reproducible.
+
+use std::io;
+
+use super::arena::Arena;
+use super::eviction::{victim_count, EvictionPolicy};
+use super::{KeyId, KeyMap, TierStats};
+
+/// LMCache's `MAX_READ_LOCK_COUNT`: read-lock counts per call are clamped to 1..=128.
+const MAX_READ_LOCKS: u64 = 128;
+
+/// A counted lock with a time to live.
+#[derive(Clone, Copy, Debug, Default)]
+struct TtlLock {
+    count: u64,
+    deadline: f64,
+}
+
+impl TtlLock {
+    fn held(&self, now: f64) -> bool {
+        self.count > 0 && now < self.deadline
+    }
+
+    /// Forgets a count whose deadline passed; true when there was one (a lapse).
+    fn lapse(&mut self, now: f64) -> bool {
+        let lapsed = self.count > 0 && now >= self.deadline;
+        if lapsed {
+            self.count = 0;
+        }
+        lapsed
+    }
+
+    /// Takes `n` locks; a lapsed lock starts counting again. True when a held count lapsed.
+    fn lock(&mut self, n: u64, now: f64, ttl: f64) -> bool {
+        let lapsed = self.lapse(now);
+        self.count += n;
+        self.deadline = now + ttl;
+        lapsed
+    }
+
+    fn unlock(&mut self, n: u64) {
+        self.count = self.count.saturating_sub(n);
+    }
+}
+
+/// Sizes are the objects' own bytes; the arena rounds them to its alignment.
+#[derive(Debug)]
+struct Resident {
+    address: u64,
+    size: u64,
+    read_lock: TtlLock,
+    /// Loaded from L2 for one reader: deleted once its read locks are released.
+    temporary: bool,
+}
+
+#[derive(Debug)]
+struct Staged {
+    address: u64,
+    size: u64,
+    write_lock: TtlLock,
+}
+
+/// Where L1's bytes live.
+pub enum L1Store {
+    /// A real host pool the size of the heap, as the server's pinned pool: the first object
+    /// placed at an address touches its pages, so the replay holds as much resident memory
+    /// as the server's pool did. No KV bytes are copied: a storage trace carries none, and
+    /// LMCache's own replay copies none either.
+    Host(HostBuffer),
+    /// Sizes only, for traces bigger than RAM.
+    Accounting,
+    /// A GPU memory budget: no bytes, `size / bandwidth` per transfer.
+    Gpu { bytes_per_s: f64 },
+}
+
+impl L1Store {
+    fn name(&self) -> &'static str {
+        match self {
+            L1Store::Host(_) => "memory",
+            L1Store::Accounting => "memory (accounting only)",
+            L1Store::Gpu { .. } => "gpu (budget)",
+        }
+    }
+
+    fn modelled_seconds(&self, size: u64) -> f64 {
+        match self {
+            L1Store::Gpu { bytes_per_s } => size as f64 / bytes_per_s,
+            _ => 0.0,
+        }
+    }
+}
+
+/// An anonymous private mapping: zero pages are only materialised when touched, so an 8 GiB
+/// L1 costs memory in proportion to what the replay stores, and a mapping the system cannot
+/// give is an error instead of an abort.
+pub struct HostBuffer {
+    ptr: *mut u8,
+    len: usize,
+    /// Every page below this address has been touched. First fit hands out the lowest free
+    /// addresses, so everything below it was part of an object once.
+    touched: usize,
+}
+
+/// The page size the pool is touched at.
+const PAGE: usize = 4096;
+
+// The mapping is owned by exactly one L1 and only touched through `&mut self`.
+unsafe impl Send for HostBuffer {}
+
+impl HostBuffer {
+    pub fn map(len: u64) -> io::Result<HostBuffer> {
+        let len = usize::try_from(len.max(1)).map_err(io::Error::other)?;
+        // SAFETY: an anonymous, private, read-write mapping; the result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // Huge pages where the kernel offers them: a 2 GiB pool becomes resident in a
+        // thousand faults rather than half a million. Advice only; failure changes nothing.
+        // SAFETY: advises on the mapping just created.
+        unsafe {
+            libc::madvise(ptr, len, libc::MADV_HUGEPAGE);
+        }
+        Ok(HostBuffer {
+            ptr: ptr.cast(),
+            len,
+            touched: 0,
+        })
+    }
+
+    fn range(&mut self, address: u64, size: u64) -> &mut [u8] {
+        let start = (address as usize).min(self.len);
+        let end = (start + size as usize).min(self.len);
+        // SAFETY: start..end lies inside the mapping, which lives as long as `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), end - start) }
+    }
+
+    /// Makes an object's pages resident: writes one byte in each page not touched before.
+    fn place(&mut self, address: u64, size: u64) {
+        let end = (address.saturating_add(size) as usize).min(self.len);
+        let start = (address as usize).max(self.touched);
+        if start < end {
+            for byte in self
+                .range(start as u64, (end - start) as u64)
+                .iter_mut()
+                .step_by(PAGE)
+            {
+                *byte = 0xA5;
+            }
+            self.touched = end;
+        }
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `map` created.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}
+
+/// What `reserve_write` did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reservation {
+    /// Keys now staged for this writer, in LMCache's order (handed-over lapsed reservations
+    /// first, then new allocations).
+    pub reserved: Vec<KeyId>,
+    /// Resident, already staged by this writer, or repeated in the call (KEY_NOT_WRITABLE).
+    pub not_writable: u64,
+    /// The pending batch did not fit: none of it was reserved.
+    pub out_of_memory: bool,
+}
+
+/// Why a read of prefetched objects failed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unreadable {
+    /// Not resident (KEY_NOT_EXIST).
+    pub missing: u64,
+    /// Resident but not read-locked (KEY_NOT_READABLE).
+    pub unlocked: u64,
+}
+
+/// Lock and lifecycle counters of L1.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LockStats {
+    pub read_locks_expired: u64,
+    pub write_reservations_expired: u64,
+    /// `finish_write` keys with no reservation, or whose reservation lapsed.
+    pub keys_not_staged: u64,
+    /// `finish_read` keys that were missing or not read-locked.
+    pub unlocks_of_unlocked: u64,
+}
+
+pub struct L1 {
+    arena: Arena,
+    resident: KeyMap<Resident>,
+    staging: KeyMap<Staged>,
+    pub policy: Box<dyn EvictionPolicy>,
+    store: L1Store,
+    read_ttl: f64,
+    write_ttl: f64,
+    pub stats: TierStats,
+    pub locks: LockStats,
+    /// Modelled transfer seconds (write, read) of a GPU budget.
+    pub modelled: [f64; 2],
+}
+
+/// An object that left L1 by eviction, for a waterfall to move down.
+pub struct Evicted {
+    pub key: KeyId,
+    pub size: u64,
+}
+
+impl L1 {
+    pub fn new(
+        heap: u64,
+        align: u64,
+        policy: Box<dyn EvictionPolicy>,
+        store: L1Store,
+        ttls: (f64, f64),
+    ) -> L1 {
+        let stats = TierStats {
+            name: "L1".into(),
+            backend: store.name().into(),
+            capacity_bytes: Some(heap),
+            ..TierStats::default()
+        };
+        L1 {
+            arena: Arena::new(heap, align),
+            resident: KeyMap::default(),
+            staging: KeyMap::default(),
+            policy,
+            store,
+            read_ttl: ttls.0,
+            write_ttl: ttls.1,
+            stats,
+            locks: LockStats::default(),
+            modelled: [0.0; 2],
+        }
+    }
+
+    pub fn usage(&self) -> f64 {
+        if self.arena.heap() == 0 {
+            0.0
+        } else {
+            self.arena.used() as f64 / self.arena.heap() as f64
+        }
+    }
+
+    pub fn is_resident(&self, key: KeyId) -> bool {
+        self.resident.contains_key(&key)
+    }
+
+    fn write_bytes(&mut self, address: u64, size: u64) {
+        if let L1Store::Host(buf) = &mut self.store {
+            buf.place(address, size);
+        }
+        self.modelled[0] += self.store.modelled_seconds(size);
+        self.stats.writes += 1;
+        self.stats.bytes_written += size;
+    }
+
+    /// Counts a read of an object, as a load into the engine.
+    pub fn read_bytes(&mut self, key: KeyId) {
+        if let Some(size) = self.resident.get(&key).map(|r| r.size) {
+            self.count_read(size);
+        }
+    }
+
+    /// Counts a read of `size` bytes (a load, or the copy out of an object being demoted).
+    pub fn count_read(&mut self, size: u64) {
+        self.modelled[1] += self.store.modelled_seconds(size);
+        self.stats.reads += 1;
+        self.stats.bytes_read += size;
+    }
+
+    fn note_peak(&mut self) {
+        self.stats.peak_bytes = self.stats.peak_bytes.max(self.arena.used());
+    }
+
+    /// How many of `keys` a `reserve_write` would have to allocate.
+    pub fn needs_allocation(&self, keys: &[KeyId]) -> usize {
+        let mut seen: Vec<KeyId> = Vec::new();
+        for &key in keys {
+            if !self.resident.contains_key(&key)
+                && !self.staging.contains_key(&key)
+                && !seen.contains(&key)
+            {
+                seen.push(key);
+            }
+        }
+        seen.len()
+    }
+
+    /// LMCache's `reserve_write` for the storage manager's writer.
+    pub fn reserve_write(&mut self, keys: &[KeyId], size: u64, now: f64) -> Reservation {
+        let mut out = Reservation::default();
+        let mut pending: Vec<KeyId> = Vec::new();
+        for &key in keys {
+            if self.resident.contains_key(&key) || pending.contains(&key) {
+                out.not_writable += 1;
+                continue;
+            }
+            match self.staging.get_mut(&key) {
+                Some(s) if s.write_lock.held(now) => out.not_writable += 1,
+                Some(s) => {
+                    // The previous reservation lapsed: its buffer goes to the new writer.
+                    s.write_lock.lock(1, now, self.write_ttl);
+                    self.locks.write_reservations_expired += 1;
+                    out.reserved.push(key);
+                }
+                None => pending.push(key),
+            }
+        }
+        if !pending.is_empty() {
+            match self.arena.allocate(size, pending.len()) {
+                None => out.out_of_memory = true,
+                Some(addresses) => {
+                    for (key, address) in pending.into_iter().zip(addresses) {
+                        let mut write_lock = TtlLock::default();
+                        write_lock.lock(1, now, self.write_ttl);
+                        self.staging.insert(
+                            key,
+                            Staged {
+                                address,
+                                size,
+                                write_lock,
+                            },
+                        );
+                        out.reserved.push(key);
+                    }
+                    self.note_peak();
+                }
+            }
+        }
+        if !out.reserved.is_empty() {
+            self.policy.on_reserved(&out.reserved);
+        }
+        out
+    }
+
+    /// LMCache's `finish_write`: admits this writer's live reservations (discarding one whose
+    /// key became resident meanwhile) and returns the keys that became resident.
+    pub fn finish_write(&mut self, keys: &[KeyId], now: f64) -> Vec<KeyId> {
+        let mut admitted = Vec::with_capacity(keys.len());
+        for &key in keys {
+            match self.staging.get(&key) {
+                Some(s) if s.write_lock.held(now) => {}
+                _ => {
+                    self.locks.keys_not_staged += 1;
+                    continue;
+                }
+            }
+            let Some(staged) = self.staging.remove(&key) else {
+                continue;
+            };
+            if self.resident.contains_key(&key) {
+                self.arena.free(staged.address, staged.size);
+                continue;
+            }
+            self.write_bytes(staged.address, staged.size);
+            self.resident.insert(
+                key,
+                Resident {
+                    address: staged.address,
+                    size: staged.size,
+                    read_lock: TtlLock::default(),
+                    temporary: false,
+                },
+            );
+            admitted.push(key);
+        }
+        if !admitted.is_empty() {
+            self.policy.on_created(&admitted);
+        }
+        admitted
+    }
+
+    /// Size of a resident object.
+    pub fn size_of(&self, key: KeyId) -> Option<u64> {
+        self.resident.get(&key).map(|r| r.size)
+    }
+
+    /// LMCache's `reserve_read`: takes `n` read locks on each resident key; true per key that
+    /// is resident.
+    pub fn reserve_read(&mut self, keys: &[KeyId], n: u64, now: f64) -> Vec<bool> {
+        let n = n.clamp(1, MAX_READ_LOCKS);
+        keys.iter()
+            .map(|key| match self.resident.get_mut(key) {
+                Some(r) => {
+                    if r.read_lock.lock(n, now, self.read_ttl) {
+                        self.locks.read_locks_expired += 1;
+                    }
+                    true
+                }
+                None => false,
+            })
+            .collect()
+    }
+
+    /// LMCache's `unsafe_read` of every key: Ok when all are resident and read-locked (and
+    /// then their bytes are copied out), else what was wrong.
+    pub fn unsafe_read(&mut self, keys: &[KeyId], now: f64) -> Result<(), Unreadable> {
+        let mut bad = Unreadable::default();
+        for key in keys {
+            match self.resident.get_mut(key) {
+                Some(r) if r.read_lock.held(now) => {}
+                Some(r) => {
+                    bad.unlocked += 1;
+                    self.locks.read_locks_expired += u64::from(r.read_lock.lapse(now));
+                }
+                None => bad.missing += 1,
+            }
+        }
+        if bad != Unreadable::default() {
+            return Err(bad);
+        }
+        for &key in keys {
+            self.read_bytes(key);
+        }
+        Ok(())
+    }
+
+    /// The keys among `keys` that are resident and read-locked.
+    pub fn readable(&self, keys: &[KeyId], now: f64) -> Vec<KeyId> {
+        keys.iter()
+            .copied()
+            .filter(|k| self.resident.get(k).is_some_and(|r| r.read_lock.held(now)))
+            .collect()
+    }
+
+    /// LMCache's `finish_read`: releases `n` read locks per key (clamped to 1..=128); a
+    /// temporary object whose last lock goes is deleted. Returns the deleted keys.
+    pub fn finish_read(&mut self, keys: &[KeyId], n: u64, now: f64) -> Vec<KeyId> {
+        let n = n.clamp(1, MAX_READ_LOCKS);
+        let mut freed = Vec::new();
+        for &key in keys {
+            let Some(r) = self.resident.get_mut(&key) else {
+                self.locks.unlocks_of_unlocked += 1;
+                continue;
+            };
+            if !r.read_lock.held(now) {
+                self.locks.unlocks_of_unlocked += 1;
+                self.locks.read_locks_expired += u64::from(r.read_lock.lapse(now));
+                continue;
+            }
+            r.read_lock.unlock(n);
+            if r.temporary && !r.read_lock.held(now) {
+                freed.push(key);
+            }
+        }
+        for &key in &freed {
+            self.remove_resident(key);
+        }
+        if !freed.is_empty() {
+            self.policy.on_removed(&freed);
+        }
+        freed
+    }
+
+    /// Reserves staging buffers for objects a prefetch loads from L2, as one batch; `None`
+    /// when they do not all fit (nothing is reserved then).
+    pub fn reserve_for_load(&mut self, keys: &[KeyId], size: u64) -> Option<Vec<u64>> {
+        let addresses = self.arena.allocate(size, keys.len())?;
+        self.note_peak();
+        self.policy.on_reserved(keys);
+        Some(addresses)
+    }
+
+    /// LMCache's `finish_write_and_reserve_read` for loaded objects: each becomes resident
+    /// and read-locked `n` times (temporary unless retained); one whose key became resident
+    /// meanwhile is discarded and the resident one is locked instead.
+    pub fn admit_loaded(
+        &mut self,
+        loaded: &[(KeyId, u64)],
+        size: u64,
+        temporary: bool,
+        n: u64,
+        now: f64,
+    ) {
+        let mut admitted = Vec::with_capacity(loaded.len());
+        for &(key, address) in loaded {
+            if let Some(r) = self.resident.get_mut(&key) {
+                self.arena.free(address, size);
+                r.read_lock
+                    .lock(n.clamp(1, MAX_READ_LOCKS), now, self.read_ttl);
+                continue;
+            }
+            self.write_bytes(address, size);
+            let mut read_lock = TtlLock::default();
+            read_lock.lock(n.clamp(1, MAX_READ_LOCKS), now, self.read_ttl);
+            self.resident.insert(
+                key,
+                Resident {
+                    address,
+                    size,
+                    read_lock,
+                    temporary,
+                },
+            );
+            admitted.push(key);
+        }
+        self.policy.on_created(&admitted);
+    }
+
+    /// Gives back staging buffers a prefetch reserved but will not load.
+    pub fn release_loads(&mut self, keys: &[KeyId], addresses: &[u64], size: u64) {
+        for &address in addresses {
+            self.arena.free(address, size);
+        }
+        let gone: Vec<KeyId> = keys
+            .iter()
+            .copied()
+            .filter(|k| !self.resident.contains_key(k) && !self.staging.contains_key(k))
+            .collect();
+        if !gone.is_empty() {
+            self.policy.on_removed(&gone);
+        }
+    }
+
+    fn remove_resident(&mut self, key: KeyId) -> Option<u64> {
+        let r = self.resident.remove(&key)?;
+        self.arena.free(r.address, r.size);
+        Some(r.size)
+    }
+
+    /// LMCache's `delete` without force: removes unlocked resident objects and reclaims
+    /// lapsed reservations; returns the resident objects removed.
+    pub fn delete(&mut self, keys: &[KeyId], now: f64) -> Vec<Evicted> {
+        let mut removed = Vec::new();
+        let mut gone = Vec::new();
+        for &key in keys {
+            if let Some(s) = self.staging.get(&key) {
+                if s.write_lock.held(now) {
+                    continue;
+                }
+                let s = self.staging.remove(&key).expect("present");
+                self.arena.free(s.address, s.size);
+                self.locks.write_reservations_expired += 1;
+                if !self.resident.contains_key(&key) {
+                    gone.push(key);
+                    continue;
+                }
+            }
+            match self.resident.get(&key) {
+                Some(r) if !r.read_lock.held(now) => {
+                    let size = self.remove_resident(key).unwrap_or(0);
+                    removed.push(Evicted { key, size });
+                    gone.push(key);
+                }
+                _ => {}
+            }
+        }
+        if !gone.is_empty() {
+            self.policy.on_removed(&gone);
+        }
+        removed
+    }
+
+    /// LMCache's untraced `touch_keys`: tells the policy the keys were used.
+    pub fn touch(&mut self, keys: &[KeyId]) {
+        if !keys.is_empty() {
+            self.policy.on_touched(keys);
+        }
+    }
+
+    /// Evicts `count` victims by policy among the evictable keys: resident and not
+    /// read-locked, or staged with a lapsed write lock (LMCache's `is_key_evictable`).
+    fn evict_count(&mut self, count: usize, now: f64) -> Vec<Evicted> {
+        let (resident, staging) = (&self.resident, &self.staging);
+        let victims = self
+            .policy
+            .select(count, &mut |key| match resident.get(&key) {
+                Some(r) if !r.read_lock.held(now) => true,
+                _ => staging.get(&key).is_some_and(|s| !s.write_lock.held(now)),
+            });
+        let removed = self.delete(&victims, now);
+        for e in &removed {
+            self.stats.evictions += 1;
+            self.stats.bytes_evicted += e.size;
+        }
+        removed
+    }
+
+    /// One pass of LMCache's L1 eviction controller: when usage has reached the watermark,
+    /// evicts `int(tracked × ratio)` keys (at least one). `None` when usage was below it.
+    pub fn eviction_pass(&mut self, watermark: f64, ratio: f64, now: f64) -> Option<Vec<Evicted>> {
+        if self.usage() < watermark {
+            return None;
+        }
+        let count = victim_count(self.policy.tracked(), ratio);
+        Some(self.evict_count(count, now))
+    }
+
+    /// Evicts one victim at a time until `count` objects of `size` bytes fit (kvtrace's
+    /// immediate timing); returns what left.
+    pub fn make_room(&mut self, size: u64, count: usize, now: f64) -> Vec<Evicted> {
+        let mut out = Vec::new();
+        while !self.arena.fits(size, count) {
+            let victims = self.policy.tracked();
+            let evicted = self.evict_count(1, now);
+            if evicted.is_empty() && self.policy.tracked() == victims {
+                break;
+            }
+            out.extend(evicted);
+        }
+        out
+    }
+
+    /// The earliest time after `now` at which a held lock lapses (and so a key may become
+    /// evictable), if any.
+    pub fn next_lapse(&self, now: f64) -> Option<f64> {
+        let reads = self
+            .resident
+            .values()
+            .filter(|r| r.read_lock.held(now))
+            .map(|r| r.read_lock.deadline);
+        let writes = self
+            .staging
+            .values()
+            .filter(|s| s.write_lock.held(now))
+            .map(|s| s.write_lock.deadline);
+        reads.chain(writes).reduce(f64::min)
+    }
+
+    /// Empties L1 of unlocked objects (LMCache's `clear` without force).
+    pub fn clear(&mut self, now: f64) {
+        let mut keys: Vec<KeyId> = self.resident.keys().copied().collect();
+        keys.extend(self.staging.keys().copied());
+        keys.sort_unstable();
+        keys.dedup();
+        self.delete(&keys, now);
+    }
+
+    pub fn tier_stats(&self) -> TierStats {
+        let mut s = self.stats.clone();
+        s.resident_bytes = self.arena.used();
+        s.resident_objects = self.resident.len() as u64;
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::eviction::PolicyKind;
+    use super::*;
+
+    fn l1(objects: u64) -> L1 {
+        L1::new(
+            objects * 4096,
+            4096,
+            PolicyKind::Lru.build(),
+            L1Store::Accounting,
+            (300.0, 600.0),
+        )
+    }
+
+    fn ks(ns: &[u128]) -> Vec<KeyId> {
+        ns.iter().map(|&n| KeyId(n)).collect()
+    }
+
+    #[test]
+    fn a_reservation_is_invisible_until_admitted_and_a_resident_key_is_not_writable() {
+        let mut l = l1(4);
+        let r = l.reserve_write(&ks(&[1, 2]), 4096, 0.0);
+        assert_eq!(r.reserved.len(), 2);
+        assert!(!l.is_resident(KeyId(1)));
+        assert_eq!(l.finish_write(&ks(&[1, 2]), 0.1), ks(&[1, 2]));
+        let again = l.reserve_write(&ks(&[1, 3, 3]), 4096, 0.2);
+        assert_eq!(again.not_writable, 2, "1 is resident, the second 3 repeats");
+        assert_eq!(again.reserved, ks(&[3]));
+    }
+
+    #[test]
+    fn a_batch_that_does_not_fit_reserves_nothing() {
+        let mut l = l1(3);
+        let r = l.reserve_write(&ks(&[1, 2, 3, 4]), 4096, 0.0);
+        assert!(r.out_of_memory);
+        assert_eq!(l.arena.used(), 0);
+    }
+
+    #[test]
+    fn read_locks_lapse_after_their_ttl_and_then_count_from_zero() {
+        let mut l = l1(2);
+        l.reserve_write(&ks(&[1]), 4096, 0.0);
+        l.finish_write(&ks(&[1]), 0.0);
+        l.reserve_read(&ks(&[1]), 2, 1.0);
+        assert!(l.unsafe_read(&ks(&[1]), 300.0).is_ok());
+        assert_eq!(
+            l.unsafe_read(&ks(&[1]), 301.0),
+            Err(Unreadable {
+                missing: 0,
+                unlocked: 1
+            })
+        );
+        l.reserve_read(&ks(&[1]), 1, 302.0);
+        l.finish_read(&ks(&[1]), 1, 302.5);
+        assert!(
+            l.unsafe_read(&ks(&[1]), 302.5).is_err(),
+            "count restarted at 1"
+        );
+        assert_eq!(l.locks.read_locks_expired, 1);
+    }
+
+    #[test]
+    fn an_eviction_pass_takes_int_of_tracked_times_ratio_and_skips_locked_keys() {
+        let mut l = l1(10);
+        for n in 0..10u128 {
+            l.reserve_write(&[KeyId(n)], 4096, 0.0);
+            l.finish_write(&[KeyId(n)], 0.0);
+        }
+        l.reserve_read(&ks(&[0]), 1, 0.0);
+        assert!(l.eviction_pass(0.95, 0.2, 0.5).is_some());
+        // 10 tracked × 0.2 = 2 victims; 0 is locked, so 1 and 2 go (oldest first).
+        assert!(l.is_resident(KeyId(0)));
+        assert!(!l.is_resident(KeyId(1)) && !l.is_resident(KeyId(2)));
+        assert!(
+            l.eviction_pass(0.95, 0.2, 0.6).is_none(),
+            "below the watermark"
+        );
+    }
+
+    #[test]
+    fn a_temporary_object_leaves_with_its_last_read_lock() {
+        let mut l = l1(2);
+        let addresses = l.reserve_for_load(&ks(&[7]), 4096).unwrap();
+        l.admit_loaded(&[(KeyId(7), addresses[0])], 4096, true, 1, 0.0);
+        assert!(l.is_resident(KeyId(7)));
+        l.finish_read(&ks(&[7]), 1, 0.1);
+        assert!(!l.is_resident(KeyId(7)));
+        assert_eq!(l.arena.used(), 0);
+    }
+
+    #[test]
+    fn the_host_pool_becomes_resident_where_objects_were_placed() {
+        let mut l = L1::new(
+            8192,
+            4096,
+            PolicyKind::Lru.build(),
+            L1Store::Host(HostBuffer::map(8192).unwrap()),
+            (300.0, 600.0),
+        );
+        l.reserve_write(&ks(&[1]), 4096, 0.0);
+        l.finish_write(&ks(&[1]), 0.0);
+        l.reserve_read(&ks(&[1]), 1, 0.0);
+        l.unsafe_read(&ks(&[1]), 0.0).unwrap();
+        let L1Store::Host(buf) = &mut l.store else {
+            unreachable!()
+        };
+        assert_eq!(buf.touched, 4096);
+        assert_eq!(buf.range(0, 1)[0], 0xA5);
+        assert_eq!(
+            buf.range(4096, 4096)[0],
+            0,
+            "the free page was never touched"
+        );
+    }
+}

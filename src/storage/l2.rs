@@ -1,0 +1,148 @@
+//! One L2 tier: a backend (memory, file, Redis, GPU budget, null) with an optional capacity
+//! and its own eviction policy, written through from L1 or fed by a waterfall.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use super::backend::{Backend, GpuBudget, Memory, Null};
+use super::config::{BackendConfig, L2Config};
+use super::{file, redis, KeyId, KeyMap, TierStats};
+
+/// The time a transfer counts for: the device model's when the backend has one, else what
+/// was measured.
+pub(super) fn transfer_time(backend: &dyn Backend, size: u64, measured: Duration) -> Duration {
+    backend
+        .modelled_seconds(size)
+        .map_or(measured, Duration::from_secs_f64)
+}
+
+fn build_backend(config: &BackendConfig) -> io::Result<Box<dyn Backend>> {
+    Ok(match config {
+        BackendConfig::Memory { buffers } => Box::new(Memory::new(*buffers)),
+        BackendConfig::File { dir, direct, fsync } => {
+            Box::new(file::FileTier::create(dir, *direct, *fsync)?)
+        }
+        BackendConfig::Redis { url, prefix } => Box::new(redis::RedisTier::connect(url, prefix)?),
+        BackendConfig::Gpu { bandwidth_gbps } => Box::new(GpuBudget::new(*bandwidth_gbps)),
+        BackendConfig::Null => Box::new(Null),
+    })
+}
+
+pub struct L2 {
+    pub capacity: Option<u64>,
+    pub used: u64,
+    pub sizes: KeyMap<u64>,
+    pub policy: Box<dyn super::eviction::EvictionPolicy>,
+    pub backend: Box<dyn Backend>,
+    pub stats: TierStats,
+    pub write_time: Duration,
+    pub read_time: Duration,
+}
+
+impl L2 {
+    pub fn new(index: usize, config: &L2Config) -> io::Result<L2> {
+        let backend = build_backend(&config.backend)?;
+        Ok(L2 {
+            capacity: config.capacity_bytes,
+            used: 0,
+            sizes: KeyMap::default(),
+            policy: config.policy.build(),
+            stats: TierStats {
+                name: format!("L2[{index}]"),
+                backend: backend.name().into(),
+                capacity_bytes: config.capacity_bytes,
+                ..TierStats::default()
+            },
+            backend,
+            write_time: Duration::ZERO,
+            read_time: Duration::ZERO,
+        })
+    }
+
+    pub fn holds(&self, key: KeyId) -> bool {
+        self.sizes.contains_key(&key)
+    }
+
+    /// Drops the tier's least valuable object by policy; its size, or `None` when nothing
+    /// is left to drop.
+    pub fn drop_victim(&mut self) -> io::Result<Option<(KeyId, u64)>> {
+        let Some(&victim) = self.policy.select(1, &mut |_| true).first() else {
+            return Ok(None);
+        };
+        self.policy.on_removed(&[victim]);
+        let freed = self.sizes.remove(&victim).unwrap_or(0);
+        self.used -= freed;
+        self.stats.evictions += 1;
+        self.stats.bytes_evicted += freed;
+        Ok(Some((victim, freed)))
+    }
+
+    /// Write-through of one object (the store controller's store task); an object the tier
+    /// already holds is skipped, as LMCache's file adapter skips an existing file. Evicts by
+    /// the tier's policy when it would not fit.
+    pub fn store(&mut self, key: KeyId, size: u64) -> io::Result<()> {
+        if self.holds(key) {
+            return Ok(());
+        }
+        if let Some(cap) = self.capacity {
+            if size > cap {
+                return Ok(());
+            }
+            while self.used.saturating_add(size) > cap {
+                match self.drop_victim()? {
+                    Some((victim, _)) => self.backend.delete(victim)?,
+                    None => return Ok(()),
+                }
+            }
+        }
+        self.admit(key, size)
+    }
+
+    /// Writes an object into this tier and accounts for it (a `null` backend keeps nothing,
+    /// so nothing becomes resident).
+    pub fn admit(&mut self, key: KeyId, size: u64) -> io::Result<()> {
+        let began = Instant::now();
+        self.backend.put(key, size)?;
+        self.write_time += transfer_time(&*self.backend, size, began.elapsed());
+        if self.backend.contains(key) {
+            self.sizes.insert(key, size);
+            self.policy.on_created(&[key]);
+            self.used += size;
+        }
+        self.stats.writes += 1;
+        self.stats.bytes_written += size;
+        self.stats.peak_bytes = self.stats.peak_bytes.max(self.used);
+        Ok(())
+    }
+
+    /// Reads an object back for a load into L1; false when the backend no longer has it.
+    pub fn load(&mut self, key: KeyId) -> io::Result<bool> {
+        let size = self.sizes.get(&key).copied().unwrap_or(0);
+        let began = Instant::now();
+        let found = self.backend.get(key)?;
+        self.read_time += transfer_time(&*self.backend, size, began.elapsed());
+        if found {
+            self.policy.on_touched(&[key]);
+            self.stats.reads += 1;
+            self.stats.bytes_read += size;
+        }
+        Ok(found)
+    }
+
+    /// Removes an object (an explicit delete, or a demotion moving it down).
+    pub fn remove(&mut self, key: KeyId) -> io::Result<()> {
+        if let Some(size) = self.sizes.remove(&key) {
+            self.used -= size;
+            self.policy.on_removed(&[key]);
+            self.backend.delete(key)?;
+        }
+        Ok(())
+    }
+
+    pub fn tier_stats(&self) -> TierStats {
+        let mut s = self.stats.clone();
+        s.resident_bytes = self.used;
+        s.resident_objects = self.sizes.len() as u64;
+        s
+    }
+}

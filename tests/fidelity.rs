@@ -1,0 +1,301 @@
+//! Replay tells the truth: real LMCache 0.5.6 recordings made under eviction pressure,
+//! replayed with the configuration they record, reproduce what the client got request by
+//! request; another configuration reports each difference with a reason.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{kvtrace, shared, text};
+use kvtrace::bus::Tracer;
+use kvtrace::replay::phase::{settle, PhaseChoice};
+use kvtrace::replay::{replay, ReplayOptions};
+use kvtrace::report::ReplayReport;
+use kvtrace::storage::config::{L2Config, StorageConfig};
+use kvtrace::storage::StorageManager;
+
+/// The chunks the SDK client got back, one per retrieve, in order.
+fn client_hits(path: &Path) -> Vec<u64> {
+    std::fs::read_to_string(path)
+        .expect("client log")
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1) == Some(&"retrieve")).then(|| f[3].parse().expect("count"))
+        })
+        .collect()
+}
+
+/// Replays `trace` as `kvtrace replay` does without storage flags: the recorded
+/// configuration (an fs adapter in `l2_dir` where the recording had one), the eviction phase
+/// estimated from the trace.
+fn replay_recorded(trace: &Path, l2_dir: Option<&Path>) -> ReplayReport {
+    let reader = kvtrace::lmct::TraceReader::open(trace, Default::default()).expect("open");
+    let recorded = reader.header().sm_config_json.clone();
+    let (mut config, _) = StorageConfig::from_lmcache_json(&recorded).expect("LMCache config");
+    if let Some(dir) = l2_dir {
+        let adapter = serde_json::json!({"type": "fs", "base_path": dir});
+        config.l2 = vec![L2Config::from_adapter(&adapter).expect("fs adapter")];
+    }
+    let options = ReplayOptions::default();
+    let phase = settle(
+        trace,
+        options.read,
+        &recorded,
+        &mut config,
+        PhaseChoice::Estimate,
+        true,
+    )
+    .expect("phase");
+    let mut sm = StorageManager::new(config, Tracer::disabled()).expect("manager");
+    let mut report = replay(trace, &mut sm, &options, |_| {}).expect("replay");
+    report.eviction_phase = phase;
+    report
+}
+
+fn check_against_client(trace: &Path, client: &Path) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let name = trace.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let l2 = name.contains("l2fs").then(|| dir.path().join("l2"));
+    let report = replay_recorded(trace, l2.as_deref());
+    let want = client_hits(client);
+    let got: Vec<u64> = report.requests.iter().map(|r| r.hit_chunks).collect();
+    assert_eq!(got.len(), want.len(), "{name}: one request per retrieve");
+    let differ: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
+    assert!(
+        differ.is_empty(),
+        "{name}: requests {differ:?} differ from the client"
+    );
+    assert_eq!(report.failed, 0, "{name}");
+    assert!(report.fidelity.exact(), "{name}: {:?}", report.fidelity);
+    assert!(
+        report.calls.eviction_passes > 0,
+        "{name}: recorded under pressure"
+    );
+    if l2.is_some() {
+        assert_eq!(
+            report.fidelity.replayed_l2_hit_chunks,
+            l2_hits_on_server(
+                &client
+                    .with_extension("")
+                    .with_extension("server_excerpt.txt")
+            ),
+            "{name}: the L2 share of the hits, as the server logged it"
+        );
+    }
+}
+
+/// The sum of "y L2" over the server's "Prefetch request completed … (x L1, y L2)" lines.
+fn l2_hits_on_server(excerpt: &Path) -> u64 {
+    std::fs::read_to_string(excerpt)
+        .expect("excerpt")
+        .lines()
+        .filter_map(|l| {
+            let tail = l.split(" L1, ").nth(1)?;
+            tail.split(" L2)").next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// `trace_replay_summary.json` of a replay's output directory.
+fn summary_json(dir: &Path) -> serde_json::Value {
+    let bytes = std::fs::read(dir.join("trace_replay_summary.json")).expect("json");
+    serde_json::from_slice(&bytes).expect("parse")
+}
+
+fn bundled() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/lmcache/churn")
+}
+
+#[test]
+fn bundled_churn_recordings_replay_to_what_the_client_got() {
+    let mut n = 0;
+    for entry in std::fs::read_dir(bundled()).expect("churn dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("lct") {
+            continue;
+        }
+        check_against_client(&path, &path.with_extension("client.txt"));
+        n += 1;
+    }
+    assert_eq!(n, 7);
+}
+
+#[test]
+fn shared_churn_recordings_replay_to_what_the_client_got() {
+    let Some(shared) = shared() else { return };
+    let lmcache = shared.join("lmcache");
+    for name in ["churn_lru", "churn_arc", "churn_l2fs"] {
+        check_against_client(
+            &lmcache.join(format!("{name}.lct")),
+            &lmcache.join(format!("run_logs/{name}.client.txt")),
+        );
+    }
+}
+
+#[test]
+fn a_what_if_replay_reports_each_difference_and_fails_only_when_asked() {
+    let trace = bundled().join("lru_seed1.lct");
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().display().to_string();
+    let args = [
+        "replay",
+        trace.to_str().expect("path"),
+        "--l1-size-gb",
+        "0.002",
+        "--output-dir",
+        &out,
+        "--json",
+    ];
+    let run = kvtrace(args);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    let table = text(&run.stdout);
+    assert!(table.contains("Requests whose hits match:"), "{table}");
+    assert!(table.contains("evicted earlier") || table.contains("allocation refused"));
+    let summary = summary_json(dir.path());
+    let f = &summary["kvtrace"]["fidelity"];
+    let requests = f["requests"].as_u64().expect("requests");
+    let matching = f["requests_matching"].as_u64().expect("matching");
+    assert!(matching < requests, "half the L1 changes some requests");
+    assert!(f["replayed_hit_chunks"].as_u64() < f["recorded_hit_chunks"].as_u64());
+    let first = &f["first_divergences"][0];
+    assert!(first["record"].as_u64().expect("record") > 0);
+    assert!(first["offset"].as_u64().expect("offset") > 0);
+    assert!(!first["reason"].as_str().expect("reason").is_empty());
+    let rows = std::fs::read_to_string(dir.path().join("trace_replay_requests.csv")).expect("csv");
+    let header = rows.lines().next().expect("header");
+    assert!(header.contains("hit_chunks") && header.ends_with("recorded_hit_chunks"));
+    assert_eq!(rows.lines().count() as u64, requests + 1);
+
+    let strict = kvtrace(args.iter().copied().chain(["--expect-fidelity", "-q"]));
+    assert_eq!(strict.status.code(), Some(1));
+    let recorded = kvtrace([
+        "replay",
+        trace.to_str().expect("path"),
+        "--no-csv",
+        "-q",
+        "--expect-fidelity",
+    ]);
+    assert_eq!(
+        recorded.status.code(),
+        Some(0),
+        "{}",
+        text(&recorded.stderr)
+    );
+}
+
+#[test]
+fn the_phase_estimate_is_deterministic_and_a_pinned_phase_is_used_as_given() {
+    let trace = bundled().join("arc_seed2.lct");
+    let a = replay_recorded(&trace, None);
+    let b = replay_recorded(&trace, None);
+    let (pa, pb) = (
+        a.eviction_phase.expect("phase"),
+        b.eviction_phase.expect("phase"),
+    );
+    assert_eq!(pa, pb);
+    assert_eq!(pa.source, "estimated");
+    assert!(pa.plateau_s[0] <= pa.phase_s && pa.phase_s <= pa.plateau_s[1]);
+    assert_eq!(a.requests, b.requests);
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = kvtrace([
+        "replay",
+        trace.to_str().expect("path"),
+        "--eviction-phase",
+        "0.5",
+        "--json",
+        "--no-csv",
+        "-q",
+        "--output-dir",
+        dir.path().to_str().expect("dir"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let phase = &summary_json(dir.path())["kvtrace"]["eviction_phase"];
+    assert_eq!(phase["source"], "flag");
+    assert_eq!(phase["phase_s"], 0.5);
+    let bad = kvtrace([
+        "replay",
+        trace.to_str().expect("path"),
+        "--eviction-phase=-1",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    let err = text(&bad.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--eviction-phase"), "{err}");
+}
+
+/// A trace written straight through the recorder API: 300 stores of distinct 64 KiB chunks
+/// one microsecond apart into a 1 MiB L1.
+fn time_compressed_trace(path: &Path) {
+    use kvtrace::lmct::calls::StorageCall;
+    use kvtrace::lmct::codec::{MemoryLayoutDesc, ObjectKey};
+    use kvtrace::lmct::{Header, TraceWriter};
+    let layout = MemoryLayoutDesc {
+        shapes: vec![vec![2, 4, 64, 64]],
+        dtypes: vec!["torch.bfloat16".into()],
+    };
+    let config = StorageConfig {
+        l1_size_bytes: 1 << 20,
+        ..StorageConfig::default()
+    };
+    let file = std::fs::File::create(path).expect("create");
+    let mut w = TraceWriter::new(file, Header::storage(100.0, 1.7e9));
+    w.attach_storage_config_value(&config.to_lmcache_json())
+        .expect("config");
+    let mut args = Vec::new();
+    for i in 0..300u32 {
+        let key = ObjectKey {
+            chunk_hash: i.to_le_bytes().repeat(8),
+            model_name: "m".into(),
+            kv_rank: 16_777_472,
+            object_group_id: 0,
+            cache_salt: String::new(),
+        };
+        let keys = [key];
+        for (n, call) in [
+            StorageCall::ReserveWrite {
+                keys: &keys,
+                layout_desc: &layout,
+            },
+            StorageCall::FinishWrite { keys: &keys },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            args.clear();
+            call.encode_args(&mut args);
+            let t = 0.5 + f64::from(2 * i + n as u32) * 1e-6;
+            w.write_record_parts(t, 1.7e9 + t, call.qualname(), &args)
+                .expect("record");
+        }
+    }
+    w.finish().expect("finish");
+}
+
+#[test]
+fn a_time_compressed_trace_gets_one_warning_with_the_remedy() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let trace = dir.path().join("compressed.lct");
+    time_compressed_trace(&trace);
+    let path = trace.to_str().expect("path");
+    let out = kvtrace(["replay", path, "--no-csv", "-q"]);
+    assert_eq!(out.status.code(), Some(0));
+    let err = text(&out.stderr);
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("OUT_OF_MEMORY"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(warnings[0].contains("--eviction-timing immediate"), "{err}");
+    let fixed = kvtrace([
+        "replay",
+        path,
+        "--no-csv",
+        "-q",
+        "--eviction-timing",
+        "immediate",
+    ]);
+    assert_eq!(fixed.status.code(), Some(0));
+    assert!(!text(&fixed.stderr).contains("OUT_OF_MEMORY"));
+}
