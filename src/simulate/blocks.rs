@@ -1,6 +1,14 @@
-//! The engine's KV block pool with prefix caching: physical blocks of `block_size` tokens;
-//! a full prompt block is registered under its chained hash and stays reusable after its
-//! request ends, on an LRU list of inactive blocks, until a fresh block is needed.
+//! The engine's KV block pool with prefix caching, as the reference mocker keeps it: a pool
+//! of block *copies*, each private (a request's own, freed with it) or cached under a chained
+//! hash (findable by later requests). A cached copy is active while a request references it
+//! or a reservation pins it, and inactive otherwise — still findable, still occupying room,
+//! on an LRU list from which allocations evict only when the pool has no free room left. The
+//! same hash may have several cached copies (two requests computed it at once); hits use the
+//! oldest.
+//!
+//! Allocation is two-step, like the engine's: [`BlockPool::reserve`] checks that a batch of
+//! fresh blocks fits (evicting inactive copies as needed, but never the prefix it reuses),
+//! then the request takes its reused prefix and its fresh copies out of the reservation.
 
 use super::BlockMap;
 
@@ -13,37 +21,50 @@ pub enum KvEvent {
 
 const NONE: u32 = u32::MAX;
 
+#[derive(Clone, Copy, Debug)]
+struct Copy {
+    /// `None`: private.
+    hash: Option<u64>,
+    refs: u32,
+    pins: u32,
+    prev: u32,
+    next: u32,
+}
+
+/// Room set aside by [`BlockPool::reserve`]: the reused prefix (pinned) and the fresh copies.
+#[derive(Debug, Default)]
+pub struct Reservation {
+    prefix: Vec<u32>,
+    fresh: u32,
+}
+
 pub struct BlockPool {
     capacity: u32,
-    refs: Vec<u32>,
-    hash: Vec<Option<u64>>,
-    /// Inactive registered blocks, least recently released first.
-    prev: Vec<u32>,
-    next: Vec<u32>,
+    copies: Vec<Copy>,
+    /// Slots of freed copies, reused last-freed first.
+    vacant: Vec<u32>,
+    live: u32,
+    by_hash: BlockMap<Vec<u32>>,
     head: u32,
     tail: u32,
-    /// Blocks that hold nothing reusable.
-    free: Vec<u32>,
-    cached: BlockMap<u32>,
-    active: u32,
+    inactive: u32,
+    reserved: u32,
     prefix_caching: bool,
     events: Option<Vec<KvEvent>>,
 }
 
 impl BlockPool {
     pub fn new(capacity: u64, prefix_caching: bool, track_events: bool) -> BlockPool {
-        let capacity = capacity.min(u64::from(u32::MAX - 1)) as u32;
         BlockPool {
-            capacity,
-            refs: Vec::new(),
-            hash: Vec::new(),
-            prev: Vec::new(),
-            next: Vec::new(),
+            capacity: capacity.min(u64::from(u32::MAX - 1)) as u32,
+            copies: Vec::new(),
+            vacant: Vec::new(),
+            live: 0,
+            by_hash: BlockMap::default(),
             head: NONE,
             tail: NONE,
-            free: Vec::new(),
-            cached: BlockMap::default(),
-            active: 0,
+            inactive: 0,
+            reserved: 0,
             prefix_caching,
             events: track_events.then(Vec::new),
         }
@@ -53,96 +74,162 @@ impl BlockPool {
         u64::from(self.capacity)
     }
 
-    /// Blocks referenced by running requests.
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix_caching
+    }
+
+    /// Blocks in use: every copy but the inactive cached ones, plus reserved room.
     pub fn active(&self) -> u64 {
-        u64::from(self.active)
+        u64::from(self.live - self.inactive + self.reserved)
+    }
+
+    fn free_room(&self) -> u32 {
+        self.capacity - self.live - self.reserved
+    }
+
+    fn first_copy(&self, hash: u64) -> Option<u32> {
+        self.by_hash.get(&hash).and_then(|v| v.first()).copied()
+    }
+
+    fn is_inactive(&self, id: u32) -> bool {
+        let c = &self.copies[id as usize];
+        c.hash.is_some() && c.refs == 0 && c.pins == 0
     }
 
     /// How many leading blocks of `hashes` are cached, and how many of those are active.
     pub fn match_prefix(&self, hashes: &[u64]) -> (usize, u64) {
+        self.match_prefix_iter(hashes.iter().copied())
+    }
+
+    /// [`BlockPool::match_prefix`] over any sequence of block hashes.
+    pub fn match_prefix_iter(&self, hashes: impl Iterator<Item = u64>) -> (usize, u64) {
         if !self.prefix_caching {
             return (0, 0);
         }
-        let mut active = 0;
-        for (i, h) in hashes.iter().enumerate() {
-            match self.cached.get(h) {
-                Some(&b) => active += u64::from(self.refs[b as usize] > 0),
-                None => return (i, active),
-            }
+        let (mut hit, mut active) = (0, 0);
+        for h in hashes {
+            let Some(id) = self.first_copy(h) else { break };
+            let c = &self.copies[id as usize];
+            hit += 1;
+            active += u64::from(c.refs > 0 || c.pins > 0);
         }
-        (hashes.len(), active)
+        (hit, active)
     }
 
-    /// Takes a reference on the cached block of `hash` (found by [`BlockPool::match_prefix`]).
-    pub fn acquire(&mut self, hash: u64) -> u32 {
-        let b = self.cached[&hash];
-        if self.refs[b as usize] == 0 {
-            self.unlink(b);
-            self.active += 1;
+    /// Sets aside room for `fresh` new copies after pinning the cached copies of `prefix`
+    /// (which must all be cached), evicting least recently used inactive copies only as
+    /// far as the free room falls short. `None`, with nothing changed, when even evicting
+    /// every other inactive copy would not make room.
+    pub fn reserve(&mut self, prefix: &[u64], fresh: u32) -> Option<Reservation> {
+        let hits: Vec<u32> = prefix
+            .iter()
+            .map(|h| {
+                self.first_copy(*h)
+                    .expect("a reused prefix block is cached")
+            })
+            .collect();
+        let short = fresh.saturating_sub(self.free_room());
+        if short > 0 {
+            let mut pinned_inactive: Vec<u32> = hits
+                .iter()
+                .copied()
+                .filter(|&id| self.is_inactive(id))
+                .collect();
+            pinned_inactive.sort_unstable();
+            pinned_inactive.dedup();
+            if short > self.inactive - pinned_inactive.len() as u32 {
+                return None;
+            }
         }
-        self.refs[b as usize] += 1;
-        b
+        for &id in &hits {
+            if self.is_inactive(id) {
+                self.unlink(id);
+            }
+            self.copies[id as usize].pins += 1;
+        }
+        for _ in 0..short {
+            self.evict_one();
+        }
+        self.reserved += fresh;
+        Some(Reservation {
+            prefix: hits,
+            fresh,
+        })
     }
 
-    /// A block for new tokens: a never-used or empty one first, else the least recently
-    /// released cached block (which leaves the cache). `None` when every block is active.
-    pub fn allocate(&mut self) -> Option<u32> {
-        let b = if let Some(b) = self.free.pop() {
-            b
-        } else if (self.refs.len() as u32) < self.capacity {
-            self.refs.push(0);
-            self.hash.push(None);
-            self.prev.push(NONE);
-            self.next.push(NONE);
-            self.refs.len() as u32 - 1
-        } else if self.head != NONE {
-            let b = self.head;
-            self.unlink(b);
-            if let Some(h) = self.hash[b as usize].take() {
-                self.cached.remove(&h);
-                if let Some(e) = self.events.as_mut() {
-                    e.push(KvEvent::Removed(h));
-                }
-            }
-            b
-        } else {
-            return None;
+    /// Turns the reservation's pinned prefix into references the request holds.
+    pub fn take_prefix(&mut self, r: &mut Reservation) -> Vec<u32> {
+        let ids = std::mem::take(&mut r.prefix);
+        for &id in &ids {
+            let c = &mut self.copies[id as usize];
+            c.pins -= 1;
+            c.refs += 1;
+        }
+        ids
+    }
+
+    /// A private copy out of the reservation's fresh room.
+    pub fn take_fresh(&mut self, r: &mut Reservation) -> u32 {
+        assert!(r.fresh > 0, "reservation has no fresh room");
+        r.fresh -= 1;
+        self.reserved -= 1;
+        self.live += 1;
+        let copy = Copy {
+            hash: None,
+            refs: 1,
+            pins: 0,
+            prev: NONE,
+            next: NONE,
         };
-        self.refs[b as usize] = 1;
-        self.active += 1;
-        Some(b)
+        match self.vacant.pop() {
+            Some(id) => {
+                self.copies[id as usize] = copy;
+                id
+            }
+            None => {
+                self.copies.push(copy);
+                self.copies.len() as u32 - 1
+            }
+        }
     }
 
-    /// Makes a full prompt block visible to later requests; a second copy of a hash stays
-    /// private.
-    pub fn register(&mut self, block: u32, hash: u64) {
-        if !self.prefix_caching || self.hash[block as usize].is_some() {
-            return;
+    /// Gives back what a reservation still holds (unused fresh room, unclaimed pins).
+    pub fn cancel(&mut self, r: Reservation) {
+        for &id in r.prefix.iter().rev() {
+            let c = &mut self.copies[id as usize];
+            c.pins -= 1;
+            if c.pins == 0 && c.refs == 0 {
+                self.push_tail(id);
+            }
         }
-        if let std::collections::hash_map::Entry::Vacant(slot) = self.cached.entry(hash) {
-            slot.insert(block);
-            self.hash[block as usize] = Some(hash);
+        self.reserved -= r.fresh;
+    }
+
+    /// Makes a private copy findable under `hash` (a later copy of a hash already cached
+    /// joins it as another copy).
+    pub fn cache(&mut self, id: u32, hash: u64) {
+        let visible = !self.by_hash.contains_key(&hash);
+        self.copies[id as usize].hash = Some(hash);
+        self.by_hash.entry(hash).or_default().push(id);
+        if visible {
             if let Some(e) = self.events.as_mut() {
                 e.push(KvEvent::Stored(hash));
             }
         }
     }
 
-    /// Drops a request's references, leaf first, so its suffix is evicted before a prefix
-    /// other requests share.
-    pub fn release(&mut self, blocks: &[u32]) {
-        for &b in blocks.iter().rev() {
-            let r = &mut self.refs[b as usize];
-            *r -= 1;
-            if *r > 0 {
-                continue;
-            }
-            self.active -= 1;
-            if self.hash[b as usize].is_some() {
-                self.push_tail(b);
-            } else {
-                self.free.push(b);
-            }
+    /// Drops a request's reference to a copy: a private one is freed, a cached one becomes
+    /// inactive (most recently used) once nothing references or pins it.
+    pub fn release(&mut self, id: u32) {
+        let c = &mut self.copies[id as usize];
+        if c.hash.is_none() {
+            self.live -= 1;
+            self.vacant.push(id);
+            return;
+        }
+        c.refs -= 1;
+        if c.refs == 0 && c.pins == 0 {
+            self.push_tail(id);
         }
     }
 
@@ -151,31 +238,61 @@ impl BlockPool {
         self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    fn unlink(&mut self, b: u32) {
-        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+    fn evict_one(&mut self) {
+        let id = self.head;
+        assert!(id != NONE, "prechecked inactive room disappeared");
+        self.unlink(id);
+        let hash = self.copies[id as usize].hash.take().expect("cached");
+        self.live -= 1;
+        self.vacant.push(id);
+        let gone = {
+            let v = self.by_hash.get_mut(&hash).expect("indexed");
+            v.retain(|&c| c != id);
+            v.is_empty()
+        };
+        if gone {
+            self.by_hash.remove(&hash);
+            if let Some(e) = self.events.as_mut() {
+                e.push(KvEvent::Removed(hash));
+            }
+        }
+    }
+
+    fn unlink(&mut self, id: u32) {
+        let (p, n) = {
+            let c = &self.copies[id as usize];
+            (c.prev, c.next)
+        };
         if p == NONE {
             self.head = n;
         } else {
-            self.next[p as usize] = n;
+            self.copies[p as usize].next = n;
         }
         if n == NONE {
             self.tail = p;
         } else {
-            self.prev[n as usize] = p;
+            self.copies[n as usize].prev = p;
         }
-        self.prev[b as usize] = NONE;
-        self.next[b as usize] = NONE;
+        let c = &mut self.copies[id as usize];
+        c.prev = NONE;
+        c.next = NONE;
+        self.inactive -= 1;
     }
 
-    fn push_tail(&mut self, b: u32) {
-        self.prev[b as usize] = self.tail;
-        self.next[b as usize] = NONE;
-        if self.tail == NONE {
-            self.head = b;
-        } else {
-            self.next[self.tail as usize] = b;
+    fn push_tail(&mut self, id: u32) {
+        let tail = self.tail;
+        {
+            let c = &mut self.copies[id as usize];
+            c.prev = tail;
+            c.next = NONE;
         }
-        self.tail = b;
+        if tail == NONE {
+            self.head = id;
+        } else {
+            self.copies[tail as usize].next = id;
+        }
+        self.tail = id;
+        self.inactive += 1;
     }
 }
 
@@ -183,21 +300,45 @@ impl BlockPool {
 mod tests {
     use super::*;
 
-    #[test]
-    fn released_prefixes_stay_reusable_until_evicted_leaf_first() {
-        let mut pool = BlockPool::new(3, true, true);
-        let a: Vec<u32> = (0..3).map(|_| pool.allocate().expect("room")).collect();
-        assert_eq!(pool.allocate(), None, "all active");
-        for (b, h) in a.iter().zip([10, 11, 12]) {
-            pool.register(*b, h);
+    /// A request's blocks: reserve, take, cache under `hashes`.
+    fn store(pool: &mut BlockPool, hashes: &[u64]) -> Vec<u32> {
+        let mut r = pool.reserve(&[], hashes.len() as u32).expect("room");
+        let ids: Vec<u32> = hashes
+            .iter()
+            .map(|&h| {
+                let id = pool.take_fresh(&mut r);
+                pool.cache(id, h);
+                id
+            })
+            .collect();
+        pool.cancel(r);
+        ids
+    }
+
+    fn release_leaf_first(pool: &mut BlockPool, ids: &[u32]) {
+        for &id in ids.iter().rev() {
+            pool.release(id);
         }
-        pool.release(&a);
+    }
+
+    #[test]
+    fn released_prefixes_stay_cached_and_occupy_room_until_evicted_leaf_first() {
+        let mut pool = BlockPool::new(3, true, true);
+        let a = store(&mut pool, &[10, 11, 12]);
+        assert!(pool.reserve(&[], 1).is_none(), "all active");
+        release_leaf_first(&mut pool, &a);
         assert_eq!(pool.active(), 0);
         assert_eq!(pool.match_prefix(&[10, 11, 99]), (2, 0));
-        pool.allocate().expect("evicts the leaf");
-        assert_eq!(pool.match_prefix(&[10, 11, 12]), (2, 0), "12 left first");
-        assert_eq!(pool.acquire(10), a[0]);
-        assert_eq!(pool.match_prefix(&[10, 11]), (2, 1));
+        let mut r = pool.reserve(&[10], 1).expect("evicts the leaf");
+        assert_eq!(
+            pool.match_prefix(&[10, 11, 12]),
+            (2, 1),
+            "12 left first; 10 pinned"
+        );
+        assert_eq!(pool.take_prefix(&mut r), vec![a[0]]);
+        pool.take_fresh(&mut r);
+        pool.cancel(r);
+        assert_eq!(pool.active(), 2);
         assert_eq!(
             pool.take_events(),
             [
@@ -207,5 +348,39 @@ mod tests {
                 KvEvent::Removed(12)
             ]
         );
+    }
+
+    #[test]
+    fn a_second_copy_of_a_hash_is_cached_too_and_the_hash_goes_with_its_last_copy() {
+        let mut pool = BlockPool::new(2, true, true);
+        let a = store(&mut pool, &[7]);
+        let b = store(&mut pool, &[7]);
+        pool.release(a[0]);
+        pool.release(b[0]);
+        assert_eq!(pool.active(), 0);
+        pool.take_events();
+        let r = pool.reserve(&[], 1).expect("one evicted");
+        assert_eq!(
+            pool.match_prefix(&[7]),
+            (1, 0),
+            "the other copy is still cached"
+        );
+        assert!(pool.take_events().is_empty());
+        pool.cancel(r);
+        let r = pool.reserve(&[], 2).expect("both evicted");
+        assert_eq!(pool.take_events(), [KvEvent::Removed(7)]);
+        pool.cancel(r);
+    }
+
+    #[test]
+    fn a_reservation_never_evicts_the_prefix_it_reuses() {
+        let mut pool = BlockPool::new(2, true, false);
+        let a = store(&mut pool, &[1, 2]);
+        release_leaf_first(&mut pool, &a);
+        assert!(
+            pool.reserve(&[1, 2], 1).is_none(),
+            "both inactive copies are the prefix: nothing to evict"
+        );
+        assert!(pool.reserve(&[1], 1).is_some());
     }
 }

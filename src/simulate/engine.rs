@@ -1,15 +1,25 @@
 //! The mock engine: one `pass` schedules the running requests first, then admits waiting
 //! ones against the pass's budget ([`Budget`]) and the KV pool, and takes as long as the
 //! timing model says its prefill chunks and decode step take. Every token of a pass is
-//! emitted at the pass's end. vLLM is the base; TRT-LLM admits only what fits to
-//! completion and never preempts; SGLang budgets prefill and memory its own way, may order
-//! its queue by longest cached prefix, retracts under memory pressure (resetting its
-//! new-token ratio) and times decode over unrounded sequence lengths.
+//! emitted at the pass's end.
+//!
+//! vLLM follows the reference mocker step for step, because over a long trace every detail
+//! moves a figure: a request's blocks are allocated as one batch for the tokens it is
+//! scheduled to compute (preempting the newest running request until they fit); the full
+//! blocks it computed are cached at once, visible to the next request of the same pass; a
+//! block a generated token completes is cached too (under a hash nothing else shares), and
+//! on release every cached block stays in the pool, inactive, until an allocation evicts it.
+//! TRT-LLM admits only what fits to completion and never preempts; SGLang budgets prefill
+//! and memory its own way, may order its queue by longest cached prefix, retracts under
+//! memory pressure (resetting its new-token ratio) and times decode over unrounded sequence
+//! lengths.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::args::{EngineArgs, EngineType, Preemption, SglangPolicy};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::args::{EngineArgs, EngineType, Preemption, SglangPolicy, WorkerType};
 use super::blocks::{BlockPool, KvEvent};
 use super::budget::{Budget, NewTokenRatio};
 use super::perf;
@@ -27,8 +37,16 @@ pub struct Sequence {
     /// Tokens already generated; prefill-only workers generate one hidden token.
     pub generated: u32,
     computed: u32,
-    blocks: Vec<u32>,
-    registered: usize,
+    /// Tokens the allocated blocks cover.
+    allocated: u32,
+    /// The pool copies of the allocated blocks, in order.
+    table: Vec<u32>,
+    /// Leading blocks of `table` that are cached (findable by other requests).
+    cached: usize,
+    /// Hashes of the full blocks beyond the prompt's, which generated tokens completed.
+    decode_hashes: Vec<u64>,
+    /// The last block of the sequence is partial (not yet full, or full but not promoted).
+    partial: bool,
     /// Got tokens in the current pass.
     scheduled: bool,
     /// Its prompt's KV went to the external store (once, even if preempted later).
@@ -36,6 +54,8 @@ pub struct Sequence {
     /// Its prompt's KV arrives computed (a decode worker's handoff): admission costs no
     /// prefill. Cleared by preemption, after which the prompt is recomputed here.
     prefilled: bool,
+    /// Preempted at least once (a fresh request is checked against the pool's size).
+    preempted: bool,
 }
 
 impl Sequence {
@@ -47,11 +67,15 @@ impl Sequence {
             hashes,
             generated: 0,
             computed: 0,
-            blocks: Vec::new(),
-            registered: 0,
+            allocated: 0,
+            table: Vec::new(),
+            cached: 0,
+            decode_hashes: Vec::new(),
+            partial: false,
             scheduled: false,
             stored: false,
             prefilled: false,
+            preempted: false,
         }
     }
 
@@ -65,6 +89,30 @@ impl Sequence {
 
     fn len(&self) -> u32 {
         self.prompt_len + self.generated
+    }
+
+    fn full_blocks(&self) -> usize {
+        self.hashes.len() + self.decode_hashes.len()
+    }
+
+    /// Blocks the sequence's tokens span: its full blocks, then a partial one.
+    fn unique_len(&self) -> usize {
+        self.full_blocks() + usize::from(self.partial)
+    }
+
+    fn full_hash(&self, block: usize) -> Option<u64> {
+        match block.checked_sub(self.hashes.len()) {
+            None => Some(self.hashes[block]),
+            Some(d) => self.decode_hashes.get(d).copied(),
+        }
+    }
+
+    fn full_hashes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.hashes.iter().chain(self.decode_hashes.iter()).copied()
+    }
+
+    fn done(&self) -> bool {
+        self.generated >= self.output_len
     }
 }
 
@@ -84,7 +132,11 @@ pub trait KvConnector {
 /// What one pass did.
 #[derive(Debug, Default)]
 pub struct PassOutput {
-    pub duration_ms: f64,
+    /// Loading prompt KV from the external store, then the prefill chunks, then the decode
+    /// step: the pass ends at `((start + load) + prefill) + decode`, added in that order.
+    pub load_ms: f64,
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
     /// Requests admitted this pass with the prompt tokens their prefix hit covered.
     pub admitted: Vec<(RequestId, u32)>,
     /// Requests that emitted a token, and whether it was their last.
@@ -95,6 +147,40 @@ pub struct PassOutput {
     pub kv_events: Vec<KvEvent>,
 }
 
+impl PassOutput {
+    /// When a pass that started at `start_ms` ends.
+    pub fn end_ms(&self, start_ms: f64) -> f64 {
+        ((start_ms + self.load_ms) + self.prefill_ms) + self.decode_ms
+    }
+}
+
+/// The prefill chunks of a pass: how many requests computed prompt tokens, the sum of their
+/// prompt positions after and before the chunk.
+#[derive(Clone, Copy, Default)]
+struct Prefill {
+    count: u64,
+    isl: u64,
+    prefix: u64,
+}
+
+impl Prefill {
+    fn add(&mut self, before: u32, after: u32) {
+        self.count += 1;
+        self.isl += u64::from(after);
+        self.prefix += u64::from(before);
+    }
+}
+
+/// How a scheduling attempt ended.
+enum Scheduled {
+    /// Tokens were scheduled (possibly none, for a request that needs none).
+    Yes { tokens: u32 },
+    /// Nothing fits now; the request keeps its place.
+    Blocked,
+    /// The request itself was preempted to make room.
+    SelfPreempted,
+}
+
 pub struct Engine {
     args: EngineArgs,
     pool: BlockPool,
@@ -103,6 +189,8 @@ pub struct Engine {
     /// Prefill-only engines (disaggregation) charge no decode step.
     prefill_only: bool,
     new_token_ratio: NewTokenRatio,
+    /// Seeds [`Engine::unique_hash`]: unique per engine and block.
+    next_decode_block: u64,
 }
 
 impl Engine {
@@ -118,11 +206,31 @@ impl Engine {
             running: Vec::new(),
             waiting: VecDeque::new(),
             prefill_only,
+            next_decode_block: 0,
         }
     }
 
-    pub fn enqueue(&mut self, seq: Sequence) {
+    pub fn enqueue(&mut self, mut seq: Sequence) {
+        if seq.table.is_empty() && seq.decode_hashes.is_empty() {
+            let block = self.args.block_size;
+            seq.partial = seq.len() % block != 0;
+            // Full prompt blocks without a content hash are nobody else's: give them one.
+            let full = (seq.prompt_len / block) as usize;
+            if seq.hashes.len() < full {
+                let mut hashes = seq.hashes.to_vec();
+                while hashes.len() < full {
+                    hashes.push(self.unique_hash());
+                }
+                seq.hashes = Arc::from(hashes);
+            }
+        }
         self.waiting.push_back(seq);
+    }
+
+    /// A block hash no prompt shares (a block of generated tokens, or one without content).
+    fn unique_hash(&mut self) -> u64 {
+        self.next_decode_block += 1;
+        xxh3_64_with_seed(&self.next_decode_block.to_le_bytes(), 0xDEC0DE)
     }
 
     pub fn is_idle(&self) -> bool {
@@ -153,71 +261,52 @@ impl Engine {
         } else {
             Budget::Tokens(self.args.max_num_batched_tokens.unwrap_or(u64::MAX))
         };
-        let mut prefill = (0u64, 0u64, 0u64);
+        let mut prefill = Prefill::default();
         for seq in &mut self.running {
             seq.scheduled = false;
         }
+        let mut scheduled_any = false;
         let mut i = 0;
         while i < self.running.len() && !budget.exhausted() {
-            let seq = &self.running[i];
-            let before = seq.computed;
-            let in_prefill = before < seq.prompt_len;
-            let take = budget.take(seq.len() - before, in_prefill);
-            if take == 0 {
-                i += 1;
-                continue;
+            match self.schedule(i, &mut budget, &mut prefill, &mut out, 0, false) {
+                Scheduled::Yes { tokens } => {
+                    scheduled_any |= tokens > 0;
+                    i += 1;
+                }
+                Scheduled::SelfPreempted => {}
+                Scheduled::Blocked if sglang => i += 1,
+                Scheduled::Blocked => break,
             }
-            let need = self
-                .blocks_for(before + take)
-                .saturating_sub(seq.blocks.len());
-            if !self.grow(i, need, &mut out) {
-                // Preempted itself; `i` now names the next request.
-                continue;
-            }
-            let seq = &mut self.running[i];
-            seq.computed += take;
-            budget.spend(take, in_prefill, None);
-            if before < seq.prompt_len || before + 1 < seq.len() {
-                prefill.0 += 1;
-                prefill.1 += u64::from(seq.computed);
-                prefill.2 += u64::from(before);
-            }
-            seq.scheduled = true;
-            i += 1;
         }
         let mut load_ms = 0.0;
         if out.preempted.is_empty() {
-            load_ms = self.admit(&mut budget, &mut prefill, &mut out, &mut connector);
+            let (admitted, ms) = self.admit(&mut budget, &mut prefill, &mut out, &mut connector);
+            scheduled_any |= admitted;
+            load_ms = ms;
         }
-        for seq in &mut self.running {
-            if !seq.stored && seq.computed >= seq.prompt_len {
-                seq.stored = true;
-                if let Some(c) = connector.as_deref_mut() {
+        if let Some(c) = connector.as_deref_mut() {
+            for seq in &mut self.running {
+                if !seq.stored && seq.computed >= seq.prompt_len {
+                    seq.stored = true;
                     c.store(seq.id);
                 }
             }
-            let full = (seq.computed.min(seq.prompt_len) / self.args.block_size) as usize;
-            while seq.registered < full.min(seq.hashes.len()) {
-                self.pool
-                    .register(seq.blocks[seq.registered], seq.hashes[seq.registered]);
-                seq.registered += 1;
-            }
         }
-        let ready = self
-            .running
-            .iter()
-            .filter(|s| s.scheduled && s.computed == s.len())
-            .count() as u64;
-        if prefill.0 == 0 && ready == 0 && out.rejected.is_empty() && out.preempted.is_empty() {
+        let ready = self.ready();
+        if !scheduled_any && ready == 0 && out.rejected.is_empty() && out.preempted.is_empty() {
             return None;
         }
-        let prefill_ms = if prefill.0 > 0 {
-            perf::prefill_ms(prefill.0, prefill.1 / prefill.0, prefill.2 / prefill.0)
+        let prefill_ms = if prefill.count > 0 {
+            perf::prefill_ms(
+                prefill.count,
+                prefill.isl / prefill.count,
+                prefill.prefix / prefill.count,
+            )
         } else {
             0.0
         };
         let block = u64::from(self.args.block_size);
-        let decode_ms = if self.prefill_only {
+        let decode_ms = if self.prefill_only || ready == 0 {
             0.0
         } else if sglang {
             let tokens: u64 = self.running.iter().map(|s| u64::from(s.len())).sum();
@@ -231,15 +320,20 @@ impl Engine {
         };
         self.new_token_ratio.decay();
         let speedup = self.args.speedup_ratio;
-        out.duration_ms = load_ms
-            + perf::scaled(prefill_ms, speedup)
-            + perf::scaled(
-                perf::scaled(decode_ms, speedup),
-                self.args.decode_speedup_ratio,
-            );
+        out.load_ms = load_ms;
+        out.prefill_ms = perf::quantized(prefill_ms, speedup);
+        out.decode_ms = perf::quantized(decode_ms, speedup * self.args.decode_speedup_ratio);
         self.emit(&mut out);
         out.kv_events = self.pool.take_events();
         Some(out)
+    }
+
+    /// Running requests whose every token is computed: they emit this pass.
+    fn ready(&self) -> u64 {
+        self.running
+            .iter()
+            .filter(|s| s.scheduled && s.computed == s.len() && !s.done())
+            .count() as u64
     }
 
     /// SGLang's budget for this pass: the chunk budget, and the free and evictable KV
@@ -273,58 +367,233 @@ impl Engine {
             .sort_by_key(|s| std::cmp::Reverse(pool.match_prefix(&s.hashes).0));
     }
 
-    /// Allocates `need` blocks for running request `i`, preempting others (or itself) when
-    /// the pool is full. `false` when `i` itself was preempted. TRT-LLM never preempts: it
-    /// admitted only what fits to completion.
-    fn grow(&mut self, i: usize, need: usize, out: &mut PassOutput) -> bool {
-        let mut i = i;
-        for _ in 0..need {
-            loop {
-                if let Some(b) = self.pool.allocate() {
-                    self.running[i].blocks.push(b);
-                    break;
-                }
-                if self.args.engine_type == EngineType::Trtllm {
-                    return false;
-                }
-                self.new_token_ratio.reset();
-                let victim = match self.args.preemption {
-                    Preemption::Lifo => self.running.len() - 1,
-                    Preemption::Fifo => 0,
-                };
-                let mut seq = self.running.remove(victim);
-                self.pool.release(&seq.blocks);
-                seq.blocks.clear();
-                seq.computed = 0;
-                seq.registered = 0;
-                seq.prefilled = false;
-                out.preempted.push(seq.id);
-                self.waiting.push_front(seq);
-                if victim == i {
-                    return false;
-                }
-                if victim < i {
-                    i -= 1;
-                }
+    /// The prompt tokens a waiting request finds cached, and the blocks of those that other
+    /// running requests hold (vLLM recomputes the last token of a fully cached context, in
+    /// whole blocks).
+    fn prefix_cost(&self, seq: &Sequence) -> (u32, u64) {
+        let block = self.args.block_size;
+        let (hit, active) = self.pool.match_prefix_iter(seq.full_hashes());
+        let len = seq.len();
+        let mut cached = (hit as u32 * block).min(len);
+        let mut active_cached = (active as u32 * block).min(len);
+        if self.args.engine_type == EngineType::Vllm && !seq.done() {
+            let max_cached = (len.saturating_sub(1) / block) * block;
+            if cached > max_cached {
+                cached = max_cached;
+                active_cached = active_cached.min(max_cached);
             }
         }
+        (cached, u64::from(active_cached / block))
+    }
+
+    /// Schedules running request `i` — or, when `admitting`, the waiting request just
+    /// placed at the end of `running`, which is not yet running and so never a victim — as
+    /// many of its remaining tokens as the budget allows (`cached` of them found in the
+    /// prefix cache), after allocating the blocks they need as one batch and preempting to
+    /// make room.
+    fn schedule(
+        &mut self,
+        i: usize,
+        budget: &mut Budget,
+        prefill: &mut Prefill,
+        out: &mut PassOutput,
+        cached: u32,
+        admitting: bool,
+    ) -> Scheduled {
+        let block = self.args.block_size;
+        let seq = &self.running[i];
+        let before = seq.computed + cached;
+        let prompt_len = seq.prompt_len;
+        let prompt_before = before.min(prompt_len);
+        let remaining = seq.len().saturating_sub(before);
+        let in_prefill = before < prompt_len;
+        if prompt_len > prompt_before && !self.args.enable_chunked_prefill {
+            let fits = match budget {
+                Budget::Tokens(t) => u64::from(prompt_len - prompt_before) <= *t,
+                _ => true,
+            };
+            if !fits {
+                return Scheduled::Blocked;
+            }
+        }
+        let take = budget.take(remaining, in_prefill);
+        if take == 0 && remaining > 0 {
+            return Scheduled::Blocked;
+        }
+        let after = before + take;
+        let mut i = i;
+        loop {
+            match self.allocate(i, after, cached / block) {
+                true => break,
+                false => match self.preempt(admitting, out) {
+                    Some(victim) if victim == i => return Scheduled::SelfPreempted,
+                    Some(victim) => {
+                        if victim < i {
+                            i -= 1;
+                        }
+                    }
+                    None => return Scheduled::Blocked,
+                },
+            }
+        }
+        let seq = &mut self.running[i];
+        seq.computed = after;
+        self.finalize(i, before, after);
+        let seq = &mut self.running[i];
+        seq.scheduled = true;
+        let prompt_after = after.min(prompt_len);
+        let prompt_tokens = prompt_after - prompt_before;
+        if prompt_tokens > 0 && self.args.worker_type != WorkerType::Decode {
+            prefill.add(prompt_before, prompt_after);
+        }
+        let admitted = admitting.then(|| (take == remaining, seq.output_len - seq.generated));
+        budget.spend(take, in_prefill, admitted);
+        Scheduled::Yes { tokens: take }
+    }
+
+    /// Allocates the blocks request `i` needs to hold `target` tokens, reusing the first
+    /// `reusable` cached blocks on its first allocation. All or nothing.
+    fn allocate(&mut self, i: usize, target: u32, reusable: u32) -> bool {
+        let seq = &self.running[i];
+        let unique = seq.unique_len();
+        let have = self.blocks_for(seq.allocated).min(unique);
+        let want = self.blocks_for(target).min(unique);
+        if want <= have {
+            self.running[i].allocated = self.running[i].allocated.max(target);
+            return true;
+        }
+        let reuse = if have == 0 {
+            (reusable as usize).min(want)
+        } else {
+            0
+        };
+        let prefix: Vec<u64> = (0..reuse).filter_map(|b| seq.full_hash(b)).collect();
+        let Some(mut reservation) = self.pool.reserve(&prefix, (want - have - reuse) as u32) else {
+            return false;
+        };
+        let ids = self.pool.take_prefix(&mut reservation);
+        let seq = &mut self.running[i];
+        if !ids.is_empty() {
+            // The reused prefix is the first allocation, and it is cached already.
+            seq.table.extend(ids);
+            seq.cached = seq.table.len();
+        }
+        for _ in have + reuse..want {
+            let id = self.pool.take_fresh(&mut reservation);
+            self.running[i].table.push(id);
+        }
+        self.pool.cancel(reservation);
+        self.running[i].allocated = target;
         true
     }
 
+    /// Caches the full blocks request `i` completed computing between `before` and `after`
+    /// tokens — visible to the next request scheduled — and, when that completed its whole
+    /// context on a block boundary, the last block too.
+    fn finalize(&mut self, i: usize, before: u32, after: u32) {
+        if !self.pool.prefix_caching() {
+            return;
+        }
+        let block = self.args.block_size;
+        let seq = &mut self.running[i];
+        let completed = ((after / block) as usize).min(seq.table.len());
+        let mut b = ((before / block) as usize).max(seq.cached);
+
+        while b < completed && b < seq.full_blocks() {
+            let hash = seq.full_hash(b).expect("a full block");
+            self.pool.cache(seq.table[b], hash);
+            seq.cached = b + 1;
+            b += 1;
+        }
+        if after == seq.len() && after % block == 0 && after > 0 && seq.partial {
+            self.promote(i);
+        }
+    }
+
+    /// The sequence's partial last block is full: it gets a hash of its own (its tokens
+    /// include generated ones no other request shares) and, when allocated, is cached.
+    fn promote(&mut self, i: usize) {
+        let hash = self.unique_hash();
+        let seq = &mut self.running[i];
+        seq.decode_hashes.push(hash);
+        seq.partial = false;
+        let b = seq.full_blocks() - 1;
+        if self.pool.prefix_caching() && b < seq.table.len() && b == seq.cached {
+            self.pool.cache(seq.table[b], hash);
+            seq.cached = b + 1;
+        }
+    }
+
+    /// Preempts the newest running request (the oldest under FIFO mode) — not the last
+    /// entry while `admitting` it — putting it back at the head of the queue with its
+    /// blocks released; returns its index, or `None` when preemption is not allowed
+    /// (TRT-LLM) or nothing else runs.
+    fn preempt(&mut self, admitting: bool, out: &mut PassOutput) -> Option<usize> {
+        let candidates = self.running.len() - usize::from(admitting);
+        if self.args.engine_type == EngineType::Trtllm || candidates == 0 {
+            return None;
+        }
+        self.new_token_ratio.reset();
+        let victim = match self.args.preemption {
+            Preemption::Lifo => candidates - 1,
+            Preemption::Fifo => 0,
+        };
+        let mut seq = self.running.remove(victim);
+        self.release(&mut seq);
+        seq.computed = 0;
+        seq.prefilled = false;
+        seq.preempted = true;
+        out.preempted.push(seq.id);
+        self.waiting.push_front(seq);
+        Some(victim)
+    }
+
+    /// Releases every block a request holds, last first, so its suffix is evicted before a
+    /// prefix other requests share.
+    fn release(&mut self, seq: &mut Sequence) {
+        for &id in seq.table.iter().rev() {
+            self.pool.release(id);
+        }
+        seq.table.clear();
+        seq.cached = 0;
+        seq.allocated = 0;
+    }
+
+    /// Whether a waiting request may enter: vLLM reserves its current blocks less the
+    /// cached ones others hold; TRT-LLM its blocks to completion, after every running
+    /// request's.
+    fn fits(&self, seq: &Sequence, active_cached: u64) -> bool {
+        let free = self.pool.capacity().saturating_sub(self.pool.active());
+        let block = self.args.block_size;
+        if self.args.engine_type == EngineType::Trtllm {
+            let to_end =
+                |s: &Sequence| (s.prompt_len.saturating_add(s.output_len)).div_ceil(block) as u64;
+            let reserved: u64 = self
+                .running
+                .iter()
+                .map(|s| to_end(s).saturating_sub(self.blocks_for(s.allocated) as u64))
+                .sum();
+            return to_end(seq).saturating_sub(active_cached) <= free.saturating_sub(reserved);
+        }
+        (self.blocks_for(seq.len()) as u64).saturating_sub(active_cached) <= free
+    }
+
     /// Admits waiting requests in order while the budget, the sequence limit and the pool
-    /// allow; the first that does not fit blocks the ones behind it. Returns the time spent
-    /// loading from the connector.
+    /// allow; the first that does not fit blocks the ones behind it. Returns whether any
+    /// tokens were scheduled and the time spent loading from the connector.
     fn admit(
         &mut self,
         budget: &mut Budget,
-        prefill: &mut (u64, u64, u64),
+        prefill: &mut Prefill,
         out: &mut PassOutput,
         connector: &mut Option<&mut dyn KvConnector>,
-    ) -> f64 {
+    ) -> (bool, f64) {
         let block = self.args.block_size;
+        let sglang = self.args.engine_type == EngineType::Sglang;
         let mut load_ms = 0.0;
+        let mut scheduled = false;
         self.order_waiting();
-        while !budget.exhausted() {
+        while out.preempted.is_empty() {
             if self
                 .args
                 .max_num_seqs
@@ -335,120 +604,126 @@ impl Engine {
             let Some(seq) = self.waiting.front() else {
                 break;
             };
-            let len = seq.len();
-            let total = self.blocks_for(len) as u64;
-            let no_evict = self.args.engine_type == EngineType::Trtllm;
-            // TRT-LLM admits only what fits to completion: a request whose whole output
-            // cannot fit would wait forever.
-            let needed = if no_evict {
-                self.blocks_for(seq.prompt_len.saturating_add(seq.output_len)) as u64
-            } else {
-                total
-            };
-            if needed > self.pool.capacity()
-                || self
+            let to_end = self.blocks_for(seq.prompt_len.saturating_add(seq.output_len)) as u64;
+            let too_long = self.args.engine_type != EngineType::Trtllm
+                && self
                     .args
                     .max_model_len
-                    .is_some_and(|m| u64::from(seq.prompt_len) >= m)
-            {
+                    .is_some_and(|m| u64::from(seq.prompt_len) >= m);
+            // A sequence larger than the pool can never run again: rejected, where the
+            // reference mocker checks fresh requests only and dead-ends on a preempted one.
+            let too_big = match self.args.engine_type {
+                EngineType::Trtllm => !seq.preempted && to_end > self.pool.capacity(),
+                _ => self.blocks_for(seq.len()) as u64 > self.pool.capacity(),
+            };
+            if too_long || too_big {
                 let seq = self.waiting.pop_front().expect("front");
                 out.rejected.push(seq.id);
                 continue;
             }
-            let (mut hit, mut active_hit) = self.pool.match_prefix(&seq.hashes);
-            let mut cached = hit as u32 * block;
-            if cached >= len {
-                cached = (len - 1) / block * block;
-                hit = (cached / block) as usize;
-                active_hit = self.pool.match_prefix(&seq.hashes[..hit]).1;
-            }
-            let free = self.pool.capacity() - self.pool.active();
-            let fits = if no_evict {
-                let footprint = |s: &Sequence| s.prompt_len.saturating_add(s.output_len);
-                let reserved: u64 = self
-                    .running
-                    .iter()
-                    .map(|s| self.blocks_for(footprint(s)).saturating_sub(s.blocks.len()) as u64)
-                    .sum();
-                let own = self.blocks_for(footprint(seq)) as u64 - active_hit;
-                own + reserved <= free
+            let (id, prefilled, len, prompt_len) =
+                (seq.id, seq.prefilled, seq.len(), seq.prompt_len);
+            let (cached, active_cached) = if prefilled {
+                (0, 0)
             } else {
-                total - active_hit <= free
+                self.prefix_cost(seq)
             };
-            if !fits {
+            // A transferred prompt was reserved for before it arrived: it is admitted as is.
+            if !prefilled && !self.fits(seq, active_cached) {
                 break;
             }
-            let (id, prefilled) = (seq.id, seq.prefilled);
-            // A transferred prompt is all there; otherwise the store may extend the GPU hit,
-            // and the last prompt token is always computed.
+            // The store may extend the GPU hit.
             let external = match connector.as_deref_mut() {
-                _ if prefilled => len - cached,
+                _ if prefilled => 0,
                 Some(c) => c.lookup(id).min(len - 1).saturating_sub(cached),
                 None => 0,
             };
-            let remaining = len - cached - external;
-            let take = budget.take(remaining, !prefilled);
-            let output_left = seq.output_len - seq.generated;
-            let refused = !budget.admits(take, take == remaining, output_left)
-                || (take == 0 && remaining > 0);
-            if refused || (!self.args.enable_chunked_prefill && take < remaining) {
-                if let Some(c) = connector.as_deref_mut() {
-                    c.load(id, cached, 0);
-                }
-                break;
-            }
-            let mut seq = self.waiting.pop_front().expect("front");
-            for h in &seq.hashes[..hit] {
-                seq.blocks.push(self.pool.acquire(*h));
-            }
-            seq.registered = hit;
-            let mut grown = true;
-            for _ in hit..self.blocks_for(cached + external + take) {
-                match self.pool.allocate() {
-                    Some(b) => seq.blocks.push(b),
-                    None => grown = false,
+            if sglang {
+                let remaining = len - cached - external;
+                let take = budget.take(remaining, !prefilled);
+                let output_left = seq.output_len - seq.generated;
+                if !budget.admits(take, take == remaining, output_left) {
+                    if let Some(c) = connector.as_deref_mut() {
+                        c.load(id, cached, 0);
+                    }
+                    break;
                 }
             }
-            if let Some(c) = connector.as_deref_mut() {
-                load_ms += c.load(id, cached, if grown { external } else { 0 });
-            }
-            if !grown {
-                self.pool.release(&seq.blocks);
-                seq.blocks.clear();
-                seq.registered = 0;
-                self.waiting.push_front(seq);
-                break;
-            }
-            out.admitted.push((seq.id, cached.min(seq.prompt_len)));
-            seq.computed = cached + external + take;
-            budget.spend(take, !prefilled, Some((take == remaining, output_left)));
-            if !prefilled {
-                prefill.0 += 1;
-                prefill.1 += u64::from(seq.computed);
-                prefill.2 += u64::from(cached + external);
-            }
-            seq.scheduled = true;
+            let seq = self.waiting.pop_front().expect("front");
             self.running.push(seq);
+            let i = self.running.len() - 1;
+            // What arrives computed — a transferred prompt, the store's part of one — gets
+            // its blocks first (cached as they are filled); the rest is scheduled.
+            let arrived = if prefilled {
+                prompt_len
+            } else {
+                cached + external
+            };
+            let outcome = if arrived > cached {
+                if self.allocate(i, arrived, cached / block) {
+                    self.running[i].computed = arrived;
+                    self.finalize(i, cached, arrived);
+                    self.schedule(i, budget, prefill, out, 0, true)
+                } else {
+                    Scheduled::Blocked
+                }
+            } else {
+                self.schedule(i, budget, prefill, out, cached, true)
+            };
+            if let Some(c) = connector.as_deref_mut() {
+                let loaded = matches!(outcome, Scheduled::Yes { .. });
+                load_ms += c.load(id, cached, if loaded { external } else { 0 });
+            }
+            match outcome {
+                Scheduled::Yes { tokens } => {
+                    out.admitted.push((id, cached.min(len)));
+                    scheduled |= tokens > 0 || self.running[i].computed == len;
+                    if tokens == 0 && budget.exhausted() {
+                        break;
+                    }
+                }
+                Scheduled::Blocked | Scheduled::SelfPreempted => {
+                    if let Some(mut seq) = self.running.pop() {
+                        self.release(&mut seq);
+                        seq.computed = 0;
+                        self.waiting.push_front(seq);
+                    }
+                    break;
+                }
+            }
         }
-        load_ms
+        (scheduled, load_ms)
     }
 
-    /// Every scheduled request whose tokens are all computed emits one; finished ones
-    /// release their blocks.
+    /// Every scheduled request whose tokens are all computed emits one; a generated token
+    /// that starts a new block completes the previous one; finished ones release their
+    /// blocks.
     fn emit(&mut self, out: &mut PassOutput) {
-        let pool = &mut self.pool;
-        self.running.retain_mut(|seq| {
-            if !seq.scheduled || seq.computed != seq.len() {
-                return true;
+        let block = self.args.block_size;
+        let mut i = 0;
+        while i < self.running.len() {
+            let seq = &mut self.running[i];
+            if !seq.scheduled || seq.computed != seq.len() || seq.done() {
+                i += 1;
+                continue;
             }
             seq.generated += 1;
-            let done = seq.generated >= seq.output_len;
+            if seq.len() % block == 1 || block == 1 {
+                if seq.partial {
+                    self.promote(i);
+                }
+                self.running[i].partial = true;
+            }
+            let seq = &mut self.running[i];
+            let done = seq.done();
             out.emitted.push((seq.id, done));
             if done {
-                pool.release(&seq.blocks);
+                let mut seq = self.running.remove(i);
+                self.release(&mut seq);
+            } else {
+                i += 1;
             }
-            !done
-        });
+        }
     }
 }
 
@@ -512,6 +787,21 @@ mod tests {
             "three 100-token sequences cannot share 192 tokens of KV"
         );
         assert_eq!(tokens, [40, 40, 40], "recompute never re-emits a token");
+    }
+
+    #[test]
+    fn a_block_computed_earlier_in_the_pass_is_a_hit_for_the_next_request() {
+        let args = EngineArgs {
+            block_size: 16,
+            num_gpu_blocks: 64,
+            ..EngineArgs::default()
+        };
+        let mut engine = Engine::new(args, false, false);
+        let shared: Arc<[u64]> = Arc::from(vec![1u64, 2]);
+        engine.enqueue(Sequence::new(0, 40, 2, shared.clone()));
+        engine.enqueue(Sequence::new(1, 40, 2, shared));
+        let out = engine.pass(None).expect("a pass");
+        assert_eq!(out.admitted, [(0, 0), (1, 32)]);
     }
 
     #[test]

@@ -54,7 +54,7 @@ impl LiveWorker {
                             let mut longest = 0.0f64;
                             for (rank, engine) in ranks.iter_mut().enumerate() {
                                 if let Some(out) = engine.pass(None) {
-                                    longest = longest.max(out.duration_ms);
+                                    longest = longest.max(out.end_ms(0.0));
                                     outputs.push((rank, out));
                                 }
                             }

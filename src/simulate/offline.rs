@@ -542,16 +542,17 @@ impl Simulation<'_> {
                         self.collector.admit(id, now, reused);
                     }
                 }
-                longest = Some(longest.unwrap_or(0.0).max(out.duration_ms));
+                let end = out.end_ms(now);
+                longest = Some(longest.map_or(end, |l: f64| l.max(end)));
                 worker.pending.push((rank, out));
             }
         }
-        if let Some(d) = longest {
+        if let Some(end) = longest {
             worker.busy = true;
             self.passes += 1;
             self.order += 1;
             self.completions
-                .push(Reverse((Time(now + d), self.order, pool as u8, w as u32)));
+                .push(Reverse((Time(end), self.order, pool as u8, w as u32)));
         }
     }
 

@@ -2,6 +2,8 @@
 //! polynomial model is fitted to a real engine; its constants are part of the contract (a
 //! report is only comparable across tools when they agree on them).
 
+use std::time::Duration;
+
 /// Prefill milliseconds for a pass that computes `batch` prompt chunks whose integer mean
 /// length after the pass is `mean_isl` tokens and before it `mean_prefix` tokens.
 pub fn prefill_ms(batch: u64, mean_isl: u64, mean_prefix: u64) -> f64 {
@@ -27,13 +29,17 @@ pub fn decode_ms(batch: u64, active_kv_tokens: u64, total_kv_tokens: u64) -> f64
     (-25.74 * u * u + 54.01 * u + 5.74).max(1.0)
 }
 
-/// A speedup divisor; zero or negative means "no scaling".
-pub fn scaled(ms: f64, divisor: f64) -> f64 {
-    if divisor > 0.0 {
-        ms / divisor
-    } else {
-        ms
+/// A phase's milliseconds as the reference engine carries them: a `Duration` of whole
+/// nanoseconds, divided by `divisor` (a speedup; zero or negative means none) into another
+/// `Duration`. Reproducing that rounding, not just the formula, is what keeps a long trace's
+/// timestamps equal to the last bit.
+pub fn quantized(ms: f64, divisor: f64) -> f64 {
+    let duration = |secs: f64| Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX);
+    let unscaled = duration(ms / 1000.0);
+    if divisor <= 0.0 || unscaled.is_zero() {
+        return unscaled.as_secs_f64() * 1000.0;
     }
+    duration(unscaled.as_secs_f64() / divisor).as_secs_f64() * 1000.0
 }
 
 #[cfg(test)]
