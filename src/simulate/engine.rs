@@ -284,7 +284,7 @@ impl Engine {
             scheduled_any |= admitted;
             load_ms = ms;
         }
-        if let Some(c) = connector.as_deref_mut() {
+        if let Some(c) = connector {
             for seq in &mut self.running {
                 if !seq.stored && seq.computed >= seq.prompt_len {
                     seq.stored = true;
