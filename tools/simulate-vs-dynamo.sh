@@ -41,6 +41,8 @@ configure() {
     synthetic-sessions-rr) args=("${synthetic[@]}" --num-workers 2 --turns-per-session 3 --extra-engine-args "$block") ;;
     synthetic-prefix-rr) args=("${synthetic[@]}" --num-workers 2 --shared-prefix-ratio 0.5 --num-prefix-groups 4 --extra-engine-args "$block") ;;
     synthetic-closed-rr) args=(--input-tokens 5000 --output-tokens 500 --request-count 1000 --replay-concurrency 100 --num-workers 1 --extra-engine-args "$block") ;;
+    synthetic-interval-rr) args=(--input-tokens 3000 --output-tokens 300 --request-count 300 --arrival-interval-ms 37.3 --num-workers 2 --extra-engine-args "$block") ;;
+    synthetic-closed-sessions-rr) args=(--input-tokens 2000 --output-tokens 200 --request-count 200 --replay-concurrency 20 --turns-per-session 3 --inter-turn-delay-ms 250 --shared-prefix-ratio 0.3 --num-prefix-groups 5 --num-workers 3 --extra-engine-args "$block") ;;
     slice-agg-kv) args=("$slice" --num-workers 4 --extra-engine-args "$block"); router=kv_router ;;
     conversation-agg-rr) args=("$conv" --num-workers 4 --extra-engine-args "$block") ;;
     conversation-disagg-rr) args=("$conv" "${disagg[@]}") ;;
@@ -51,7 +53,7 @@ configure() {
 }
 
 matrix=(slice-agg-rr slice-disagg-rr slice-sglang-rr synthetic-sessions-rr synthetic-prefix-rr
-    synthetic-closed-rr slice-agg-kv)
+    synthetic-closed-rr synthetic-interval-rr synthetic-closed-sessions-rr slice-agg-kv)
 if [ "$scope" = full ]; then
     matrix+=(conversation-agg-rr conversation-disagg-rr synthetic-trace-agg-rr conversation-agg-kv)
 fi

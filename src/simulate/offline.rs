@@ -143,7 +143,9 @@ struct Simulation<'a> {
     collector: Collector,
     /// The entry pool (aggregated, or prefill), then the decode pool when disaggregated.
     pools: Vec<Pool>,
-    arrivals: BinaryHeap<Reverse<(Time, u64, u32)>>,
+    /// Turns that fall due: `(time, session)`. Turns due together go in session order, as
+    /// Dynamo's workload driver releases them (a session has one turn due at a time).
+    arrivals: BinaryHeap<Reverse<(Time, u32)>>,
     /// Pass ends: `(time, order, pool, worker)`.
     completions: BinaryHeap<Reverse<(Time, u64, u8, u32)>>,
     /// KV transfers to the decode pool that complete: `(time, order, request)`.
@@ -258,8 +260,7 @@ pub fn simulate(
 
 impl Simulation<'_> {
     fn schedule_arrival(&mut self, at: f64, session: u32) {
-        self.order += 1;
-        self.arrivals.push(Reverse((Time(at), self.order, session)));
+        self.arrivals.push(Reverse((Time(at), session)));
     }
 
     fn run(&mut self, progress: &mut dyn FnMut(f64, usize)) {
@@ -287,7 +288,7 @@ impl Simulation<'_> {
                 self.handoffs.pop();
                 self.hand_off(id);
             }
-            while let Some(&Reverse((t, _, s))) = self.arrivals.peek() {
+            while let Some(&Reverse((t, s))) = self.arrivals.peek() {
                 if t > now {
                     break;
                 }
@@ -331,7 +332,7 @@ impl Simulation<'_> {
                 self.handoffs.pop();
                 self.hand_off(id);
             }
-            while let Some(&Reverse((t, _, s))) = self.arrivals.peek() {
+            while let Some(&Reverse((t, s))) = self.arrivals.peek() {
                 if t.0 > now {
                     break;
                 }

@@ -9,7 +9,8 @@ use serde_json::Value as Json;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::error::{Error, Result};
-use crate::rng::SplitMix64;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 /// The block size Mooncake traces are written with.
 pub const DEFAULT_TRACE_BLOCK_SIZE: u32 = 512;
@@ -301,9 +302,45 @@ pub enum SyntheticArrivals {
     Interval { ms: f64 },
 }
 
+impl SyntheticArrivals {
+    /// The first turn's arrival of each of `count` sessions, in milliseconds. Gaps accumulate
+    /// one after another, and a Poisson gap is `-mean · ln(1 - u)` of rand's `StdRng` uniform,
+    /// as Dynamo's `ArrivalSpec::timestamps` draws them.
+    fn timestamps(&self, count: u32) -> Vec<f64> {
+        let (mean_gap, mut rng) = match *self {
+            SyntheticArrivals::Burst => (0.0, None),
+            SyntheticArrivals::Interval { ms } => (ms, None),
+            SyntheticArrivals::Rate { per_s, seed } => {
+                (1000.0 / per_s, Some(StdRng::seed_from_u64(seed)))
+            }
+        };
+        let mut at = 0.0;
+        (0..count)
+            .map(|i| {
+                if i > 0 {
+                    at += match rng.as_mut() {
+                        Some(rng) => exponential(mean_gap, rng),
+                        None => mean_gap,
+                    };
+                }
+                at
+            })
+            .collect()
+    }
+}
+
+fn exponential(mean: f64, rng: &mut StdRng) -> f64 {
+    if mean == 0.0 {
+        return 0.0;
+    }
+    let u = (1.0 - rng.random::<f64>()).clamp(f64::MIN_POSITIVE, 1.0);
+    -mean * u.ln()
+}
+
 /// A synthetic workload (reference §4.3). With one turn and no shared prefix every prompt
 /// is unique; otherwise sessions of `turns` turns whose prompts start with
-/// `round(ceil(isl / block) · shared_prefix_ratio)` blocks shared by their prefix group.
+/// `round(ceil(isl / block) · shared_prefix_ratio)` blocks shared by the session's prefix
+/// group. A turn does not extend the previous turn's context.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SyntheticSpec {
     pub input_tokens: u32,
@@ -321,49 +358,50 @@ pub struct SyntheticSpec {
 }
 
 impl SyntheticSpec {
+    /// Draws the workload as Dynamo 1.4.2's `SyntheticTraceSpec` does — one prefix group per
+    /// session from rand's `StdRng` seeded with `seed`, fresh blocks numbered in order — so
+    /// the same flags give the same requests in both tools. Ids are interned in first-seen
+    /// order like a trace file's.
     pub fn build(&self) -> Workload {
         let block = self.block_size.max(1);
         let blocks = self.input_tokens.div_ceil(block);
-        let shared = if self.prefix_groups > 0 {
-            (f64::from(blocks) * self.shared_prefix_ratio).round() as u32
-        } else {
-            0
-        }
-        .min(blocks);
-        let groups = self.prefix_groups.max(1);
-        // Group prefixes take ids below `groups · shared`; fresh blocks come after them.
-        let mut next_fresh = groups * shared;
-        let mut group_rng = SplitMix64::new(self.seed);
-        let mut arrival_rng = SplitMix64::new(match self.arrivals {
-            SyntheticArrivals::Rate { seed, .. } => seed,
-            _ => 0,
-        });
-        let mut clock = 0.0;
-        let sessions = (0..self.count)
-            .map(|i| {
-                let start_ms = match self.arrivals {
-                    SyntheticArrivals::Burst => 0.0,
-                    SyntheticArrivals::Interval { ms } => f64::from(i) * ms,
-                    SyntheticArrivals::Rate { per_s, .. } => {
-                        if i > 0 {
-                            clock += arrival_rng.exp(1000.0 / per_s);
-                        }
-                        clock
-                    }
-                };
+        let shared = ((f64::from(blocks) * self.shared_prefix_ratio).round() as u32).min(blocks);
+        let grouped = self.prefix_groups > 0 && self.shared_prefix_ratio > 0.0;
+        let mut rng = StdRng::seed_from_u64(self.seed);
+        let mut interned: HashMap<u64, u32> = HashMap::new();
+        let mut intern = |raw: u64| {
+            let next = interned.len() as u32;
+            *interned.entry(raw).or_insert(next)
+        };
+        let mut next_fresh = 1u64;
+        let sessions = self
+            .arrivals
+            .timestamps(self.count)
+            .into_iter()
+            .enumerate()
+            .map(|(i, start_ms)| {
+                let group =
+                    grouped.then(|| rng.random_range(0..self.prefix_groups as usize) as u64);
                 let turns = (0..self.turns.max(1))
                     .map(|t| {
-                        let group = group_rng.range(0, u64::from(groups) - 1) as u32;
-                        let mut ids: Vec<u32> = (0..shared).map(|k| group * shared + k).collect();
-                        ids.extend(next_fresh..next_fresh + (blocks - shared));
-                        next_fresh += blocks - shared;
+                        let mut ids = Vec::with_capacity(blocks as usize);
+                        if let Some(group) = group {
+                            ids.extend(
+                                (0..u64::from(shared))
+                                    .map(|k| intern(GROUP_PREFIX_TAG | (group << 32) | k)),
+                            );
+                        }
+                        while ids.len() < blocks as usize {
+                            ids.push(intern(next_fresh));
+                            next_fresh += 1;
+                        }
                         Turn {
                             prompt: Prompt {
                                 ids,
                                 block_tokens: block,
                                 len: self.input_tokens,
                             },
-                            output_length: self.output_tokens,
+                            output_length: self.output_tokens.max(1),
                             delay_ms: if t == 0 {
                                 0.0
                             } else {
@@ -385,6 +423,9 @@ impl SyntheticSpec {
         Workload { sessions }
     }
 }
+
+/// Marks a prefix group's block ids apart from the fresh ones (which count up from 1).
+const GROUP_PREFIX_TAG: u64 = 0xD00D_0000_0000_0000;
 
 #[cfg(test)]
 mod tests {
