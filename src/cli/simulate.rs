@@ -12,7 +12,7 @@ use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::report::csv::CsvTables;
 use kvtrace::report::tables::{Table, TableExporter};
 use kvtrace::report::xlsx::XlsxWorkbook;
-use kvtrace::simulate::args::{EngineArgs, WorkerType};
+use kvtrace::simulate::args::{EngineArgs, EngineType, WorkerType};
 use kvtrace::simulate::collector::Sla;
 use kvtrace::simulate::offline::{simulate, PrefillPool, SimConfig};
 use kvtrace::simulate::offload::{
@@ -253,8 +253,8 @@ fn pools(
             "--extra-engine-args/--num-workers describe aggregated workers; a disaggregated run takes --prefill-engine-args/--decode-engine-args and --num-prefill-workers/--num-decode-workers",
         ));
     }
-    let (prefill, queue) = engine_args("--prefill-engine-args", Some(p))?;
-    let (decode, _) = engine_args("--decode-engine-args", Some(d))?;
+    let (mut prefill, queue) = engine_args("--prefill-engine-args", Some(p))?;
+    let (mut decode, _) = engine_args("--decode-engine-args", Some(d))?;
     for (flag, a, want) in [
         ("--prefill-engine-args", &prefill, WorkerType::Prefill),
         ("--decode-engine-args", &decode, WorkerType::Decode),
@@ -269,6 +269,18 @@ fn pools(
                 "{flag}: worker_type must be \"{name}\" (or left out)"
             )));
         }
+    }
+    prefill.worker_type = WorkerType::Prefill;
+    decode.worker_type = WorkerType::Decode;
+    if prefill.engine_type != decode.engine_type {
+        return Err(Error::usage(
+            "prefill and decode engine_type differ: the KV handoff needs one engine on both sides",
+        ));
+    }
+    if prefill.engine_type == EngineType::Trtllm {
+        return Err(Error::usage(
+            "disaggregated serving is modelled for vllm and sglang engines, not trtllm (as in Dynamo)",
+        ));
     }
     if prefill.block_size != decode.block_size {
         return Err(Error::usage(format!(
@@ -518,6 +530,11 @@ pub fn run(args: Args) -> Result<i32, Error> {
         PathBuf::from(format!("kvtrace_simulate_report_{}.json", local_stamp()))
     });
     let mut offload = offload(&args, engine.kv_bytes_per_token)?;
+    if offload.is_some() && engine.engine_type == EngineType::Sglang {
+        return Err(Error::usage(
+            "KV offload models LMCache's vLLM connector: use it with the vllm engine, not sglang",
+        ));
+    }
     let config = SimConfig {
         engine,
         workers,

@@ -141,10 +141,22 @@ pub struct EngineArgs {
     pub preemption: Preemption,
     /// GPUs behind one worker for the gpu-hours figures (tensor parallel size × DP size).
     pub tp_size: u32,
-    /// KV bytes per token and link GB/s for the disaggregated transfer model.
+    /// KV bytes per token and link GB/s for the disaggregated transfer model (a prefill
+    /// worker's own values time its handoffs).
     pub kv_bytes_per_token: Option<u64>,
     pub kv_transfer_bandwidth: Option<f64>,
+    pub kv_transfer_timing: TransferTiming,
     pub sglang: SglangArgs,
+}
+
+/// Which prompt tokens a handoff moves over the link.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TransferTiming {
+    /// The whole prompt.
+    #[default]
+    FullPrompt,
+    /// Only the blocks the decode worker did not already hold.
+    DestinationMissing,
 }
 
 impl Default for EngineArgs {
@@ -166,6 +178,7 @@ impl Default for EngineArgs {
             tp_size: 1,
             kv_bytes_per_token: None,
             kv_transfer_bandwidth: None,
+            kv_transfer_timing: TransferTiming::FullPrompt,
             sglang: SglangArgs::default(),
         }
     }
@@ -343,13 +356,15 @@ impl EngineArgs {
         }
         args.kv_bytes_per_token = raw.kv_bytes_per_token;
         args.kv_transfer_bandwidth = raw.kv_transfer_bandwidth;
-        if let Some(mode) = raw.kv_transfer_timing_mode.as_deref() {
-            if mode != "full_prompt" {
-                warnings.push(format!(
-                    "kv_transfer_timing_mode {mode:?} is not modelled; kvtrace times the full prompt"
-                ));
+        args.kv_transfer_timing = match raw.kv_transfer_timing_mode.as_deref() {
+            None | Some("full_prompt") => TransferTiming::FullPrompt,
+            Some("destination_missing") => TransferTiming::DestinationMissing,
+            Some(other) => {
+                return Err(format!(
+                    "kv_transfer_timing_mode {other:?}: expected full_prompt or destination_missing"
+                ))
             }
-        }
+        };
         if let Some(policy) = raw
             .trtllm
             .as_ref()

@@ -38,7 +38,16 @@ pub struct RequestRecord {
     pub first_reused_input_tokens: Option<u32>,
     pub prefill_worker_idx: Option<u32>,
     pub decode_worker_idx: Option<u32>,
+    /// Disaggregated serving: the handoff's milestones (see `simulate::handoff`).
+    pub prefill_admit_ms: Option<f64>,
+    pub source_held_ms: Option<f64>,
+    pub destination_reserved_ms: Option<f64>,
+    pub destination_activated_ms: Option<f64>,
+    pub decode_admit_ms: Option<f64>,
+    pub source_released_ms: Option<f64>,
+    pub decode_reused_input_tokens: Option<u32>,
     pub prefill_route_overlap_tokens: Option<u32>,
+    pub decode_route_overlap_tokens: Option<u32>,
     pub terminal_status: Status,
 }
 
@@ -130,7 +139,15 @@ impl Collector {
             first_reused_input_tokens: None,
             prefill_worker_idx: None,
             decode_worker_idx: None,
+            prefill_admit_ms: None,
+            source_held_ms: None,
+            destination_reserved_ms: None,
+            destination_activated_ms: None,
+            decode_admit_ms: None,
+            source_released_ms: None,
+            decode_reused_input_tokens: None,
             prefill_route_overlap_tokens: None,
+            decode_route_overlap_tokens: None,
             terminal_status: Status::Pending,
         });
         uuid

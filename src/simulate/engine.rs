@@ -1,118 +1,60 @@
-//! The mock engine: one `pass` schedules the running requests first, then admits waiting
-//! ones against the pass's budget ([`Budget`]) and the KV pool, and takes as long as the
-//! timing model says its prefill chunks and decode step take. Every token of a pass is
-//! emitted at the pass's end.
+//! What every mock engine shares: the request it is handed, what a pass reports, the
+//! external KV store it may consult, and [`Engine`], which puts the vLLM/TRT-LLM engine
+//! ([`super::vllm`]) and the SGLang one ([`super::sglang`]) behind one interface.
 //!
-//! vLLM follows the reference mocker step for step, because over a long trace every detail
-//! moves a figure: a request's blocks are allocated as one batch for the tokens it is
-//! scheduled to compute (preempting the newest running request until they fit); the full
-//! blocks it computed are cached at once, visible to the next request of the same pass; a
-//! block a generated token completes is cached too (under a hash nothing else shares), and
-//! on release every cached block stays in the pool, inactive, until an allocation evicts it.
-//! TRT-LLM admits only what fits to completion and never preempts; SGLang budgets prefill
-//! and memory its own way, may order its queue by longest cached prefix, retracts under
-//! memory pressure (resetting its new-token ratio) and times decode over unrounded sequence
-//! lengths.
+//! Disaggregated serving moves a request between engines in steps the simulation drives
+//! (see [`super::handoff`]): a prefill-only engine finishes the request and *holds* its KV
+//! (a source, reported in [`PassOutput::held`]) until [`Engine::release_source`]; a decode
+//! engine takes the transferred prompt with [`Engine::reserve_destination`] — queued first
+//! come, first served until there is room, each success reported as [`Reserved`] — and
+//! [`Engine::activate`] once the transfer is complete, after which the request is admitted
+//! with its prompt computed.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
-use xxhash_rust::xxh3::xxh3_64_with_seed;
-
-use super::args::{EngineArgs, EngineType, Preemption, SglangPolicy, WorkerType};
-use super::blocks::{BlockPool, KvEvent};
-use super::budget::{Budget, NewTokenRatio};
-use super::perf;
+use super::args::{EngineArgs, EngineType};
+use super::blocks::KvEvent;
+use super::sglang::SglangEngine;
+use super::vllm::VllmEngine;
 
 /// Index of a request in the simulation's request table.
 pub type RequestId = u32;
 
-/// A request as an engine sees it.
-pub struct Sequence {
+/// A request as the simulation hands it to an engine.
+#[derive(Clone, Debug)]
+pub struct Request {
     pub id: RequestId,
     pub prompt_len: u32,
+    /// Tokens to generate (at least one).
     pub output_len: u32,
-    /// Chained hashes of the prompt's full blocks at this engine's block size.
+    /// Chained hashes of the prompt's full blocks at the engine's block size.
     pub hashes: Arc<[u64]>,
-    /// Tokens already generated; prefill-only workers generate one hidden token.
-    pub generated: u32,
-    computed: u32,
-    /// Tokens the allocated blocks cover.
-    allocated: u32,
-    /// The pool copies of the allocated blocks, in order.
-    table: Vec<u32>,
-    /// Leading blocks of `table` that are cached (findable by other requests).
-    cached: usize,
-    /// Hashes of the full blocks beyond the prompt's, which generated tokens completed.
-    decode_hashes: Vec<u64>,
-    /// The last block of the sequence is partial (not yet full, or full but not promoted).
-    partial: bool,
-    /// Got tokens in the current pass.
-    scheduled: bool,
-    /// Its prompt's KV went to the external store (once, even if preempted later).
-    stored: bool,
-    /// Its prompt's KV arrives computed (a decode worker's handoff): admission costs no
-    /// prefill. Cleared by preemption, after which the prompt is recomputed here.
-    prefilled: bool,
-    /// Preempted at least once (a fresh request is checked against the pool's size).
-    preempted: bool,
+    /// Its prompt's KV arrives computed (a decode worker's handoff).
+    pub prefilled: bool,
 }
 
-impl Sequence {
-    pub fn new(id: RequestId, prompt_len: u32, output_len: u32, hashes: Arc<[u64]>) -> Self {
-        Sequence {
+impl Request {
+    pub fn new(id: RequestId, prompt_len: u32, output_len: u32, hashes: Arc<[u64]>) -> Request {
+        Request {
             id,
             prompt_len,
             output_len: output_len.max(1),
             hashes,
-            generated: 0,
-            computed: 0,
-            allocated: 0,
-            table: Vec::new(),
-            cached: 0,
-            decode_hashes: Vec::new(),
-            partial: false,
-            scheduled: false,
-            stored: false,
             prefilled: false,
-            preempted: false,
         }
     }
 
-    /// A request whose prompt KV was computed elsewhere and transferred here.
-    pub fn prefilled(id: RequestId, prompt_len: u32, output_len: u32, hashes: Arc<[u64]>) -> Self {
-        Sequence {
+    /// A request whose prompt KV was computed elsewhere and is transferred here.
+    pub fn prefilled(
+        id: RequestId,
+        prompt_len: u32,
+        output_len: u32,
+        hashes: Arc<[u64]>,
+    ) -> Request {
+        Request {
             prefilled: true,
-            ..Sequence::new(id, prompt_len, output_len, hashes)
+            ..Request::new(id, prompt_len, output_len, hashes)
         }
-    }
-
-    fn len(&self) -> u32 {
-        self.prompt_len + self.generated
-    }
-
-    fn full_blocks(&self) -> usize {
-        self.hashes.len() + self.decode_hashes.len()
-    }
-
-    /// Blocks the sequence's tokens span: its full blocks, then a partial one.
-    fn unique_len(&self) -> usize {
-        self.full_blocks() + usize::from(self.partial)
-    }
-
-    fn full_hash(&self, block: usize) -> Option<u64> {
-        match block.checked_sub(self.hashes.len()) {
-            None => Some(self.hashes[block]),
-            Some(d) => self.decode_hashes.get(d).copied(),
-        }
-    }
-
-    fn full_hashes(&self) -> impl Iterator<Item = u64> + '_ {
-        self.hashes.iter().chain(self.decode_hashes.iter()).copied()
-    }
-
-    fn done(&self) -> bool {
-        self.generated >= self.output_len
     }
 }
 
@@ -141,6 +83,9 @@ pub struct PassOutput {
     pub admitted: Vec<(RequestId, u32)>,
     /// Requests that emitted a token, and whether it was their last.
     pub emitted: Vec<(RequestId, bool)>,
+    /// Finished requests whose KV the engine keeps for a handoff (see
+    /// [`Engine::release_source`]).
+    pub held: Vec<RequestId>,
     /// Requests that can never fit this engine.
     pub rejected: Vec<RequestId>,
     pub preempted: Vec<RequestId>,
@@ -154,688 +99,108 @@ impl PassOutput {
     }
 }
 
-/// The prefill chunks of a pass: how many requests computed prompt tokens, the sum of their
-/// prompt positions after and before the chunk.
-#[derive(Clone, Copy, Default)]
-struct Prefill {
-    count: u64,
-    isl: u64,
-    prefix: u64,
+/// A handoff's destination side has room for the prompt's KV: the transfer may start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reserved {
+    pub id: RequestId,
+    /// Prompt tokens the decode worker lacked (its prefix cache held the rest).
+    pub missing_tokens: u32,
 }
 
-impl Prefill {
-    fn add(&mut self, before: u32, after: u32) {
-        self.count += 1;
-        self.isl += u64::from(after);
-        self.prefix += u64::from(before);
-    }
-}
-
-/// How a scheduling attempt ended.
-enum Scheduled {
-    /// Tokens were scheduled (possibly none, for a request that needs none).
-    Yes { tokens: u32 },
-    /// Nothing fits now; the request keeps its place.
-    Blocked,
-    /// The request itself was preempted to make room.
-    SelfPreempted,
-}
-
-pub struct Engine {
-    args: EngineArgs,
-    pool: BlockPool,
-    running: Vec<Sequence>,
-    waiting: VecDeque<Sequence>,
-    /// Prefill-only engines (disaggregation) charge no decode step.
-    prefill_only: bool,
-    new_token_ratio: NewTokenRatio,
-    /// Seeds [`Engine::unique_hash`]: unique per engine and block.
-    next_decode_block: u64,
+/// One engine of a worker (a data-parallel rank).
+pub enum Engine {
+    Vllm(VllmEngine),
+    Sglang(SglangEngine),
 }
 
 impl Engine {
+    /// `track_events`: report block stores and removals for a KV-aware router.
+    /// `prefill_only`: a disaggregated prefill worker, which holds finished requests' KV.
     pub fn new(args: EngineArgs, track_events: bool, prefill_only: bool) -> Engine {
-        Engine {
-            new_token_ratio: NewTokenRatio::new(args.sglang.schedule_conservativeness),
-            pool: BlockPool::new(
-                args.num_gpu_blocks,
-                args.enable_prefix_caching,
-                track_events,
-            ),
-            args,
-            running: Vec::new(),
-            waiting: VecDeque::new(),
-            prefill_only,
-            next_decode_block: 0,
-        }
-    }
-
-    pub fn enqueue(&mut self, mut seq: Sequence) {
-        if seq.table.is_empty() && seq.decode_hashes.is_empty() {
-            let block = self.args.block_size;
-            seq.partial = seq.len() % block != 0;
-            // Full prompt blocks without a content hash are nobody else's: give them one.
-            let full = (seq.prompt_len / block) as usize;
-            if seq.hashes.len() < full {
-                let mut hashes = seq.hashes.to_vec();
-                while hashes.len() < full {
-                    hashes.push(self.unique_hash());
-                }
-                seq.hashes = Arc::from(hashes);
+        match args.engine_type {
+            EngineType::Sglang => {
+                Engine::Sglang(SglangEngine::new(args, track_events, prefill_only))
             }
+            _ => Engine::Vllm(VllmEngine::new(args, track_events, prefill_only)),
         }
-        self.waiting.push_back(seq);
     }
 
-    /// A block hash no prompt shares (a block of generated tokens, or one without content).
-    fn unique_hash(&mut self) -> u64 {
-        self.next_decode_block += 1;
-        xxh3_64_with_seed(&self.next_decode_block.to_le_bytes(), 0xDEC0DE)
+    pub fn enqueue(&mut self, r: Request) {
+        match self {
+            Engine::Vllm(e) => e.enqueue(r),
+            Engine::Sglang(e) => e.enqueue(r),
+        }
     }
 
+    /// Runs one pass; `None` when there is nothing to do. The external store, when given,
+    /// serves the vLLM and TRT-LLM engines' admissions.
+    pub fn pass(&mut self, connector: Option<&mut dyn KvConnector>) -> Option<PassOutput> {
+        match self {
+            Engine::Vllm(e) => e.pass(connector),
+            Engine::Sglang(e) => e.pass(),
+        }
+    }
+
+    /// No request to schedule (held sources and destinations not yet activated wait on the
+    /// handoff, not on a pass).
     pub fn is_idle(&self) -> bool {
-        self.running.is_empty() && self.waiting.is_empty()
+        match self {
+            Engine::Vllm(e) => e.is_idle(),
+            Engine::Sglang(e) => e.is_idle(),
+        }
     }
 
     pub fn block_size(&self) -> u32 {
-        self.args.block_size
+        match self {
+            Engine::Vllm(e) => e.block_size(),
+            Engine::Sglang(e) => e.block_size(),
+        }
     }
 
-    /// Blocks a prompt would find cached here (the prefix a router could credit).
+    /// Blocks of a prompt this engine holds cached (the prefix a router could credit).
     pub fn cached_prefix_blocks(&self, hashes: &[u64]) -> usize {
-        self.pool.match_prefix(hashes).0
+        match self {
+            Engine::Vllm(e) => e.cached_prefix_blocks(hashes),
+            Engine::Sglang(e) => e.cached_prefix_blocks(hashes),
+        }
     }
 
-    fn blocks_for(&self, tokens: u32) -> usize {
-        tokens.div_ceil(self.args.block_size) as usize
-    }
-
-    /// Runs one pass; `None` when there is nothing to do. With a connector, admissions
-    /// load what the external store holds beyond the GPU prefix hit, and completed prompts
-    /// are stored.
-    pub fn pass(&mut self, mut connector: Option<&mut dyn KvConnector>) -> Option<PassOutput> {
-        let mut out = PassOutput::default();
-        let sglang = self.args.engine_type == EngineType::Sglang;
-        let mut budget = if sglang {
-            self.sglang_budget()
-        } else {
-            Budget::Tokens(self.args.max_num_batched_tokens.unwrap_or(u64::MAX))
-        };
-        let mut prefill = Prefill::default();
-        for seq in &mut self.running {
-            seq.scheduled = false;
-        }
-        let mut scheduled_any = false;
-        let mut i = 0;
-        while i < self.running.len() && !budget.exhausted() {
-            match self.schedule(i, &mut budget, &mut prefill, &mut out, 0, false) {
-                Scheduled::Yes { tokens } => {
-                    scheduled_any |= tokens > 0;
-                    i += 1;
-                }
-                Scheduled::SelfPreempted => {}
-                Scheduled::Blocked if sglang => i += 1,
-                Scheduled::Blocked => break,
-            }
-        }
-        let mut load_ms = 0.0;
-        if out.preempted.is_empty() {
-            let (admitted, ms) = self.admit(&mut budget, &mut prefill, &mut out, &mut connector);
-            scheduled_any |= admitted;
-            load_ms = ms;
-        }
-        if let Some(c) = connector {
-            for seq in &mut self.running {
-                if !seq.stored && seq.computed >= seq.prompt_len {
-                    seq.stored = true;
-                    c.store(seq.id);
-                }
-            }
-        }
-        let ready = self.ready();
-        if !scheduled_any && ready == 0 && out.rejected.is_empty() && out.preempted.is_empty() {
-            return None;
-        }
-        let prefill_ms = if prefill.count > 0 {
-            perf::prefill_ms(
-                prefill.count,
-                prefill.isl / prefill.count,
-                prefill.prefix / prefill.count,
-            )
-        } else {
-            0.0
-        };
-        let block = u64::from(self.args.block_size);
-        let decode_ms = if self.prefill_only || ready == 0 {
-            0.0
-        } else if sglang {
-            let tokens: u64 = self.running.iter().map(|s| u64::from(s.len())).sum();
-            perf::decode_ms(ready, tokens, self.pool.capacity() * block)
-        } else {
-            perf::decode_ms(
-                ready,
-                self.pool.active() * block,
-                self.pool.capacity() * block,
-            )
-        };
-        self.new_token_ratio.decay();
-        let speedup = self.args.speedup_ratio;
-        out.load_ms = load_ms;
-        out.prefill_ms = perf::quantized(prefill_ms, speedup);
-        out.decode_ms = perf::quantized(decode_ms, speedup * self.args.decode_speedup_ratio);
-        self.emit(&mut out);
-        out.kv_events = self.pool.take_events();
-        Some(out)
-    }
-
-    /// Running requests whose every token is computed: they emit this pass.
-    fn ready(&self) -> u64 {
-        self.running
-            .iter()
-            .filter(|s| s.scheduled && s.computed == s.len() && !s.done())
-            .count() as u64
-    }
-
-    /// SGLang's budget for this pass: the chunk budget, and the free and evictable KV
-    /// tokens minus the output running requests are still expected to generate.
-    fn sglang_budget(&self) -> Budget {
-        let s = &self.args.sglang;
-        let page = self.args.block_size;
-        let ratio = self.new_token_ratio.value();
-        let reserved: f64 = self
-            .running
-            .iter()
-            .map(|q| {
-                u64::from(q.output_len - q.generated).min(s.clip_max_new_tokens) as f64 * ratio
-            })
-            .sum();
-        let free = (self.pool.capacity() - self.pool.active()) * u64::from(page);
-        Budget::sglang(s, page, free, reserved)
-    }
-
-    /// SGLang's `lpm` policy serves the longest cached prefix first, while at most 128
-    /// requests wait (FIFO beyond, where sorting costs more than it gains).
-    fn order_waiting(&mut self) {
-        let lpm = self.args.engine_type == EngineType::Sglang
-            && self.args.sglang.schedule_policy == SglangPolicy::Lpm;
-        if !lpm || self.waiting.len() > 128 || self.waiting.len() < 2 {
-            return;
-        }
-        let pool = &self.pool;
-        self.waiting
-            .make_contiguous()
-            .sort_by_key(|s| std::cmp::Reverse(pool.match_prefix(&s.hashes).0));
-    }
-
-    /// The prompt tokens a waiting request finds cached, and the blocks of those that other
-    /// running requests hold (vLLM recomputes the last token of a fully cached context, in
-    /// whole blocks).
-    fn prefix_cost(&self, seq: &Sequence) -> (u32, u64) {
-        let block = self.args.block_size;
-        let (hit, active) = self.pool.match_prefix_iter(seq.full_hashes());
-        let len = seq.len();
-        let mut cached = (hit as u32 * block).min(len);
-        let mut active_cached = (active as u32 * block).min(len);
-        if self.args.engine_type == EngineType::Vllm && !seq.done() {
-            let max_cached = (len.saturating_sub(1) / block) * block;
-            if cached > max_cached {
-                cached = max_cached;
-                active_cached = active_cached.min(max_cached);
-            }
-        }
-        (cached, u64::from(active_cached / block))
-    }
-
-    /// Schedules running request `i` — or, when `admitting`, the waiting request just
-    /// placed at the end of `running`, which is not yet running and so never a victim — as
-    /// many of its remaining tokens as the budget allows (`cached` of them found in the
-    /// prefix cache), after allocating the blocks they need as one batch and preempting to
-    /// make room.
-    fn schedule(
+    /// A prefilled prompt's KV is on its way: queue it for room here and, when `now` (the
+    /// worker is between passes), try at once. Returns the reservation that succeeded,
+    /// which may be an earlier request's; `Err` when the prompt alone exceeds the pool.
+    pub fn reserve_destination(
         &mut self,
-        i: usize,
-        budget: &mut Budget,
-        prefill: &mut Prefill,
-        out: &mut PassOutput,
-        cached: u32,
-        admitting: bool,
-    ) -> Scheduled {
-        let block = self.args.block_size;
-        let seq = &self.running[i];
-        let before = seq.computed + cached;
-        let prompt_len = seq.prompt_len;
-        let prompt_before = before.min(prompt_len);
-        let remaining = seq.len().saturating_sub(before);
-        let in_prefill = before < prompt_len;
-        if prompt_len > prompt_before && !self.args.enable_chunked_prefill {
-            let fits = match budget {
-                Budget::Tokens(t) => u64::from(prompt_len - prompt_before) <= *t,
-                _ => true,
-            };
-            if !fits {
-                return Scheduled::Blocked;
-            }
-        }
-        let take = budget.take(remaining, in_prefill);
-        if take == 0 && remaining > 0 {
-            return Scheduled::Blocked;
-        }
-        let after = before + take;
-        let mut i = i;
-        loop {
-            match self.allocate(i, after, cached / block) {
-                true => break,
-                false => match self.preempt(admitting, out) {
-                    Some(victim) if victim == i => return Scheduled::SelfPreempted,
-                    Some(victim) => {
-                        if victim < i {
-                            i -= 1;
-                        }
-                    }
-                    None => return Scheduled::Blocked,
-                },
-            }
-        }
-        let seq = &mut self.running[i];
-        seq.computed = after;
-        self.finalize(i, before, after);
-        let seq = &mut self.running[i];
-        seq.scheduled = true;
-        let prompt_after = after.min(prompt_len);
-        let prompt_tokens = prompt_after - prompt_before;
-        if prompt_tokens > 0 && self.args.worker_type != WorkerType::Decode {
-            prefill.add(prompt_before, prompt_after);
-        }
-        let admitted = admitting.then(|| (take == remaining, seq.output_len - seq.generated));
-        budget.spend(take, in_prefill, admitted);
-        Scheduled::Yes { tokens: take }
-    }
-
-    /// Allocates the blocks request `i` needs to hold `target` tokens, reusing the first
-    /// `reusable` cached blocks on its first allocation. All or nothing.
-    fn allocate(&mut self, i: usize, target: u32, reusable: u32) -> bool {
-        let seq = &self.running[i];
-        let unique = seq.unique_len();
-        let have = self.blocks_for(seq.allocated).min(unique);
-        let want = self.blocks_for(target).min(unique);
-        if want <= have {
-            self.running[i].allocated = self.running[i].allocated.max(target);
-            return true;
-        }
-        let reuse = if have == 0 {
-            (reusable as usize).min(want)
-        } else {
-            0
-        };
-        let prefix: Vec<u64> = (0..reuse).filter_map(|b| seq.full_hash(b)).collect();
-        let Some(mut reservation) = self.pool.reserve(&prefix, (want - have - reuse) as u32) else {
-            return false;
-        };
-        let ids = self.pool.take_prefix(&mut reservation);
-        let seq = &mut self.running[i];
-        if !ids.is_empty() {
-            // The reused prefix is the first allocation, and it is cached already.
-            seq.table.extend(ids);
-            seq.cached = seq.table.len();
-        }
-        for _ in have + reuse..want {
-            let id = self.pool.take_fresh(&mut reservation);
-            self.running[i].table.push(id);
-        }
-        self.pool.cancel(reservation);
-        self.running[i].allocated = target;
-        true
-    }
-
-    /// Caches the full blocks request `i` completed computing between `before` and `after`
-    /// tokens — visible to the next request scheduled — and, when that completed its whole
-    /// context on a block boundary, the last block too.
-    fn finalize(&mut self, i: usize, before: u32, after: u32) {
-        if !self.pool.prefix_caching() {
-            return;
-        }
-        let block = self.args.block_size;
-        let seq = &mut self.running[i];
-        let completed = ((after / block) as usize).min(seq.table.len());
-        let mut b = ((before / block) as usize).max(seq.cached);
-
-        while b < completed && b < seq.full_blocks() {
-            let hash = seq.full_hash(b).expect("a full block");
-            self.pool.cache(seq.table[b], hash);
-            seq.cached = b + 1;
-            b += 1;
-        }
-        if after == seq.len() && after % block == 0 && after > 0 && seq.partial {
-            self.promote(i);
+        r: Request,
+        now: bool,
+    ) -> Result<Option<Reserved>, RequestId> {
+        match self {
+            Engine::Vllm(e) => e.reserve_destination(r, now),
+            Engine::Sglang(e) => e.reserve_destination(r, now),
         }
     }
 
-    /// The sequence's partial last block is full: it gets a hash of its own (its tokens
-    /// include generated ones no other request shares) and, when allocated, is cached.
-    fn promote(&mut self, i: usize) {
-        let hash = self.unique_hash();
-        let seq = &mut self.running[i];
-        seq.decode_hashes.push(hash);
-        seq.partial = false;
-        let b = seq.full_blocks() - 1;
-        if self.pool.prefix_caching() && b < seq.table.len() && b == seq.cached {
-            self.pool.cache(seq.table[b], hash);
-            seq.cached = b + 1;
+    /// Tries the first queued destination again if room may have appeared since.
+    pub fn retry_destinations(&mut self) -> Option<Reserved> {
+        match self {
+            Engine::Vllm(e) => e.retry_destinations(),
+            Engine::Sglang(e) => e.retry_destinations(),
         }
     }
 
-    /// Preempts the newest running request (the oldest under FIFO mode) — not the last
-    /// entry while `admitting` it — putting it back at the head of the queue with its
-    /// blocks released; returns its index, or `None` when preemption is not allowed
-    /// (TRT-LLM) or nothing else runs.
-    fn preempt(&mut self, admitting: bool, out: &mut PassOutput) -> Option<usize> {
-        let candidates = self.running.len() - usize::from(admitting);
-        if self.args.engine_type == EngineType::Trtllm || candidates == 0 {
-            return None;
-        }
-        self.new_token_ratio.reset();
-        let victim = match self.args.preemption {
-            Preemption::Lifo => candidates - 1,
-            Preemption::Fifo => 0,
-        };
-        let mut seq = self.running.remove(victim);
-        self.release(&mut seq);
-        seq.computed = 0;
-        seq.prefilled = false;
-        seq.preempted = true;
-        out.preempted.push(seq.id);
-        self.waiting.push_front(seq);
-        Some(victim)
-    }
-
-    /// Releases every block a request holds, last first, so its suffix is evicted before a
-    /// prefix other requests share.
-    fn release(&mut self, seq: &mut Sequence) {
-        for &id in seq.table.iter().rev() {
-            self.pool.release(id);
-        }
-        seq.table.clear();
-        seq.cached = 0;
-        seq.allocated = 0;
-    }
-
-    /// Whether a waiting request may enter: vLLM reserves its current blocks less the
-    /// cached ones others hold; TRT-LLM its blocks to completion, after every running
-    /// request's.
-    fn fits(&self, seq: &Sequence, active_cached: u64) -> bool {
-        let free = self.pool.capacity().saturating_sub(self.pool.active());
-        let block = self.args.block_size;
-        if self.args.engine_type == EngineType::Trtllm {
-            let to_end =
-                |s: &Sequence| (s.prompt_len.saturating_add(s.output_len)).div_ceil(block) as u64;
-            let reserved: u64 = self
-                .running
-                .iter()
-                .map(|s| to_end(s).saturating_sub(self.blocks_for(s.allocated) as u64))
-                .sum();
-            return to_end(seq).saturating_sub(active_cached) <= free.saturating_sub(reserved);
-        }
-        (self.blocks_for(seq.len()) as u64).saturating_sub(active_cached) <= free
-    }
-
-    /// Admits waiting requests in order while the budget, the sequence limit and the pool
-    /// allow; the first that does not fit blocks the ones behind it. Returns whether any
-    /// tokens were scheduled and the time spent loading from the connector.
-    fn admit(
-        &mut self,
-        budget: &mut Budget,
-        prefill: &mut Prefill,
-        out: &mut PassOutput,
-        connector: &mut Option<&mut dyn KvConnector>,
-    ) -> (bool, f64) {
-        let block = self.args.block_size;
-        let sglang = self.args.engine_type == EngineType::Sglang;
-        let mut load_ms = 0.0;
-        let mut scheduled = false;
-        self.order_waiting();
-        while out.preempted.is_empty() {
-            if self
-                .args
-                .max_num_seqs
-                .is_some_and(|m| self.running.len() as u64 >= m)
-            {
-                break;
-            }
-            let Some(seq) = self.waiting.front() else {
-                break;
-            };
-            let to_end = self.blocks_for(seq.prompt_len.saturating_add(seq.output_len)) as u64;
-            let too_long = self.args.engine_type != EngineType::Trtllm
-                && self
-                    .args
-                    .max_model_len
-                    .is_some_and(|m| u64::from(seq.prompt_len) >= m);
-            // A sequence larger than the pool can never run again: rejected, where the
-            // reference mocker checks fresh requests only and dead-ends on a preempted one.
-            let too_big = match self.args.engine_type {
-                EngineType::Trtllm => !seq.preempted && to_end > self.pool.capacity(),
-                _ => self.blocks_for(seq.len()) as u64 > self.pool.capacity(),
-            };
-            if too_long || too_big {
-                let seq = self.waiting.pop_front().expect("front");
-                out.rejected.push(seq.id);
-                continue;
-            }
-            let (id, prefilled, len, prompt_len) =
-                (seq.id, seq.prefilled, seq.len(), seq.prompt_len);
-            let (cached, active_cached) = if prefilled {
-                (0, 0)
-            } else {
-                self.prefix_cost(seq)
-            };
-            // A transferred prompt was reserved for before it arrived: it is admitted as is.
-            if !prefilled && !self.fits(seq, active_cached) {
-                break;
-            }
-            // The store may extend the GPU hit.
-            let external = match connector.as_deref_mut() {
-                _ if prefilled => 0,
-                Some(c) => c.lookup(id).min(len - 1).saturating_sub(cached),
-                None => 0,
-            };
-            if sglang {
-                let remaining = len - cached - external;
-                let take = budget.take(remaining, !prefilled);
-                let output_left = seq.output_len - seq.generated;
-                if !budget.admits(take, take == remaining, output_left) {
-                    if let Some(c) = connector.as_deref_mut() {
-                        c.load(id, cached, 0);
-                    }
-                    break;
-                }
-            }
-            let seq = self.waiting.pop_front().expect("front");
-            self.running.push(seq);
-            let i = self.running.len() - 1;
-            // What arrives computed — a transferred prompt, the store's part of one — gets
-            // its blocks first (cached as they are filled); the rest is scheduled.
-            let arrived = if prefilled {
-                prompt_len
-            } else {
-                cached + external
-            };
-            let outcome = if arrived > cached {
-                if self.allocate(i, arrived, cached / block) {
-                    self.running[i].computed = arrived;
-                    self.finalize(i, cached, arrived);
-                    self.schedule(i, budget, prefill, out, 0, true)
-                } else {
-                    Scheduled::Blocked
-                }
-            } else {
-                self.schedule(i, budget, prefill, out, cached, true)
-            };
-            if let Some(c) = connector.as_deref_mut() {
-                let loaded = matches!(outcome, Scheduled::Yes { .. });
-                load_ms += c.load(id, cached, if loaded { external } else { 0 });
-            }
-            match outcome {
-                Scheduled::Yes { tokens } => {
-                    out.admitted.push((id, cached.min(len)));
-                    scheduled |= tokens > 0 || self.running[i].computed == len;
-                    if tokens == 0 && budget.exhausted() {
-                        break;
-                    }
-                }
-                Scheduled::Blocked | Scheduled::SelfPreempted => {
-                    if let Some(mut seq) = self.running.pop() {
-                        self.release(&mut seq);
-                        seq.computed = 0;
-                        self.waiting.push_front(seq);
-                    }
-                    break;
-                }
-            }
-        }
-        (scheduled, load_ms)
-    }
-
-    /// Every scheduled request whose tokens are all computed emits one; a generated token
-    /// that starts a new block completes the previous one; finished ones release their
-    /// blocks.
-    fn emit(&mut self, out: &mut PassOutput) {
-        let block = self.args.block_size;
-        let mut i = 0;
-        while i < self.running.len() {
-            let seq = &mut self.running[i];
-            if !seq.scheduled || seq.computed != seq.len() || seq.done() {
-                i += 1;
-                continue;
-            }
-            seq.generated += 1;
-            if seq.len() % block == 1 || block == 1 {
-                if seq.partial {
-                    self.promote(i);
-                }
-                self.running[i].partial = true;
-            }
-            let seq = &mut self.running[i];
-            let done = seq.done();
-            out.emitted.push((seq.id, done));
-            if done {
-                let mut seq = self.running.remove(i);
-                self.release(&mut seq);
-            } else {
-                i += 1;
-            }
+    /// The transfer of a reserved prompt is complete: the request joins the queue with its
+    /// prompt computed. The next destination may then fit; its reservation is returned.
+    pub fn activate(&mut self, id: RequestId) -> Option<Reserved> {
+        match self {
+            Engine::Vllm(e) => e.activate(id),
+            Engine::Sglang(e) => e.activate(id),
         }
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn seq(id: RequestId, prompt: u32, output: u32) -> Sequence {
-        Sequence::new(id, prompt, output, Arc::from(Vec::new()))
-    }
-
-    /// Runs passes until idle; returns each request's token count.
-    fn drain(engine: &mut Engine, requests: usize) -> (Vec<u32>, Vec<RequestId>) {
-        let (mut tokens, mut rejected) = (vec![0; requests], Vec::new());
-        while let Some(out) = engine.pass(None) {
-            for (id, _) in out.emitted {
-                tokens[id as usize] += 1;
-            }
-            rejected.extend(out.rejected);
+    /// The decode side has the KV of a held request: free it here.
+    pub fn release_source(&mut self, id: RequestId) {
+        match self {
+            Engine::Vllm(e) => e.release_source(id),
+            Engine::Sglang(e) => e.release_source(id),
         }
-        (tokens, rejected)
-    }
-
-    #[test]
-    fn trtllm_rejects_what_cannot_fit_to_completion_and_never_preempts() {
-        let args = EngineArgs {
-            engine_type: EngineType::Trtllm,
-            block_size: 32,
-            num_gpu_blocks: 64,
-            ..EngineArgs::default()
-        };
-        let mut engine = Engine::new(args, false, false);
-        engine.enqueue(seq(0, 1000, 3000));
-        engine.enqueue(seq(1, 100, 5));
-        let (tokens, rejected) = drain(&mut engine, 2);
-        assert_eq!(rejected, [0]);
-        assert_eq!(tokens, [0, 5]);
-    }
-
-    #[test]
-    fn a_full_pool_preempts_the_newest_and_everyone_still_finishes() {
-        let args = EngineArgs {
-            block_size: 16,
-            num_gpu_blocks: 12,
-            ..EngineArgs::default()
-        };
-        let mut engine = Engine::new(args, false, false);
-        for id in 0..3 {
-            engine.enqueue(seq(id, 60, 40));
-        }
-        let mut preempted = 0;
-        let mut tokens = [0u32; 3];
-        while let Some(out) = engine.pass(None) {
-            preempted += out.preempted.len();
-            for (id, _) in out.emitted {
-                tokens[id as usize] += 1;
-            }
-        }
-        assert!(
-            preempted > 0,
-            "three 100-token sequences cannot share 192 tokens of KV"
-        );
-        assert_eq!(tokens, [40, 40, 40], "recompute never re-emits a token");
-    }
-
-    #[test]
-    fn a_block_computed_earlier_in_the_pass_is_a_hit_for_the_next_request() {
-        let args = EngineArgs {
-            block_size: 16,
-            num_gpu_blocks: 64,
-            ..EngineArgs::default()
-        };
-        let mut engine = Engine::new(args, false, false);
-        let shared: Arc<[u64]> = Arc::from(vec![1u64, 2]);
-        engine.enqueue(Sequence::new(0, 40, 2, shared.clone()));
-        engine.enqueue(Sequence::new(1, 40, 2, shared));
-        let out = engine.pass(None).expect("a pass");
-        assert_eq!(out.admitted, [(0, 0), (1, 32)]);
-    }
-
-    #[test]
-    fn sglang_admits_against_memory_with_output_reserves_and_still_finishes_everyone() {
-        let sglang = EngineArgs {
-            engine_type: EngineType::Sglang,
-            block_size: 16,
-            num_gpu_blocks: 64,
-            ..EngineArgs::default()
-        };
-        let vllm = EngineArgs {
-            engine_type: EngineType::Vllm,
-            ..sglang.clone()
-        };
-        let first_pass = |args: EngineArgs| {
-            let mut engine = Engine::new(args, false, false);
-            for id in 0..3 {
-                engine.enqueue(seq(id, 200, 300));
-            }
-            let admitted = engine.pass(None).expect("a pass").admitted.len();
-            let mut tokens = [0u32; 3];
-            while let Some(out) = engine.pass(None) {
-                for (id, _) in out.emitted {
-                    tokens[id as usize] += 1;
-                }
-            }
-            (admitted, tokens)
-        };
-        let (admitted, tokens) = first_pass(sglang);
-        assert_eq!(
-            admitted, 2,
-            "each needs 208 prompt + 300 reserved of 1024 tokens: the third waits"
-        );
-        assert_eq!(tokens[2], 300, "and is served later");
-        assert_eq!(first_pass(vllm).0, 3, "vLLM counts blocks only");
     }
 }

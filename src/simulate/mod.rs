@@ -1,21 +1,26 @@
 //! `kvtrace simulate`: request traces through simulated serving engines. Workloads
 //! ([`workload`]) arrive on a virtual clock ([`offline`]), a router ([`router`]) places them
-//! on mock engines ([`engine`], with the KV pool of [`blocks`] and the timing of [`perf`]),
-//! and the [`collector`] turns what happened into the report [`output`] prints. With
+//! on mock engines ([`engine`]: vLLM and TRT-LLM in [`vllm`] with the KV pool of [`blocks`],
+//! SGLang in [`sglang`] with the radix cache of [`radix`], both timed by [`perf`]),
+//! disaggregated serving hands requests from prefill to decode workers ([`handoff`]), and the
+//! [`collector`] turns what happened into the report [`output`] prints. With
 //! [`offload`], the engines share a StorageManager whose calls can be recorded as LMCT.
 
 pub mod args;
 pub mod blocks;
-pub mod budget;
 pub mod collector;
 pub mod engine;
+pub mod handoff;
 pub mod live;
 pub mod offline;
 pub mod offload;
 pub mod output;
 pub mod perf;
+pub mod radix;
 pub mod router;
+pub mod sglang;
 pub mod sketch;
+pub mod vllm;
 pub mod workload;
 
 /// Block hashes are xxh3 digests already: maps keyed by them fold the value itself.

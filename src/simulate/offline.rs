@@ -1,12 +1,15 @@
-//! The offline simulation: a virtual clock that jumps from event to event (a pass ends, a
-//! request arrives), so an hour of serving takes well under a second. At each instant it
-//! applies finished passes, releases arrivals to the router, then starts a pass on every
-//! idle worker that has work. Same-time events apply in the order they were scheduled, so a
-//! run is a pure function of workload, configuration and seed.
+//! The simulation loop: a virtual clock that jumps from event to event (a pass ends, a KV
+//! transfer completes, a request arrives), so an hour of serving takes well under a second.
+//! At each instant it repeats, until nothing changes: apply the passes that ended, the
+//! transfers that completed and the arrivals that are due, run the queued handoff actions,
+//! then start a pass on every idle worker with work, prefill pool first, lowest worker
+//! first (a pass that takes no time is applied at once and its worker tried again). Events
+//! due together apply in the order they were scheduled, so a run is a pure function of
+//! workload, configuration and seed.
 //!
-//! Disaggregated serving adds a prefill pool in front: a request's prompt runs there (with
-//! one hidden output token and no decode cost), its KV moves to a decode worker after the
-//! transfer delay, and the decode worker generates every visible token.
+//! Disaggregated serving adds a prefill pool in front: a request's prompt runs there and
+//! moves to a decode worker through the handoff of [`super::handoff`]; the decode worker
+//! generates every visible token.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
@@ -15,9 +18,10 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 
-use super::args::EngineArgs;
+use super::args::{EngineArgs, EngineType, TransferTiming};
 use super::collector::{Collector, Provision, Status};
-use super::engine::{Engine, KvConnector, PassOutput, RequestId, Sequence};
+use super::engine::{Engine, KvConnector, PassOutput, Request, RequestId, Reserved};
+use super::handoff::{Action, ActionQueue, Handoff, HandoffOrder};
 use super::live::{Done, LiveWorker};
 use super::offload::Offload;
 use super::router::{KvRouterConfig, QueuePolicy, Router, RouterMode};
@@ -89,6 +93,8 @@ struct Pool {
     router: Router,
     dp: usize,
     block_size: u32,
+    /// Blocks of one engine's KV pool.
+    capacity_blocks: u64,
     budget: u64,
     /// Prompts run here and move on to the decode pool.
     prefill_only: bool,
@@ -119,39 +125,48 @@ impl Pool {
             router,
             dp,
             block_size: args.block_size,
+            capacity_blocks: args.num_gpu_blocks,
             budget: args.max_num_batched_tokens.unwrap_or(u64::MAX),
             prefill_only,
         }
     }
 }
 
-/// The pools of a run, entry first.
+/// The pools of a run, entry first; a disaggregated run's decode pool second.
 const ENTRY: usize = 0;
+const DECODE: usize = 1;
 
 /// A request waiting in the router's queue: higher `(strict, score)` goes first.
 struct Queued {
     strict: u64,
     score: f64,
     order: u64,
-    id: RequestId,
-    sequence: Sequence,
+    request: Request,
+}
+
+/// A disaggregated request on its way through the handoff.
+struct InFlight {
+    handoff: Handoff,
+    /// Its prefill request until submitted, its decode request until reserved.
+    prefill: Option<Request>,
+    decode: Option<Request>,
+    /// `(worker, rank)` on each side once placed.
+    prefill_at: Option<(usize, usize)>,
+    decode_at: Option<(usize, usize)>,
 }
 
 struct Simulation<'a> {
     workload: &'a Workload,
     config: &'a SimConfig,
     collector: Collector,
-    /// The entry pool (aggregated, or prefill), then the decode pool when disaggregated.
     pools: Vec<Pool>,
     /// Turns that fall due: `(time, session)`. Turns due together go in session order, as
     /// Dynamo's workload driver releases them (a session has one turn due at a time).
     arrivals: BinaryHeap<Reverse<(Time, u32)>>,
     /// Pass ends: `(time, order, pool, worker)`.
     completions: BinaryHeap<Reverse<(Time, u64, u8, u32)>>,
-    /// KV transfers to the decode pool that complete: `(time, order, request)`.
-    handoffs: BinaryHeap<Reverse<(Time, u64, RequestId)>>,
-    /// Prompt hashes of requests in transfer, at the decode pool's block size.
-    in_transfer: Vec<Option<Sequence>>,
+    /// KV transfers that complete: `(time, order, request)`.
+    transfers: BinaryHeap<Reverse<(Time, u64, RequestId)>>,
     order: u64,
     next_turn: Vec<u32>,
     request_session: Vec<u32>,
@@ -159,6 +174,10 @@ struct Simulation<'a> {
     queue: Vec<Queued>,
     passes: u64,
     offload: Option<&'a mut Offload>,
+    /// Disaggregated requests by id (`None` once handed off, and in aggregated runs).
+    in_flight: Vec<Option<InFlight>>,
+    actions: ActionQueue,
+    order_of_handoff: HandoffOrder,
 }
 
 /// Runs the workload to completion. `progress(simulated_ms, completed)` is called now and
@@ -203,6 +222,7 @@ pub fn simulate(
             false,
         ));
     }
+    let workers_per_pool: Vec<usize> = pools.iter().map(|p| p.workers.len()).collect();
     let mut sim = Simulation {
         workload,
         config,
@@ -210,8 +230,7 @@ pub fn simulate(
         pools,
         arrivals: BinaryHeap::new(),
         completions: BinaryHeap::new(),
-        handoffs: BinaryHeap::new(),
-        in_transfer: Vec::new(),
+        transfers: BinaryHeap::new(),
         order: 0,
         next_turn: vec![0; workload.sessions.len()],
         request_session: Vec::new(),
@@ -219,6 +238,12 @@ pub fn simulate(
         queue: Vec::new(),
         passes: 0,
         offload,
+        in_flight: Vec::new(),
+        actions: ActionQueue::new(&workers_per_pool),
+        order_of_handoff: match config.engine.engine_type {
+            EngineType::Sglang => HandoffOrder::DestinationFirst,
+            _ => HandoffOrder::SourceFirst,
+        },
     };
     for (i, s) in workload.sessions.iter().enumerate() {
         match config.concurrency {
@@ -259,6 +284,10 @@ pub fn simulate(
 }
 
 impl Simulation<'_> {
+    fn disaggregated(&self) -> bool {
+        self.pools.len() > 1
+    }
+
     fn schedule_arrival(&mut self, at: f64, session: u32) {
         self.arrivals.push(Reverse((Time(at), session)));
     }
@@ -267,35 +296,14 @@ impl Simulation<'_> {
         let mut next_report = 0;
         loop {
             let next = [
-                self.arrivals.peek().map(|Reverse((t, ..))| *t),
+                self.arrivals.peek().map(|Reverse((t, _))| *t),
                 self.completions.peek().map(|Reverse((t, ..))| *t),
-                self.handoffs.peek().map(|Reverse((t, ..))| *t),
+                self.transfers.peek().map(|Reverse((t, ..))| *t),
             ];
             let Some(now) = next.into_iter().flatten().min() else {
                 break;
             };
-            while let Some(&Reverse((t, _, pool, w))) = self.completions.peek() {
-                if t > now {
-                    break;
-                }
-                self.completions.pop();
-                self.finish_pass(pool as usize, w as usize, now.0);
-            }
-            while let Some(&Reverse((t, _, id))) = self.handoffs.peek() {
-                if t > now {
-                    break;
-                }
-                self.handoffs.pop();
-                self.hand_off(id);
-            }
-            while let Some(&Reverse((t, s))) = self.arrivals.peek() {
-                if t > now {
-                    break;
-                }
-                self.arrivals.pop();
-                self.arrive(s, now.0);
-            }
-            self.start_idle_workers(now.0);
+            self.settle(now.0);
             if self.passes >= next_report {
                 next_report = self.passes + 4096;
                 progress(now.0, self.collector.completed());
@@ -304,33 +312,88 @@ impl Simulation<'_> {
         self.final_progress(progress);
     }
 
-    /// Releases queued requests and starts a pass on every idle worker with work.
-    fn start_idle_workers(&mut self, now: f64) {
-        self.drain_queue();
-        for pool in 0..self.pools.len() {
-            for w in 0..self.pools[pool].workers.len() {
-                if !self.pools[pool].workers[w].busy {
-                    self.start_pass(pool, w, now);
+    /// Applies everything due at `now` until nothing more changes.
+    fn settle(&mut self, now: f64) {
+        loop {
+            let mut changed = false;
+            while let Some(&Reverse((t, _, pool, w))) = self.completions.peek() {
+                if t.0 > now {
+                    break;
                 }
+                self.completions.pop();
+                self.finish_pass(pool as usize, w as usize, now);
+                changed = true;
+            }
+            while let Some(&Reverse((t, _, id))) = self.transfers.peek() {
+                if t.0 > now {
+                    break;
+                }
+                self.transfers.pop();
+                self.transferred(id);
+                changed = true;
+            }
+            while let Some(&Reverse((t, s))) = self.arrivals.peek() {
+                if t.0 > now {
+                    break;
+                }
+                self.arrivals.pop();
+                self.arrive(s, now);
+                changed = true;
+            }
+            changed |= self.run_actions(now);
+            for pool in 0..self.pools.len() {
+                changed |= self.drive(pool, now);
+            }
+            if !changed {
+                break;
             }
         }
     }
 
-    /// Online: the same steps on the wall clock. Arrivals and handoffs fall due at their
-    /// real time; passes end when the worker threads report. Times are measured, so two
-    /// runs differ by scheduling jitter.
+    /// Starts passes on `pool`'s idle workers with work, lowest first; a pass that takes no
+    /// time is applied at once and its worker tried again. Whether anything happened.
+    fn drive(&mut self, pool: usize, now: f64) -> bool {
+        if pool == ENTRY {
+            self.drain_queue();
+        }
+        let mut skip = vec![false; self.pools[pool].workers.len()];
+        let mut changed = false;
+        loop {
+            let next = (0..skip.len()).find(|&w| {
+                let worker = &self.pools[pool].workers[w];
+                !skip[w] && !worker.busy && worker.ranks.iter().any(|e| !e.is_idle())
+            });
+            let Some(w) = next else {
+                break;
+            };
+            match self.start_pass(pool, w, now) {
+                Some(end) if end > now => changed = true,
+                Some(_) => {
+                    self.finish_pass(pool, w, now);
+                    changed = true;
+                }
+                None => skip[w] = true,
+            }
+        }
+        changed
+    }
+
+    /// Online: the same steps on the wall clock. Arrivals and transfers fall due at their
+    /// real time; passes end when the worker threads report; a worker thread runs handoff
+    /// commands between its passes. Times are measured, so two runs differ by scheduling
+    /// jitter.
     fn run_online(&mut self, done: &Receiver<Done>, progress: &mut dyn FnMut(f64, usize)) {
         let began = Instant::now();
         let elapsed = || began.elapsed().as_secs_f64() * 1e3;
         let mut last_report = 0.0;
         loop {
             let now = elapsed();
-            while let Some(&Reverse((t, _, id))) = self.handoffs.peek() {
+            while let Some(&Reverse((t, _, id))) = self.transfers.peek() {
                 if t.0 > now {
                     break;
                 }
-                self.handoffs.pop();
-                self.hand_off(id);
+                self.transfers.pop();
+                self.transferred(id);
             }
             while let Some(&Reverse((t, s))) = self.arrivals.peek() {
                 if t.0 > now {
@@ -339,11 +402,22 @@ impl Simulation<'_> {
                 self.arrivals.pop();
                 self.arrive(s, now);
             }
-            self.start_idle_workers(now);
+            self.run_actions(now);
+            self.drain_queue();
+            for pool in 0..self.pools.len() {
+                for w in 0..self.pools[pool].workers.len() {
+                    let worker = &mut self.pools[pool].workers[w];
+                    if let Some(live) = worker.live.as_mut().filter(|l| !worker.busy && l.has_work)
+                    {
+                        live.run_pass();
+                        worker.busy = true;
+                    }
+                }
+            }
             let busy = self.pools.iter().flat_map(|p| &p.workers).any(|w| w.busy);
             let next = [
-                self.arrivals.peek().map(|Reverse((t, ..))| *t),
-                self.handoffs.peek().map(|Reverse((t, ..))| *t),
+                self.arrivals.peek().map(|Reverse((t, _))| *t),
+                self.transfers.peek().map(|Reverse((t, ..))| *t),
             ]
             .into_iter()
             .flatten()
@@ -353,20 +427,25 @@ impl Simulation<'_> {
                     let due = began + Duration::from_secs_f64(t.0.max(0.0) / 1e3);
                     done.recv_deadline(due).ok()
                 }
-                None if busy => done.recv().ok(),
+                None if busy || !self.actions.is_empty() => done.recv().ok(),
                 None => break,
             };
             if let Some(report) = report {
                 let now = elapsed();
-                let worker = &mut self.pools[report.pool].workers[report.worker];
-                if let Some(live) = worker.live.as_mut() {
-                    live.has_work = !report.idle && !report.outputs.is_empty();
+                for r in report.reserved {
+                    self.reserved(r, now);
                 }
-                if !report.outputs.is_empty() {
-                    self.passes += 1;
+                if report.ran_pass {
+                    let worker = &mut self.pools[report.pool].workers[report.worker];
+                    if let Some(live) = worker.live.as_mut() {
+                        live.has_work = !report.idle && !report.outputs.is_empty();
+                    }
+                    if !report.outputs.is_empty() {
+                        self.passes += 1;
+                    }
+                    worker.pending = report.outputs;
+                    self.finish_pass(report.pool, report.worker, now);
                 }
-                worker.pending = report.outputs;
-                self.finish_pass(report.pool, report.worker, now);
             }
             if now - last_report > 100.0 {
                 last_report = now;
@@ -387,7 +466,8 @@ impl Simulation<'_> {
         );
     }
 
-    /// The next turn of `session` arrives: record it and route it (or queue it).
+    /// The next turn of `session` arrives: record it, then route it (or queue it) — or,
+    /// disaggregated, start its handoff.
     fn arrive(&mut self, session: u32, now: f64) {
         let s = &self.workload.sessions[session as usize];
         let turn_index = self.next_turn[session as usize];
@@ -400,51 +480,70 @@ impl Simulation<'_> {
         if let Some(o) = self.offload.as_deref_mut() {
             o.register(id, &turn.prompt);
         }
-        let entry = &self.pools[ENTRY];
-        let hashes: Arc<[u64]> = Arc::from(turn.prompt.block_hashes(entry.block_size));
-        // A prefill worker generates one hidden token; the decode worker the visible ones.
-        let output = if entry.prefill_only {
-            1
-        } else {
+        let hashes: Arc<[u64]> = Arc::from(turn.prompt.block_hashes(self.pools[ENTRY].block_size));
+        if !self.disaggregated() {
+            let request = Request::new(id, turn.prompt.len, turn.output_length, hashes);
+            self.route_entry(request, turn.priority, turn.strict_priority, now);
+            return;
+        }
+        let planned = if self.workload.planned_outputs {
             turn.output_length
+        } else {
+            1
         };
-        let sequence = Sequence::new(id, turn.prompt.len, output, hashes);
-        if entry.prefill_only {
-            let decode_hashes = Arc::from(turn.prompt.block_hashes(self.pools[1].block_size));
-            self.in_transfer.resize_with(id as usize + 1, || None);
-            self.in_transfer[id as usize] = Some(Sequence::prefilled(
+        let decode_hashes = Arc::from(turn.prompt.block_hashes(self.pools[DECODE].block_size));
+        let full_prompt = self
+            .config
+            .prefill
+            .as_ref()
+            .is_none_or(|p| p.engine.kv_transfer_timing == TransferTiming::FullPrompt);
+        let mut handoff = Handoff::new(self.order_of_handoff, turn.prompt.len, full_prompt);
+        let first = handoff.start();
+        self.in_flight.resize_with(id as usize + 1, || None);
+        self.in_flight[id as usize] = Some(InFlight {
+            handoff,
+            prefill: Some(Request::new(id, turn.prompt.len, planned, hashes)),
+            decode: Some(Request::prefilled(
                 id,
                 turn.prompt.len,
                 turn.output_length,
                 decode_hashes,
-            ));
-        }
+            )),
+            prefill_at: None,
+            decode_at: None,
+        });
+        self.actions.push(id, Some(first));
+    }
+
+    /// Routes a request to the entry pool, or queues it in the router while every
+    /// candidate is busy.
+    fn route_entry(&mut self, request: Request, priority: i64, strict: u64, now: f64) {
+        let entry = &self.pools[ENTRY];
         if entry.router.all_busy(entry.budget) {
             let policy = match entry.router.mode() {
                 RouterMode::KvRouter(c) => c.router_queue_policy,
                 RouterMode::RoundRobin => QueuePolicy::Fcfs,
             };
-            let bump = turn.priority.max(0) as f64;
+            let bump = priority.max(0) as f64;
             let score = match policy {
                 QueuePolicy::Fcfs => bump - now / 1e3,
                 QueuePolicy::Lcfs => bump + now / 1e3,
                 QueuePolicy::Wspt => {
                     let best = entry
                         .router
-                        .best_uncached_tokens(&sequence.hashes, turn.prompt.len);
+                        .best_uncached_tokens(&request.hashes, request.prompt_len);
                     (1.0 + bump) / best.max(1) as f64
                 }
             };
             self.order += 1;
             self.queue.push(Queued {
-                strict: turn.strict_priority,
+                strict,
                 score,
                 order: self.order,
-                id,
-                sequence,
+                request,
             });
         } else {
-            self.dispatch(ENTRY, id, sequence);
+            self.dispatch(ENTRY, request);
         }
     }
 
@@ -461,7 +560,7 @@ impl Simulation<'_> {
                 })
                 .expect("non-empty");
             let q = self.queue.swap_remove(best);
-            self.dispatch(ENTRY, q.id, q.sequence);
+            self.dispatch(ENTRY, q.request);
         }
     }
 
@@ -470,64 +569,214 @@ impl Simulation<'_> {
         entry.router.all_busy(entry.budget)
     }
 
-    fn dispatch(&mut self, pool: usize, id: RequestId, sequence: Sequence) {
+    /// Places a request on the entry pool's chosen worker.
+    fn dispatch(&mut self, pool: usize, request: Request) {
+        let id = request.id;
         let p = &mut self.pools[pool];
         let route = p
             .router
-            .route(id, sequence.hashes.clone(), sequence.prompt_len);
+            .route(id, request.hashes.clone(), request.prompt_len);
         let (worker, rank) = (route.candidate / p.dp, route.candidate % p.dp);
+        let prefill_only = p.prefill_only;
         let record = &mut self.collector.records[id as usize];
-        if pool == ENTRY {
+        if prefill_only {
             record.prefill_worker_idx = Some(worker as u32);
             record.prefill_route_overlap_tokens = Some(route.overlap_tokens);
-        }
-        if !p.prefill_only {
+        } else {
             record.decode_worker_idx = Some(worker as u32);
+        }
+        if let Some(f) = self.in_flight.get_mut(id as usize).and_then(Option::as_mut) {
+            f.prefill_at = Some((worker, rank));
         }
         let w = &mut p.workers[worker];
         match w.live.as_mut() {
-            Some(live) => live.enqueue(rank, sequence),
-            None => w.ranks[rank].enqueue(sequence),
+            Some(live) => live.enqueue(rank, request),
+            None => w.ranks[rank].enqueue(request),
         }
     }
 
-    /// The prompt's KV has reached the decode pool: a decode worker takes the request.
-    fn hand_off(&mut self, id: RequestId) {
-        if let Some(sequence) = self.in_transfer[id as usize].take() {
-            self.dispatch(1, id, sequence);
-            // Its prompt is computed: only its decode load counts.
-            self.pools[1].router.prefill_done(id);
+    /// Runs the queued handoff actions, first in first out; whether any ran.
+    fn run_actions(&mut self, now: f64) -> bool {
+        let mut ran = false;
+        while let Some((id, action)) = self.actions.pop() {
+            ran |= self.execute(id, action, now);
         }
+        ran
     }
 
-    /// Milliseconds to move a prompt's KV to the decode pool (zero without a link model).
-    fn transfer_ms(&self, prompt_tokens: u32) -> f64 {
-        let prefill = self.config.prefill.as_ref().map(|p| &p.engine);
-        let pick = |f: fn(&EngineArgs) -> Option<f64>| {
-            prefill.and_then(f).or_else(|| f(&self.config.engine))
+    fn flight(&mut self, id: RequestId) -> Option<&mut InFlight> {
+        self.in_flight.get_mut(id as usize).and_then(Option::as_mut)
+    }
+
+    /// Runs one handoff action; false when it must wait for a worker's pass to end.
+    fn execute(&mut self, id: RequestId, action: Action, now: f64) -> bool {
+        match action {
+            Action::SubmitPrefill => {
+                let Some(request) = self.flight(id).and_then(|f| f.prefill.take()) else {
+                    return true;
+                };
+                let turn = self.turn_of(id);
+                let (priority, strict) = (turn.priority, turn.strict_priority);
+                self.route_entry(request, priority, strict, now);
+            }
+            Action::ReserveDestination => self.reserve_destination(id, now),
+            Action::StartTransfer { tokens } => {
+                let delay = self.transfer_ms(tokens);
+                if delay > 0.0 {
+                    self.order += 1;
+                    self.transfers
+                        .push(Reverse((Time(now + delay), self.order, id)));
+                } else {
+                    self.transferred(id);
+                }
+            }
+            Action::ActivateDestination => {
+                let Some((w, rank)) = self.flight(id).and_then(|f| f.decode_at) else {
+                    return true;
+                };
+                let worker = &mut self.pools[DECODE].workers[w];
+                if worker.busy && worker.live.is_none() {
+                    self.actions.defer(DECODE, w, id, action);
+                    return false;
+                }
+                self.collector.records[id as usize].destination_activated_ms = Some(now);
+                let next = match worker.live.as_mut() {
+                    Some(live) => {
+                        live.activate(rank, id);
+                        None
+                    }
+                    None => worker.ranks[rank].activate(id),
+                };
+                let after = self.flight(id).and_then(|f| f.handoff.on_activated());
+                self.actions.push(id, after);
+                if let Some(r) = next {
+                    self.reserved(r, now);
+                }
+            }
+            Action::ReleaseSource => {
+                let Some((w, rank)) = self.flight(id).and_then(|f| f.prefill_at) else {
+                    return true;
+                };
+                let worker = &mut self.pools[ENTRY].workers[w];
+                if worker.busy && worker.live.is_none() {
+                    self.actions.defer(ENTRY, w, id, action);
+                    return false;
+                }
+                match worker.live.as_mut() {
+                    Some(live) => live.release_source(rank, id),
+                    None => worker.ranks[rank].release_source(id),
+                }
+                self.collector.records[id as usize].source_released_ms = Some(now);
+                if let Some(slot) = self.in_flight.get_mut(id as usize) {
+                    *slot = None;
+                }
+            }
+        }
+        true
+    }
+
+    /// Picks a decode worker for the request and asks it for room (at once when it is
+    /// between passes; otherwise when its pass ends).
+    fn reserve_destination(&mut self, id: RequestId, now: f64) {
+        let Some(request) = self.flight(id).and_then(|f| f.decode.take()) else {
+            return;
         };
-        let bytes = pick(|a| a.kv_bytes_per_token.map(|b| b as f64));
-        match (bytes, pick(|a| a.kv_transfer_bandwidth)) {
-            (Some(b), Some(gbps)) if gbps > 0.0 => f64::from(prompt_tokens) * b / (gbps * 1e6),
+        let pool = &mut self.pools[DECODE];
+        if u64::from(request.prompt_len.div_ceil(pool.block_size)) > pool.capacity_blocks {
+            self.abandon(id, now);
+            return;
+        }
+        let route = pool
+            .router
+            .route(id, request.hashes.clone(), request.prompt_len);
+        // Its prompt arrives computed: only its decode load counts.
+        pool.router.prefill_done(id);
+        let (w, rank) = (route.candidate / pool.dp, route.candidate % pool.dp);
+        let worker = &mut pool.workers[w];
+        let reserved = match worker.live.as_mut() {
+            Some(live) => {
+                live.reserve_destination(rank, request);
+                Ok(None)
+            }
+            None => {
+                let between_passes = !worker.busy;
+                worker.ranks[rank].reserve_destination(request, between_passes)
+            }
+        };
+        let record = &mut self.collector.records[id as usize];
+        record.decode_worker_idx = Some(w as u32);
+        record.decode_route_overlap_tokens = Some(route.overlap_tokens);
+        if let Some(f) = self.flight(id) {
+            f.decode_at = Some((w, rank));
+        }
+        match reserved {
+            Ok(Some(r)) => self.reserved(r, now),
+            Ok(None) => {}
+            Err(_) => self.abandon(id, now),
+        }
+    }
+
+    /// A decode worker set room aside for a request's prompt.
+    fn reserved(&mut self, r: Reserved, now: f64) {
+        self.collector.records[r.id as usize].destination_reserved_ms = Some(now);
+        let next = self
+            .flight(r.id)
+            .and_then(|f| f.handoff.on_reserved(r.missing_tokens));
+        self.actions.push(r.id, next);
+    }
+
+    /// A request's prompt KV reached its decode worker.
+    fn transferred(&mut self, id: RequestId) {
+        let next = self.flight(id).and_then(|f| f.handoff.on_transferred());
+        self.actions.push(id, next);
+    }
+
+    /// A prompt that no decode worker can ever hold: the request is rejected and its
+    /// prefill copy, if any, released.
+    fn abandon(&mut self, id: RequestId, now: f64) {
+        if let Some(f) = self.in_flight.get_mut(id as usize).and_then(Option::take) {
+            if let Some((w, rank)) = f.prefill_at.filter(|_| f.handoff.is_held()) {
+                let worker = &mut self.pools[ENTRY].workers[w];
+                match worker.live.as_mut() {
+                    Some(live) => live.release_source(rank, id),
+                    None => worker.ranks[rank].release_source(id),
+                }
+            }
+        }
+        self.end_request(DECODE, id, now, Status::Rejected);
+    }
+
+    fn turn_of(&self, id: RequestId) -> &super::workload::Turn {
+        let session = self.request_session[id as usize];
+        let record = &self.collector.records[id as usize];
+        &self.workload.sessions[session as usize].turns[record.turn_index as usize]
+    }
+
+    /// Milliseconds to move `tokens` of prompt KV to the decode pool: the prefill worker's
+    /// link model, zero without one.
+    fn transfer_ms(&self, tokens: u32) -> f64 {
+        let Some(prefill) = self.config.prefill.as_ref().map(|p| &p.engine) else {
+            return 0.0;
+        };
+        match (prefill.kv_bytes_per_token, prefill.kv_transfer_bandwidth) {
+            (Some(b), Some(gbps)) if gbps > 0.0 => {
+                f64::from(tokens) * b as f64 / (gbps * 1e9) * 1000.0
+            }
             _ => 0.0,
         }
     }
 
-    fn start_pass(&mut self, pool: usize, w: usize, now: f64) {
+    /// Starts a pass on worker `w` of `pool`; returns when it ends, or `None` when no rank
+    /// had anything to do.
+    fn start_pass(&mut self, pool: usize, w: usize, now: f64) -> Option<f64> {
         // The prompt runs where the store is consulted: the entry pool.
         let use_store = pool == ENTRY;
-        let worker = &mut self.pools[pool].workers[w];
-        if let Some(live) = &worker.live {
-            if live.has_work {
-                live.run_pass();
-                worker.busy = true;
-            }
-            return;
-        }
-        let mut longest: Option<f64> = None;
         if let Some(o) = self.offload.as_deref_mut() {
             o.advance_to(now);
         }
+        let disaggregated = self.disaggregated();
+        let worker = &mut self.pools[pool].workers[w];
+        let mut longest: Option<f64> = None;
         for (rank, engine) in worker.ranks.iter_mut().enumerate() {
             if engine.is_idle() {
                 continue;
@@ -539,8 +788,14 @@ impl Simulation<'_> {
                 .map(|o| o as &mut dyn KvConnector);
             if let Some(out) = engine.pass(connector) {
                 for &(id, reused) in &out.admitted {
-                    if pool == ENTRY {
-                        self.collector.admit(id, now, reused);
+                    self.collector.admit(id, now, reused);
+                    let record = &mut self.collector.records[id as usize];
+                    if pool == DECODE {
+                        record.decode_admit_ms.get_or_insert(now);
+                        let r = record.decode_reused_input_tokens.get_or_insert(reused);
+                        *r = (*r).max(reused);
+                    } else if disaggregated {
+                        record.prefill_admit_ms.get_or_insert(now);
                     }
                 }
                 let end = out.end_ms(now);
@@ -548,47 +803,70 @@ impl Simulation<'_> {
                 worker.pending.push((rank, out));
             }
         }
-        if let Some(end) = longest {
+        let end = longest?;
+        self.passes += 1;
+        if end > now {
             worker.busy = true;
-            self.passes += 1;
             self.order += 1;
             self.completions
                 .push(Reverse((Time(end), self.order, pool as u8, w as u32)));
         }
+        Some(end)
     }
 
+    /// A pass of worker `w` ended: the worker may take the destinations it queued and the
+    /// actions that waited on it; then the pass's tokens, completions and held sources
+    /// apply.
     fn finish_pass(&mut self, pool: usize, w: usize, now: f64) {
         let p = &mut self.pools[pool];
         let (dp, prefill_only) = (p.dp, p.prefill_only);
-        let pending = std::mem::take(&mut p.workers[w].pending);
-        p.workers[w].busy = false;
+        let worker = &mut p.workers[w];
+        worker.busy = false;
+        let retried: Vec<Reserved> = worker
+            .ranks
+            .iter_mut()
+            .filter_map(Engine::retry_destinations)
+            .collect();
+        let pending = std::mem::take(&mut worker.pending);
+        self.actions.wake(pool, w);
+        let mut held = Vec::new();
         for (rank, out) in pending {
             self.pools[pool]
                 .router
                 .observe(w * dp + rank, &out.kv_events);
-            for (id, done) in out.emitted {
-                if prefill_only {
+            if prefill_only {
+                for &id in &out.held {
                     let router = &mut self.pools[pool].router;
                     router.prefill_done(id);
                     router.free(id);
-                    let prompt = self.collector.records[id as usize].input_length;
-                    let at = now + self.transfer_ms(prompt);
-                    self.order += 1;
-                    self.handoffs.push(Reverse((Time(at), self.order, id)));
-                    continue;
                 }
-                let first = self.collector.records[id as usize].output_length == 0;
-                self.collector.token(id, now);
-                if first {
-                    self.pools[pool].router.prefill_done(id);
-                }
-                if done {
-                    self.end_request(pool, id, now, Status::Completed);
+                held.extend(out.held);
+            } else {
+                for (id, done) in out.emitted {
+                    let first = self.collector.records[id as usize].output_length == 0;
+                    self.collector.token(id, now);
+                    if first {
+                        self.pools[pool].router.prefill_done(id);
+                    }
+                    if done {
+                        self.end_request(pool, id, now, Status::Completed);
+                    }
                 }
             }
             for id in out.rejected {
+                if let Some(slot) = self.in_flight.get_mut(id as usize) {
+                    *slot = None;
+                }
                 self.end_request(pool, id, now, Status::Rejected);
             }
+        }
+        for id in held {
+            self.collector.records[id as usize].source_held_ms = Some(now);
+            let next = self.flight(id).and_then(|f| f.handoff.on_held());
+            self.actions.push(id, next);
+        }
+        for r in retried {
+            self.reserved(r, now);
         }
     }
 
@@ -597,9 +875,6 @@ impl Simulation<'_> {
     fn end_request(&mut self, pool: usize, id: RequestId, now: f64, status: Status) {
         self.collector.finish(id, now, status);
         self.pools[pool].router.free(id);
-        if let Some(slot) = self.in_transfer.get_mut(id as usize) {
-            *slot = None;
-        }
         if let Some(o) = self.offload.as_deref_mut() {
             o.forget(id);
         }

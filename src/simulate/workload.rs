@@ -81,6 +81,11 @@ pub struct Session {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Workload {
     pub sessions: Vec<Session>,
+    /// Each request comes with its output tokens planned: trace files and session
+    /// workloads do in Dynamo, flat synthetic requests do not. A disaggregated prefill
+    /// worker then generates all of them (hidden) before it hands the request off, as
+    /// Dynamo 1.4.2's does; otherwise one.
+    pub planned_outputs: bool,
 }
 
 impl Workload {
@@ -161,7 +166,10 @@ pub fn read_mooncake(src: impl BufRead, trace_block_size: u32) -> Result<Workloa
     for s in &mut sessions {
         s.start_ms -= origin;
     }
-    Ok(Workload { sessions })
+    Ok(Workload {
+        sessions,
+        planned_outputs: true,
+    })
 }
 
 /// The fields of one trace row, with their aliases.
@@ -420,7 +428,13 @@ impl SyntheticSpec {
                 }
             })
             .collect();
-        Workload { sessions }
+        Workload {
+            sessions,
+            planned_outputs: self.turns > 1
+                || self.shared_prefix_ratio > 0.0
+                || self.prefix_groups > 0
+                || self.inter_turn_delay_ms > 0.0,
+        }
     }
 }
 

@@ -1,0 +1,774 @@
+//! The SGLang mock engine, step for step as the reference mocker runs it. Each pass admits
+//! a batch of prefill chunks from the head of the queue, then runs one decode step over
+//! every running request, prompts admitted this pass included:
+//!
+//! * **Admission** stops at the first request that does not fit: a prompt longer than the
+//!   chunk size is cut at a page boundary to what the pass's chunk budget has left; the
+//!   memory left — free and evictable tokens minus what running requests are still expected
+//!   to generate (`new_token_ratio` of their remaining output, clipped) — must exceed the
+//!   chunk rounded up to pages plus, when the prompt completes, its own clipped output. A
+//!   chunked request goes back to the head of the queue with its complete pages cached.
+//! * **`lpm`** orders the queue by the longest prefix the radix tree holds (plain FIFO while
+//!   more than 128 wait), pushing back requests whose first 32 tokens repeat a waiting one.
+//! * **Decode** grows each request by one token; when the pages it needs exceed free plus
+//!   evictable memory it retracts the request with the fewest generated tokens (its KV
+//!   released, its ratio reset), otherwise it evicts what it lacks. Every full page a request
+//!   fills goes into the tree at once.
+//! * **KV** lives in [`RadixCache`]: a request locks the path its cached pages end at; a
+//!   finished one inserts its complete pages (freeing copies the tree already holds) and
+//!   unlocks, leaving them evictable.
+//!
+//! The new-token ratio starts at 0.7 × `schedule_conservativeness`, decays by a 600th of the
+//! way to 14 % of that each pass and resets when memory runs out.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::args::{EngineArgs, SglangPolicy, WorkerType};
+use super::blocks::KvEvent;
+use super::engine::{PassOutput, Request, RequestId, Reserved};
+use super::perf;
+use super::radix::{NodeId, PageId, PublishedPages, RadixCache};
+use super::BlockSet;
+
+/// Requests beyond this many waiting are served FIFO even under `lpm`.
+const LPM_FALLBACK: usize = 128;
+/// A request whose cached prefix is at most this long, and whose first tokens repeat
+/// another waiting request's, goes behind the rest under `lpm`.
+const IN_BATCH_PREFIX_TOKENS: u32 = 32;
+const RATIO_DECAY_PASSES: f64 = 600.0;
+
+/// The KV a request holds: its pages in sequence order (the cached prefix's come from the
+/// tree), how many tokens they hold, how many of those are in the tree, and the node that
+/// prefix ends at (locked while the lease lives).
+#[derive(Default)]
+struct Lease {
+    pages: Vec<PageId>,
+    tokens: u32,
+    cached: u32,
+    node: Option<NodeId>,
+}
+
+struct Req {
+    id: RequestId,
+    prompt_len: u32,
+    output_len: u32,
+    generated: u32,
+    /// Hashes of the prompt's full pages.
+    keys: Arc<[u64]>,
+    /// Hashes of the later full pages (they hold generated tokens, which nobody shares).
+    decode_keys: Vec<u64>,
+    lease: Lease,
+    /// Tokens whose KV is computed, and tokens of page room allocated.
+    materialized: u32,
+    allocated: u32,
+}
+
+impl Req {
+    fn len(&self) -> u32 {
+        self.prompt_len + self.generated
+    }
+
+    fn remaining_output(&self) -> u32 {
+        self.output_len.saturating_sub(self.generated)
+    }
+}
+
+/// Room set aside for a transferred prompt: the prefix the tree held (locked at `node`)
+/// and fresh pages for the rest.
+struct Destination {
+    prefix_tokens: u32,
+    prefix_pages: Vec<PageId>,
+    node: NodeId,
+    fresh: Vec<PageId>,
+    allocated: u32,
+}
+
+struct PendingDestination {
+    req: Req,
+    attempted: Option<u64>,
+}
+
+pub struct SglangEngine {
+    args: EngineArgs,
+    page: u32,
+    max_running: usize,
+    cache: RadixCache,
+    published: Option<PublishedPages>,
+    events: Vec<KvEvent>,
+    waiting: VecDeque<Req>,
+    /// Transferred prompts activated here, admitted ahead of everything else.
+    prebuilt: VecDeque<Req>,
+    running: Vec<Req>,
+    new_token_ratio: f64,
+    ratio_init: f64,
+    ratio_min: f64,
+    ratio_step: f64,
+    prefill_only: bool,
+    sources: Vec<Req>,
+    destinations: VecDeque<PendingDestination>,
+    reserved: Vec<(Req, Destination)>,
+    capacity_generation: u64,
+    next_unique: u64,
+}
+
+impl SglangEngine {
+    pub fn new(args: EngineArgs, track_events: bool, prefill_only: bool) -> SglangEngine {
+        let page = args.block_size.max(1);
+        let ratio_init = 0.7 * args.sglang.schedule_conservativeness;
+        let ratio_min = ratio_init * 0.14;
+        SglangEngine {
+            page,
+            max_running: args.max_num_seqs.map_or(usize::MAX, |m| m as usize),
+            cache: RadixCache::new(args.num_gpu_blocks.saturating_mul(u64::from(page)), page),
+            published: track_events.then(PublishedPages::default),
+            events: Vec::new(),
+            waiting: VecDeque::new(),
+            prebuilt: VecDeque::new(),
+            running: Vec::new(),
+            new_token_ratio: ratio_init,
+            ratio_init,
+            ratio_min,
+            ratio_step: (ratio_init - ratio_min) / RATIO_DECAY_PASSES,
+            prefill_only,
+            sources: Vec::new(),
+            destinations: VecDeque::new(),
+            reserved: Vec::new(),
+            capacity_generation: 0,
+            next_unique: 0,
+            args,
+        }
+    }
+
+    fn request(&self, r: Request) -> Req {
+        Req {
+            id: r.id,
+            prompt_len: r.prompt_len,
+            output_len: r.output_len,
+            generated: 0,
+            keys: r.hashes,
+            decode_keys: Vec::new(),
+            lease: Lease::default(),
+            materialized: 0,
+            allocated: 0,
+        }
+    }
+
+    pub fn enqueue(&mut self, r: Request) {
+        let req = self.request(r);
+        self.waiting.push_back(req);
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.prebuilt.is_empty() && self.running.is_empty()
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.page
+    }
+
+    /// Pages of a prompt the tree holds (the prefix a router could credit).
+    pub fn cached_prefix_blocks(&self, hashes: &[u64]) -> usize {
+        self.cache.prefix_match_len(hashes)
+    }
+
+    fn ceil_page(&self, tokens: u32) -> u32 {
+        tokens.div_ceil(self.page) * self.page
+    }
+
+    /// Hashes of the first `pages` full pages of `req`'s sequence.
+    fn page_keys(next_unique: &mut u64, req: &mut Req, pages: usize) -> Vec<u64> {
+        while req.keys.len() + req.decode_keys.len() < pages {
+            *next_unique += 1;
+            req.decode_keys
+                .push(xxh3_64_with_seed(&next_unique.to_le_bytes(), 0x5617A9));
+        }
+        req.keys
+            .iter()
+            .chain(req.decode_keys.iter())
+            .take(pages)
+            .copied()
+            .collect()
+    }
+
+    fn free_pages(&mut self, pages: &[PageId]) {
+        if pages.is_empty() {
+            return;
+        }
+        self.cache.pool.free(pages);
+        self.withdraw(pages);
+    }
+
+    fn withdraw(&mut self, pages: &[PageId]) {
+        if let Some(published) = self.published.as_mut() {
+            for &p in pages {
+                if let Some(hash) = published.remove(p) {
+                    self.events.push(KvEvent::Removed(hash));
+                }
+            }
+        }
+    }
+
+    fn evict(&mut self, tokens: u64) {
+        let freed = self.cache.evict(tokens);
+        self.withdraw(&freed);
+    }
+
+    /// Announces the complete pages of `pages` from `from` tokens on that the router has
+    /// not seen.
+    fn publish(&mut self, keys: &[u64], pages: &[PageId], from: u32) {
+        let Some(published) = self.published.as_mut() else {
+            return;
+        };
+        let first = (from / self.page) as usize;
+        for (&key, &page) in keys.iter().zip(pages).skip(first) {
+            if published.store(page, key) {
+                self.events.push(KvEvent::Stored(key));
+            }
+        }
+    }
+
+    /// Takes KV for the first `end` tokens of a fresh request: the prefix the tree holds,
+    /// then new pages (evicting if free ones fall short). Returns the prefix's tokens.
+    fn allocate_fresh(&mut self, req: &mut Req, end: u32) -> Option<u32> {
+        let keys = Self::page_keys(&mut self.next_unique, req, (end / self.page) as usize);
+        let (matched, node) = self.cache.match_prefix(&keys);
+        let prefix = matched as u32 * self.page;
+        let required = u64::from(self.ceil_page(end - prefix));
+        self.cache.lock(node);
+        if required > self.cache.available_tokens() + self.cache.evictable {
+            self.cache.unlock(node);
+            return None;
+        }
+        let available = self.cache.available_tokens();
+        if required > available {
+            self.evict(required - available);
+        }
+        let mut pages = self.cache.path_pages(node);
+        let Some(fresh) = self
+            .cache
+            .pool
+            .allocate((required / u64::from(self.page)) as u32)
+        else {
+            self.cache.unlock(node);
+            return None;
+        };
+        pages.extend(fresh);
+        self.publish(&keys, &pages, prefix);
+        req.lease = Lease {
+            pages,
+            tokens: end,
+            cached: prefix,
+            node: Some(node),
+        };
+        Some(prefix)
+    }
+
+    /// Grows a request's KV to `end` tokens: the last page's free slots, then new pages.
+    fn extend_allocation(&mut self, req: &mut Req, end: u32) -> bool {
+        let have = req.lease.tokens;
+        let in_last = if have % self.page == 0 {
+            0
+        } else {
+            self.page - have % self.page
+        };
+        let pages = (end - have).saturating_sub(in_last).div_ceil(self.page);
+        let Some(fresh) = self.cache.pool.allocate(pages) else {
+            return false;
+        };
+        req.lease.pages.extend(fresh);
+        req.lease.tokens = end;
+        let keys = Self::page_keys(&mut self.next_unique, req, (end / self.page) as usize);
+        self.publish(&keys, &req.lease.pages.clone(), have);
+        true
+    }
+
+    /// Puts the request's complete computed pages into the tree, moving its lock to where
+    /// they end; pages the tree already held replace the request's copies, which are freed.
+    fn cache_computed(&mut self, req: &mut Req) {
+        let aligned = req.materialized / self.page * self.page;
+        if aligned == 0 || aligned <= req.lease.cached {
+            return;
+        }
+        let node = req.lease.node.expect("a computed request holds KV");
+        let full = (aligned / self.page) as usize;
+        let keys = Self::page_keys(&mut self.next_unique, req, full);
+        let from = (req.lease.cached / self.page) as usize;
+        self.publish(&keys, &req.lease.pages.clone(), req.lease.cached);
+        let end = self
+            .cache
+            .insert_from(node, from, &keys[..full], &req.lease.pages[..full]);
+        if end != node {
+            self.cache.lock(end);
+        }
+        let duplicates = self.reconcile(&mut req.lease.pages, end, from, full, true);
+        self.free_pages(&duplicates);
+        if end != node {
+            self.cache.unlock(node);
+        }
+        req.lease.node = Some(end);
+        req.lease.cached = aligned;
+    }
+
+    /// Walks the tree path ending at `end` back over pages `from..to` of `pages`: where the
+    /// tree holds a different page, the request's copy is returned (to be freed) and, when
+    /// `adopt`, replaced by the tree's.
+    fn reconcile(
+        &self,
+        pages: &mut [PageId],
+        end: NodeId,
+        from: usize,
+        to: usize,
+        adopt: bool,
+    ) -> Vec<PageId> {
+        let mut duplicates = Vec::new();
+        let mut at = end;
+        let mut path_end = to;
+        while path_end > from && at != self.cache.root() {
+            let (node_pages, parent) = self.cache.node_pages(at);
+            let path_start = path_end - node_pages.len();
+            for p in path_start.max(from)..path_end {
+                let canonical = node_pages[p - path_start];
+                if pages[p] != canonical {
+                    duplicates.push(pages[p]);
+                    if adopt {
+                        pages[p] = canonical;
+                    }
+                }
+            }
+            path_end = path_start;
+            at = parent.unwrap_or(self.cache.root());
+        }
+        duplicates
+    }
+
+    /// A finished request leaves its complete pages in the tree (unlocked) and frees the rest.
+    fn finish(&mut self, req: &mut Req) {
+        let Some(node) = req.lease.node.take() else {
+            return;
+        };
+        let complete = (req.len() / self.page * self.page).min(req.lease.tokens);
+        let complete = complete / self.page * self.page;
+        let full = (complete / self.page) as usize;
+        let tail = req.lease.pages.split_off(full.min(req.lease.pages.len()));
+        self.free_pages(&tail);
+        if complete == 0 {
+            self.cache.unlock(node);
+            return;
+        }
+        let keys = Self::page_keys(&mut self.next_unique, req, full);
+        let from = (req.lease.cached / self.page) as usize;
+        self.publish(&keys, &req.lease.pages.clone(), req.lease.cached);
+        let end = self
+            .cache
+            .insert_from(node, from, &keys, &req.lease.pages[..full]);
+        let mut pages = std::mem::take(&mut req.lease.pages);
+        let duplicates = self.reconcile(&mut pages, end, from, full, false);
+        self.free_pages(&duplicates);
+        self.cache.unlock(node);
+    }
+
+    /// Gives up a running request's KV: the pages beyond its cached prefix are freed and
+    /// its lock released. Whether that may have made room.
+    fn release_lease(&mut self, req: &mut Req) -> bool {
+        let Some(node) = req.lease.node.take() else {
+            return false;
+        };
+        let owned = req
+            .lease
+            .pages
+            .split_off(((req.lease.cached / self.page) as usize).min(req.lease.pages.len()));
+        let improved = !owned.is_empty() || node != self.cache.root();
+        self.free_pages(&owned);
+        self.cache.unlock(node);
+        req.lease = Lease::default();
+        improved
+    }
+
+    fn order_waiting(&mut self) {
+        if self.args.sglang.schedule_policy != SglangPolicy::Lpm
+            || self.waiting.len() > LPM_FALLBACK
+        {
+            return;
+        }
+        let duplicate_len = IN_BATCH_PREFIX_TOKENS.div_ceil(self.page) * self.page;
+        let duplicate_pages = (duplicate_len / self.page) as usize;
+        let mut seen = BlockSet::default();
+        let mut scored: Vec<(usize, bool, Req)> = Vec::with_capacity(self.waiting.len());
+        for mut req in self.waiting.drain(..) {
+            let full = (req.len() / self.page) as usize;
+            let keys = Self::page_keys(&mut self.next_unique, &mut req, full);
+            let prefix = self.cache.prefix_match_len(&keys) * self.page as usize;
+            let repeated = prefix <= IN_BATCH_PREFIX_TOKENS as usize
+                && req.len() >= duplicate_len
+                && !seen.insert(keys[duplicate_pages - 1]);
+            scored.push((prefix, repeated, req));
+        }
+        scored.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)));
+        self.waiting.extend(scored.into_iter().map(|(_, _, r)| r));
+    }
+
+    /// Admits prefill chunks from the head of the queue; see the module docs.
+    fn admit(&mut self, out: &mut PassOutput) -> (Vec<Req>, u64, u64, bool) {
+        let s = &self.args.sglang;
+        let (chunked_size, clip) = (s.chunked_prefill_size, s.clip_max_new_tokens);
+        let reserved: f64 = self
+            .running
+            .iter()
+            .map(|r| u64::from(r.remaining_output()).min(clip) as f64 * self.new_token_ratio)
+            .sum();
+        let mut rem_total =
+            (self.cache.available_tokens() + self.cache.evictable) as f64 - reserved;
+        let mut rem_input = s.max_prefill_tokens as f64;
+        let mut rem_chunk = chunked_size as f64;
+        let slots = self.max_running.saturating_sub(self.running.len());
+        let (mut can_run, mut isl, mut prefix_total, mut oom) = (Vec::new(), 0, 0, false);
+        let mut rejected = None;
+        while can_run.len() < slots {
+            let Some(mut req) = self.waiting.pop_front() else {
+                break;
+            };
+            let extend = req.len() - req.materialized;
+            if extend == 0 {
+                rejected = Some(req);
+                break;
+            }
+            let chunk = if u64::from(extend) <= chunked_size {
+                extend
+            } else {
+                let c = (rem_chunk as u64 / u64::from(self.page) * u64::from(self.page)) as u32;
+                if c == 0 {
+                    rejected = Some(req);
+                    break;
+                }
+                c.min(extend)
+            };
+            let charged = f64::from(self.ceil_page(chunk));
+            let output_reserve = if chunk < extend {
+                0
+            } else {
+                u64::from(req.remaining_output()).min(clip)
+            };
+            if charged + output_reserve as f64 >= rem_total
+                || charged > rem_input
+                || charged > rem_chunk
+            {
+                rejected = Some(req);
+                break;
+            }
+            let end = req.materialized + chunk;
+            let before_alloc = req.allocated;
+            let prefix = if req.materialized > 0 {
+                let need = u64::from(self.ceil_page(end).saturating_sub(before_alloc));
+                let available = self.cache.available_tokens();
+                if available < need {
+                    self.evict(need - available);
+                }
+                self.extend_allocation(&mut req, end)
+                    .then_some(req.materialized)
+            } else {
+                self.allocate_fresh(&mut req, end)
+            };
+            let Some(prefix) = prefix else {
+                rejected = Some(req);
+                oom = true;
+                break;
+            };
+            req.materialized = end;
+            req.allocated = self.ceil_page(end);
+            out.admitted.push((req.id, prefix));
+            isl += u64::from(end);
+            prefix_total += u64::from(prefix);
+            rem_total -= f64::from(req.allocated - before_alloc) + output_reserve as f64;
+            rem_input -= charged;
+            rem_chunk -= charged;
+            can_run.push(req);
+            if rem_chunk <= 0.0 {
+                break;
+            }
+        }
+        if let Some(req) = rejected {
+            self.waiting.push_front(req);
+        }
+        (can_run, isl, prefix_total, oom)
+    }
+
+    /// Page room the running requests need to grow by one token each.
+    fn growth_needed(&self) -> u64 {
+        self.running
+            .iter()
+            .map(|r| {
+                let burst = r.remaining_output().min(1);
+                u64::from(self.ceil_page(r.len() + burst).saturating_sub(r.allocated))
+            })
+            .sum()
+    }
+
+    /// Retracts the running request with the fewest generated tokens while free plus
+    /// evictable memory cannot hold the next token of every request; then evicts what the
+    /// free pages lack.
+    fn check_decode_memory(&mut self) -> Vec<Req> {
+        let mut retracted = Vec::new();
+        loop {
+            let room = self.cache.available_tokens() + self.cache.evictable;
+            if room >= self.growth_needed() || self.running.len() <= 1 {
+                break;
+            }
+            let Some(victim) = (0..self.running.len()).min_by_key(|&i| self.running[i].generated)
+            else {
+                break;
+            };
+            let mut req = self.running.remove(victim);
+            self.release_lease(&mut req);
+            req.materialized = 0;
+            req.allocated = 0;
+            retracted.push(req);
+        }
+        let available = self.cache.available_tokens();
+        let need = self.growth_needed();
+        if available < need {
+            self.evict(need - available);
+        }
+        retracted
+    }
+
+    /// One decode step over the running requests; returns its milliseconds and the requests
+    /// it retracted.
+    fn decode(&mut self, out: &mut PassOutput) -> (f64, Vec<Req>) {
+        if self.running.is_empty() {
+            return (0.0, Vec::new());
+        }
+        let retracted = self.check_decode_memory();
+        if self.running.is_empty() {
+            return (0.0, retracted);
+        }
+        let total_kv = self.cache.total_tokens();
+        let context: u64 = self.running.iter().map(|r| u64::from(r.len())).sum();
+        let batch = self.running.len() as u64;
+        let ms = perf::decode_ms(batch, context.min(total_kv), total_kv);
+        let decode_ms =
+            perf::quantized(ms, self.args.speedup_ratio * self.args.decode_speedup_ratio);
+        let pages = (self.growth_needed() / u64::from(self.page)) as u32;
+        let Some(mut reservation) = self.cache.pool.allocate(pages) else {
+            return (0.0, retracted);
+        };
+        reservation.reverse();
+        let mut running = std::mem::take(&mut self.running);
+        let mut done = Vec::new();
+        for (i, req) in running.iter_mut().enumerate() {
+            if req.lease.tokens % self.page == 0 {
+                req.lease
+                    .pages
+                    .push(reservation.pop().expect("the step's pages are reserved"));
+            }
+            req.lease.tokens += 1;
+            if req.len() + 1 > req.allocated {
+                req.allocated += self.page;
+            }
+            req.generated += 1;
+            req.materialized += 1;
+            let complete = req.generated >= req.output_len;
+            out.emitted.push((req.id, complete));
+            if complete {
+                done.push(i);
+                continue;
+            }
+            self.cache_computed(req);
+        }
+        reservation.reverse();
+        self.cache.pool.free(&reservation);
+        let mut finished = Vec::with_capacity(done.len());
+        for &i in done.iter().rev() {
+            finished.push(running.remove(i));
+        }
+        finished.reverse();
+        self.running = running;
+        self.complete(finished, out);
+        (decode_ms, retracted)
+    }
+
+    /// Finished requests free their KV into the tree — or, on a prefill-only engine, keep
+    /// it for the handoff.
+    fn complete(&mut self, finished: Vec<Req>, out: &mut PassOutput) {
+        for mut req in finished {
+            if self.prefill_only {
+                out.held.push(req.id);
+                self.sources.push(req);
+            } else {
+                self.finish(&mut req);
+                self.capacity_generation += 1;
+            }
+        }
+    }
+
+    /// Queues a transferred prompt for room here; see [`super::engine::Engine`].
+    pub fn reserve_destination(
+        &mut self,
+        r: Request,
+        now: bool,
+    ) -> Result<Option<Reserved>, RequestId> {
+        if u64::from(self.ceil_page(r.prompt_len)) > self.cache.total_tokens() {
+            return Err(r.id);
+        }
+        let req = self.request(r);
+        self.destinations.push_back(PendingDestination {
+            req,
+            attempted: None,
+        });
+        Ok(if now { self.retry_destinations() } else { None })
+    }
+
+    /// Tries the first waiting destination once more if room may have appeared: the
+    /// prefix the tree holds is locked, fresh pages cover the rest of the prompt.
+    pub fn retry_destinations(&mut self) -> Option<Reserved> {
+        let generation = self.capacity_generation;
+        let front = self.destinations.front_mut()?;
+        if front.attempted == Some(generation) {
+            return None;
+        }
+        front.attempted = Some(generation);
+        let mut req = self.destinations.pop_front().expect("front").req;
+        let destination = self.reserve_room(&mut req);
+        let Some(destination) = destination else {
+            self.destinations.push_front(PendingDestination {
+                req,
+                attempted: Some(generation),
+            });
+            return None;
+        };
+        let reserved = Reserved {
+            id: req.id,
+            missing_tokens: destination.fresh.len() as u32 * self.page,
+        };
+        self.reserved.push((req, destination));
+        Some(reserved)
+    }
+
+    fn reserve_room(&mut self, req: &mut Req) -> Option<Destination> {
+        let full = (req.prompt_len / self.page) as usize;
+        let keys = Self::page_keys(&mut self.next_unique, req, full);
+        let (matched, node) = self.cache.match_prefix(&keys);
+        let prefix_tokens = matched as u32 * self.page;
+        let mut prefix_pages = self.cache.path_pages(node);
+        prefix_pages.truncate(matched);
+        self.cache.lock(node);
+        let allocated = self.ceil_page(req.prompt_len);
+        let fresh_tokens = u64::from(allocated.saturating_sub(prefix_tokens));
+        if fresh_tokens > self.cache.available_tokens() + self.cache.evictable {
+            self.cache.unlock(node);
+            return None;
+        }
+        let available = self.cache.available_tokens();
+        if fresh_tokens > available {
+            self.evict(fresh_tokens - available);
+        }
+        let Some(fresh) = self
+            .cache
+            .pool
+            .allocate((fresh_tokens / u64::from(self.page)) as u32)
+        else {
+            self.cache.unlock(node);
+            return None;
+        };
+        Some(Destination {
+            prefix_tokens,
+            prefix_pages,
+            node,
+            fresh,
+            allocated,
+        })
+    }
+
+    /// The transfer is complete: the request takes its pages, caches its complete prompt
+    /// pages and is admitted first at the next pass. The next destination may then fit.
+    pub fn activate(&mut self, id: RequestId) -> Option<Reserved> {
+        let at = self.reserved.iter().position(|(r, _)| r.id == id)?;
+        let (mut req, d) = self.reserved.remove(at);
+        let available_before = self.cache.available_tokens();
+        let mut pages = d.prefix_pages;
+        pages.extend(d.fresh);
+        req.lease = Lease {
+            pages,
+            tokens: req.prompt_len,
+            cached: d.prefix_tokens,
+            node: Some(d.node),
+        };
+        req.materialized = req.prompt_len;
+        self.cache_computed(&mut req);
+        req.allocated = d.allocated;
+        self.prebuilt.push_back(req);
+        if self.cache.available_tokens() > available_before {
+            self.capacity_generation += 1;
+        }
+        self.retry_destinations()
+    }
+
+    /// The decode side has the KV of a held request: free it into the tree.
+    pub fn release_source(&mut self, id: RequestId) {
+        if let Some(at) = self.sources.iter().position(|r| r.id == id) {
+            let mut req = self.sources.remove(at);
+            self.finish(&mut req);
+            self.capacity_generation += 1;
+        }
+    }
+
+    /// Runs one pass; `None` when nothing could happen.
+    pub fn pass(&mut self) -> Option<PassOutput> {
+        let mut out = PassOutput::default();
+        while self.running.len() < self.max_running {
+            let Some(req) = self.prebuilt.pop_front() else {
+                break;
+            };
+            out.admitted.push((req.id, 0));
+            self.running.push(req);
+        }
+        self.order_waiting();
+        let (can_run, isl, prefix, oom) =
+            if self.prebuilt.is_empty() && self.destinations.is_empty() {
+                self.admit(&mut out)
+            } else {
+                (Vec::new(), 0, 0, false)
+            };
+        if oom {
+            self.new_token_ratio = self.ratio_init;
+        }
+        let batch = can_run.len() as u64;
+        let prefill_ms = if batch == 0 || self.args.worker_type == WorkerType::Decode {
+            0.0
+        } else {
+            perf::quantized(
+                perf::prefill_ms(batch, isl / batch, prefix / batch),
+                self.args.speedup_ratio,
+            )
+        };
+        for mut req in can_run {
+            if req.materialized < req.len() {
+                self.cache_computed(&mut req);
+                self.waiting.push_front(req);
+            } else {
+                self.running.push(req);
+            }
+        }
+        let (decode_ms, retracted) = self.decode(&mut out);
+        let retracted_any = !retracted.is_empty();
+        for req in retracted.into_iter().rev() {
+            out.preempted.push(req.id);
+            self.waiting.push_front(req);
+        }
+        if retracted_any {
+            self.new_token_ratio = self.ratio_init;
+            self.capacity_generation += 1;
+        }
+        self.new_token_ratio = (self.new_token_ratio - self.ratio_step).max(self.ratio_min);
+        out.prefill_ms = prefill_ms;
+        out.decode_ms = decode_ms;
+        out.kv_events = std::mem::take(&mut self.events);
+        let idle = out.admitted.is_empty()
+            && out.emitted.is_empty()
+            && out.preempted.is_empty()
+            && out.kv_events.is_empty();
+        (!idle).then_some(out)
+    }
+}

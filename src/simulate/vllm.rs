@@ -1,0 +1,836 @@
+//! The vLLM and TRT-LLM mock engine: one `pass` schedules the running requests first, then
+//! admits waiting ones against the pass's token budget (`max_num_batched_tokens`) and the KV
+//! pool, and takes as long as the timing model says its prefill chunks and decode step take.
+//! Every token of a pass is emitted at the pass's end. ([`super::sglang`] is SGLang's.)
+//!
+//! vLLM follows the reference mocker step for step, because over a long trace every detail
+//! moves a figure: a request's blocks are allocated as one batch for the tokens it is
+//! scheduled to compute (preempting the newest running request until they fit); the full
+//! blocks it computed are cached at once, visible to the next request of the same pass; a
+//! block a generated token completes is cached too (under a hash nothing else shares), and
+//! on release every cached block stays in the pool, inactive, until an allocation evicts it.
+//! TRT-LLM admits only what fits to completion and never preempts.
+//!
+//! In disaggregated serving a prefill-only engine keeps a finished request's KV (its
+//! *source*) until the handoff releases it, and a decode engine queues transferred prompts
+//! for room (its *destinations*): the first one waiting is retried whenever a request ends,
+//! is preempted or releases its KV, and while it waits only requests that already hold
+//! their KV may start.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::args::{EngineArgs, EngineType, Preemption, WorkerType};
+use super::blocks::{BlockPool, Reservation};
+use super::engine::{KvConnector, PassOutput, Request, RequestId, Reserved};
+use super::perf;
+
+/// A request as the vLLM engine tracks it.
+struct Sequence {
+    pub id: RequestId,
+    pub prompt_len: u32,
+    pub output_len: u32,
+    /// Chained hashes of the prompt's full blocks at this engine's block size.
+    pub hashes: Arc<[u64]>,
+    /// Tokens already generated (hidden ones on a prefill-only worker).
+    pub generated: u32,
+    computed: u32,
+    /// Tokens the allocated blocks cover.
+    allocated: u32,
+    /// The pool copies of the allocated blocks, in order.
+    table: Vec<u32>,
+    /// Leading blocks of `table` that are cached (findable by other requests).
+    cached: usize,
+    /// Hashes of the full blocks beyond the prompt's, which generated tokens completed.
+    decode_hashes: Vec<u64>,
+    /// The last block of the sequence is partial (not yet full, or full but not promoted).
+    partial: bool,
+    /// Got tokens in the current pass.
+    scheduled: bool,
+    /// Its prompt's KV went to the external store (once, even if preempted later).
+    stored: bool,
+    /// Its prompt's KV arrives computed (a decode worker's handoff): admission costs no
+    /// prefill. Cleared by preemption, after which the prompt is recomputed here.
+    prefilled: bool,
+    /// Preempted at least once (a fresh request is checked against the pool's size).
+    preempted: bool,
+}
+
+impl Sequence {
+    fn new(r: Request) -> Self {
+        Sequence {
+            id: r.id,
+            prompt_len: r.prompt_len,
+            output_len: r.output_len.max(1),
+            hashes: r.hashes,
+            generated: 0,
+            computed: 0,
+            allocated: 0,
+            table: Vec::new(),
+            cached: 0,
+            decode_hashes: Vec::new(),
+            partial: false,
+            scheduled: false,
+            stored: false,
+            prefilled: r.prefilled,
+            preempted: false,
+        }
+    }
+
+    fn len(&self) -> u32 {
+        self.prompt_len + self.generated
+    }
+
+    fn full_blocks(&self) -> usize {
+        self.hashes.len() + self.decode_hashes.len()
+    }
+
+    /// Blocks the sequence's tokens span: its full blocks, then a partial one.
+    fn unique_len(&self) -> usize {
+        self.full_blocks() + usize::from(self.partial)
+    }
+
+    fn full_hash(&self, block: usize) -> Option<u64> {
+        match block.checked_sub(self.hashes.len()) {
+            None => Some(self.hashes[block]),
+            Some(d) => self.decode_hashes.get(d).copied(),
+        }
+    }
+
+    fn full_hashes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.hashes.iter().chain(self.decode_hashes.iter()).copied()
+    }
+
+    fn done(&self) -> bool {
+        self.generated >= self.output_len
+    }
+}
+
+/// The prefill chunks of a pass: how many requests computed prompt tokens, the sum of their
+/// prompt positions after and before the chunk.
+#[derive(Clone, Copy, Default)]
+struct Prefill {
+    count: u64,
+    isl: u64,
+    prefix: u64,
+}
+
+impl Prefill {
+    fn add(&mut self, before: u32, after: u32) {
+        self.count += 1;
+        self.isl += u64::from(after);
+        self.prefix += u64::from(before);
+    }
+}
+
+/// How a scheduling attempt ended.
+enum Scheduled {
+    /// Tokens were scheduled (possibly none, for a request that needs none).
+    Yes { tokens: u32 },
+    /// Nothing fits now; the request keeps its place.
+    Blocked,
+    /// The request itself was preempted to make room.
+    SelfPreempted,
+}
+
+/// A transferred prompt waiting for room on its decode worker; `attempted` is the capacity
+/// generation of the last attempt that found none (it is not retried until that changes).
+struct PendingDestination {
+    seq: Sequence,
+    attempted: Option<u64>,
+}
+
+pub struct VllmEngine {
+    args: EngineArgs,
+    pool: BlockPool,
+    running: Vec<Sequence>,
+    waiting: VecDeque<Sequence>,
+    /// Prefill-only engines (disaggregation) charge no decode step and keep a finished
+    /// request's KV until its handoff releases it.
+    prefill_only: bool,
+    /// Finished prefill-only requests whose KV waits for the decode side.
+    sources: Vec<Sequence>,
+    /// Transferred prompts in arrival order; only the first is tried.
+    destinations: VecDeque<PendingDestination>,
+    /// Transferred prompts with their room set aside, until activated.
+    reserved: Vec<(Sequence, Reservation)>,
+    /// Counts changes that may have freed room or a running slot.
+    capacity_generation: u64,
+    /// Seeds [`Engine::unique_hash`]: unique per engine and block.
+    next_decode_block: u64,
+}
+
+impl VllmEngine {
+    pub fn new(args: EngineArgs, track_events: bool, prefill_only: bool) -> VllmEngine {
+        VllmEngine {
+            pool: BlockPool::new(
+                args.num_gpu_blocks,
+                args.enable_prefix_caching,
+                track_events,
+            ),
+            args,
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            prefill_only,
+            sources: Vec::new(),
+            destinations: VecDeque::new(),
+            reserved: Vec::new(),
+            capacity_generation: 0,
+            next_decode_block: 0,
+        }
+    }
+
+    pub fn enqueue(&mut self, r: Request) {
+        let mut seq = Sequence::new(r);
+        self.prepare(&mut seq);
+        self.waiting.push_back(seq);
+    }
+
+    /// Fixes a new sequence's block layout at this engine's block size.
+    fn prepare(&mut self, seq: &mut Sequence) {
+        if seq.table.is_empty() && seq.decode_hashes.is_empty() {
+            let block = self.args.block_size;
+            seq.partial = seq.len() % block != 0;
+            // Full prompt blocks without a content hash are nobody else's: give them one.
+            let full = (seq.prompt_len / block) as usize;
+            if seq.hashes.len() < full {
+                let mut hashes = seq.hashes.to_vec();
+                while hashes.len() < full {
+                    hashes.push(self.unique_hash());
+                }
+                seq.hashes = Arc::from(hashes);
+            }
+        }
+    }
+
+    /// Queues a transferred prompt for room here; see [`super::engine::Engine`].
+    pub fn reserve_destination(
+        &mut self,
+        r: Request,
+        now: bool,
+    ) -> Result<Option<Reserved>, RequestId> {
+        if self.blocks_for(r.prompt_len) as u64 > self.pool.capacity() {
+            return Err(r.id);
+        }
+        let mut seq = Sequence::new(r);
+        self.prepare(&mut seq);
+        self.destinations.push_back(PendingDestination {
+            seq,
+            attempted: None,
+        });
+        Ok(if now { self.retry_destinations() } else { None })
+    }
+
+    /// Tries the first waiting destination once more, if room or a running slot may have
+    /// appeared since its last attempt: it reuses the prompt blocks this pool already
+    /// caches and sets aside fresh ones for the rest.
+    pub fn retry_destinations(&mut self) -> Option<Reserved> {
+        let generation = self.capacity_generation;
+        let front = self.destinations.front_mut()?;
+        if front.attempted == Some(generation) {
+            return None;
+        }
+        front.attempted = Some(generation);
+        if self
+            .args
+            .max_num_seqs
+            .is_some_and(|m| self.running.len() as u64 >= m)
+        {
+            return None;
+        }
+        let seq = &front.seq;
+        let (hit, _) = self.pool.match_prefix(&seq.hashes);
+        let prefix = seq.hashes[..hit].to_vec();
+        let fresh = seq.unique_len() - hit;
+        let reservation = self.pool.reserve(&prefix, fresh as u32)?;
+        let front = self.destinations.pop_front().expect("front");
+        let reserved = Reserved {
+            id: front.seq.id,
+            missing_tokens: fresh as u32 * self.args.block_size,
+        };
+        self.reserved.push((front.seq, reservation));
+        Some(reserved)
+    }
+
+    /// The transfer of a reserved prompt is complete: the request takes its blocks (the
+    /// full ones cached) and joins the queue with its prompt computed. Then the next
+    /// destination may fit; its reservation is returned.
+    pub fn activate(&mut self, id: RequestId) -> Option<Reserved> {
+        let at = self.reserved.iter().position(|(s, _)| s.id == id)?;
+        let (seq, mut reservation) = self.reserved.remove(at);
+        let prompt_len = seq.prompt_len;
+        self.running.push(seq);
+        let i = self.running.len() - 1;
+        let ids = self.pool.take_prefix(&mut reservation);
+        let seq = &mut self.running[i];
+        seq.cached = ids.len();
+        seq.table = ids;
+        while self.running[i].table.len() < self.running[i].unique_len() {
+            let id = self.pool.take_fresh(&mut reservation);
+            self.running[i].table.push(id);
+        }
+        self.pool.cancel(reservation);
+        let seq = &mut self.running[i];
+        seq.allocated = prompt_len;
+        seq.computed = prompt_len;
+        self.finalize(i, 0, prompt_len);
+        let seq = self.running.pop().expect("just pushed");
+        self.waiting.push_back(seq);
+        self.retry_destinations()
+    }
+
+    /// The decode side has the KV of a held request: free it here.
+    pub fn release_source(&mut self, id: RequestId) {
+        if let Some(at) = self.sources.iter().position(|s| s.id == id) {
+            let mut seq = self.sources.remove(at);
+            self.release(&mut seq);
+            self.capacity_generation += 1;
+        }
+    }
+
+    /// A block hash no prompt shares (a block of generated tokens, or one without content).
+    fn unique_hash(&mut self) -> u64 {
+        self.next_decode_block += 1;
+        xxh3_64_with_seed(&self.next_decode_block.to_le_bytes(), 0xDEC0DE)
+    }
+
+    /// No request to schedule (held sources and destinations not yet activated wait on
+    /// the handoff, not on a pass).
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.args.block_size
+    }
+
+    /// Blocks a prompt would find cached here (the prefix a router could credit).
+    pub fn cached_prefix_blocks(&self, hashes: &[u64]) -> usize {
+        self.pool.match_prefix(hashes).0
+    }
+
+    fn blocks_for(&self, tokens: u32) -> usize {
+        tokens.div_ceil(self.args.block_size) as usize
+    }
+
+    /// Runs one pass; `None` when there is nothing to do. With a connector, admissions
+    /// load what the external store holds beyond the GPU prefix hit, and completed prompts
+    /// are stored.
+    pub fn pass(&mut self, mut connector: Option<&mut dyn KvConnector>) -> Option<PassOutput> {
+        let mut out = PassOutput::default();
+        let mut budget = self.args.max_num_batched_tokens.unwrap_or(u64::MAX);
+        let mut prefill = Prefill::default();
+        for seq in &mut self.running {
+            seq.scheduled = false;
+        }
+        let mut scheduled_any = false;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            match self.schedule(i, &mut budget, &mut prefill, &mut out, 0, false) {
+                Scheduled::Yes { tokens } => {
+                    scheduled_any |= tokens > 0;
+                    i += 1;
+                }
+                Scheduled::SelfPreempted => {}
+                Scheduled::Blocked => break,
+            }
+        }
+        let mut load_ms = 0.0;
+        if out.preempted.is_empty() {
+            let (admitted, ms) = self.admit(&mut budget, &mut prefill, &mut out, &mut connector);
+            scheduled_any |= admitted;
+            load_ms = ms;
+        }
+        if let Some(c) = connector {
+            for seq in &mut self.running {
+                if !seq.stored && seq.computed >= seq.prompt_len {
+                    seq.stored = true;
+                    c.store(seq.id);
+                }
+            }
+        }
+        let ready = self.ready();
+        if !scheduled_any && ready == 0 && out.rejected.is_empty() && out.preempted.is_empty() {
+            return None;
+        }
+        let prefill_ms = if prefill.count > 0 {
+            perf::prefill_ms(
+                prefill.count,
+                prefill.isl / prefill.count,
+                prefill.prefix / prefill.count,
+            )
+        } else {
+            0.0
+        };
+        let block = u64::from(self.args.block_size);
+        let decode_ms = if self.prefill_only || ready == 0 {
+            0.0
+        } else {
+            perf::decode_ms(
+                ready,
+                self.pool.active() * block,
+                self.pool.capacity() * block,
+            )
+        };
+        let speedup = self.args.speedup_ratio;
+        out.load_ms = load_ms;
+        out.prefill_ms = perf::quantized(prefill_ms, speedup);
+        out.decode_ms = perf::quantized(decode_ms, speedup * self.args.decode_speedup_ratio);
+        self.emit(&mut out);
+        out.kv_events = self.pool.take_events();
+        Some(out)
+    }
+
+    /// Running requests whose every token is computed: they emit this pass.
+    fn ready(&self) -> u64 {
+        self.running
+            .iter()
+            .filter(|s| s.scheduled && s.computed == s.len() && !s.done())
+            .count() as u64
+    }
+
+    /// The prompt tokens a waiting request finds cached, and the blocks of those that other
+    /// running requests hold (vLLM recomputes the last token of a fully cached context, in
+    /// whole blocks).
+    fn prefix_cost(&self, seq: &Sequence) -> (u32, u64) {
+        let block = self.args.block_size;
+        let (hit, active) = self.pool.match_prefix_iter(seq.full_hashes());
+        let len = seq.len();
+        let mut cached = (hit as u32 * block).min(len);
+        let mut active_cached = (active as u32 * block).min(len);
+        if self.args.engine_type == EngineType::Vllm && !seq.done() {
+            let max_cached = (len.saturating_sub(1) / block) * block;
+            if cached > max_cached {
+                cached = max_cached;
+                active_cached = active_cached.min(max_cached);
+            }
+        }
+        (cached, u64::from(active_cached / block))
+    }
+
+    /// Schedules running request `i` — or, when `admitting`, the waiting request just
+    /// placed at the end of `running`, which is not yet running and so never a victim — as
+    /// many of its remaining tokens as the budget allows (`cached` of them found in the
+    /// prefix cache), after allocating the blocks they need as one batch and preempting to
+    /// make room.
+    fn schedule(
+        &mut self,
+        i: usize,
+        budget: &mut u64,
+        prefill: &mut Prefill,
+        out: &mut PassOutput,
+        cached: u32,
+        admitting: bool,
+    ) -> Scheduled {
+        let block = self.args.block_size;
+        let seq = &self.running[i];
+        let before = seq.computed + cached;
+        let prompt_len = seq.prompt_len;
+        let prompt_before = before.min(prompt_len);
+        let remaining = seq.len().saturating_sub(before);
+        if prompt_len > prompt_before
+            && !self.args.enable_chunked_prefill
+            && u64::from(prompt_len - prompt_before) > *budget
+        {
+            return Scheduled::Blocked;
+        }
+        let take = u64::from(remaining).min(*budget) as u32;
+        if take == 0 && remaining > 0 {
+            return Scheduled::Blocked;
+        }
+        let after = before + take;
+        let mut i = i;
+        loop {
+            match self.allocate(i, after, cached / block) {
+                true => break,
+                false => match self.preempt(admitting, out) {
+                    Some(victim) if victim == i => return Scheduled::SelfPreempted,
+                    Some(victim) => {
+                        if victim < i {
+                            i -= 1;
+                        }
+                    }
+                    None => return Scheduled::Blocked,
+                },
+            }
+        }
+        let seq = &mut self.running[i];
+        seq.computed = after;
+        self.finalize(i, before, after);
+        let seq = &mut self.running[i];
+        seq.scheduled = true;
+        let prompt_after = after.min(prompt_len);
+        let prompt_tokens = prompt_after - prompt_before;
+        if prompt_tokens > 0 && self.args.worker_type != WorkerType::Decode {
+            prefill.add(prompt_before, prompt_after);
+        }
+        *budget -= u64::from(take);
+        Scheduled::Yes { tokens: take }
+    }
+
+    /// Allocates the blocks request `i` needs to hold `target` tokens, reusing the first
+    /// `reusable` cached blocks on its first allocation. All or nothing.
+    fn allocate(&mut self, i: usize, target: u32, reusable: u32) -> bool {
+        let seq = &self.running[i];
+        let unique = seq.unique_len();
+        let have = self.blocks_for(seq.allocated).min(unique);
+        let want = self.blocks_for(target).min(unique);
+        if want <= have {
+            self.running[i].allocated = self.running[i].allocated.max(target);
+            return true;
+        }
+        let reuse = if have == 0 {
+            (reusable as usize).min(want)
+        } else {
+            0
+        };
+        let prefix: Vec<u64> = (0..reuse).filter_map(|b| seq.full_hash(b)).collect();
+        let Some(mut reservation) = self.pool.reserve(&prefix, (want - have - reuse) as u32) else {
+            return false;
+        };
+        let ids = self.pool.take_prefix(&mut reservation);
+        let seq = &mut self.running[i];
+        if !ids.is_empty() {
+            // The reused prefix is the first allocation, and it is cached already.
+            seq.table.extend(ids);
+            seq.cached = seq.table.len();
+        }
+        for _ in have + reuse..want {
+            let id = self.pool.take_fresh(&mut reservation);
+            self.running[i].table.push(id);
+        }
+        self.pool.cancel(reservation);
+        self.running[i].allocated = target;
+        true
+    }
+
+    /// Caches the full blocks request `i` completed computing between `before` and `after`
+    /// tokens — visible to the next request scheduled — and, when that completed its whole
+    /// context on a block boundary, the last block too.
+    fn finalize(&mut self, i: usize, before: u32, after: u32) {
+        if !self.pool.prefix_caching() {
+            return;
+        }
+        let block = self.args.block_size;
+        let seq = &mut self.running[i];
+        let completed = ((after / block) as usize).min(seq.table.len());
+        let mut b = ((before / block) as usize).max(seq.cached);
+
+        while b < completed && b < seq.full_blocks() {
+            let hash = seq.full_hash(b).expect("a full block");
+            self.pool.cache(seq.table[b], hash);
+            seq.cached = b + 1;
+            b += 1;
+        }
+        if after == seq.len() && after % block == 0 && after > 0 && seq.partial {
+            self.promote(i);
+        }
+    }
+
+    /// The sequence's partial last block is full: it gets a hash of its own (its tokens
+    /// include generated ones no other request shares) and, when allocated, is cached.
+    fn promote(&mut self, i: usize) {
+        let hash = self.unique_hash();
+        let seq = &mut self.running[i];
+        seq.decode_hashes.push(hash);
+        seq.partial = false;
+        let b = seq.full_blocks() - 1;
+        if self.pool.prefix_caching() && b < seq.table.len() && b == seq.cached {
+            self.pool.cache(seq.table[b], hash);
+            seq.cached = b + 1;
+        }
+    }
+
+    /// Preempts the newest running request (the oldest under FIFO mode) — not the last
+    /// entry while `admitting` it — putting it back at the head of the queue with its
+    /// blocks released; returns its index, or `None` when preemption is not allowed
+    /// (TRT-LLM) or nothing else runs.
+    fn preempt(&mut self, admitting: bool, out: &mut PassOutput) -> Option<usize> {
+        let candidates = self.running.len() - usize::from(admitting);
+        if self.args.engine_type == EngineType::Trtllm || candidates == 0 {
+            return None;
+        }
+        let victim = match self.args.preemption {
+            Preemption::Lifo => candidates - 1,
+            Preemption::Fifo => 0,
+        };
+        let mut seq = self.running.remove(victim);
+        self.release(&mut seq);
+        self.capacity_generation += 1;
+        seq.computed = 0;
+        seq.prefilled = false;
+        seq.preempted = true;
+        out.preempted.push(seq.id);
+        self.waiting.push_front(seq);
+        Some(victim)
+    }
+
+    /// Releases every block a request holds, last first, so its suffix is evicted before a
+    /// prefix other requests share.
+    fn release(&mut self, seq: &mut Sequence) {
+        for &id in seq.table.iter().rev() {
+            self.pool.release(id);
+        }
+        seq.table.clear();
+        seq.cached = 0;
+        seq.allocated = 0;
+    }
+
+    /// Whether a waiting request may enter: vLLM reserves its current blocks less the
+    /// cached ones others hold; TRT-LLM its blocks to completion, after every running
+    /// request's.
+    fn fits(&self, seq: &Sequence, active_cached: u64) -> bool {
+        let free = self.pool.capacity().saturating_sub(self.pool.active());
+        let block = self.args.block_size;
+        if self.args.engine_type == EngineType::Trtllm {
+            let to_end =
+                |s: &Sequence| (s.prompt_len.saturating_add(s.output_len)).div_ceil(block) as u64;
+            let reserved: u64 = self
+                .running
+                .iter()
+                .map(|s| to_end(s).saturating_sub(self.blocks_for(s.allocated) as u64))
+                .sum();
+            return to_end(seq).saturating_sub(active_cached) <= free.saturating_sub(reserved);
+        }
+        (self.blocks_for(seq.len()) as u64).saturating_sub(active_cached) <= free
+    }
+
+    /// Admits waiting requests in order while the budget, the sequence limit and the pool
+    /// allow; the first that does not fit blocks the ones behind it. While a transferred
+    /// prompt still waits for room, only requests that arrived with their KV may enter
+    /// (a fresh one would take the room the transfer waits for). Returns whether any
+    /// tokens were scheduled and the time spent loading from the connector.
+    fn admit(
+        &mut self,
+        budget: &mut u64,
+        prefill: &mut Prefill,
+        out: &mut PassOutput,
+        connector: &mut Option<&mut dyn KvConnector>,
+    ) -> (bool, f64) {
+        let block = self.args.block_size;
+        let mut load_ms = 0.0;
+        let mut scheduled = false;
+        let transfer_waits = !self.destinations.is_empty();
+        while out.preempted.is_empty() {
+            if self
+                .args
+                .max_num_seqs
+                .is_some_and(|m| self.running.len() as u64 >= m)
+            {
+                break;
+            }
+            let next = if transfer_waits {
+                self.waiting.iter().position(|s| s.prefilled)
+            } else {
+                (!self.waiting.is_empty()).then_some(0)
+            };
+            let Some(at) = next else {
+                break;
+            };
+            let seq = &self.waiting[at];
+            let too_long = self.args.engine_type != EngineType::Trtllm
+                && self
+                    .args
+                    .max_model_len
+                    .is_some_and(|m| u64::from(seq.prompt_len) >= m);
+            if too_long {
+                let seq = self.waiting.remove(at).expect("present");
+                out.rejected.push(seq.id);
+                continue;
+            }
+            if seq.prefilled {
+                // Its KV arrived with its blocks: it enters as it is.
+                let seq = self.waiting.remove(at).expect("present");
+                let id = seq.id;
+                self.running.push(seq);
+                let i = self.running.len() - 1;
+                if let Scheduled::Yes { tokens } = self.schedule(i, budget, prefill, out, 0, true) {
+                    out.admitted.push((id, 0));
+                    scheduled = true;
+                    if tokens == 0 && *budget == 0 {
+                        break;
+                    }
+                }
+                continue;
+            }
+            let to_end = self.blocks_for(seq.prompt_len.saturating_add(seq.output_len)) as u64;
+            // A sequence larger than the pool can never run again: rejected, where the
+            // reference mocker checks fresh requests only and dead-ends on a preempted one.
+            let too_big = match self.args.engine_type {
+                EngineType::Trtllm => !seq.preempted && to_end > self.pool.capacity(),
+                _ => self.blocks_for(seq.len()) as u64 > self.pool.capacity(),
+            };
+            if too_big {
+                let seq = self.waiting.pop_front().expect("front");
+                out.rejected.push(seq.id);
+                continue;
+            }
+            let (id, len) = (seq.id, seq.len());
+            let (cached, active_cached) = self.prefix_cost(seq);
+            if !self.fits(seq, active_cached) {
+                break;
+            }
+            // The store may extend the GPU hit.
+            let external = match connector.as_deref_mut() {
+                Some(c) => c.lookup(id).min(len - 1).saturating_sub(cached),
+                None => 0,
+            };
+            let seq = self.waiting.pop_front().expect("front");
+            self.running.push(seq);
+            let i = self.running.len() - 1;
+            // What the store holds arrives computed: its blocks come first (cached as they
+            // are filled); the rest is scheduled.
+            let arrived = cached + external;
+            let outcome = if arrived > cached {
+                if self.allocate(i, arrived, cached / block) {
+                    self.running[i].computed = arrived;
+                    self.finalize(i, cached, arrived);
+                    self.schedule(i, budget, prefill, out, 0, true)
+                } else {
+                    Scheduled::Blocked
+                }
+            } else {
+                self.schedule(i, budget, prefill, out, cached, true)
+            };
+            if let Some(c) = connector.as_deref_mut() {
+                let loaded = matches!(outcome, Scheduled::Yes { .. });
+                load_ms += c.load(id, cached, if loaded { external } else { 0 });
+            }
+            match outcome {
+                Scheduled::Yes { tokens } => {
+                    out.admitted.push((id, cached.min(len)));
+                    scheduled |= tokens > 0 || self.running[i].computed == len;
+                    if tokens == 0 && *budget == 0 {
+                        break;
+                    }
+                }
+                Scheduled::Blocked | Scheduled::SelfPreempted => {
+                    if let Some(mut seq) = self.running.pop() {
+                        self.release(&mut seq);
+                        seq.computed = 0;
+                        self.waiting.push_front(seq);
+                    }
+                    break;
+                }
+            }
+        }
+        (scheduled, load_ms)
+    }
+
+    /// Every scheduled request whose tokens are all computed emits one; a generated token
+    /// that starts a new block completes the previous one; finished ones release their
+    /// blocks.
+    fn emit(&mut self, out: &mut PassOutput) {
+        let block = self.args.block_size;
+        let mut i = 0;
+        while i < self.running.len() {
+            let seq = &mut self.running[i];
+            if !seq.scheduled || seq.computed != seq.len() || seq.done() {
+                i += 1;
+                continue;
+            }
+            seq.generated += 1;
+            if seq.len() % block == 1 || block == 1 {
+                if seq.partial {
+                    self.promote(i);
+                }
+                self.running[i].partial = true;
+            }
+            let seq = &mut self.running[i];
+            let done = seq.done();
+            out.emitted.push((seq.id, done));
+            if done {
+                let mut seq = self.running.remove(i);
+                self.capacity_generation += 1;
+                if self.prefill_only {
+                    out.held.push(seq.id);
+                    self.sources.push(seq);
+                } else {
+                    self.release(&mut seq);
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(id: RequestId, prompt: u32, output: u32) -> Request {
+        Request::new(id, prompt, output, Arc::from(Vec::new()))
+    }
+
+    /// Runs passes until idle; returns each request's token count.
+    fn drain(engine: &mut VllmEngine, requests: usize) -> (Vec<u32>, Vec<RequestId>) {
+        let (mut tokens, mut rejected) = (vec![0; requests], Vec::new());
+        while let Some(out) = engine.pass(None) {
+            for (id, _) in out.emitted {
+                tokens[id as usize] += 1;
+            }
+            rejected.extend(out.rejected);
+        }
+        (tokens, rejected)
+    }
+
+    #[test]
+    fn trtllm_rejects_what_cannot_fit_to_completion_and_never_preempts() {
+        let args = EngineArgs {
+            engine_type: EngineType::Trtllm,
+            block_size: 32,
+            num_gpu_blocks: 64,
+            ..EngineArgs::default()
+        };
+        let mut engine = VllmEngine::new(args, false, false);
+        engine.enqueue(seq(0, 1000, 3000));
+        engine.enqueue(seq(1, 100, 5));
+        let (tokens, rejected) = drain(&mut engine, 2);
+        assert_eq!(rejected, [0]);
+        assert_eq!(tokens, [0, 5]);
+    }
+
+    #[test]
+    fn a_full_pool_preempts_the_newest_and_everyone_still_finishes() {
+        let args = EngineArgs {
+            block_size: 16,
+            num_gpu_blocks: 12,
+            ..EngineArgs::default()
+        };
+        let mut engine = VllmEngine::new(args, false, false);
+        for id in 0..3 {
+            engine.enqueue(seq(id, 60, 40));
+        }
+        let mut preempted = 0;
+        let mut tokens = [0u32; 3];
+        while let Some(out) = engine.pass(None) {
+            preempted += out.preempted.len();
+            for (id, _) in out.emitted {
+                tokens[id as usize] += 1;
+            }
+        }
+        assert!(
+            preempted > 0,
+            "three 100-token sequences cannot share 192 tokens of KV"
+        );
+        assert_eq!(tokens, [40, 40, 40], "recompute never re-emits a token");
+    }
+
+    #[test]
+    fn a_block_computed_earlier_in_the_pass_is_a_hit_for_the_next_request() {
+        let args = EngineArgs {
+            block_size: 16,
+            num_gpu_blocks: 64,
+            ..EngineArgs::default()
+        };
+        let mut engine = VllmEngine::new(args, false, false);
+        let shared: Arc<[u64]> = Arc::from(vec![1u64, 2]);
+        engine.enqueue(Request::new(0, 40, 2, shared.clone()));
+        engine.enqueue(Request::new(1, 40, 2, shared));
+        let out = engine.pass(None).expect("a pass");
+        assert_eq!(out.admitted, [(0, 0), (1, 32)]);
+    }
+}
