@@ -17,11 +17,6 @@ const LIVE: [&str; 3] = [
     "processed_output_tokens_per_s",
 ];
 
-/// Welford's running variance adds each request's inter-token gaps when it ends; requests
-/// that end in the same instant on different workers may be added in another order, which
-/// moves the last digits of the two standard deviations built that way.
-const ORDER_SENSITIVE: [&str; 2] = ["std_itl_ms", "std_output_token_throughput_per_user"];
-
 fn read_json(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -67,14 +62,7 @@ fn round_robin_reports_match_dynamos_on_every_key() {
             }
             let got = &ours[key];
             let same = match (got.as_f64(), want.as_f64()) {
-                (Some(x), Some(y)) => {
-                    let tolerance = if ORDER_SENSITIVE.contains(&key.as_str()) {
-                        1e-7
-                    } else {
-                        1e-9
-                    };
-                    x == y || (x - y).abs() <= tolerance * x.abs().max(y.abs())
-                }
+                (Some(x), Some(y)) => x == y || (x - y).abs() <= 1e-9 * x.abs().max(y.abs()),
                 _ => got == want,
             };
             if !same {

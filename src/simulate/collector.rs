@@ -29,6 +29,9 @@ pub struct RequestRecord {
     #[serde(skip)]
     pub second_token_ms: Option<f64>,
     pub last_token_ms: Option<f64>,
+    /// Token times until the request ends, when its gaps join the pooled distributions.
+    #[serde(skip)]
+    token_times: Vec<f64>,
     pub input_length: u32,
     pub requested_output_length: u32,
     pub output_length: u32,
@@ -132,6 +135,7 @@ impl Collector {
             first_token_ms: None,
             second_token_ms: None,
             last_token_ms: None,
+            token_times: Vec::new(),
             input_length: input,
             requested_output_length: output,
             output_length: 0,
@@ -160,30 +164,36 @@ impl Collector {
         r.reused_input_tokens = r.reused_input_tokens.max(reused);
     }
 
-    /// A token at `at_ms`; the gap since the previous one joins the pooled distributions.
+    /// A token at `at_ms`.
     pub fn token(&mut self, id: u32, at_ms: f64) {
         let r = &mut self.records[id as usize];
         match r.last_token_ms {
             None => r.first_token_ms = Some(at_ms),
-            Some(last) => {
-                let gap = at_ms - last;
-                self.itl.add(gap);
-                if gap > 0.0 {
-                    self.per_user.add(1000.0 / gap);
-                }
-                if r.output_length == 1 {
-                    r.second_token_ms = Some(at_ms);
-                }
-            }
+            Some(_) if r.output_length == 1 => r.second_token_ms = Some(at_ms),
+            Some(_) => {}
         }
         r.last_token_ms = Some(at_ms);
         r.output_length += 1;
+        r.token_times.push(at_ms);
     }
 
+    /// The request ended. A completed request's token gaps join the pooled distributions
+    /// now, request after request in the order they end, as Dynamo folds them: the running
+    /// mean and variance depend on that order in their last digits.
     pub fn finish(&mut self, id: u32, at_ms: f64, status: Status) {
         let r = &mut self.records[id as usize];
         r.terminal_time_ms = Some(at_ms);
         r.terminal_status = status;
+        let times = std::mem::take(&mut r.token_times);
+        if status == Status::Completed && r.first_admit_ms.is_some() {
+            for pair in times.windows(2) {
+                let gap = (pair[1] - pair[0]).max(0.0);
+                self.itl.add(gap);
+                if gap > 0.0 {
+                    self.per_user.add(1000.0 / gap);
+                }
+            }
+        }
     }
 
     pub fn completed(&self) -> usize {

@@ -1,7 +1,8 @@
 //! A logarithmic-bucket quantile sketch (DDSketch with 0.1 % relative accuracy) for the pooled
 //! per-token distributions, whose sample count grows with every generated token. Quantiles
 //! use the rounded rank `round((n - 1) · q)` and report a bucket's representative value, the
-//! convention of the reports kvtrace must match; min, max, mean and deviation are exact.
+//! convention of the reports kvtrace must match; min and max are exact, mean and deviation
+//! are Welford's running ones.
 
 const RELATIVE_ACCURACY: f64 = 0.001;
 
@@ -14,8 +15,11 @@ pub struct Sketch {
     /// Zero samples sit below every bucket.
     zeros: u64,
     count: u64,
-    sum: f64,
-    sum_squares: f64,
+    /// Welford's running mean and sum of squared deviations: stable where the deviation is
+    /// tiny against the mean (a few µs of ITL spread on 6 ms), and, fed in the same order,
+    /// the same bits as the reference report's.
+    mean: f64,
+    squared_deviations: f64,
     min: f64,
     max: f64,
     /// The last positive sample and its key: the tokens of one pass share their gap, so
@@ -31,8 +35,8 @@ impl Default for Sketch {
             offset: 0,
             zeros: 0,
             count: 0,
-            sum: 0.0,
-            sum_squares: 0.0,
+            mean: 0.0,
+            squared_deviations: 0.0,
             min: f64::INFINITY,
             max: f64::NEG_INFINITY,
             last: (f64::NAN, 0),
@@ -81,8 +85,9 @@ impl Sketch {
             self.buckets[index] += 1;
         }
         self.count += 1;
-        self.sum += v;
-        self.sum_squares += v * v;
+        let delta = v - self.mean;
+        self.mean += delta / self.count as f64;
+        self.squared_deviations += delta * (v - self.mean);
         self.min = self.min.min(v);
         self.max = self.max.max(v);
     }
@@ -111,7 +116,7 @@ impl Sketch {
         if self.count == 0 {
             0.0
         } else {
-            self.sum / self.count as f64
+            self.mean
         }
     }
 
@@ -120,9 +125,7 @@ impl Sketch {
         if self.count == 0 {
             return 0.0;
         }
-        let n = self.count as f64;
-        let mean = self.sum / n;
-        (self.sum_squares / n - mean * mean).max(0.0).sqrt()
+        (self.squared_deviations / self.count as f64).sqrt()
     }
 
     /// The `p`-th percentile (0..=100).
