@@ -8,11 +8,12 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::path::Path;
 
+use serde::Deserialize;
 use serde_json::Value as Json;
 
 use crate::error::{Error, Result};
 use crate::lmct::json::{from_lossless, to_lossless};
-use crate::lmct::msgpack::{encode, RawValue};
+use crate::lmct::msgpack::{encode, RawValue, MAX_DEPTH};
 use crate::lmct::reader::ZSTD_MAGIC;
 use crate::lmct::schema::Migration;
 use crate::lmct::{write_frame, Frame, Header, ReadOptions, TraceReader, TraceSink, Value};
@@ -61,6 +62,8 @@ pub struct ConvertOptions {
 #[derive(Clone, Debug, Default)]
 pub struct ConvertReport {
     pub frames: u64,
+    /// A signal stopped the conversion: the output holds the frames before it.
+    pub interrupted: bool,
     /// Frames kept as raw bytes because they are not valid msgpack.
     pub raw_frames: u64,
     /// Bytes of a truncated tail carried over.
@@ -165,10 +168,12 @@ struct Pipeline {
     migration: Option<Migration>,
     report: ConvertReport,
     seen_header: bool,
+    /// The output's name, for write errors (the caller names the input for read errors).
+    shown_out: String,
 }
 
 impl Pipeline {
-    fn push(&mut self, item: Item) -> io::Result<()> {
+    fn push(&mut self, item: Item) -> Result<()> {
         let item = match item {
             Item::RawFrame(body) if self.needs_values => match RawValue::parse(&body) {
                 Ok(v) => Item::Frame(v.to_value()),
@@ -192,7 +197,9 @@ impl Pipeline {
             Item::Tail(b) => self.report.tail_bytes += b.len() as u64,
         }
         self.seen_header = true;
-        self.sink.put(&item)
+        self.sink
+            .put(&item)
+            .map_err(|e| Error::io("cannot write", e).in_file(&self.shown_out))
     }
 }
 
@@ -231,15 +238,7 @@ fn open_output(path: &Path, kind: Kind, level: i32) -> Result<Sink> {
 pub fn convert(input: &Path, output: &Path, options: ConvertOptions) -> Result<ConvertReport> {
     let shown_in = input.display().to_string();
     let shown_out = output.display().to_string();
-    if input.as_os_str() != "-" && output.as_os_str() != "-" {
-        if let (Ok(a), Ok(b)) = (input.canonicalize(), output.canonicalize()) {
-            if a == b {
-                return Err(Error::usage(format!(
-                    "input and output are the same file ({shown_in}); refusing to overwrite it"
-                )));
-            }
-        }
-    }
+    crate::output::refuse_overwrite(input, output)?;
     let mut source = BufReader::new(open_input(input).map_err(|e| e.in_file(&shown_in))?);
     let first = source
         .fill_buf()
@@ -254,9 +253,11 @@ pub fn convert(input: &Path, output: &Path, options: ConvertOptions) -> Result<C
         migration: options.to_schema_1.then(Migration::default),
         report: ConvertReport::default(),
         seen_header: false,
+        shown_out: shown_out.clone(),
     };
     let result = if input_is_jsonl {
-        read_jsonl(source, &mut pipeline).map_err(|e| e.in_file(&shown_in))
+        read_jsonl(source, options.read.max_frame_bytes, &mut pipeline)
+            .map_err(|e| e.in_file(&shown_in))
     } else {
         read_lct(source, options.read, &mut pipeline).map_err(|e| e.in_file(&shown_in))
     };
@@ -274,18 +275,20 @@ pub fn convert(input: &Path, output: &Path, options: ConvertOptions) -> Result<C
 
 fn read_lct(source: impl Read + Send + 'static, read: ReadOptions, p: &mut Pipeline) -> Result<()> {
     let mut reader = TraceReader::from_reader(source, read)?;
-    let io = |e| Error::io("cannot write", e);
-    p.push(Item::RawFrame(reader.header_body().to_vec()))
-        .map_err(io)?;
+    p.push(Item::RawFrame(reader.header_body().to_vec()))?;
     while let Some(frame) = reader.next_frame()? {
+        if crate::interrupt::requested().is_some() {
+            p.report.interrupted = true;
+            return Ok(());
+        }
         let body = match frame {
             Frame::Record(r) => r.body.to_vec(),
             Frame::Undecodable { body, .. } => body.to_vec(),
         };
-        p.push(Item::RawFrame(body)).map_err(io)?;
+        p.push(Item::RawFrame(body))?;
     }
     if let Some(t) = &reader.summary().truncation {
-        p.push(Item::Tail(t.bytes.clone())).map_err(io)?;
+        p.push(Item::Tail(t.bytes.clone()))?;
     }
     Ok(())
 }
@@ -297,25 +300,95 @@ fn hex_field(obj: &serde_json::Map<String, Json>, key: &str, line: u64) -> Resul
     hex::decode(text).map_err(|e| Error::line(line, key, e.to_string()))
 }
 
-fn read_jsonl(source: impl BufRead, p: &mut Pipeline) -> Result<()> {
-    let io = |e| Error::io("cannot write", e);
+/// The deepest JSON nesting a line may have: lossless JSON wraps each msgpack level in at
+/// most four (a form annotation, a `$map` annotation, its pair list, a pair), and a frame
+/// nests at most [`MAX_DEPTH`] levels. The check runs before parsing, so the parser's own
+/// recursion (and the stack) stays bounded without serde_json's fixed 128-level limit,
+/// which would refuse lines `convert` itself wrote.
+const MAX_JSON_DEPTH: usize = 4 * (MAX_DEPTH + 1) + 2;
+
+/// The maximum nesting of brackets and braces outside strings.
+fn json_depth(line: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0, false, false);
+    for b in line.bytes() {
+        match (in_string, escaped, b) {
+            (true, true, _) => escaped = false,
+            (true, false, b'\\') => escaped = true,
+            (true, false, b'"') => in_string = false,
+            (true, false, _) => {}
+            (false, _, b'"') => in_string = true,
+            (false, _, b'[' | b'{') => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (false, _, b']' | b'}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// A frame body a reader will accept: at most `max_frame_bytes` long and, unless it is kept
+/// raw on purpose, msgpack no deeper than [`MAX_DEPTH`].
+fn check_frame(body: &[u8], max_frame_bytes: u32, raw: bool, line: u64) -> Result<()> {
+    if body.len() as u64 > u64::from(max_frame_bytes) {
+        return Err(Error::line(
+            line,
+            "frame",
+            format!(
+                "{} bytes is over the {max_frame_bytes}-byte frame limit readers enforce",
+                body.len()
+            ),
+        ));
+    }
+    if !raw {
+        crate::lmct::msgpack::validate(body, 0)
+            .map_err(|e| Error::line(line, "value", e.to_string()))?;
+    }
+    Ok(())
+}
+
+fn read_jsonl(source: impl BufRead, max_frame_bytes: u32, p: &mut Pipeline) -> Result<()> {
     let mut line_no = 0u64;
     for line in source.lines() {
+        if crate::interrupt::requested().is_some() {
+            p.report.interrupted = true;
+            return Ok(());
+        }
         line_no += 1;
         let line = line.map_err(|e| Error::io(format!("cannot read line {line_no}"), e))?;
         if line.trim().is_empty() {
             continue;
         }
-        let json: Json =
-            serde_json::from_str(&line).map_err(|e| Error::line(line_no, "json", e.to_string()))?;
+        let depth = json_depth(&line);
+        if depth > MAX_JSON_DEPTH {
+            return Err(Error::line(
+                line_no,
+                "json",
+                format!("nested {depth} levels deep, over the {MAX_JSON_DEPTH} a frame can need"),
+            ));
+        }
+        let mut parser = serde_json::Deserializer::from_str(&line);
+        parser.disable_recursion_limit();
+        let json = Json::deserialize(&mut parser)
+            .and_then(|j| parser.end().map(|()| j))
+            .map_err(|e| Error::line(line_no, "json", e.to_string()))?;
         let item = match json.as_object() {
             Some(obj) if obj.contains_key("$frame_hex") => {
-                Item::RawFrame(hex_field(obj, "$frame_hex", line_no)?)
+                let body = hex_field(obj, "$frame_hex", line_no)?;
+                check_frame(&body, max_frame_bytes, true, line_no)?;
+                Item::RawFrame(body)
             }
             Some(obj) if obj.contains_key("$tail_hex") => {
                 Item::Tail(hex_field(obj, "$tail_hex", line_no)?)
             }
-            _ => Item::Frame(from_lossless(&json).map_err(|e| Error::line(line_no, "value", e))?),
+            _ => {
+                let value = from_lossless(&json).map_err(|e| Error::line(line_no, "value", e))?;
+                let mut body = Vec::new();
+                encode(&value, &mut body);
+                check_frame(&body, max_frame_bytes, false, line_no)?;
+                Item::Frame(value)
+            }
         };
         if !p.seen_header {
             let Item::Frame(v) = &item else {
@@ -329,7 +402,7 @@ fn read_jsonl(source: impl BufRead, p: &mut Pipeline) -> Result<()> {
             encode(v, &mut body);
             Header::parse(&body).map_err(|(field, msg)| Error::line(line_no, field, msg))?;
         }
-        p.push(item).map_err(io)?;
+        p.push(item)?;
     }
     if !p.seen_header {
         return Err(Error::line(1, "header", "no header line: empty input"));

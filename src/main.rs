@@ -3,5 +3,6 @@
 mod cli;
 
 fn main() {
+    kvtrace::interrupt::install();
     std::process::exit(cli::run());
 }

@@ -105,7 +105,11 @@ pub fn generate(
     let mut t = options.startup_gap_s;
     let mut left = options.records;
     let mut request = 0u64;
+    // A signal ends the trace early, at a record boundary (see `crate::interrupt`).
     let mut send = |t: f64, call: StorageCall<'_>, left: &mut u64| -> Result<bool> {
+        if crate::interrupt::requested().is_some() {
+            *left = 0;
+        }
         if *left == 0 {
             return Ok(false);
         }

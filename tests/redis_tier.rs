@@ -29,6 +29,15 @@ impl Drop for Server {
 }
 
 fn start() -> Option<Server> {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    start_on(port)
+}
+
+fn start_on(port: u16) -> Option<Server> {
     if Command::new("redis-server")
         .arg("--version")
         .output()
@@ -37,11 +46,6 @@ fn start() -> Option<Server> {
         eprintln!("SKIP: redis-server is not installed (apt-get install redis-server)");
         return None;
     }
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("port")
-        .local_addr()
-        .expect("addr")
-        .port();
     let dir = tempfile::tempdir().expect("tmp");
     let child = Command::new("redis-server")
         .args([
@@ -92,6 +96,10 @@ impl Server {
     }
 }
 
+fn replay_basic_lru(sm: &mut StorageManager) -> kvtrace::report::ReplayReport {
+    replay(&sample("basic_lru"), sm, &ReplayOptions::default(), |_| {}).expect("replay")
+}
+
 fn config(url: String, l1_size_bytes: u64) -> StorageConfig {
     let mut c = StorageConfig {
         l1_size_bytes,
@@ -114,13 +122,7 @@ fn a_replay_writes_every_object_through_to_a_real_redis_server() {
     let Some(server) = start() else { return };
     let mut sm =
         StorageManager::new(config(server.url(), 1 << 30), Tracer::disabled()).expect("connect");
-    let r = replay(
-        &sample("basic_lru"),
-        &mut sm,
-        &ReplayOptions::default(),
-        |_| {},
-    )
-    .expect("replay");
+    let r = replay_basic_lru(&mut sm);
     let redis_tier = &r.tiers[1];
     assert_eq!(redis_tier.backend, "redis");
     assert_eq!(
@@ -196,4 +198,50 @@ fn an_unreachable_server_is_a_clear_error() {
         text.starts_with("L2[0] tier: redis redis://127.0.0.1:"),
         "{text}"
     );
+}
+
+#[test]
+fn a_restarted_server_is_reconnected_and_a_dead_one_fails_each_call_in_one_line() {
+    use kvtrace::storage::backend::Backend;
+    use kvtrace::storage::redis::RedisTier;
+    use kvtrace::storage::KeyId;
+    let Some(server) = start() else { return };
+    let (port, url) = (server.port, server.url());
+    let mut tier = RedisTier::connect(&url, "kvtrace-test").expect("connect");
+    tier.put(KeyId(1), 16).expect("first store");
+    drop(server);
+    let restarted = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(150));
+        start_on(port)
+    });
+    tier.put(KeyId(2), 16)
+        .expect("the store waits for the restarted server and is sent again");
+    let server = restarted.join().expect("thread").expect("restarted");
+    let keys: Vec<String> = server.query(redis::cmd("KEYS").arg("kvtrace-test:*"));
+    assert_eq!(
+        keys.len(),
+        1,
+        "the restarted server is empty but for the new store"
+    );
+    drop(server);
+    let e = tier.put(KeyId(3), 16).expect_err("no server").to_string();
+    assert!(!e.contains('\n'), "{e}");
+    assert!(e.contains("not regained after 6 attempts"), "{e}");
+}
+
+#[test]
+fn failed_stores_are_counted_per_tier() {
+    let Some(server) = start() else { return };
+    let mut sm =
+        StorageManager::new(config(server.url(), 1 << 30), Tracer::disabled()).expect("connect");
+    drop(server);
+    let r = replay_basic_lru(&mut sm);
+    let redis_tier = &r.tiers[1];
+    assert_eq!(redis_tier.writes, 0);
+    assert_eq!(redis_tier.resident_objects, 0);
+    assert_eq!(
+        redis_tier.write_errors, 13,
+        "every refused store is counted"
+    );
+    assert!(r.failed > 0);
 }

@@ -28,6 +28,10 @@ measure "replay, afap, L1 64 GiB accounting-only" "$bin" replay "$tmp/t.lct" -q 
 measure "replay, afap, ARC 2 GiB immediate" "$bin" replay "$tmp/t.lct" -q --no-csv --l1-size-gb 2 --l1-accounting-only --eviction-policy ARC --eviction-timing immediate
 measure "convert .lct -> .lct.zst" "$bin" convert "$tmp/t.lct" "$tmp/t.lct.zst"
 measure "info over the .lct.zst" "$bin" info "$tmp/t.lct.zst"
+for users in 200 1000; do # the per-user cost of bench: RSS grows by about 66 KiB a user
+    measure "bench tiny-1b, $users users, 10 s" "$bin" bench --model tiny-1b --num-users "$users" \
+        --duration 10 --cache-dir "$tmp" --output "$tmp/bench.json" -q
+done
 ls -l "$tmp/t.lct" "$tmp/t.lct.zst" | awk '{printf "%-12s %14d bytes\n", $NF ~ /zst$/ ? "zstd" : "plain", $5}'
 
 rm -f "$tmp"/t.lct "$tmp"/t.lct.zst

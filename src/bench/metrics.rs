@@ -51,6 +51,7 @@ struct Inner {
     decode_reads: u64,
     no_room: u64,
     io_errors: u64,
+    first_io_error: Option<String>,
     prefix_bytes_saved: u64,
 }
 
@@ -73,6 +74,8 @@ pub struct Collected {
     /// Entries no tier could hold.
     pub no_room: u64,
     pub io_errors: u64,
+    /// What the first failed read or write said, for the console line.
+    pub first_io_error: Option<String>,
     /// Bytes shared-prefix hits did not have to write again.
     pub prefix_bytes_saved: u64,
 }
@@ -113,8 +116,10 @@ impl Metrics {
         self.lock().no_room += 1;
     }
 
-    pub fn io_error(&self) {
-        self.lock().io_errors += 1;
+    pub fn io_error(&self, e: &std::io::Error) {
+        let mut m = self.lock();
+        m.io_errors += 1;
+        m.first_io_error.get_or_insert_with(|| e.to_string());
     }
 
     pub fn prefix_saved(&self, bytes: u64) {
@@ -155,6 +160,7 @@ impl Metrics {
             decode_reads: m.decode_reads,
             no_room: m.no_room,
             io_errors: m.io_errors,
+            first_io_error: m.first_io_error,
             prefix_bytes_saved: m.prefix_bytes_saved,
         }
     }

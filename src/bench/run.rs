@@ -149,6 +149,8 @@ pub struct RunOutcome {
     /// Capacity mode: the user count with the best throughput, and that throughput.
     pub peak: Option<(u32, f64)>,
     pub final_users: u32,
+    /// A signal stopped the run before its deadline.
+    pub interrupted: bool,
 }
 
 struct Queued {
@@ -278,6 +280,7 @@ pub fn run(
     let mut autoscaler = config.autoscale.map(Autoscaler::new);
     let mut timeline = Vec::new();
     let mut stopped_early = false;
+    let mut interrupted = false;
     let mut spawn_error: Option<std::io::Error> = None;
     std::thread::scope(|scope| {
         let shared = &shared;
@@ -386,7 +389,11 @@ pub fn run(
                 });
             }
             let enough = config.max_requests > 0 && done >= config.max_requests;
-            if now >= shared.deadline || enough {
+            if crate::interrupt::requested().is_some() {
+                interrupted = true;
+                stopped_early = true;
+            }
+            if now >= shared.deadline || enough || interrupted {
                 shared.stop.store(true, Ordering::SeqCst);
             }
         }
@@ -420,6 +427,7 @@ pub fn run(
             .map(Autoscaler::peak),
         scale_events: autoscaler.map(|a| a.events).unwrap_or_default(),
         final_users: shared.active_users.load(Ordering::SeqCst),
+        interrupted,
     })
 }
 
@@ -528,7 +536,7 @@ impl Shared<'_> {
     /// Counts an I/O failure; one cut short by the deadline is not a failure.
     fn io_failed(&self, e: &std::io::Error) {
         if e.kind() != std::io::ErrorKind::Interrupted {
-            self.metrics.io_error();
+            self.metrics.io_error(e);
         }
     }
 

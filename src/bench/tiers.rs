@@ -78,6 +78,9 @@ pub struct TierCounters {
     pub deletions: u64,
     /// Moves that failed on I/O (the entry is lost and counted here).
     pub move_errors: u64,
+    /// Moves cut short because the run reached its deadline (the entry is dropped; not a
+    /// failure of the storage).
+    pub move_cancels: u64,
     /// Seconds spent writing and reading (moves included).
     pub write_s: f64,
     pub read_s: f64,
@@ -318,8 +321,12 @@ impl State {
                     e.tick = tick;
                 }
             }
-            Err(_) => {
-                src.move_errors += 1;
+            Err(e) => {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    src.move_cancels += 1;
+                } else {
+                    src.move_errors += 1;
+                }
                 self.entries.remove(&key);
             }
         }

@@ -23,7 +23,7 @@ use kvtrace::bench::tiers::{TierCache, TierKind, TierSpec, TierStore};
 use kvtrace::bench::users::PersonaSet;
 use kvtrace::bus::{EventBus, Tracer};
 use kvtrace::clock::local_stamp;
-use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::report::csv::CsvTables;
 use kvtrace::report::tables::{Cell, TableExporter};
 use kvtrace::report::xlsx::XlsxWorkbook;
@@ -300,7 +300,11 @@ fn run_dir(parent: &Path, what: &str) -> Result<RunDir, Error> {
             "{what} {s}: a system directory; choose another"
         )));
     }
-    let dir = parent.join(format!("kvtrace-bench-{}", std::process::id()));
+    // One directory per tier, even when both flags name the same parent: two tiers in one
+    // directory would hold an entry under one path, and a demotion's delete of the source
+    // would remove the copy it just wrote.
+    let tier = what.trim_start_matches("--").trim_end_matches("-dir");
+    let dir = parent.join(format!("kvtrace-bench-{}-{tier}", std::process::id()));
     std::fs::create_dir_all(&dir)
         .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
     Ok(RunDir(dir))
@@ -310,8 +314,35 @@ pub fn run(args: Args) -> Result<i32, Error> {
     if args.suite {
         return suite(&args);
     }
-    run_once(&args)?;
-    Ok(EXIT_OK)
+    let report = run_once(&args)?;
+    Ok(exit_status(&report))
+}
+
+/// 128 + the signal after an interrupt; 1 when storage I/O failed (said on stderr even with
+/// -q: the figures of such a run are not the storage's); else 0.
+fn exit_status(report: &serde_json::Value) -> i32 {
+    if let Some(status) = kvtrace::interrupt::exit_status() {
+        return status;
+    }
+    let count = |key: &str| {
+        report
+            .pointer(&format!("/kvtrace/{key}"))
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0)
+    };
+    let (io_errors, demotions) = (count("io_errors"), count("failed_demotions"));
+    if io_errors + demotions == 0 {
+        return EXIT_OK;
+    }
+    let first = report
+        .pointer("/kvtrace/first_io_error")
+        .and_then(serde_json::Value::as_str)
+        .map(|e| format!("; first: {e}"))
+        .unwrap_or_default();
+    eprintln!(
+        "kvtrace: storage I/O failed: {io_errors} failed read(s) or write(s), {demotions} failed demotion(s) (entries dropped){first}"
+    );
+    EXIT_DATA
 }
 
 /// One run: writes its files, prints its summary unless quiet, returns the report.
@@ -618,9 +649,12 @@ fn suite(args: &Args) -> Result<i32, Error> {
                 .and_then(|v| v.as_str())
                 .unwrap_or("?"),
         );
+        if kvtrace::interrupt::requested().is_some() {
+            break;
+        }
     }
     print_stdout(&table)?;
-    Ok(EXIT_OK)
+    Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK))
 }
 
 /// The call trace of the run and, with `--record`, the bus recording it. The trace's

@@ -64,6 +64,13 @@ pub fn run(args: Args) -> Result<i32, Error> {
     };
     let report = convert(&args.input, &args.output, options)?;
     let shown = args.input.display().to_string();
+    if report.interrupted {
+        eprintln!(
+            "kvtrace: interrupted: {} holds the {} frames converted so far",
+            args.output.display(),
+            report.frames
+        );
+    }
     if report.raw_frames > 0 {
         warn(
             &shown,
@@ -94,5 +101,5 @@ pub fn run(args: Args) -> Result<i32, Error> {
         shown,
         args.output.display()
     );
-    Ok(EXIT_OK)
+    Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK))
 }

@@ -47,6 +47,13 @@ pub fn run(args: Args) -> Result<i32, Error> {
     };
     let zstd = args.out.to_string_lossy().ends_with(".zst");
     write_file(&options, &args.out, zstd.then_some(args.zstd_level))?;
+    if let Some(status) = kvtrace::interrupt::exit_status() {
+        eprintln!(
+            "kvtrace: interrupted: {} holds the records written so far",
+            args.out.display()
+        );
+        return Ok(status);
+    }
     eprintln!(
         "kvtrace: wrote {} records to {}",
         args.records,

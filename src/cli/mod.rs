@@ -63,9 +63,10 @@ impl ReadArgs {
     }
 }
 
-/// Writes a whole output file; an error names it.
+/// Writes a whole output file through a temporary name (see [`kvtrace::output`]); an error
+/// names it.
 fn write_file(path: &std::path::Path, bytes: &[u8]) -> Result<(), Error> {
-    std::fs::write(path, bytes).map_err(|e| Error::io("cannot write", e).in_file(path.display()))
+    kvtrace::output::write_atomic(path, bytes)
 }
 
 /// Starts recording to an LMCT file (a name ending in .zst is compressed) whose header

@@ -10,8 +10,10 @@ use kvtrace::bus::Tracer;
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::lmct::reader::ZSTD_MAGIC;
 use kvtrace::lmct::TraceReader;
+use kvtrace::output::OutputFile;
 use kvtrace::replay::dispatch::Outcome;
 use kvtrace::replay::phase::{settle, PhaseChoice};
+use kvtrace::replay::spool::Spooled;
 use kvtrace::replay::{replay, Pacing, ReplayOptions};
 use kvtrace::report::csv::CsvTables;
 use kvtrace::report::json::JsonSummary;
@@ -89,6 +91,10 @@ pub struct Args {
     /// a different outcome would have made the client do
     #[arg(long)]
     no_session_emulation: bool,
+    /// Stop at the first call a tier refuses (a full disk, a lost Redis) instead of counting
+    /// it and going on
+    #[arg(long)]
+    fail_fast: bool,
     /// Exit 1 when any request or store differs from the recording (regression pipelines)
     #[arg(long)]
     expect_fidelity: bool,
@@ -103,12 +109,14 @@ fn storage_config(args: &Args, recorded: &str, shown: &str) -> Result<StorageCon
     let mut config = match (&from_trace, explicit) {
         (Some((c, notes)), _) => {
             let tiers_given = args.tiers.gives_l2() || args.config.is_some();
-            for n in notes {
+            let mut c = c.clone();
+            let dropped = c.drop_external_tiers();
+            for n in notes.iter().chain(&dropped) {
                 if !(tiers_given && n.contains("--l2-adapter")) {
                     warn(shown, n);
                 }
             }
-            c.clone()
+            c
         }
         (None, true) => StorageConfig::default(),
         (None, false) => {
@@ -166,7 +174,9 @@ fn progress_bar(path: &Path) -> (ProgressBar, bool) {
 pub fn run(args: Args) -> Result<i32, Error> {
     let shown = args.file.display().to_string();
     let pacing = pacing(&args)?;
-    let header = TraceReader::open(&args.file, args.read.options())
+    let input = Spooled::open(&args.file)?;
+    let file = input.path();
+    let header = TraceReader::open(file, args.read.options())
         .map_err(|e| e.in_file(&shown))?
         .header()
         .clone();
@@ -184,7 +194,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
     };
     let emulate_sessions = !args.no_session_emulation;
     let phase = settle(
-        &args.file,
+        file,
         args.read.options(),
         &header.sm_config_json,
         &mut config,
@@ -195,16 +205,12 @@ pub fn run(args: Args) -> Result<i32, Error> {
     std::fs::create_dir_all(&args.output_dir)
         .map_err(|e| Error::io("cannot create", e).in_file(args.output_dir.display()))?;
     let mut jsonl = match &args.jsonl_out {
-        Some(p) => {
-            Some(BufWriter::new(File::create(p).map_err(|e| {
-                Error::io("cannot create", e).in_file(p.display())
-            })?))
-        }
+        Some(p) => Some(BufWriter::new(OutputFile::create(p)?)),
         None => None,
     };
     let show_bar = !args.quiet && !args.verbose && std::io::stderr().is_terminal();
     let (bar, by_bytes) = if show_bar {
-        progress_bar(&args.file)
+        progress_bar(file)
     } else {
         (ProgressBar::hidden(), false)
     };
@@ -214,10 +220,11 @@ pub fn run(args: Args) -> Result<i32, Error> {
         keep_startup_gap: args.keep_startup_gap,
         read: args.read.options(),
         emulate_sessions,
+        fail_fast: args.fail_fast,
     };
     let mut out = std::io::stdout().lock();
     let mut io_error = None;
-    let mut report = replay(&args.file, &mut sm, &options, |event| {
+    let mut report = replay(file, &mut sm, &options, |event| {
         if event.index % 4096 == 0 {
             bar.set_position(if by_bytes {
                 event.record.offset
@@ -263,8 +270,10 @@ pub fn run(args: Args) -> Result<i32, Error> {
     if let Some(e) = io_error {
         return Err(Error::io("cannot write per-record output", e));
     }
-    if let Some(mut w) = jsonl {
-        w.flush()
+    if let Some(w) = jsonl {
+        w.into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(OutputFile::commit)
             .map_err(|e| Error::io("cannot write --jsonl-out", e))?;
     }
     for w in &report.warnings {
@@ -287,6 +296,22 @@ pub fn run(args: Args) -> Result<i32, Error> {
     }
     if !args.quiet {
         print_stdout(&table::render(&report))?;
+    }
+    if report.failed > 0 {
+        // Said even with -q: the exit status alone does not tell a full disk from a miss.
+        let reasons = report
+            .failure_reasons
+            .iter()
+            .map(|(reason, n)| format!("{n} × {reason}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        eprintln!(
+            "kvtrace: {shown}: {} call(s) failed: {reasons}",
+            report.failed
+        );
+    }
+    if let Some(status) = kvtrace::interrupt::exit_status() {
+        return Ok(status);
     }
     Ok(
         if report.failed > 0 || (args.expect_fidelity && !report.fidelity.exact()) {

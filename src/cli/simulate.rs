@@ -9,6 +9,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvtrace::bus::{EventBus, Tracer};
 use kvtrace::clock::local_stamp;
 use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::output::{check_writable, OutputFile};
 use kvtrace::report::csv::CsvTables;
 use kvtrace::report::tables::{Table, TableExporter};
 use kvtrace::report::xlsx::XlsxWorkbook;
@@ -529,6 +530,16 @@ pub fn run(args: Args) -> Result<i32, Error> {
     let report_path = args.report_json.clone().unwrap_or_else(|| {
         PathBuf::from(format!("kvtrace_simulate_report_{}.json", local_stamp()))
     });
+    for path in [
+        Some(&report_path),
+        args.report_jsonl.as_ref(),
+        args.report_xlsx.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        check_writable(path)?;
+    }
     let mut offload = offload(&args, engine.kv_bytes_per_token)?;
     if offload.is_some() && engine.engine_type == EngineType::Sglang {
         return Err(Error::usage(
@@ -561,6 +572,9 @@ pub fn run(args: Args) -> Result<i32, Error> {
     if args.per_request_metrics {
         summary.extend(result.collector.per_request_extras());
     }
+    if result.interrupted {
+        summary.insert("interrupted".into(), true.into());
+    }
     if let Some((store, bus)) = offload {
         summary.extend(store.summary());
         drop(store);
@@ -574,13 +588,14 @@ pub fn run(args: Args) -> Result<i32, Error> {
     write_file(&report_path, text.as_bytes())?;
     if let Some(path) = &args.report_jsonl {
         let shown = path.display().to_string();
-        let file = File::create(path).map_err(|e| Error::io("cannot create", e).in_file(&shown))?;
-        let mut out = BufWriter::new(file);
+        let mut out = BufWriter::new(OutputFile::create(path)?);
         for r in &result.collector.records {
             writeln!(out, "{}", request_line(r))
                 .map_err(|e| Error::io("cannot write", e).in_file(&shown))?;
         }
-        out.flush()
+        out.into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(OutputFile::commit)
             .map_err(|e| Error::io("cannot write", e).in_file(&shown))?;
     }
     if args.report_csv.is_some() || args.report_xlsx.is_some() {
@@ -593,5 +608,5 @@ pub fn run(args: Args) -> Result<i32, Error> {
             report_path.display()
         ))?;
     }
-    Ok(EXIT_OK)
+    Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK))
 }

@@ -130,7 +130,7 @@ impl<'a> ObjectKeyRef<'a> {
 pub fn object_keys(v: RawValue<'_>) -> Option<Vec<ObjectKeyRef<'_>>> {
     let mut c = Cursor::new(v);
     let n = c.array_len()?;
-    let mut out = Vec::with_capacity(n);
+    let mut out = Vec::with_capacity(n.min(4096));
     for _ in 0..n {
         out.push(ObjectKeyRef::read(&mut c)?);
     }

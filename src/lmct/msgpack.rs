@@ -12,6 +12,12 @@ use super::value::{Form, Value};
 /// on hostile input.
 pub const MAX_DEPTH: usize = 128;
 
+/// Most items one validated value may hold (2^22). A decoded tree costs tens of bytes per
+/// item, so this bounds what `dump`, `convert` and replay may allocate for one frame to a few
+/// hundred MiB whatever the frame says; LMCache's largest calls (a key list of a 128k-token
+/// prompt) hold about 10^5 items. A value over it is refused like any malformed one.
+pub const MAX_ITEMS: u64 = 1 << 22;
+
 /// Why a byte string is not exactly one well-formed msgpack item.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MsgpackError {
@@ -506,12 +512,14 @@ fn step(bytes: &[u8], pos: usize) -> Result<Step, MsgpackError> {
     }
 }
 
-/// Validates `children` items starting at `pos`, nested `depth` levels deep.
+/// Validates `children` items starting at `pos`, nested `depth` levels deep, counting every
+/// item against `budget`.
 fn children(
     bytes: &[u8],
     children: u64,
     mut pos: usize,
     depth: usize,
+    budget: &mut u64,
 ) -> Result<usize, MsgpackError> {
     if depth > MAX_DEPTH {
         return Err(MsgpackError {
@@ -520,9 +528,13 @@ fn children(
         });
     }
     for _ in 0..children {
+        *budget = budget.checked_sub(1).ok_or(MsgpackError {
+            at: pos,
+            what: "more than 4194304 items in one value",
+        })?;
         pos = match step(bytes, pos)? {
             Step::Done(end) => end,
-            Step::Open { children: n, data } => self::children(bytes, n, data, depth + 1)?,
+            Step::Open { children: n, data } => self::children(bytes, n, data, depth + 1, budget)?,
         };
     }
     Ok(pos)
@@ -530,13 +542,12 @@ fn children(
 
 /// Validates one item starting at `at` and returns the offset just past it: one pass, no
 /// allocation. Nesting deeper than [`MAX_DEPTH`] is refused so that the recursive consumers
-/// (`to_value`, display, encode) can never exhaust the stack, and a count larger than the
-/// bytes present fails as soon as the bytes run out.
+/// (`to_value`, display, encode) can never exhaust the stack, more than [`MAX_ITEMS`] items
+/// so that they never allocate without bound, and a count larger than the bytes present fails
+/// as soon as the bytes run out.
 pub(crate) fn validate(bytes: &[u8], at: usize) -> Result<usize, MsgpackError> {
-    match step(bytes, at)? {
-        Step::Done(end) => Ok(end),
-        Step::Open { children: n, data } => children(bytes, n, data, 1),
-    }
+    let mut budget = MAX_ITEMS;
+    children(bytes, 1, at, 0, &mut budget)
 }
 
 /// Checks only the marker and length fields of the item at `at` and returns where its

@@ -2,13 +2,13 @@
 //! storage config is attached, else before the first record, else at close with an empty
 //! config and digest — and every frame is one length prefix plus one msgpack body.
 
-use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
 use super::digest::{config_digest, python_json};
 use super::frame::{encode_record_head, Header, Record};
 use crate::error::{Error, Result};
+use crate::output::OutputFile;
 
 /// Writes one frame: big-endian u32 length, then the body.
 pub fn write_frame(out: &mut impl Write, body: &[u8]) -> io::Result<()> {
@@ -18,16 +18,18 @@ pub fn write_frame(out: &mut impl Write, body: &[u8]) -> io::Result<()> {
     out.write_all(body)
 }
 
-/// A trace file on disk, plain or zstd-compressed, that is fsynced when finished.
+/// A trace file on disk, plain or zstd-compressed, written under a temporary name and
+/// renamed into place, fsynced, when finished (see [`crate::output`]).
 pub enum TraceSink {
-    Plain(BufWriter<File>),
-    Zstd(zstd::Encoder<'static, BufWriter<File>>),
+    Plain(BufWriter<OutputFile>),
+    Zstd(zstd::Encoder<'static, BufWriter<OutputFile>>),
 }
 
 impl TraceSink {
-    /// Creates (truncates) `path`; `zstd_level` selects compression.
+    /// Starts `path` (what is there stays until [`TraceSink::finish`]); `zstd_level`
+    /// selects compression.
     pub fn create(path: &Path, zstd_level: Option<i32>) -> Result<TraceSink> {
-        let file = File::create(path).map_err(|e| Error::io("cannot create", e))?;
+        let file = OutputFile::create(path)?;
         let buffered = BufWriter::with_capacity(1 << 20, file);
         Ok(match zstd_level {
             None => TraceSink::Plain(buffered),
@@ -38,14 +40,13 @@ impl TraceSink {
         })
     }
 
-    /// Flushes everything, ends the zstd frame, and fsyncs the file.
+    /// Flushes everything, ends the zstd frame, fsyncs the file and renames it into place.
     pub fn finish(self) -> io::Result<()> {
         let buffered = match self {
             TraceSink::Plain(b) => b,
             TraceSink::Zstd(z) => z.finish()?,
         };
-        let file = buffered.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()
+        buffered.into_inner().map_err(|e| e.into_error())?.commit()
     }
 }
 

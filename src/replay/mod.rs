@@ -11,6 +11,7 @@ pub mod dispatch;
 pub mod fidelity;
 pub mod phase;
 pub mod session;
+pub mod spool;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -54,6 +55,9 @@ pub struct ReplayOptions {
     /// Model the client sessions: the server's end-of-session touch, and the writes and
     /// lock releases a client does that a what-if outcome calls for (see [`session`]).
     pub emulate_sessions: bool,
+    /// Stop after the first call that fails (a tier refused it); the report covers the
+    /// records up to it.
+    pub fail_fast: bool,
 }
 
 impl Default for ReplayOptions {
@@ -63,6 +67,7 @@ impl Default for ReplayOptions {
             keep_startup_gap: false,
             read: ReadOptions::default(),
             emulate_sessions: true,
+            fail_fast: false,
         }
     }
 }
@@ -141,11 +146,21 @@ pub fn replay(
     let mut origin: Option<f64> = None;
     let (mut first_t, mut last_t) = (f64::INFINITY, f64::NEG_INFINITY);
     while let Some(record) = reader.next_record().map_err(|e| e.in_file(&shown))? {
-        report.records += 1;
-        if record.t_mono.is_finite() {
-            first_t = first_t.min(record.t_mono);
-            last_t = last_t.max(record.t_mono);
+        if crate::interrupt::requested().is_some() {
+            report.interrupted = true;
+            break;
         }
+        report.records += 1;
+        if !record.t_mono.is_finite() {
+            return Err(Error::data(
+                record.offset,
+                "t_mono",
+                format!("{} is not a time", record.t_mono),
+            )
+            .in_file(&shown));
+        }
+        first_t = first_t.min(record.t_mono);
+        last_t = last_t.max(record.t_mono);
         let base = *origin.get_or_insert(if options.keep_startup_gap {
             0.0
         } else {
@@ -153,8 +168,12 @@ pub fn replay(
         });
         if let Pacing::Timed { speedup } = options.pacing {
             let due = ((record.t_mono - base).max(0.0) / speedup.max(1e-9)).min(1e9);
-            if let Some(wait) = Duration::from_secs_f64(due).checked_sub(start.elapsed()) {
-                std::thread::sleep(wait);
+            // In slices, so that a signal is noticed within one.
+            while let Some(wait) = Duration::from_secs_f64(due).checked_sub(start.elapsed()) {
+                if crate::interrupt::requested().is_some() {
+                    break;
+                }
+                std::thread::sleep(wait.min(Duration::from_millis(100)));
             }
         }
         let at = Position {
@@ -201,6 +220,13 @@ pub fn replay(
             outcome: &outcome,
             latency_ms,
         });
+        if options.fail_fast && matches!(outcome, Outcome::Failed { .. }) {
+            report.warnings.push(format!(
+                "--fail-fast: stopped after record {} (byte {}), the first call that failed",
+                report.records, record.offset
+            ));
+            break;
+        }
     }
     if let Some(closed) = sessions.close(sm, f64::INFINITY) {
         absorb(sm, closed, &mut report);

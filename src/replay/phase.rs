@@ -268,7 +268,13 @@ pub fn settle(
         PhaseChoice::Estimate => {
             let recorded = match StorageConfig::from_lmcache_json(recorded_json) {
                 Some((mut recorded, _)) => {
-                    if recorded.l2.is_empty() && records_adapters(recorded_json) {
+                    // A header's paths and servers are never opened (see
+                    // `StorageConfig::drop_external_tiers`): where the recording had such
+                    // tiers, or adapters kvtrace cannot read, the replay's own tiers stand in.
+                    let dropped = recorded.drop_external_tiers();
+                    if !dropped.is_empty()
+                        || (recorded.l2.is_empty() && records_adapters(recorded_json))
+                    {
                         recorded.l2 = config.l2.clone();
                     }
                     recorded.eviction.timing = EvictionTiming::Periodic {

@@ -18,6 +18,7 @@ pub fn summary(report: &ReplayReport) -> Value {
             "level": report.level,
             "pacing": report.pacing,
             "records": report.records,
+            "interrupted": report.interrupted,
             "replayed": report.replayed,
             "skipped": report.skipped,
             "failed": report.failed,

@@ -132,6 +132,9 @@ pub struct ReplayReport {
     pub level: String,
     pub pacing: String,
     pub records: u64,
+    /// A signal stopped the replay before the end of the trace: every figure covers only
+    /// the records up to `records`.
+    pub interrupted: bool,
     pub replayed: u64,
     pub skipped: u64,
     pub failed: u64,

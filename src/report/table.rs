@@ -46,6 +46,13 @@ pub fn render(report: &ReplayReport) -> String {
     let mut s = rule("Trace Replay Result", '=');
     s.push_str(&rule("Overall", '-'));
     row(&mut s, "Trace level", &report.level);
+    if report.interrupted {
+        row(
+            &mut s,
+            "Interrupted",
+            "yes: figures cover the records read so far",
+        );
+    }
     row(&mut s, "Records replayed", report.replayed);
     row(&mut s, "Records skipped", report.skipped);
     row(&mut s, "Records failed", report.failed);
@@ -132,6 +139,16 @@ pub fn render(report: &ReplayReport) -> String {
             &format!("{} evictions", t.name),
             format!("{} ({})", t.evictions, mib(t.bytes_evicted)),
         );
+        if t.write_errors + t.read_errors + t.delete_errors > 0 {
+            row(
+                &mut s,
+                &format!("{} failed writes / reads / deletes", t.name),
+                format!(
+                    "{} / {} / {}",
+                    t.write_errors, t.read_errors, t.delete_errors
+                ),
+            );
+        }
     }
     for t in &report.tier_io {
         row(

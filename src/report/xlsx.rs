@@ -53,10 +53,11 @@ fn summary(
     ws.set_name("Summary")?;
     let h = &r.hits;
     let c = &r.calls;
-    let texts: [(&str, &str); 6] = [
+    let texts: [(&str, &str); 7] = [
         ("trace", &r.trace),
         ("level", &r.level),
         ("pacing", &r.pacing),
+        ("interrupted", if r.interrupted { "yes" } else { "no" }),
         ("config digest", &r.digest.result),
         ("recorded digest", &r.digest.recorded),
         ("run digest", &r.digest.run),
@@ -177,6 +178,9 @@ fn tiers(ws: &mut Worksheet, f: &Formats, r: &ReplayReport) -> Result<(), XlsxEr
         "reads",
         "evictions",
         "bytes_evicted",
+        "write_errors",
+        "read_errors",
+        "delete_errors",
     ];
     table_header(ws, f, &columns, r.tiers.len())?;
     for (i, t) in r.tiers.iter().enumerate() {
@@ -196,6 +200,9 @@ fn tiers(ws: &mut Worksheet, f: &Formats, r: &ReplayReport) -> Result<(), XlsxEr
             t.reads,
             t.evictions,
             t.bytes_evicted,
+            t.write_errors,
+            t.read_errors,
+            t.delete_errors,
         ];
         for (c, v) in values.into_iter().enumerate() {
             ws.write_number_with_format(row, c as u16 + 3, v as f64, &f.int)?;

@@ -59,6 +59,8 @@ pub struct SimResult {
     /// Real milliseconds the simulation took.
     pub wall_ms: f64,
     pub passes: u64,
+    /// A signal stopped the run early: the requests not yet ended stay pending.
+    pub interrupted: bool,
 }
 
 /// A point on the virtual clock, ordered totally.
@@ -173,6 +175,7 @@ struct Simulation<'a> {
     waiting_sessions: VecDeque<u32>,
     queue: Vec<Queued>,
     passes: u64,
+    interrupted: bool,
     offload: Option<&'a mut Offload>,
     /// Disaggregated requests by id (`None` once handed off, and in aggregated runs).
     in_flight: Vec<Option<InFlight>>,
@@ -237,6 +240,7 @@ pub fn simulate(
         waiting_sessions: VecDeque::new(),
         queue: Vec::new(),
         passes: 0,
+        interrupted: false,
         offload,
         in_flight: Vec::new(),
         actions: ActionQueue::new(&workers_per_pool),
@@ -280,6 +284,7 @@ pub fn simulate(
         },
         wall_ms: began.elapsed().as_secs_f64() * 1e3,
         passes: sim.passes,
+        interrupted: sim.interrupted,
     })
 }
 
@@ -303,6 +308,10 @@ impl Simulation<'_> {
             let Some(now) = next.into_iter().flatten().min() else {
                 break;
             };
+            if crate::interrupt::requested().is_some() {
+                self.interrupted = true;
+                break;
+            }
             self.settle(now.0);
             if self.passes >= next_report {
                 next_report = self.passes + 4096;
@@ -386,7 +395,13 @@ impl Simulation<'_> {
         let began = Instant::now();
         let elapsed = || began.elapsed().as_secs_f64() * 1e3;
         let mut last_report = 0.0;
+        // Waits are cut into slices so that a signal is noticed within one.
+        let slice = Duration::from_millis(100);
         loop {
+            if crate::interrupt::requested().is_some() {
+                self.interrupted = true;
+                break;
+            }
             let now = elapsed();
             while let Some(&Reverse((t, _, id))) = self.transfers.peek() {
                 if t.0 > now {
@@ -425,9 +440,9 @@ impl Simulation<'_> {
             let report = match next {
                 Some(t) => {
                     let due = began + Duration::from_secs_f64(t.0.max(0.0) / 1e3);
-                    done.recv_deadline(due).ok()
+                    done.recv_deadline(due.min(Instant::now() + slice)).ok()
                 }
-                None if busy || !self.actions.is_empty() => done.recv().ok(),
+                None if busy || !self.actions.is_empty() => done.recv_timeout(slice).ok(),
                 None => break,
             };
             if let Some(report) = report {

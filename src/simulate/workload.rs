@@ -265,6 +265,18 @@ impl Row {
     fn turn(&self, line: u64, block: u32, interned: &mut HashMap<u64, u32>) -> Result<Turn> {
         let capacity = self.hash_ids.len() as u64 * u64::from(block);
         let len = self.input_length.unwrap_or(capacity);
+        if len == 0 {
+            let field = if self.input_length.is_some() {
+                "input_length"
+            } else {
+                "hash_ids"
+            };
+            return Err(Error::line(
+                line,
+                field,
+                "a request needs at least one prompt token",
+            ));
+        }
         if len > capacity {
             return Err(Error::line(
                 line,
@@ -497,6 +509,14 @@ mod tests {
                 "first turn",
             ),
             ("[1]", "line 1: json"),
+            (
+                "{\"timestamp\": 0, \"output_length\": 10, \"hash_ids\": []}",
+                "line 1: hash_ids: a request needs at least one prompt token",
+            ),
+            (
+                "{\"input_length\": 0, \"output_length\": 10, \"hash_ids\": [1]}",
+                "line 1: input_length: a request needs at least one prompt token",
+            ),
         ];
         for (text, expected) in cases {
             let e = parse(text).expect_err(text).to_string();

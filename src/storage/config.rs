@@ -312,6 +312,33 @@ impl StorageConfig {
     }
 }
 
+impl StorageConfig {
+    /// Removes the L2 tiers that would touch the file system or the network (`fs`, `redis`)
+    /// and says which, one note each. A trace header is data: its paths and URLs must never
+    /// choose where a replay writes, so a recorded configuration keeps only its memory-only
+    /// tiers and the user names the others by flag or config file.
+    pub fn drop_external_tiers(&mut self) -> Vec<String> {
+        let mut notes = Vec::new();
+        let mut index = 0;
+        self.l2.retain(|tier| {
+            index += 1;
+            let what = match &tier.backend {
+                BackendConfig::File { dir, .. } => format!("an fs tier at {}", dir.display()),
+                BackendConfig::Redis { url, prefix } => {
+                    format!("a redis tier at {url} under prefix {prefix:?}")
+                }
+                _ => return true,
+            };
+            notes.push(format!(
+                "recorded L2 tier {index} ({what}) was not rebuilt: a trace never chooses a path \
+                 or a server; give it with --l2-adapter or --config to replay against it"
+            ));
+            false
+        });
+        notes
+    }
+}
+
 /// LMCache stores the TTLs as ints when they are whole seconds.
 fn ttl_json(seconds: f64) -> Json {
     if seconds.fract() == 0.0 && seconds.abs() < 1e15 {

@@ -141,9 +141,15 @@ impl Backend for FileTier {
         let mut file = open_object(&path, true, self.direct).map_err(|e| with_path(e, &path))?;
         let data = self.buf.slice(len);
         data.fill(0);
-        file.write_all(data).map_err(|e| with_path(e, &path))?;
-        if self.fsync == FsyncPolicy::EveryWrite {
-            file.sync_data().map_err(|e| with_path(e, &path))?;
+        let written = file.write_all(data).and_then(|()| match self.fsync {
+            FsyncPolicy::EveryWrite => file.sync_data(),
+            FsyncPolicy::Never => Ok(()),
+        });
+        if let Err(e) = written {
+            // A full disk or an I/O error leaves no partial object behind.
+            drop(file);
+            let _ = fs::remove_file(&path);
+            return Err(with_path(e, &path));
         }
         self.sizes.insert(key, size);
         Ok(())

@@ -90,7 +90,7 @@ impl L2 {
             }
             while self.used.saturating_add(size) > cap {
                 match self.drop_victim()? {
-                    Some((victim, _)) => self.backend.delete(victim)?,
+                    Some((victim, _)) => self.delete(victim)?,
                     None => return Ok(()),
                 }
             }
@@ -102,7 +102,10 @@ impl L2 {
     /// so nothing becomes resident).
     pub fn admit(&mut self, key: KeyId, size: u64) -> io::Result<()> {
         let began = Instant::now();
-        self.backend.put(key, size)?;
+        if let Err(e) = self.backend.put(key, size) {
+            self.stats.write_errors += 1;
+            return Err(e);
+        }
         self.write_time += transfer_time(&*self.backend, size, began.elapsed());
         if self.backend.contains(key) {
             self.sizes.insert(key, size);
@@ -119,7 +122,10 @@ impl L2 {
     pub fn load(&mut self, key: KeyId) -> io::Result<bool> {
         let size = self.sizes.get(&key).copied().unwrap_or(0);
         let began = Instant::now();
-        let found = self.backend.get(key)?;
+        let found = self
+            .backend
+            .get(key)
+            .inspect_err(|_| self.stats.read_errors += 1)?;
         self.read_time += transfer_time(&*self.backend, size, began.elapsed());
         if found {
             self.policy.on_touched(&[key]);
@@ -134,9 +140,16 @@ impl L2 {
         if let Some(size) = self.sizes.remove(&key) {
             self.used -= size;
             self.policy.on_removed(&[key]);
-            self.backend.delete(key)?;
+            self.delete(key)?;
         }
         Ok(())
+    }
+
+    /// Deletes an object from the backend, counting a refusal.
+    fn delete(&mut self, key: KeyId) -> io::Result<()> {
+        self.backend
+            .delete(key)
+            .inspect_err(|_| self.stats.delete_errors += 1)
     }
 
     pub fn tier_stats(&self) -> TierStats {

@@ -150,7 +150,10 @@ impl StorageManager {
         {
             let period = interval_s.max(1e-3);
             let due = |k: u64| phase_s + k as f64 * period;
-            let passes_until = |t: f64| ((t - phase_s) / period).floor().max(0.0) as u64;
+            // Saturating: a clock of 1e19 s must neither overflow the pass count nor, where
+            // f64 can no longer tell one pass from the next, run the same instant forever.
+            let passes_until =
+                |t: f64| (((t - phase_s) / period).floor().max(0.0) as u64).saturating_add(1);
             while due(self.next_pass) <= t {
                 self.now = due(self.next_pass);
                 let e = &self.config.eviction;
@@ -158,20 +161,28 @@ impl StorageManager {
                     .l1
                     .eviction_pass(e.trigger_watermark, e.eviction_ratio, self.now);
                 self.calls.eviction_passes += u64::from(pass.is_some());
-                match pass {
-                    None => self.next_pass = passes_until(t) + 1,
+                let idle = match pass {
+                    None => {
+                        self.next_pass = passes_until(t);
+                        true
+                    }
                     Some(evicted) if evicted.is_empty() => {
                         let resume = self.l1.next_lapse(self.now).unwrap_or(f64::INFINITY);
                         self.next_pass = if resume <= t {
-                            passes_until(resume).max(self.next_pass) + 1
+                            passes_until(resume).max(self.next_pass.saturating_add(1))
                         } else {
-                            passes_until(t) + 1
+                            passes_until(t)
                         };
+                        true
                     }
                     Some(evicted) => {
                         self.demote_all(evicted);
-                        self.next_pass += 1;
+                        self.next_pass = self.next_pass.saturating_add(1);
+                        false
                     }
+                };
+                if idle && due(self.next_pass) <= self.now {
+                    break;
                 }
             }
         }
@@ -245,15 +256,23 @@ impl StorageManager {
         let admitted = self.l1.finish_write(keys, self.now);
         self.calls.keys_admitted += admitted.len() as u64;
         if self.config.placement == Placement::WriteThrough && !self.l2.is_empty() {
+            // Every key goes to every tier even after a refusal, so the tiers' error counts
+            // say how many stores failed; the call fails with the first refusal.
+            let mut first_error = None;
             for &key in &admitted {
                 let size = self.l1.size_of(key).unwrap_or(0);
                 for tier in &mut self.l2 {
-                    tier.store(key, size).map_err(io_error)?;
+                    if let Err(e) = tier.store(key, size) {
+                        first_error.get_or_insert(e);
+                    }
                 }
             }
             if self.config.store_policy == StorePolicy::SkipL1 {
                 let gone = self.l1.delete(&admitted, self.now);
                 self.note(gone.into_iter().map(|e| e.key), Departure::Dropped);
+            }
+            if let Some(e) = first_error {
+                return Err(io_error(e));
             }
         }
         Ok(admitted)

@@ -131,6 +131,11 @@ pub struct TierStats {
     pub reads: u64,
     pub evictions: u64,
     pub bytes_evicted: u64,
+    /// Stores, loads and deletes the backend refused (a full disk, a lost Redis after its
+    /// retries): each is counted here, and a refused store holds nothing.
+    pub write_errors: u64,
+    pub read_errors: u64,
+    pub delete_errors: u64,
 }
 
 /// Time a tier's backend spent storing and loading: measured live for real backends (so,

@@ -1,0 +1,319 @@
+//! Bounded mutation fuzzing of every parser that reads untrusted input: the LMCT reader,
+//! JSONL → LCT conversion, the Mooncake loader (and a simulation of what it accepts), the
+//! ShareGPT and BurstGPT loaders, the TOML tier hierarchy and the L2 adapter JSON.
+//!
+//! Each target mutates a seed corpus (the files in `testdata/` and small inline samples) for
+//! `KVTRACE_FUZZ_SECONDS` seconds (default 2; `tools/fuzz.sh` runs minutes) from
+//! `KVTRACE_FUZZ_SEED` (default: fixed, so CI is reproducible). Any input is allowed to be
+//! refused; none may panic. A panicking input is saved under `target/fuzz-failures/` and
+//! named in the failure.
+
+use std::io::Cursor;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kvtrace::convert::{convert, ConvertOptions, Kind};
+use kvtrace::lmct::json::to_display;
+use kvtrace::lmct::{Frame, ReadOptions, TraceReader};
+use kvtrace::rng::SplitMix64;
+use kvtrace::simulate::args::EngineArgs;
+use kvtrace::simulate::offline::{simulate, SimConfig};
+use kvtrace::simulate::router::RouterMode;
+use kvtrace::simulate::workload::read_mooncake;
+use kvtrace::storage::config::{L2Config, StorageConfig};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn budget() -> Duration {
+    let secs = std::env::var("KVTRACE_FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or(2.0);
+    Duration::from_secs_f64(secs.max(0.0))
+}
+
+/// Values that break parsers more often than random bytes do.
+const TOKENS: [&[u8]; 22] = [
+    b"0",
+    b"-1",
+    b"1e309",
+    b"NaN",
+    b"18446744073709551616",
+    b"4294967296",
+    b"\"",
+    b"[",
+    b"]",
+    b"{",
+    b"}",
+    b",",
+    b":",
+    b"\n",
+    b"null",
+    b"\xff",
+    b"\xc0",
+    b"\xdd\xff\xff\xff\xff",
+    b"\xdf\xff\xff\xff\xff",
+    b"\xcb\x7f\xf0\x00\x00\x00\x00\x00\x00",
+    b"[[[[[[[[",
+    b"{\"$enc\":\"array32\",\"v\":",
+];
+
+struct Mutator {
+    rng: SplitMix64,
+}
+
+impl Mutator {
+    fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.rng.next_u64() % n as u64) as usize
+        }
+    }
+
+    /// One to eight edits of `seed`: bit flips, interesting bytes and tokens, insertions,
+    /// deletions, duplicated runs, truncation and splices from `other`.
+    fn mutate(&mut self, seed: &[u8], other: &[u8]) -> Vec<u8> {
+        let mut v = seed.to_vec();
+        for _ in 0..1 + self.below(8) {
+            let at = self.below(v.len() + 1);
+            match self.below(8) {
+                0 if !v.is_empty() => {
+                    let i = self.below(v.len());
+                    v[i] ^= 1 << self.below(8);
+                }
+                1 if !v.is_empty() => {
+                    let i = self.below(v.len());
+                    v[i] = [0x00, 0xff, 0x7f, 0x80, 0xc1, 0xdc, 0xde, 0xd9][self.below(8)];
+                }
+                2 => {
+                    let t = TOKENS[self.below(TOKENS.len())];
+                    v.splice(at..at, t.iter().copied());
+                }
+                3 => {
+                    let end = (at + self.below(64)).min(v.len());
+                    v.drain(at..end);
+                }
+                4 => {
+                    let end = (at + self.below(256)).min(v.len());
+                    let run: Vec<u8> = v[at..end].to_vec();
+                    v.splice(at..at, run);
+                }
+                5 => v.truncate(at),
+                6 if !other.is_empty() => {
+                    let from = self.below(other.len());
+                    let end = (from + self.below(512)).min(other.len());
+                    v.splice(at..at, other[from..end].iter().copied());
+                }
+                _ => {
+                    let n = self.below(16);
+                    let bytes: Vec<u8> = (0..n).map(|_| self.rng.next_u64() as u8).collect();
+                    v.splice(at..at, bytes);
+                }
+            }
+        }
+        v
+    }
+}
+
+/// Runs `target` on mutations of `seeds` until the time budget is spent.
+fn fuzz(name: &str, seeds: &[Vec<u8>], mut target: impl FnMut(&[u8])) {
+    let seed = std::env::var("KVTRACE_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x6b76_7472);
+    let mut m = Mutator {
+        rng: SplitMix64::new(seed ^ name.len() as u64),
+    };
+    let deadline = Instant::now() + budget();
+    let mut runs = 0u64;
+    for s in seeds {
+        run_one(name, s, &mut target, runs);
+    }
+    while Instant::now() < deadline {
+        let a = m.below(seeds.len());
+        let b = m.below(seeds.len());
+        let input = m.mutate(&seeds[a], &seeds[b]);
+        run_one(name, &input, &mut target, runs);
+        runs += 1;
+    }
+    eprintln!("fuzz {name}: {runs} mutated inputs, no panic");
+}
+
+fn run_one(name: &str, input: &[u8], target: &mut impl FnMut(&[u8]), n: u64) {
+    if catch_unwind(AssertUnwindSafe(|| target(input))).is_err() {
+        let dir = root().join("target/fuzz-failures");
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join(format!("{name}-{n}.bin"));
+        let _ = std::fs::write(&path, input);
+        panic!("fuzz {name}: input {} panicked", path.display());
+    }
+}
+
+fn read(path: PathBuf) -> Vec<u8> {
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn lct_seeds() -> Vec<Vec<u8>> {
+    [
+        "basic_lru",
+        "basic_lru.truncated",
+        "empty_arc",
+        "unknown_qualname",
+    ]
+    .iter()
+    .map(|n| read(root().join(format!("testdata/lmcache/{n}.lct"))))
+    .collect()
+}
+
+#[test]
+fn lmct_reader() {
+    fuzz("lmct_reader", &lct_seeds(), |bytes| {
+        let options = ReadOptions {
+            max_frame_bytes: 1 << 20,
+        };
+        let Ok(mut reader) = TraceReader::from_reader(Cursor::new(bytes.to_vec()), options) else {
+            return;
+        };
+        for _ in 0..10_000 {
+            match reader.next_frame() {
+                Ok(Some(Frame::Record(r))) => {
+                    let _ = to_display(r.args);
+                    let _ = r.args.to_value();
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+    });
+}
+
+#[test]
+fn jsonl_to_lct() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let seeds: Vec<Vec<u8>> = ["basic_lru", "unknown_qualname"]
+        .iter()
+        .map(|n| {
+            let out = dir.path().join(format!("{n}.jsonl"));
+            convert(
+                &root().join(format!("testdata/lmcache/{n}.lct")),
+                &out,
+                ConvertOptions {
+                    to: Kind::Jsonl,
+                    to_schema_1: false,
+                    zstd_level: 3,
+                    read: ReadOptions::default(),
+                },
+            )
+            .expect("seed");
+            read(out)
+        })
+        .collect();
+    let (input, output) = (dir.path().join("in.jsonl"), dir.path().join("out.lct"));
+    fuzz("jsonl_to_lct", &seeds, |bytes| {
+        std::fs::write(&input, bytes).expect("write");
+        let options = ConvertOptions {
+            to: Kind::Lct,
+            to_schema_1: true,
+            zstd_level: 3,
+            read: ReadOptions {
+                max_frame_bytes: 1 << 20,
+            },
+        };
+        let _ = convert(&input, &output, options);
+    });
+}
+
+#[test]
+fn mooncake_loader_and_simulation() {
+    let slice = read(root().join("testdata/mooncake/conversation_head300.jsonl"));
+    let head: Vec<u8> = slice
+        .split(|b| *b == b'\n')
+        .take(20)
+        .flat_map(|l| l.iter().copied().chain([b'\n']))
+        .collect();
+    let sessions =
+        br#"{"session_id":"a","timestamp":0,"input_length":700,"output_length":3,"hash_ids":[1,2]}
+{"session_id":"a","delay":5,"input_length":1200,"output_length":2,"hash_ids":[1,2,3]}
+{"timestamp":3,"input_tokens":10,"output_tokens":0,"hash_ids":[9],"priority":1}
+"#
+        .to_vec();
+    let config = SimConfig {
+        engine: EngineArgs {
+            num_gpu_blocks: 256,
+            ..EngineArgs::default()
+        },
+        workers: 2,
+        prefill: None,
+        router: RouterMode::RoundRobin,
+        concurrency: None,
+        seed: 1,
+        online: false,
+    };
+    fuzz("mooncake", &[head, sessions], |bytes| {
+        let Ok(workload) = read_mooncake(Cursor::new(bytes), 512) else {
+            return;
+        };
+        let tokens: u64 = workload
+            .sessions
+            .iter()
+            .flat_map(|s| &s.turns)
+            .map(|t| u64::from(t.output_length) + u64::from(t.prompt.len))
+            .sum();
+        if workload.request_count() <= 64 && tokens <= 200_000 {
+            let _ = simulate(&workload, &config, None, &mut |_, _| {});
+        }
+    });
+}
+
+#[test]
+fn sharegpt_and_burstgpt_loaders() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("input");
+    let sharegpt = br#"[{"id":"x","conversations":[{"from":"human","value":"How are KV caches stored?"},{"from":"gpt","value":"In blocks of tokens, per layer."},{"from":"human","value":"And offloaded?"},{"from":"gpt","value":"To host memory, then disk."}]}]"#.to_vec();
+    fuzz("sharegpt", &[sharegpt], |bytes| {
+        std::fs::write(&file, bytes).expect("write");
+        let _ = kvtrace::bench::sharegpt::load(&file, 100);
+    });
+    let burst = b"Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,ChatGPT,472,18,490,Conversation log\n45,GPT-4,1087,230,1317,API log\n".to_vec();
+    fuzz("burstgpt", &[burst], |bytes| {
+        std::fs::write(&file, bytes).expect("write");
+        let _ = kvtrace::bench::burst::load(&file);
+    });
+}
+
+#[test]
+fn tier_config_and_adapter_json() {
+    let toml = br#"[l1]
+size_gb = 4
+eviction_policy = "ARC"
+trigger_watermark = 0.8
+
+[[l2]]
+type = "memory"
+capacity_gb = 8
+
+[[l2]]
+type = "null"
+"#
+    .to_vec();
+    fuzz("toml", &[toml], |bytes| {
+        let Ok(text) = std::str::from_utf8(bytes) else {
+            return;
+        };
+        let _ = StorageConfig::default().apply_toml(text);
+    });
+    let adapters = [
+        br#"{"type":"memory","capacity_gb":2,"eviction_policy":"LRU"}"#.to_vec(),
+        br#"{"type":"gpu","bandwidth_gbps":25}"#.to_vec(),
+        br#"{"type":"resp","host":"localhost","port":6379}"#.to_vec(),
+    ];
+    fuzz("adapter", &adapters, |bytes| {
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) {
+            let _ = L2Config::from_adapter(&v);
+        }
+    });
+}
