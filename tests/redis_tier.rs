@@ -201,6 +201,37 @@ fn an_unreachable_server_is_a_clear_error() {
 }
 
 #[test]
+fn a_server_that_does_not_speak_resp_is_one_line_and_exit_1() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("port");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in listener.incoming().take(4) {
+            let Ok(mut s) = stream else { continue };
+            let mut buf = [0u8; 256];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    let adapter = format!("{{\"type\":\"resp\",\"url\":\"redis://127.0.0.1:{port}/0\"}}");
+    let sample = sample("basic_lru").display().to_string();
+    let out = kvtrace([
+        "replay",
+        &sample,
+        "--l1-size-gb",
+        "1",
+        "--l2-adapter",
+        &adapter,
+        "-q",
+        "--no-csv",
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+}
+
+#[test]
 fn a_restarted_server_is_reconnected_and_a_dead_one_fails_each_call_in_one_line() {
     use kvtrace::storage::backend::Backend;
     use kvtrace::storage::redis::RedisTier;

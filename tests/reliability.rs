@@ -347,3 +347,56 @@ fn sigterm_during_a_recorded_simulation_keeps_a_whole_trace_and_the_reports() {
     assert!(shown.contains("complete:                   yes"), "{shown}");
     assert!(shown.contains("recorder trailer"), "{shown}");
 }
+
+#[test]
+fn sigint_during_a_recorded_bench_keeps_its_reports_and_removes_its_cache() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).expect("cache");
+    let (lct, report) = (dir.path().join("b.lct"), dir.path().join("b.json"));
+    let child = Command::new(env!("CARGO_BIN_EXE_kvtrace"))
+        .args([
+            "bench",
+            "--model",
+            "tiny-1b",
+            "--num-users",
+            "8",
+            "--duration",
+            "60",
+            "--cpu-mem-gb",
+            "0.05",
+            "--cache-dir",
+            &path(&cache),
+            "--cpu-tier-dir",
+            &path(&cache),
+            "--record",
+            &path(&lct),
+            "--output",
+            &path(&report),
+            "-q",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let began = Instant::now();
+    let out = child.wait_with_output().expect("wait");
+    assert!(began.elapsed() < Duration::from_secs(30), "stops promptly");
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("json");
+    assert_eq!(report["kvtrace"]["interrupted"], true);
+    let info = kvtrace(["info", &path(&lct)]);
+    assert!(
+        text(&info.stdout).contains("recorder trailer"),
+        "{}",
+        text(&info.stdout)
+    );
+    let left: Vec<_> = std::fs::read_dir(&cache).expect("cache").collect();
+    assert!(
+        left.is_empty(),
+        "the run's cache directories are removed: {left:?}"
+    );
+}

@@ -2,7 +2,7 @@
 # Differential run of `kvtrace simulate` against NVIDIA Dynamo 1.4.2's `python -m dynamo.replay`
 # over a matrix of configurations; prints every report key that differs.
 #
-# usage: DYNAMO_VENV=/path/to/venv tools/simulate-vs-dynamo.sh [quick|full]
+# usage: DYNAMO_VENV=/path/to/venv tools/simulate-vs-dynamo.sh [quick|full|CONFIGURATION...]
 #
 # The venv holds `ai-dynamo==1.4.2 ai-dynamo-runtime==1.4.2` (installed with --no-deps) plus
 # pydantic, uvloop, msgspec, typing-extensions, transformers, zstandard, prometheus-client and
@@ -57,6 +57,7 @@ configure() {
     synthetic-disagg-rr) args=("${synthetic[@]}" --num-prefill-workers 1 --num-decode-workers 2
         --prefill-engine-args '{"block_size":512,"worker_type":"prefill"}'
         --decode-engine-args '{"block_size":512,"worker_type":"decode"}') ;;
+    slice-disagg-kv) args=("$slice" "${disagg[@]}"); router=kv_router ;;
     slice-sglang-disagg-kv) args=("$slice" "${sglang_disagg[@]}"); router=kv_router ;;
     slice-agg-kv) args=("$slice" --num-workers 4 --extra-engine-args "$block"); router=kv_router ;;
     conversation-agg-rr) args=("$conv" --num-workers 4 --extra-engine-args "$block") ;;
@@ -73,7 +74,10 @@ matrix=(slice-agg-rr slice-agg-pressure-rr slice-disagg-rr slice-disagg-transfer
     slice-agg-kv)
 if [ "$scope" = full ]; then
     matrix+=(conversation-agg-rr conversation-disagg-rr synthetic-trace-agg-rr conversation-agg-kv
-        slice-sglang-disagg-kv)
+        slice-disagg-kv slice-sglang-disagg-kv)
+fi
+if [ "$scope" != quick ] && [ "$scope" != full ]; then
+    matrix=("$@")
 fi
 
 compare() { # router, runs, kvtrace reports (runs of them), dynamo reports (runs of them)
