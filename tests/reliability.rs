@@ -400,3 +400,112 @@ fn sigint_during_a_recorded_bench_keeps_its_reports_and_removes_its_cache() {
         "the run's cache directories are removed: {left:?}"
     );
 }
+
+/// `kvtrace ARGS` with every file it writes limited to `limit` bytes (RLIMIT_FSIZE, with
+/// SIGXFSZ ignored): a write past it fails as a write to a full disk does.
+fn kvtrace_with_file_limit(limit: u64, args: &[String]) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kvtrace"));
+    command.args(args);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let rlimit = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &rlimit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command.output().expect("run kvtrace")
+}
+
+#[test]
+fn a_full_disk_names_the_output_leaves_nothing_half_written_and_fails() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = |p: &Path| path(p);
+    let jsonl = dir.path().join("out.jsonl");
+    let out = kvtrace_with_file_limit(
+        16 << 10,
+        &["convert".into(), s(&sample("basic_lru")), s(&jsonl)],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("{}: cannot", s(&jsonl))),
+        "names the output: {err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("dir").count(),
+        0,
+        "nothing left"
+    );
+
+    let tier = dir.path().join("tier");
+    let adapter = format!("{{\"type\":\"fs\",\"path\":\"{}\"}}", s(&tier));
+    let out = kvtrace_with_file_limit(
+        64 << 10,
+        &[
+            "replay".into(),
+            s(&sample("basic_lru")),
+            "--l2-adapter".into(),
+            adapter,
+            "-q".into(),
+            "--no-csv".into(),
+        ],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("call(s) failed"), "said even with -q: {err}");
+    let partial = walk(&tier)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "kv"));
+    assert_eq!(partial.count(), 0, "no partial object is left in the tier");
+
+    let report = dir.path().join("b.json");
+    let out = kvtrace_with_file_limit(
+        64 << 10,
+        &[
+            "bench".into(),
+            "--model".into(),
+            "tiny-1b".into(),
+            "--num-users".into(),
+            "4".into(),
+            "--duration".into(),
+            "2".into(),
+            "--cpu-mem-gb".into(),
+            "0".into(),
+            "--cache-dir".into(),
+            s(dir.path()),
+            "--generation-mode".into(),
+            "none".into(),
+            "--output".into(),
+            s(&report),
+            "-q".into(),
+        ],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("storage I/O failed"), "{err}");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .flat_map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p)
+            } else {
+                vec![p]
+            }
+        })
+        .collect()
+}

@@ -496,6 +496,12 @@ fn run_once(args: &Args) -> Result<serde_json::Value, Error> {
         .output
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("benchmark_results_{}.json", local_stamp())));
+    for path in [Some(&output), args.xlsx_output.as_ref(), args.csv.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        kvtrace::output::check_writable(path)?;
+    }
     let bar = if args.quiet || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()
     } else {

@@ -10,7 +10,7 @@ use kvtrace::bus::Tracer;
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::lmct::reader::ZSTD_MAGIC;
 use kvtrace::lmct::TraceReader;
-use kvtrace::output::OutputFile;
+use kvtrace::output::{check_writable, OutputFile};
 use kvtrace::replay::dispatch::Outcome;
 use kvtrace::replay::phase::{settle, PhaseChoice};
 use kvtrace::replay::spool::Spooled;
@@ -204,6 +204,8 @@ pub fn run(args: Args) -> Result<i32, Error> {
     .map_err(|e| e.in_file(&shown))?;
     std::fs::create_dir_all(&args.output_dir)
         .map_err(|e| Error::io("cannot create", e).in_file(args.output_dir.display()))?;
+    // The reports land there after the whole replay: find out now that they can.
+    check_writable(&args.output_dir.join("trace_replay_summary.json"))?;
     let mut jsonl = match &args.jsonl_out {
         Some(p) => Some(BufWriter::new(OutputFile::create(p)?)),
         None => None,
