@@ -56,11 +56,6 @@ impl OutputFile {
         })
     }
 
-    /// The file under its final name.
-    pub fn dest(&self) -> &Path {
-        &self.dest
-    }
-
     /// Flushes the data to disk and renames the file into place.
     pub fn commit(mut self) -> io::Result<()> {
         self.file.sync_all()?;
