@@ -109,14 +109,12 @@ fn storage_config(args: &Args, recorded: &str, shown: &str) -> Result<StorageCon
     let mut config = match (&from_trace, explicit) {
         (Some((c, notes)), _) => {
             let tiers_given = args.tiers.gives_l2() || args.config.is_some();
-            let mut c = c.clone();
-            let dropped = c.drop_external_tiers();
-            for n in notes.iter().chain(&dropped) {
+            for n in notes {
                 if !(tiers_given && n.contains("--l2-adapter")) {
                     warn(shown, n);
                 }
             }
-            c
+            c.clone()
         }
         (None, true) => StorageConfig::default(),
         (None, false) => {

@@ -268,13 +268,9 @@ pub fn settle(
         PhaseChoice::Estimate => {
             let recorded = match StorageConfig::from_lmcache_json(recorded_json) {
                 Some((mut recorded, _)) => {
-                    // A header's paths and servers are never opened (see
-                    // `StorageConfig::drop_external_tiers`): where the recording had such
-                    // tiers, or adapters kvtrace cannot read, the replay's own tiers stand in.
-                    let dropped = recorded.drop_external_tiers();
-                    if !dropped.is_empty()
-                        || (recorded.l2.is_empty() && records_adapters(recorded_json))
-                    {
+                    // Where the recording had adapters that were not rebuilt (unreadable,
+                    // or tiers a header may not open), the replay's own tiers stand in.
+                    if recorded.l2.len() < recorded_adapters(recorded_json) {
                         recorded.l2 = config.l2.clone();
                     }
                     recorded.eviction.timing = EvictionTiming::Periodic {
@@ -292,16 +288,16 @@ pub fn settle(
     Ok(Some(report))
 }
 
-/// Whether a recorded configuration names L2 adapters.
-fn records_adapters(recorded_json: &str) -> bool {
+/// How many L2 adapters a recorded configuration names.
+fn recorded_adapters(recorded_json: &str) -> usize {
     serde_json::from_str::<serde_json::Value>(recorded_json)
         .ok()
         .and_then(|v| {
             v.pointer("/l2_adapter_config/adapters")
                 .and_then(|a| a.as_array())
-                .map(|a| !a.is_empty())
+                .map(Vec::len)
         })
-        .unwrap_or(false)
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -232,7 +232,9 @@ impl StorageConfig {
 impl StorageConfig {
     /// The configuration a trace recorded, read back from its `sm_config_json`, as far as
     /// kvtrace models it. `None` when the text is empty or not LMCache's shape. L2 adapters
-    /// are not read (LMCache records them as object reprs); the returned list says so.
+    /// are not read (LMCache records them as object reprs), and tiers that would touch the
+    /// file system or the network (`fs`, `redis`) are never rebuilt from a header: a trace
+    /// never chooses a path or a server. The returned list says what was left out.
     pub fn from_lmcache_json(text: &str) -> Option<(StorageConfig, Vec<String>)> {
         let v: Json = serde_json::from_str(text).ok()?;
         let l1 = v.get("l1_manager_config")?;
@@ -302,7 +304,10 @@ impl StorageConfig {
             .unwrap_or_default();
         let ours: Option<Vec<L2Config>> = adapters.iter().map(L2Config::from_json).collect();
         match ours {
-            Some(tiers) => config.l2 = tiers,
+            Some(tiers) => {
+                config.l2 = tiers;
+                notes.extend(config.drop_external_tiers());
+            }
             None => notes.push(format!(
                 "the recording had {} L2 adapter(s) kvtrace cannot rebuild; give them with --l2-adapter",
                 adapters.len()
@@ -317,7 +322,7 @@ impl StorageConfig {
     /// and says which, one note each. A trace header is data: its paths and URLs must never
     /// choose where a replay writes, so a recorded configuration keeps only its memory-only
     /// tiers and the user names the others by flag or config file.
-    pub fn drop_external_tiers(&mut self) -> Vec<String> {
+    fn drop_external_tiers(&mut self) -> Vec<String> {
         let mut notes = Vec::new();
         let mut index = 0;
         self.l2.retain(|tier| {
