@@ -237,24 +237,8 @@ impl SglangEngine {
         let (matched, node) = self.cache.match_prefix(&keys);
         let prefix = matched as u32 * self.page;
         let required = u64::from(self.ceil_page(end - prefix));
-        self.cache.lock(node);
-        if required > self.cache.available_tokens() + self.cache.evictable {
-            self.cache.unlock(node);
-            return None;
-        }
-        let available = self.cache.available_tokens();
-        if required > available {
-            self.evict(required - available);
-        }
+        let fresh = self.lock_and_allocate(node, required)?;
         let mut pages = self.cache.path_pages(node);
-        let Some(fresh) = self
-            .cache
-            .pool
-            .allocate((required / u64::from(self.page)) as u32)
-        else {
-            self.cache.unlock(node);
-            return None;
-        };
         pages.extend(fresh);
         self.publish(&keys, &pages, prefix);
         req.lease = Lease {
@@ -264,6 +248,29 @@ impl SglangEngine {
             node: Some(node),
         };
         Some(prefix)
+    }
+
+    /// Locks the matched prefix at `node` and takes fresh pages for `tokens` (a whole number
+    /// of pages), evicting unlocked leaves if free pages fall short; `None`, with the lock
+    /// released, when even eviction cannot make the room.
+    fn lock_and_allocate(&mut self, node: NodeId, tokens: u64) -> Option<Vec<PageId>> {
+        self.cache.lock(node);
+        if tokens > self.cache.available_tokens() + self.cache.evictable {
+            self.cache.unlock(node);
+            return None;
+        }
+        let available = self.cache.available_tokens();
+        if tokens > available {
+            self.evict(tokens - available);
+        }
+        let fresh = self
+            .cache
+            .pool
+            .allocate((tokens / u64::from(self.page)) as u32);
+        if fresh.is_none() {
+            self.cache.unlock(node);
+        }
+        fresh
     }
 
     /// Grows a request's KV to `end` tokens: the last page's free slots, then new pages.
@@ -653,25 +660,9 @@ impl SglangEngine {
         let prefix_tokens = matched as u32 * self.page;
         let mut prefix_pages = self.cache.path_pages(node);
         prefix_pages.truncate(matched);
-        self.cache.lock(node);
         let allocated = self.ceil_page(req.prompt_len);
         let fresh_tokens = u64::from(allocated.saturating_sub(prefix_tokens));
-        if fresh_tokens > self.cache.available_tokens() + self.cache.evictable {
-            self.cache.unlock(node);
-            return None;
-        }
-        let available = self.cache.available_tokens();
-        if fresh_tokens > available {
-            self.evict(fresh_tokens - available);
-        }
-        let Some(fresh) = self
-            .cache
-            .pool
-            .allocate((fresh_tokens / u64::from(self.page)) as u32)
-        else {
-            self.cache.unlock(node);
-            return None;
-        };
+        let fresh = self.lock_and_allocate(node, fresh_tokens)?;
         Some(Destination {
             prefix_tokens,
             prefix_pages,
