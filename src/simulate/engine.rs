@@ -10,6 +10,7 @@
 //! [`Engine::activate`] once the transfer is complete, after which the request is admitted
 //! with its prompt computed.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::args::{EngineArgs, EngineType};
@@ -105,6 +106,51 @@ pub struct Reserved {
     pub id: RequestId,
     /// Prompt tokens the decode worker lacked (its prefix cache held the rest).
     pub missing_tokens: u32,
+}
+
+/// Prompts waiting for room on a destination worker, in arrival order. Only the first is
+/// tried, and only once per *capacity generation* (an engine bumps it whenever a request
+/// ends, is preempted or releases its source), so a prompt that did not fit is not tried
+/// again until room may have appeared.
+pub(super) struct DestinationQueue<T> {
+    waiting: VecDeque<(T, Option<u64>)>,
+}
+
+impl<T> Default for DestinationQueue<T> {
+    fn default() -> Self {
+        DestinationQueue {
+            waiting: VecDeque::new(),
+        }
+    }
+}
+
+impl<T> DestinationQueue<T> {
+    pub fn push_back(&mut self, item: T) {
+        self.waiting.push_back((item, None));
+    }
+
+    /// The first prompt, when it has not been tried at `generation` yet; marks it tried.
+    pub fn front_due(&mut self, generation: u64) -> Option<&mut T> {
+        let (item, attempted) = self.waiting.front_mut()?;
+        if *attempted == Some(generation) {
+            return None;
+        }
+        *attempted = Some(generation);
+        Some(item)
+    }
+
+    pub fn pop_front(&mut self) -> Option<T> {
+        self.waiting.pop_front().map(|(item, _)| item)
+    }
+
+    /// Puts back a first prompt that did not fit at `generation`.
+    pub fn push_front_tried(&mut self, item: T, generation: u64) {
+        self.waiting.push_front((item, Some(generation)));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
 }
 
 /// One engine of a worker (a data-parallel rank).

@@ -28,7 +28,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::args::{EngineArgs, SglangPolicy, WorkerType};
 use super::blocks::KvEvent;
-use super::engine::{PassOutput, Request, RequestId, Reserved};
+use super::engine::{DestinationQueue, PassOutput, Request, RequestId, Reserved};
 use super::perf;
 use super::radix::{NodeId, PageId, PublishedPages, RadixCache};
 use super::BlockSet;
@@ -86,11 +86,6 @@ struct Destination {
     allocated: u32,
 }
 
-struct PendingDestination {
-    req: Req,
-    attempted: Option<u64>,
-}
-
 pub struct SglangEngine {
     args: EngineArgs,
     page: u32,
@@ -108,7 +103,7 @@ pub struct SglangEngine {
     ratio_step: f64,
     prefill_only: bool,
     sources: Vec<Req>,
-    destinations: VecDeque<PendingDestination>,
+    destinations: DestinationQueue<Req>,
     reserved: Vec<(Req, Destination)>,
     capacity_generation: u64,
     next_unique: u64,
@@ -134,7 +129,7 @@ impl SglangEngine {
             ratio_step: (ratio_init - ratio_min) / RATIO_DECAY_PASSES,
             prefill_only,
             sources: Vec::new(),
-            destinations: VecDeque::new(),
+            destinations: DestinationQueue::default(),
             reserved: Vec::new(),
             capacity_generation: 0,
             next_unique: 0,
@@ -620,10 +615,7 @@ impl SglangEngine {
             return Err(r.id);
         }
         let req = self.request(r);
-        self.destinations.push_back(PendingDestination {
-            req,
-            attempted: None,
-        });
+        self.destinations.push_back(req);
         Ok(if now { self.retry_destinations() } else { None })
     }
 
@@ -631,18 +623,10 @@ impl SglangEngine {
     /// prefix the tree holds is locked, fresh pages cover the rest of the prompt.
     pub fn retry_destinations(&mut self) -> Option<Reserved> {
         let generation = self.capacity_generation;
-        let front = self.destinations.front_mut()?;
-        if front.attempted == Some(generation) {
-            return None;
-        }
-        front.attempted = Some(generation);
-        let mut req = self.destinations.pop_front().expect("front").req;
-        let destination = self.reserve_room(&mut req);
-        let Some(destination) = destination else {
-            self.destinations.push_front(PendingDestination {
-                req,
-                attempted: Some(generation),
-            });
+        self.destinations.front_due(generation)?;
+        let mut req = self.destinations.pop_front().expect("front");
+        let Some(destination) = self.reserve_room(&mut req) else {
+            self.destinations.push_front_tried(req, generation);
             return None;
         };
         let reserved = Reserved {

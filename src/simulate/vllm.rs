@@ -24,7 +24,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::args::{EngineArgs, EngineType, Preemption, WorkerType};
 use super::blocks::{BlockPool, Reservation};
-use super::engine::{KvConnector, PassOutput, Request, RequestId, Reserved};
+use super::engine::{DestinationQueue, KvConnector, PassOutput, Request, RequestId, Reserved};
 use super::perf;
 
 /// A request as the vLLM engine tracks it.
@@ -137,11 +137,6 @@ enum Scheduled {
 
 /// A transferred prompt waiting for room on its decode worker; `attempted` is the capacity
 /// generation of the last attempt that found none (it is not retried until that changes).
-struct PendingDestination {
-    seq: Sequence,
-    attempted: Option<u64>,
-}
-
 pub struct VllmEngine {
     args: EngineArgs,
     pool: BlockPool,
@@ -153,7 +148,7 @@ pub struct VllmEngine {
     /// Finished prefill-only requests whose KV waits for the decode side.
     sources: Vec<Sequence>,
     /// Transferred prompts in arrival order; only the first is tried.
-    destinations: VecDeque<PendingDestination>,
+    destinations: DestinationQueue<Sequence>,
     /// Transferred prompts with their room set aside, until activated.
     reserved: Vec<(Sequence, Reservation)>,
     /// Counts changes that may have freed room or a running slot.
@@ -175,7 +170,7 @@ impl VllmEngine {
             waiting: VecDeque::new(),
             prefill_only,
             sources: Vec::new(),
-            destinations: VecDeque::new(),
+            destinations: DestinationQueue::default(),
             reserved: Vec::new(),
             capacity_generation: 0,
             next_decode_block: 0,
@@ -216,10 +211,7 @@ impl VllmEngine {
         }
         let mut seq = Sequence::new(r);
         self.prepare(&mut seq);
-        self.destinations.push_back(PendingDestination {
-            seq,
-            attempted: None,
-        });
+        self.destinations.push_back(seq);
         Ok(if now { self.retry_destinations() } else { None })
     }
 
@@ -227,12 +219,7 @@ impl VllmEngine {
     /// appeared since its last attempt: it reuses the prompt blocks this pool already
     /// caches and sets aside fresh ones for the rest.
     pub fn retry_destinations(&mut self) -> Option<Reserved> {
-        let generation = self.capacity_generation;
-        let front = self.destinations.front_mut()?;
-        if front.attempted == Some(generation) {
-            return None;
-        }
-        front.attempted = Some(generation);
+        let seq = self.destinations.front_due(self.capacity_generation)?;
         if self
             .args
             .max_num_seqs
@@ -240,17 +227,16 @@ impl VllmEngine {
         {
             return None;
         }
-        let seq = &front.seq;
         let (hit, _) = self.pool.match_prefix(&seq.hashes);
         let prefix = seq.hashes[..hit].to_vec();
         let fresh = seq.unique_len() - hit;
         let reservation = self.pool.reserve(&prefix, fresh as u32)?;
-        let front = self.destinations.pop_front().expect("front");
+        let seq = self.destinations.pop_front().expect("front");
         let reserved = Reserved {
-            id: front.seq.id,
+            id: seq.id,
             missing_tokens: fresh as u32 * self.args.block_size,
         };
-        self.reserved.push((front.seq, reservation));
+        self.reserved.push((seq, reservation));
         Some(reserved)
     }
 
