@@ -252,6 +252,19 @@ fn deep_values_round_trip_through_jsonl_and_oversized_frames_are_refused() {
         std::fs::read(&again).expect("b")
     );
 
+    let mut too_deep = jsonl_lines(dir.path());
+    too_deep[3] = format!("{}1{}", "[".repeat(600), "]".repeat(600));
+    let jsonl = dir.path().join("too_deep.jsonl");
+    std::fs::write(&jsonl, too_deep.join("\n") + "\n").expect("write");
+    let out = kvtrace(["convert", &path(&jsonl), &path(&dir.path().join("d.lct"))]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("line 4: json: nested 600 levels deep"),
+        "{err}"
+    );
+
     let big = format!("{{\"$frame_hex\":\"{}\"}}", "00".repeat(2 << 20));
     let mut oversized = jsonl_lines(dir.path());
     oversized.insert(2, big);

@@ -357,6 +357,46 @@ fn meaningless_combinations_are_one_line_usage_errors() {
             ],
             "describe aggregated workers",
         ),
+        (
+            vec![
+                &trace,
+                "--prefill-engine-args",
+                "{\"engine_type\": \"sglang\", \"block_size\": 64}",
+                "--decode-engine-args",
+                "{\"block_size\": 64}",
+            ],
+            "prefill and decode engine_type differ",
+        ),
+        (
+            vec![
+                &trace,
+                "--prefill-engine-args",
+                "{\"engine_type\": \"trtllm\"}",
+                "--decode-engine-args",
+                "{\"engine_type\": \"trtllm\"}",
+            ],
+            "not trtllm",
+        ),
+        (
+            vec![
+                &trace,
+                "--prefill-engine-args",
+                "{\"kv_transfer_timing_mode\": \"eager\"}",
+                "--decode-engine-args",
+                "{}",
+            ],
+            "kv_transfer_timing_mode \"eager\": expected full_prompt or destination_missing",
+        ),
+        (
+            vec![
+                &trace,
+                "--extra-engine-args",
+                "{\"engine_type\": \"sglang\"}",
+                "--l1-size-gb",
+                "1",
+            ],
+            "KV offload models LMCache's vLLM connector",
+        ),
         (vec![&trace, "--eviction-policy", "LRU"], "need KV offload"),
         (vec![&trace, "--record", "x.lct"], "need KV offload"),
         (
