@@ -45,6 +45,7 @@ pub mod error;
 pub mod inspect;
 pub mod interrupt;
 pub mod lmct;
+pub mod machine;
 pub mod output;
 pub mod replay;
 pub mod report;

@@ -358,7 +358,7 @@ fn every_other_bad_bench_input_is_one_line_with_its_exit_code() {
             2,
             "--gpu-bandwidth-gbps must be positive",
         ),
-        (vec!["--cache-dir", "/no/such/dir"], 2, "not a directory"),
+        (vec!["--cache-dir", &not_sharegpt], 2, "not a directory"),
         (
             vec!["--enable-autoscaling", "--target-saturation", "1.5"],
             2,
@@ -409,4 +409,33 @@ fn every_other_bad_bench_input_is_one_line_with_its_exit_code() {
         assert_eq!(errors.len(), 1, "{args:?}: {err}");
         assert!(errors[0].contains(expected), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn a_missing_cache_dir_is_created_and_left_empty() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cache = dir.path().join("new/cache");
+    let out = kvtrace([
+        "bench",
+        "--model",
+        "tiny-1b",
+        "--num-users",
+        "1",
+        "--duration",
+        "0.5",
+        "--cpu-mem-gb",
+        "0",
+        "--generation-mode",
+        "none",
+        "--no-fsync",
+        "-q",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--output",
+        dir.path().join("r.json").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(cache.is_dir(), "the cache directory is created");
+    let left: Vec<_> = std::fs::read_dir(&cache).unwrap().collect();
+    assert!(left.is_empty(), "the run's files are removed: {left:?}");
 }

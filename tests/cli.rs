@@ -773,3 +773,45 @@ fn replay_summary(dir: &std::path::Path) -> serde_json::Value {
     let text = std::fs::read_to_string(dir.join("trace_replay_summary.json")).expect("json");
     serde_json::from_str(&text).expect("summary")
 }
+
+#[test]
+fn bare_kvtrace_lists_the_commands() {
+    let out = kvtrace(std::iter::empty::<&str>());
+    assert_eq!(out.status.code(), Some(2));
+    let help = text(&out.stderr);
+    for command in [
+        "info", "dump", "convert", "generate", "replay", "diff", "simulate", "bench",
+    ] {
+        assert!(
+            help.contains(&format!("  {command} ")),
+            "{command} missing: {help}"
+        );
+    }
+}
+
+#[test]
+fn help_examples_fit_80_columns_and_paste_as_they_stand() {
+    for command in [
+        "info", "dump", "convert", "generate", "replay", "diff", "simulate", "bench",
+    ] {
+        let out = kvtrace([command, "--help"]);
+        let help = text(&out.stdout);
+        let examples: Vec<&str> = help
+            .lines()
+            .skip_while(|l| *l != "Examples:")
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .collect();
+        assert!(!examples.is_empty(), "{command}: no examples");
+        for (i, line) in examples.iter().enumerate() {
+            assert!(
+                line.len() <= 80,
+                "{command}: {line:?} is wider than 80 columns"
+            );
+            if line.trim_start().starts_with("kvtrace") || line.starts_with("      ") {
+                let continued = examples.get(i + 1).is_some_and(|n| n.starts_with("      "));
+                assert_eq!(line.ends_with(" \\"), continued, "{command}: {line:?}");
+            }
+        }
+    }
+}

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use common::{kvtrace, shared, text};
 use kvtrace::bus::Tracer;
 use kvtrace::replay::phase::{settle, PhaseChoice};
+use kvtrace::replay::report::ReplayReport;
 use kvtrace::replay::{replay, ReplayOptions};
-use kvtrace::report::ReplayReport;
 use kvtrace::storage::config::{L2Config, StorageConfig};
 use kvtrace::storage::StorageManager;
 

@@ -96,7 +96,7 @@ impl Server {
     }
 }
 
-fn replay_basic_lru(sm: &mut StorageManager) -> kvtrace::report::ReplayReport {
+fn replay_basic_lru(sm: &mut StorageManager) -> kvtrace::replay::report::ReplayReport {
     replay(&sample("basic_lru"), sm, &ReplayOptions::default(), |_| {}).expect("replay")
 }
 

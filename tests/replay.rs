@@ -8,8 +8,8 @@ use std::path::Path;
 use common::{sample, sample_text, shared};
 use kvtrace::bus::recorder::{Recorder, RecorderOptions};
 use kvtrace::bus::{BusOptions, EventBus, Tracer};
+use kvtrace::replay::report::ReplayReport;
 use kvtrace::replay::{replay, ReplayOptions};
-use kvtrace::report::ReplayReport;
 use kvtrace::storage::config::{
     BackendConfig, EvictionTiming, L2Config, PrefetchPolicy, StorageConfig, StorePolicy,
 };

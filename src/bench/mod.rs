@@ -5,14 +5,16 @@
 pub mod autoscale;
 pub mod burst;
 pub mod calls;
-pub mod export;
 pub mod io;
 pub mod iolog;
 pub mod metrics;
 pub mod models;
+pub mod plan;
 pub mod rag;
 pub mod report;
 pub mod run;
 pub mod sharegpt;
+pub mod sheets;
+pub mod suite;
 pub mod tiers;
 pub mod users;

@@ -1,18 +1,26 @@
-//! The run's results in kv-cache.py's JSON shape (same keys and units, so existing scripts
-//! keep working), with kvtrace's additions under `kvtrace`: both pass/fail profiles, every
-//! QoS target, the storage I/O throughput, requests finished after the deadline.
+//! The run's results in kv-cache.py's JSON shape (same keys, same order, same units, so
+//! existing scripts keep working), with kvtrace's additions under `kvtrace`: both pass/fail
+//! profiles, every QoS target, the storage I/O throughput, requests finished after the
+//! deadline. As a [`Report`] it is also kv-cache.py's workbook ([`super::sheets`]) and the
+//! console summary.
 
-use serde_json::{json, Map, Value as Json};
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
+use serde_json::Value as Json;
 
+use super::autoscale::{AutoscaleMode, ScaleEvent};
 use super::metrics::{percentile, Category, Collected, OpTimes};
-use super::run::{BenchConfig, RunOutcome};
+use super::run::{BenchConfig, RunOutcome, TimelinePoint};
+use super::sheets::{self, RunParameters};
 use super::tiers::{TierCounters, TierKind};
 use super::users::QosLevel;
+use crate::error::{Error, Result};
+use crate::report::{JsonStyle, Report, Table};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// The percentiles every latency figure reports, and their key suffixes.
-const TAIL: [(f64, &str); 5] = [
+/// The percentiles every latency tail reports, and their key suffixes.
+pub const TAIL: [(f64, &str); 5] = [
     (50.0, "p50"),
     (95.0, "p95"),
     (99.0, "p99"),
@@ -20,28 +28,456 @@ const TAIL: [(f64, &str); 5] = [
     (99.99, "p9999"),
 ];
 
-/// `{mean, p50, p95, p99, p999, p9999}` of seconds, in milliseconds.
-fn latency_ms(values: &[f64]) -> Json {
-    let ms = sorted_ms(values);
-    let mean = if ms.is_empty() {
-        0.0
-    } else {
-        ms.iter().sum::<f64>() / ms.len() as f64
-    };
-    let mut out = Map::new();
-    out.insert("mean".into(), mean.into());
-    for (p, label) in TAIL {
-        out.insert(label.into(), percentile(&ms, p).into());
-    }
-    Json::Object(out)
+/// Which assessment is `storage_health`, and whether QoS compliance is judged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Profile {
+    #[default]
+    Latency,
+    Throughput,
 }
 
-/// `<prefix>_p50_ms` … `<prefix>_p9999_ms` of seconds.
-fn insert_tail(map: &mut Map<String, Json>, prefix: &str, values: &[f64]) {
-    let ms = sorted_ms(values);
-    for (p, label) in TAIL {
-        map.insert(format!("{prefix}_{label}_ms"), percentile(&ms, p).into());
+impl Profile {
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Latency => "latency",
+            Profile::Throughput => "throughput",
+        }
     }
+}
+
+/// `{mean, p50, p95, p99, p999, p9999}` in milliseconds.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct LatencyMs {
+    pub mean: f64,
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub p9999: f64,
+}
+
+impl LatencyMs {
+    fn of(seconds: &[f64]) -> LatencyMs {
+        let ms = sorted_ms(seconds);
+        let t = Tail::of_sorted(&ms).0;
+        LatencyMs {
+            mean: mean(&ms),
+            p50: t[0],
+            p95: t[1],
+            p99: t[2],
+            p999: t[3],
+            p9999: t[4],
+        }
+    }
+}
+
+/// The [`TAIL`] percentiles of one operation's times, in milliseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Tail(pub [f64; 5]);
+
+impl Tail {
+    fn of(seconds: &[f64]) -> Tail {
+        Tail::of_sorted(&sorted_ms(seconds))
+    }
+
+    fn of_sorted(ms: &[f64]) -> Tail {
+        Tail(TAIL.map(|(p, _)| percentile(ms, p)))
+    }
+}
+
+/// A tier's operations in one direction: the whole time, and for the storage tier its
+/// device (durability flush or read) and host (copy) parts.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpTails {
+    pub total: Tail,
+    pub device: Option<Tail>,
+    pub host: Option<Tail>,
+}
+
+/// What one tier moved and held.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TierFigures {
+    pub kind: TierKind,
+    pub entries: u64,
+    pub kv_bytes_written_gb: f64,
+    pub kv_bytes_read_gb: f64,
+    pub read_bandwidth_gbps: f64,
+    pub write_bandwidth_gbps: f64,
+    /// Present once the tier served a read.
+    pub read: Option<OpTails>,
+    /// Present once the tier took a write.
+    pub write: Option<OpTails>,
+}
+
+/// One pass/fail criterion.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Criterion {
+    pub name: String,
+    pub target: f64,
+    pub actual: f64,
+    pub unit: &'static str,
+    pub passed: bool,
+}
+
+/// An assessment: PASS when every criterion passed.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Health {
+    pub overall_status: &'static str,
+    pub passed_count: usize,
+    pub total_count: usize,
+    pub criteria: Vec<Criterion>,
+}
+
+impl Health {
+    fn of(criteria: Vec<Criterion>) -> Health {
+        let passed = criteria.iter().filter(|c| c.passed).count();
+        Health {
+            overall_status: if passed == criteria.len() {
+                "PASS"
+            } else {
+                "FAIL"
+            },
+            passed_count: passed,
+            total_count: criteria.len(),
+            criteria,
+        }
+    }
+
+    pub fn passed(&self) -> bool {
+        self.passed_count == self.total_count
+    }
+}
+
+/// kv-cache.py's `cache_stats`. Per-tier figures are written under the tier's name
+/// (`gpu_entries`, `tier_cpu_kv_bytes_read_gb`, `storage_read_p95_ms`, …).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CacheStats {
+    pub cache_hit_rate: f64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// GPU, CPU and storage, in that order.
+    pub tiers: Vec<TierFigures>,
+    pub gpu_memory_used_gb: f64,
+    pub cpu_memory_used_gb: f64,
+    pub offloads_cpu: u64,
+    pub offloads_storage: u64,
+    pub prefill_writes: u64,
+    pub decode_reads: u64,
+    pub system_prompt_hits: u64,
+    pub user_cache_hits: u64,
+    pub multi_turn_hits: u64,
+    pub total_read_bytes: u64,
+    pub total_write_bytes: u64,
+    pub total_read_gb: f64,
+    pub total_write_gb: f64,
+    pub read_write_ratio: f64,
+    pub read_iops: usize,
+    pub write_iops: usize,
+    pub storage_tokens_processed: u64,
+    pub storage_health: Health,
+}
+
+impl CacheStats {
+    pub fn tier(&self, kind: TierKind) -> Option<&TierFigures> {
+        self.tiers.iter().find(|t| t.kind == kind)
+    }
+}
+
+impl Serialize for CacheStats {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("cache_hit_rate", &self.cache_hit_rate)?;
+        m.serialize_entry("cache_hits", &self.cache_hits)?;
+        m.serialize_entry("cache_misses", &self.cache_misses)?;
+        for t in &self.tiers {
+            let name = t.kind.name();
+            m.serialize_entry(&format!("{name}_entries"), &t.entries)?;
+            m.serialize_entry(
+                &format!("tier_{name}_kv_bytes_written_gb"),
+                &t.kv_bytes_written_gb,
+            )?;
+            m.serialize_entry(
+                &format!("tier_{name}_kv_bytes_read_gb"),
+                &t.kv_bytes_read_gb,
+            )?;
+            m.serialize_entry(
+                &format!("tier_{name}_read_bandwidth_gbps"),
+                &t.read_bandwidth_gbps,
+            )?;
+            m.serialize_entry(
+                &format!("tier_{name}_write_bandwidth_gbps"),
+                &t.write_bandwidth_gbps,
+            )?;
+            for (dir, ops) in [("read", &t.read), ("write", &t.write)] {
+                let Some(ops) = ops else { continue };
+                let parts = [
+                    (format!("{name}_{dir}"), Some(ops.total)),
+                    (format!("storage_{dir}_device"), ops.device),
+                    (format!("storage_{dir}_host"), ops.host),
+                ];
+                for (prefix, tail) in parts {
+                    let Some(tail) = tail else { continue };
+                    for ((_, label), v) in TAIL.iter().zip(tail.0) {
+                        m.serialize_entry(&format!("{prefix}_{label}_ms"), &v)?;
+                    }
+                }
+            }
+        }
+        m.serialize_entry("gpu_memory_used_gb", &self.gpu_memory_used_gb)?;
+        m.serialize_entry("cpu_memory_used_gb", &self.cpu_memory_used_gb)?;
+        m.serialize_entry("offloads_cpu", &self.offloads_cpu)?;
+        m.serialize_entry("offloads_storage", &self.offloads_storage)?;
+        m.serialize_entry("prefill_writes", &self.prefill_writes)?;
+        m.serialize_entry("decode_reads", &self.decode_reads)?;
+        m.serialize_entry("system_prompt_hits", &self.system_prompt_hits)?;
+        // kv-cache.py's common-phrase cache has no counterpart here.
+        m.serialize_entry("common_phrase_hits", &0)?;
+        m.serialize_entry("user_cache_hits", &self.user_cache_hits)?;
+        m.serialize_entry("multi_turn_hits", &self.multi_turn_hits)?;
+        m.serialize_entry("total_read_bytes", &self.total_read_bytes)?;
+        m.serialize_entry("total_write_bytes", &self.total_write_bytes)?;
+        m.serialize_entry("total_read_gb", &self.total_read_gb)?;
+        m.serialize_entry("total_write_gb", &self.total_write_gb)?;
+        m.serialize_entry("read_write_ratio", &self.read_write_ratio)?;
+        m.serialize_entry("read_iops", &self.read_iops)?;
+        m.serialize_entry("write_iops", &self.write_iops)?;
+        m.serialize_entry("storage_tokens_processed", &self.storage_tokens_processed)?;
+        m.serialize_entry("storage_health", &self.storage_health)?;
+        m.end()
+    }
+}
+
+/// Whether a QoS level met its P95 target; not judged in the throughput profile.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SlaMet {
+    Judged(bool),
+    NotJudged,
+}
+
+impl SlaMet {
+    pub const NOT_JUDGED: &'static str = "N/A (throughput mode)";
+}
+
+impl Serialize for SlaMet {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            SlaMet::Judged(met) => s.serialize_bool(*met),
+            SlaMet::NotJudged => s.serialize_str(Self::NOT_JUDGED),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TailTarget {
+    pub percentile: f64,
+    pub target_ms: f64,
+    pub actual_ms: f64,
+    pub met: bool,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Sla {
+    pub target_p95_ms: f64,
+    pub actual_p95_ms: f64,
+    pub compliance: f64,
+    pub met: SlaMet,
+    pub kvtrace_tail_targets: Vec<TailTarget>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct QosLatency {
+    pub mean: f64,
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct QosFigures {
+    pub total_requests: usize,
+    pub latency_ms: QosLatency,
+    pub sla: Sla,
+}
+
+/// One QoS level: its figures, or `{"no_data": true}` when it served no request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum QosLevelReport {
+    NoData,
+    Served(QosFigures),
+}
+
+impl Serialize for QosLevelReport {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            QosLevelReport::Served(f) => f.serialize(s),
+            QosLevelReport::NoData => {
+                let mut m = s.serialize_map(Some(1))?;
+                m.serialize_entry("no_data", &true)?;
+                m.end()
+            }
+        }
+    }
+}
+
+/// Per QoS level, in [`QosLevel::ALL`] order, written as a map by level name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct QosMetrics(pub Vec<(QosLevel, QosLevelReport)>);
+
+impl QosMetrics {
+    pub fn get(&self, level: QosLevel) -> Option<&QosFigures> {
+        self.0.iter().find_map(|(l, r)| match r {
+            QosLevelReport::Served(f) if *l == level => Some(f),
+            _ => None,
+        })
+    }
+}
+
+impl Serialize for QosMetrics {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (level, r) in &self.0 {
+            m.serialize_entry(level.name(), r)?;
+        }
+        m.end()
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct PrefixCacheStats {
+    pub prefix_hits: u64,
+    pub prefix_misses: u64,
+    pub system_prompt_reuse: u64,
+    pub common_phrase_reuse: u64,
+    pub bytes_saved: u64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Autoscaling {
+    pub mode: AutoscaleMode,
+    pub target_saturation: f64,
+    pub interval_s: f64,
+    pub initial_users: u32,
+    pub final_users: u32,
+    pub scale_events: usize,
+    pub peak_live_users: u32,
+    /// Capacity mode: the user count with the best throughput, and that throughput.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_users: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_tokens_per_sec: Option<f64>,
+}
+
+/// The autoscaler's summary; `{}` for a run without one, as kv-cache.py writes it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AutoscalingSummary(pub Option<Autoscaling>);
+
+impl Serialize for AutoscalingSummary {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match &self.0 {
+            Some(a) => a.serialize(s),
+            None => s.serialize_map(Some(0))?.end(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct HitCounts {
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub hit_rate: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Summary {
+    pub total_requests: usize,
+    pub total_tokens: u64,
+    pub elapsed_time: f64,
+    pub avg_throughput_tokens_per_sec: f64,
+    pub total_storage_io_time: f64,
+    pub storage_throughput_tokens_per_sec: f64,
+    pub requests_per_second: f64,
+    pub end_to_end_latency_ms: LatencyMs,
+    pub storage_io_latency_ms: LatencyMs,
+    pub generation_latency_ms: LatencyMs,
+    pub cache_stats: CacheStats,
+    pub qos_metrics: QosMetrics,
+    pub prefix_cache_stats: PrefixCacheStats,
+    pub autoscaling_stats: Vec<ScaleEvent>,
+    pub autoscaling_summary: AutoscalingSummary,
+    pub multi_turn_stats: HitCounts,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct HitRates {
+    pub system_prompt: f64,
+    pub multi_turn: f64,
+    pub user: f64,
+    pub rag: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Assessments {
+    pub latency: Health,
+    pub throughput: Health,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TierReport {
+    pub tier: &'static str,
+    pub counters: TierCounters,
+}
+
+/// kvtrace's additions.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Extras {
+    pub storage_io_throughput_gib_per_s: f64,
+    /// Requests that finished after the deadline and are not counted.
+    pub requests_after_deadline: u64,
+    pub hit_rates: HitRates,
+    pub rag_hits: u64,
+    pub rag_misses: u64,
+    pub entries_without_room: u64,
+    pub io_errors: u64,
+    pub first_io_error: Option<String>,
+    pub failed_demotions: u64,
+    pub interrupted: bool,
+    pub assessments: Assessments,
+    pub tiers: Vec<TierReport>,
+}
+
+/// Everything a bench run measured.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct BenchReport {
+    pub requests_completed: usize,
+    pub total_tokens_generated: u64,
+    pub total_storage_io_latency: f64,
+    pub total_generation_latency: f64,
+    pub end_to_end_latencies: Vec<f64>,
+    pub storage_latencies: Vec<f64>,
+    pub generation_latencies: Vec<f64>,
+    pub throughput_timeline: Vec<TimelinePoint>,
+    pub prefill_latencies: Vec<f64>,
+    pub decode_latencies: Vec<f64>,
+    pub multi_turn_cache_hits: u64,
+    pub multi_turn_cache_misses: u64,
+    pub seed: u64,
+    pub summary: Summary,
+    pub kvtrace: Extras,
+    /// The workbook's run-parameter columns.
+    #[serde(skip)]
+    pub parameters: RunParameters,
+    #[serde(skip)]
+    pub profile: Profile,
+}
+
+/// Everything the report needs besides the run itself.
+pub struct ReportInput<'a> {
+    pub config: &'a BenchConfig,
+    pub outcome: &'a RunOutcome,
+    pub tiers: &'a [(TierKind, TierCounters)],
+    pub profile: Profile,
+    pub parameters: RunParameters,
 }
 
 fn sorted_ms(values: &[f64]) -> Vec<f64> {
@@ -50,264 +486,320 @@ fn sorted_ms(values: &[f64]) -> Vec<f64> {
     ms
 }
 
-/// One pass/fail criterion.
-fn criterion(name: &str, target: f64, actual: f64, unit: &str, passed: bool) -> Json {
-    json!({"name": name, "target": target, "actual": actual, "unit": unit, "passed": passed})
-}
-
-fn health(criteria: Vec<Json>) -> Json {
-    let passed = criteria.iter().filter(|c| c["passed"] == true).count();
-    json!({
-        "overall_status": if passed == criteria.len() { "PASS" } else { "FAIL" },
-        "passed_count": passed,
-        "total_count": criteria.len(),
-        "criteria": criteria,
-    })
-}
-
-/// Everything the report needs besides the run itself.
-pub struct ReportInput<'a> {
-    pub config: &'a BenchConfig,
-    pub outcome: &'a RunOutcome,
-    pub tiers: &'a [(TierKind, TierCounters)],
-    /// `latency` or `throughput`: which assessment is `storage_health`.
-    pub profile: &'a str,
-}
-
-fn tier<'a>(input: &'a ReportInput<'_>, kind: TierKind) -> Option<&'a TierCounters> {
-    input.tiers.iter().find(|(k, _)| *k == kind).map(|(_, c)| c)
-}
-
-fn ops(c: &Collected, kind: TierKind, write: bool) -> Option<&OpTimes> {
-    c.ops.get(&(kind, write))
-}
-
-/// The JSON document.
-pub fn build(input: &ReportInput<'_>) -> Json {
-    let c = &input.outcome.collected;
-    let elapsed = input.outcome.elapsed_s.max(1e-9);
-    let tokens: u64 = c.requests.iter().map(|r| r.tokens).sum();
-    let e2e: Vec<f64> = c.requests.iter().map(|r| r.e2e_s).collect();
-    let storage: Vec<f64> = c.requests.iter().map(|r| r.storage_s).collect();
-    let generation: Vec<f64> = c.requests.iter().map(|r| r.generation_s).collect();
-    let storage_total: f64 = storage.iter().sum();
-    let (hits, misses) = c
-        .hits
-        .values()
-        .fold((0, 0), |(h, m), (a, b)| (h + a, m + b));
-    let category = |k: Category| c.hits.get(&k).copied().unwrap_or((0, 0));
-    let (mt_hits, mt_misses) = category(Category::MultiTurn);
-    let (sp_hits, sp_misses) = category(Category::SystemPrompt);
-    let rate = |h: u64, m: u64| {
-        if h + m == 0 {
-            0.0
-        } else {
-            h as f64 / (h + m) as f64
-        }
-    };
-
-    let mut cache = Map::new();
-    cache.insert("cache_hit_rate".into(), rate(hits, misses).into());
-    cache.insert("cache_hits".into(), hits.into());
-    cache.insert("cache_misses".into(), misses.into());
-    let (mut read_bytes, mut write_bytes) = (0u64, 0u64);
-    for kind in [TierKind::Gpu, TierKind::Cpu, TierKind::Storage] {
-        let t = tier(input, kind).cloned().unwrap_or_default();
-        let name = kind.name();
-        cache.insert(format!("{name}_entries"), t.entries.into());
-        cache.insert(
-            format!("tier_{name}_kv_bytes_written_gb"),
-            (t.bytes_written as f64 / GIB).into(),
-        );
-        cache.insert(
-            format!("tier_{name}_kv_bytes_read_gb"),
-            (t.bytes_read as f64 / GIB).into(),
-        );
-        cache.insert(
-            format!("tier_{name}_read_bandwidth_gbps"),
-            (t.bytes_read as f64 / GIB / elapsed).into(),
-        );
-        cache.insert(
-            format!("tier_{name}_write_bandwidth_gbps"),
-            (t.bytes_written as f64 / GIB / elapsed).into(),
-        );
-        read_bytes += t.bytes_read;
-        write_bytes += t.bytes_written;
-        for (write, dir) in [(false, "read"), (true, "write")] {
-            if let Some(o) = ops(c, kind, write) {
-                insert_tail(&mut cache, &format!("{name}_{dir}"), &o.total_s);
-                if kind == TierKind::Storage {
-                    insert_tail(&mut cache, &format!("storage_{dir}_device"), &o.device_s);
-                    insert_tail(&mut cache, &format!("storage_{dir}_host"), &o.host_s);
-                }
-            }
-        }
-    }
-    let gpu = tier(input, TierKind::Gpu).cloned().unwrap_or_default();
-    let cpu = tier(input, TierKind::Cpu).cloned().unwrap_or_default();
-    let nvme = tier(input, TierKind::Storage).cloned().unwrap_or_default();
-    cache.insert(
-        "gpu_memory_used_gb".into(),
-        (gpu.used_bytes as f64 / GIB).into(),
-    );
-    cache.insert(
-        "cpu_memory_used_gb".into(),
-        (cpu.used_bytes as f64 / GIB).into(),
-    );
-    cache.insert("offloads_cpu".into(), gpu.demotions.into());
-    cache.insert("offloads_storage".into(), cpu.demotions.into());
-    cache.insert("prefill_writes".into(), c.prefill_writes.into());
-    cache.insert("decode_reads".into(), c.decode_reads.into());
-    cache.insert("system_prompt_hits".into(), sp_hits.into());
-    cache.insert("common_phrase_hits".into(), 0.into());
-    cache.insert("user_cache_hits".into(), category(Category::User).0.into());
-    cache.insert("multi_turn_hits".into(), mt_hits.into());
-    cache.insert("total_read_bytes".into(), read_bytes.into());
-    cache.insert("total_write_bytes".into(), write_bytes.into());
-    cache.insert("total_read_gb".into(), (read_bytes as f64 / GIB).into());
-    cache.insert("total_write_gb".into(), (write_bytes as f64 / GIB).into());
-    cache.insert(
-        "read_write_ratio".into(),
-        (if write_bytes == 0 {
-            0.0
-        } else {
-            read_bytes as f64 / write_bytes as f64
-        })
-        .into(),
-    );
-    let count = |kind: TierKind, write: bool| ops(c, kind, write).map_or(0, |o| o.total_s.len());
-    let all_ops = |write: bool| {
-        [TierKind::Gpu, TierKind::Cpu, TierKind::Storage]
-            .iter()
-            .map(|&k| count(k, write))
-            .sum::<usize>()
-    };
-    cache.insert("read_iops".into(), all_ops(false).into());
-    cache.insert("write_iops".into(), all_ops(true).into());
-    let bpt = input.config.model.bytes_per_token().max(1);
-    cache.insert(
-        "storage_tokens_processed".into(),
-        ((nvme.bytes_read + nvme.bytes_written) / bpt).into(),
-    );
-
-    let latency_profile = latency_assessment(c, rate(hits, misses));
-    let throughput_profile = health(vec![
-        criterion(
-            "Storage read bandwidth",
-            0.0,
-            nvme.bytes_read as f64 / GIB / elapsed,
-            "GiB/s",
-            nvme.bytes_read > 0,
-        ),
-        criterion(
-            "Storage write bandwidth",
-            0.0,
-            nvme.bytes_written as f64 / GIB / elapsed,
-            "GiB/s",
-            nvme.bytes_written > 0,
-        ),
-    ]);
-    let chosen = if input.profile == "throughput" {
-        throughput_profile.clone()
+fn mean(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        0.0
     } else {
-        latency_profile.clone()
-    };
-    cache.insert("storage_health".into(), chosen);
-
-    let qos = qos_metrics(c, input.profile == "throughput");
-    let summary = json!({
-        "total_requests": c.requests.len(),
-        "total_tokens": tokens,
-        "elapsed_time": elapsed,
-        "avg_throughput_tokens_per_sec": tokens as f64 / elapsed,
-        "total_storage_io_time": storage_total,
-        "storage_throughput_tokens_per_sec": if storage_total > 0.0 { tokens as f64 / storage_total } else { 0.0 },
-        "requests_per_second": c.requests.len() as f64 / elapsed,
-        "end_to_end_latency_ms": latency_ms(&e2e),
-        "storage_io_latency_ms": latency_ms(&storage),
-        "generation_latency_ms": latency_ms(&generation),
-        "cache_stats": Json::Object(cache),
-        "qos_metrics": qos,
-        "prefix_cache_stats": {
-            "prefix_hits": sp_hits,
-            "prefix_misses": sp_misses,
-            "system_prompt_reuse": sp_hits,
-            "common_phrase_reuse": 0,
-            "bytes_saved": c.prefix_bytes_saved,
-        },
-        "autoscaling_stats": input.outcome.scale_events,
-        "autoscaling_summary": autoscaling_summary(input),
-        "multi_turn_stats": {
-            "cache_hits": mt_hits,
-            "cache_misses": mt_misses,
-            "hit_rate": rate(mt_hits, mt_misses),
-        },
-    });
-    let prefill: Vec<f64> = c.requests.iter().map(|r| r.prefill_s).collect();
-    let decode: Vec<f64> = c.requests.iter().map(|r| r.decode_s).collect();
-    json!({
-        "requests_completed": c.requests.len(),
-        "total_tokens_generated": tokens,
-        "total_storage_io_latency": storage_total,
-        "total_generation_latency": generation.iter().sum::<f64>(),
-        "end_to_end_latencies": e2e,
-        "storage_latencies": storage,
-        "generation_latencies": generation,
-        "throughput_timeline": input.outcome.timeline,
-        "prefill_latencies": prefill,
-        "decode_latencies": decode,
-        "multi_turn_cache_hits": mt_hits,
-        "multi_turn_cache_misses": mt_misses,
-        "seed": input.config.seed,
-        "summary": summary,
-        "kvtrace": {
-            "storage_io_throughput_gib_per_s": (read_bytes + write_bytes) as f64 / GIB / elapsed,
-            "requests_after_deadline": input.outcome.late,
-            "hit_rates": {
-                "system_prompt": rate(sp_hits, sp_misses),
-                "multi_turn": rate(mt_hits, mt_misses),
-                "user": rate(category(Category::User).0, category(Category::User).1),
-                "rag": rate(category(Category::Rag).0, category(Category::Rag).1),
-            },
-            "rag_hits": category(Category::Rag).0,
-            "rag_misses": category(Category::Rag).1,
-            "entries_without_room": c.no_room,
-            "io_errors": c.io_errors,
-            "first_io_error": c.first_io_error,
-            "failed_demotions": input.tiers.iter().map(|(_, t)| t.move_errors).sum::<u64>(),
-            "interrupted": input.outcome.interrupted,
-            "assessments": {"latency": latency_profile, "throughput": throughput_profile},
-            "tiers": input.tiers.iter().map(|(k, t)| json!({"tier": k.name(), "counters": t})).collect::<Vec<_>>(),
-        },
-    })
+        values.iter().sum::<f64>() / values.len() as f64
+    }
 }
 
-fn autoscaling_summary(input: &ReportInput<'_>) -> Json {
-    let Some(a) = input.config.autoscale else {
-        return json!({});
-    };
-    let o = input.outcome;
-    let mut out = json!({
-        "mode": a.mode,
-        "target_saturation": a.target_saturation,
-        "interval_s": a.interval_s,
-        "initial_users": input.config.users,
-        "final_users": o.final_users,
-        "scale_events": o.scale_events.len(),
-        "peak_live_users": o.timeline.iter().map(|t| t.live_users).max().unwrap_or(0),
-    });
-    if let Some((users, tps)) = o.peak {
-        out["peak_users"] = users.into();
-        out["peak_tokens_per_sec"] = tps.into();
+fn rate(hits: u64, misses: u64) -> f64 {
+    if hits + misses == 0 {
+        0.0
+    } else {
+        hits as f64 / (hits + misses) as f64
     }
-    out
+}
+
+fn criterion(name: &str, target: f64, actual: f64, unit: &'static str, passed: bool) -> Criterion {
+    Criterion {
+        name: name.into(),
+        target,
+        actual,
+        unit,
+        passed,
+    }
+}
+
+const KINDS: [TierKind; 3] = [TierKind::Gpu, TierKind::Cpu, TierKind::Storage];
+
+impl BenchReport {
+    pub fn build(input: ReportInput<'_>) -> BenchReport {
+        let c = &input.outcome.collected;
+        let elapsed = input.outcome.elapsed_s.max(1e-9);
+        let counters = |kind: TierKind| {
+            input
+                .tiers
+                .iter()
+                .find(|(k, _)| *k == kind)
+                .map(|(_, c)| c.clone())
+                .unwrap_or_default()
+        };
+        let ops = |kind: TierKind, write: bool| -> Option<&OpTimes> { c.ops.get(&(kind, write)) };
+        let tokens: u64 = c.requests.iter().map(|r| r.tokens).sum();
+        let e2e: Vec<f64> = c.requests.iter().map(|r| r.e2e_s).collect();
+        let storage: Vec<f64> = c.requests.iter().map(|r| r.storage_s).collect();
+        let generation: Vec<f64> = c.requests.iter().map(|r| r.generation_s).collect();
+        let storage_total: f64 = storage.iter().sum();
+        let (hits, misses) = c
+            .hits
+            .values()
+            .fold((0, 0), |(h, m), (a, b)| (h + a, m + b));
+        let category = |k: Category| c.hits.get(&k).copied().unwrap_or((0, 0));
+        let (mt_hits, mt_misses) = category(Category::MultiTurn);
+        let (sp_hits, sp_misses) = category(Category::SystemPrompt);
+        let (user_hits, user_misses) = category(Category::User);
+        let (rag_hits, rag_misses) = category(Category::Rag);
+
+        let mut tiers = Vec::new();
+        let (mut read_bytes, mut write_bytes) = (0u64, 0u64);
+        for kind in KINDS {
+            let t = counters(kind);
+            let tails = |write: bool| {
+                ops(kind, write).map(|o| OpTails {
+                    total: Tail::of(&o.total_s),
+                    device: (kind == TierKind::Storage).then(|| Tail::of(&o.device_s)),
+                    host: (kind == TierKind::Storage).then(|| Tail::of(&o.host_s)),
+                })
+            };
+            tiers.push(TierFigures {
+                kind,
+                entries: t.entries,
+                kv_bytes_written_gb: t.bytes_written as f64 / GIB,
+                kv_bytes_read_gb: t.bytes_read as f64 / GIB,
+                read_bandwidth_gbps: t.bytes_read as f64 / GIB / elapsed,
+                write_bandwidth_gbps: t.bytes_written as f64 / GIB / elapsed,
+                read: tails(false),
+                write: tails(true),
+            });
+            read_bytes += t.bytes_read;
+            write_bytes += t.bytes_written;
+        }
+        let (gpu, cpu, nvme) = (
+            counters(TierKind::Gpu),
+            counters(TierKind::Cpu),
+            counters(TierKind::Storage),
+        );
+        let all_ops = |write: bool| {
+            KINDS
+                .iter()
+                .map(|&k| ops(k, write).map_or(0, |o| o.total_s.len()))
+                .sum::<usize>()
+        };
+        let latency = latency_assessment(c, rate(hits, misses));
+        let throughput = Health::of(vec![
+            criterion(
+                "Storage read bandwidth",
+                0.0,
+                nvme.bytes_read as f64 / GIB / elapsed,
+                "GiB/s",
+                nvme.bytes_read > 0,
+            ),
+            criterion(
+                "Storage write bandwidth",
+                0.0,
+                nvme.bytes_written as f64 / GIB / elapsed,
+                "GiB/s",
+                nvme.bytes_written > 0,
+            ),
+        ]);
+        let bpt = input.config.model.bytes_per_token().max(1);
+        let cache_stats = CacheStats {
+            cache_hit_rate: rate(hits, misses),
+            cache_hits: hits,
+            cache_misses: misses,
+            tiers,
+            gpu_memory_used_gb: gpu.used_bytes as f64 / GIB,
+            cpu_memory_used_gb: cpu.used_bytes as f64 / GIB,
+            offloads_cpu: gpu.demotions,
+            offloads_storage: cpu.demotions,
+            prefill_writes: c.prefill_writes,
+            decode_reads: c.decode_reads,
+            system_prompt_hits: sp_hits,
+            user_cache_hits: user_hits,
+            multi_turn_hits: mt_hits,
+            total_read_bytes: read_bytes,
+            total_write_bytes: write_bytes,
+            total_read_gb: read_bytes as f64 / GIB,
+            total_write_gb: write_bytes as f64 / GIB,
+            read_write_ratio: if write_bytes == 0 {
+                0.0
+            } else {
+                read_bytes as f64 / write_bytes as f64
+            },
+            read_iops: all_ops(false),
+            write_iops: all_ops(true),
+            storage_tokens_processed: (nvme.bytes_read + nvme.bytes_written) / bpt,
+            storage_health: match input.profile {
+                Profile::Throughput => throughput.clone(),
+                Profile::Latency => latency.clone(),
+            },
+        };
+        let o = input.outcome;
+        let autoscaling = input.config.autoscale.map(|a| Autoscaling {
+            mode: a.mode,
+            target_saturation: a.target_saturation,
+            interval_s: a.interval_s,
+            initial_users: input.config.users,
+            final_users: o.final_users,
+            scale_events: o.scale_events.len(),
+            peak_live_users: o.timeline.iter().map(|t| t.live_users).max().unwrap_or(0),
+            peak_users: o.peak.map(|p| p.0),
+            peak_tokens_per_sec: o.peak.map(|p| p.1),
+        });
+        let summary = Summary {
+            total_requests: c.requests.len(),
+            total_tokens: tokens,
+            elapsed_time: elapsed,
+            avg_throughput_tokens_per_sec: tokens as f64 / elapsed,
+            total_storage_io_time: storage_total,
+            storage_throughput_tokens_per_sec: if storage_total > 0.0 {
+                tokens as f64 / storage_total
+            } else {
+                0.0
+            },
+            requests_per_second: c.requests.len() as f64 / elapsed,
+            end_to_end_latency_ms: LatencyMs::of(&e2e),
+            storage_io_latency_ms: LatencyMs::of(&storage),
+            generation_latency_ms: LatencyMs::of(&generation),
+            cache_stats,
+            qos_metrics: qos_metrics(c, input.profile),
+            prefix_cache_stats: PrefixCacheStats {
+                prefix_hits: sp_hits,
+                prefix_misses: sp_misses,
+                system_prompt_reuse: sp_hits,
+                common_phrase_reuse: 0,
+                bytes_saved: c.prefix_bytes_saved,
+            },
+            autoscaling_stats: o.scale_events.clone(),
+            autoscaling_summary: AutoscalingSummary(autoscaling),
+            multi_turn_stats: HitCounts {
+                cache_hits: mt_hits,
+                cache_misses: mt_misses,
+                hit_rate: rate(mt_hits, mt_misses),
+            },
+        };
+        BenchReport {
+            requests_completed: c.requests.len(),
+            total_tokens_generated: tokens,
+            total_storage_io_latency: storage_total,
+            total_generation_latency: generation.iter().sum(),
+            end_to_end_latencies: e2e,
+            storage_latencies: storage,
+            generation_latencies: generation,
+            throughput_timeline: o.timeline.clone(),
+            prefill_latencies: c.requests.iter().map(|r| r.prefill_s).collect(),
+            decode_latencies: c.requests.iter().map(|r| r.decode_s).collect(),
+            multi_turn_cache_hits: mt_hits,
+            multi_turn_cache_misses: mt_misses,
+            seed: input.config.seed,
+            summary,
+            kvtrace: Extras {
+                storage_io_throughput_gib_per_s: (read_bytes + write_bytes) as f64 / GIB / elapsed,
+                requests_after_deadline: o.late,
+                hit_rates: HitRates {
+                    system_prompt: rate(sp_hits, sp_misses),
+                    multi_turn: rate(mt_hits, mt_misses),
+                    user: rate(user_hits, user_misses),
+                    rag: rate(rag_hits, rag_misses),
+                },
+                rag_hits,
+                rag_misses,
+                entries_without_room: c.no_room,
+                io_errors: c.io_errors,
+                first_io_error: c.first_io_error.clone(),
+                failed_demotions: input.tiers.iter().map(|(_, t)| t.move_errors).sum(),
+                interrupted: o.interrupted,
+                assessments: Assessments {
+                    latency,
+                    throughput,
+                },
+                tiers: input
+                    .tiers
+                    .iter()
+                    .map(|(k, t)| TierReport {
+                        tier: k.name(),
+                        counters: t.clone(),
+                    })
+                    .collect(),
+            },
+            parameters: input.parameters,
+            profile: input.profile,
+        }
+    }
+
+    /// The console summary: what a user looks at first.
+    pub fn console(&self) -> String {
+        let s = &self.summary;
+        let c = &s.cache_stats;
+        let mut out = String::from("kvtrace bench\n");
+        let late = match self.kvtrace.requests_after_deadline {
+            0 => String::new(),
+            n => format!(" (+{n} finished after the deadline, not counted)"),
+        };
+        out += &format!(
+            "  requests {} in {:.1} s ({:.2}/s), {} tokens{late}\n",
+            s.total_requests, s.elapsed_time, s.requests_per_second, s.total_tokens
+        );
+        out += &format!(
+            "  throughput: {:.1} tok/s wall clock, {:.1} tok/s storage, {:.3} GiB/s storage I/O\n",
+            s.avg_throughput_tokens_per_sec,
+            s.storage_throughput_tokens_per_sec,
+            self.kvtrace.storage_io_throughput_gib_per_s
+        );
+        for (label, l) in [
+            ("E2E", &s.end_to_end_latency_ms),
+            ("storage", &s.storage_io_latency_ms),
+        ] {
+            out += &format!(
+                "  {label} latency ms: p50 {:.1}  p95 {:.1}  p99 {:.1}  p99.9 {:.1}\n",
+                l.p50, l.p95, l.p99, l.p999
+            );
+        }
+        let storage = c.tier(TierKind::Storage);
+        out += &format!(
+            "  cache hit rate {:.1} %, read {:.2} GiB, written {:.2} GiB (storage tier: read {:.2}, written {:.2})\n",
+            100.0 * c.cache_hit_rate,
+            c.total_read_gb,
+            c.total_write_gb,
+            storage.map_or(0.0, |t| t.kv_bytes_read_gb),
+            storage.map_or(0.0, |t| t.kv_bytes_written_gb),
+        );
+        let health = &c.storage_health;
+        let failed: Vec<String> = health
+            .criteria
+            .iter()
+            .filter(|c| !c.passed)
+            .map(|c| format!("{}: {:.3} {}", c.name, c.actual, c.unit))
+            .collect();
+        let why = if failed.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", failed.join("; "))
+        };
+        out += &format!(
+            "  assessment ({} profile): {}{why}\n",
+            self.profile.name(),
+            health.overall_status
+        );
+        out
+    }
+}
+
+impl Report for BenchReport {
+    fn document(&self) -> Result<Json> {
+        serde_json::to_value(self).map_err(|e| Error::io("cannot encode JSON", e.into()))
+    }
+
+    fn json_style(&self) -> JsonStyle {
+        JsonStyle::Pretty
+    }
+
+    fn tables(&self) -> Vec<Table> {
+        sheets::tables(self)
+    }
+
+    fn terminal(&self) -> String {
+        self.console()
+    }
 }
 
 /// The latency profile: storage write and read P95 (device time), CPU P95, hit rate.
-fn latency_assessment(c: &Collected, hit_rate: f64) -> Json {
+fn latency_assessment(c: &Collected, hit_rate: f64) -> Health {
     let mut criteria = Vec::new();
     let p95 = |values: &[f64]| percentile(&sorted_ms(values), 95.0);
-    if let Some(o) = ops(c, TierKind::Storage, true) {
+    if let Some(o) = c.ops.get(&(TierKind::Storage, true)) {
         // Device time is the durability flush; without one, the whole write.
         let flushed = o.device_s.iter().any(|&d| d > 0.0);
         let v = p95(if flushed { &o.device_s } else { &o.total_s });
@@ -319,7 +811,7 @@ fn latency_assessment(c: &Collected, hit_rate: f64) -> Json {
             v < 500.0,
         ));
     }
-    if let Some(o) = ops(c, TierKind::Storage, false) {
+    if let Some(o) = c.ops.get(&(TierKind::Storage, false)) {
         let v = p95(&o.device_s);
         criteria.push(criterion(
             "Storage read P95 < 200ms",
@@ -331,7 +823,7 @@ fn latency_assessment(c: &Collected, hit_rate: f64) -> Json {
     }
     let cpu: Vec<f64> = [true, false]
         .iter()
-        .filter_map(|&w| ops(c, TierKind::Cpu, w))
+        .filter_map(|&w| c.ops.get(&(TierKind::Cpu, w)))
         .flat_map(|o| o.total_s.iter().copied())
         .collect();
     if !cpu.is_empty() {
@@ -347,14 +839,13 @@ fn latency_assessment(c: &Collected, hit_rate: f64) -> Json {
             hit_rate > 0.3,
         ));
     }
-    health(criteria)
+    Health::of(criteria)
 }
 
 /// Per QoS level: requests, latency, and compliance with its P95 target (kv-cache.py's
 /// definition) plus kvtrace's check of the P99, P99.9 and P99.99 targets.
-fn qos_metrics(c: &Collected, throughput_profile: bool) -> Json {
-    let mut out = Map::new();
-    for level in QosLevel::ALL {
+fn qos_metrics(c: &Collected, profile: Profile) -> QosMetrics {
+    let levels = QosLevel::ALL.map(|level| {
         let e2e: Vec<f64> = c
             .requests
             .iter()
@@ -362,40 +853,45 @@ fn qos_metrics(c: &Collected, throughput_profile: bool) -> Json {
             .map(|r| r.e2e_s)
             .collect();
         if e2e.is_empty() {
-            out.insert(level.name().into(), json!({"no_data": true}));
-            continue;
+            return (level, QosLevelReport::NoData);
         }
         let ms = sorted_ms(&e2e);
         let targets = level.targets_ms();
         let violations = ms.iter().filter(|&&v| v > targets[0]).count();
         let compliance = 1.0 - violations as f64 / ms.len() as f64;
-        let tail: Vec<Json> = [(99.0, targets[1]), (99.9, targets[2]), (99.99, targets[3])]
+        let tail = [(99.0, targets[1]), (99.9, targets[2]), (99.99, targets[3])]
             .iter()
             .map(|&(p, t)| {
                 let actual = percentile(&ms, p);
-                json!({"percentile": p, "target_ms": t, "actual_ms": actual, "met": actual <= t})
+                TailTarget {
+                    percentile: p,
+                    target_ms: t,
+                    actual_ms: actual,
+                    met: actual <= t,
+                }
             })
             .collect();
-        out.insert(
-            level.name().into(),
-            json!({
-                "total_requests": ms.len(),
-                "latency_ms": {
-                    "mean": ms.iter().sum::<f64>() / ms.len() as f64,
-                    "p50": percentile(&ms, 50.0),
-                    "p95": percentile(&ms, 95.0),
-                    "p99": percentile(&ms, 99.0),
-                    "max": ms.last().copied().unwrap_or(0.0),
+        let figures = QosFigures {
+            total_requests: ms.len(),
+            latency_ms: QosLatency {
+                mean: mean(&ms),
+                p50: percentile(&ms, 50.0),
+                p95: percentile(&ms, 95.0),
+                p99: percentile(&ms, 99.0),
+                max: ms.last().copied().unwrap_or(0.0),
+            },
+            sla: Sla {
+                target_p95_ms: targets[0],
+                actual_p95_ms: percentile(&ms, 95.0),
+                compliance,
+                met: match profile {
+                    Profile::Throughput => SlaMet::NotJudged,
+                    Profile::Latency => SlaMet::Judged(compliance >= 0.95),
                 },
-                "sla": {
-                    "target_p95_ms": targets[0],
-                    "actual_p95_ms": percentile(&ms, 95.0),
-                    "compliance": compliance,
-                    "met": if throughput_profile { Json::from("N/A (throughput mode)") } else { Json::from(compliance >= 0.95) },
-                    "kvtrace_tail_targets": tail,
-                },
-            }),
-        );
-    }
-    Json::Object(out)
+                kvtrace_tail_targets: tail,
+            },
+        };
+        (level, QosLevelReport::Served(figures))
+    });
+    QosMetrics(levels.to_vec())
 }

@@ -115,3 +115,26 @@ impl Subscriber for Recorder {
         })
     }
 }
+
+/// Starts recording to an LMCT file (a name ending in .zst is compressed) whose header
+/// carries `config`. With `virtual_clock`, records are stamped with the time the caller
+/// sets on the tracer ([`super::Tracer::set_virtual_time`]) instead of the machine's.
+pub fn start_recording(
+    path: &Path,
+    config: &crate::storage::config::StorageConfig,
+    virtual_clock: bool,
+) -> Result<super::EventBus> {
+    use super::{BusOptions, EventBus};
+    let zstd = path.to_string_lossy().ends_with(".zst");
+    let options = RecorderOptions {
+        zstd_level: zstd.then_some(3),
+        ..RecorderOptions::default()
+    };
+    let mut recorder = Recorder::create(path, options)?;
+    recorder.attach_storage_config_value(&config.to_lmcache_json())?;
+    let bus_options = BusOptions {
+        virtual_origin: virtual_clock.then(|| recorder.origin()),
+        ..BusOptions::default()
+    };
+    EventBus::start(bus_options, vec![Box::new(recorder)])
+}

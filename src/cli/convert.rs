@@ -11,10 +11,12 @@ use super::{warn, ReadArgs};
 /// into LMCache 0.5.6's schema 1
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  kvtrace convert trace.lct trace.jsonl        # lossless: converting back gives the same bytes\n  \
-kvtrace convert trace.jsonl trace.lct\n  kvtrace convert trace.lct trace.lct.zst\n  \
-kvtrace convert new.lct old.lct --schema 1   # for LMCache 0.5.6; says what was dropped\n\n\
-The output kind follows OUT's extension (.jsonl, .zst, anything else is .lct) unless --to is given; \
+    after_help = super::examples(&[
+        "kvtrace convert trace.lct trace.jsonl  # lossless: converting back gives the same bytes",
+        "kvtrace convert trace.jsonl trace.lct",
+        "kvtrace convert trace.lct trace.lct.zst",
+        "kvtrace convert new.lct old.lct --schema 1  # for LMCache 0.5.6; says what was dropped",
+    ]) + "\nThe output kind follows OUT's extension (.jsonl, .zst, anything else is .lct) unless --to is given; \
 the input kind is detected from its content. - is standard input or output."
 )]
 pub struct Args {

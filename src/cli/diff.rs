@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
-use kvtrace::report::diff::{diff, render};
+use kvtrace::replay::diff::{diff, render};
 
 use super::print_stdout;
 
@@ -12,10 +12,11 @@ use super::print_stdout;
 /// the wrong way by more than the threshold
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  kvtrace replay t.lct --json --output-dir base\n  \
-kvtrace replay t.lct --json --output-dir new --l1-size-gb 4\n  \
-kvtrace diff base/trace_replay_summary.json new/trace_replay_summary.json --max-regression 2\n\n\
-Exit status: 0 no regression, 1 a regression (or an unreadable summary), 2 usage error."
+    after_help = super::examples(&[
+        "kvtrace replay t.lct --json --output-dir base",
+        "kvtrace replay t.lct --json --output-dir new --l1-size-gb 4",
+        "kvtrace diff base/trace_replay_summary.json new/trace_replay_summary.json --max-regression 2",
+    ]) + "\nExit status: 0 no regression, 1 a regression (or an unreadable summary), 2 usage error."
 )]
 pub struct Args {
     #[arg(value_name = "BASE.json")]

@@ -23,8 +23,10 @@ enum Format {
 /// Print every frame as JSON: codec tags decoded, bin as hex; the header first
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  kvtrace dump trace.lct --limit 5\n  kvtrace dump trace.lct --qualname '*finish_write' | jq -c '.args.keys | length'\n\n\
-PATTERN is a glob (*, ?, [..]) matched against the whole qualname, or a plain substring when it has no wildcard."
+    after_help = super::examples(&[
+        "kvtrace dump trace.lct --limit 5",
+        "kvtrace dump trace.lct --qualname '*finish_write' | jq -c '.args.keys | length'",
+    ]) + "\nPATTERN is a glob (*, ?, [..]) matched against the whole qualname, or a plain substring when it has no wildcard."
 )]
 pub struct Args {
     /// Trace file (.lct or .lct.zst); - reads standard input

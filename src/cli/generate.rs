@@ -9,7 +9,10 @@ use kvtrace::synth::{write_file, SynthOptions};
 /// prompts, issued as an LMCache server issues StorageManager calls); same seed, same bytes
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  kvtrace generate big.lct --records 1000000\n  kvtrace generate small.lct.zst --records 5000 --seed 7"
+    after_help = super::examples(&[
+        "kvtrace generate big.lct --records 1000000",
+        "kvtrace generate small.lct.zst --records 5000 --seed 7",
+    ])
 )]
 pub struct Args {
     /// Output file; a name ending in .zst is zstd-compressed

@@ -11,7 +11,10 @@ use super::{print_stdout, report, warn, ReadArgs};
 /// distinct keys, implied payload bytes, completeness and the recorder trailer
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  kvtrace info trace.lct\n  kvtrace info --json a.lct b.lct.zst | jq '.[].ops'"
+    after_help = super::examples(&[
+        "kvtrace info trace.lct",
+        "kvtrace info --json a.lct b.lct.zst | jq '.[].ops'",
+    ])
 )]
 pub struct Args {
     /// Trace files (.lct or .lct.zst)

@@ -28,7 +28,8 @@ const EXIT_CODES: &str =
     about = "Record, inspect, convert and replay the KV-cache storage traffic of LLM serving",
     long_about = "kvtrace reads and writes LMCache's LMCT storage traces (.lct, .lct.zst) in every \
                   variant LMCache has written, and writes files LMCache 0.5.6 accepts byte for byte.",
-    after_help = EXIT_CODES
+    after_help = EXIT_CODES,
+    arg_required_else_help = true
 )]
 struct Cli {
     #[command(subcommand)]
@@ -63,47 +64,71 @@ impl ReadArgs {
     }
 }
 
-/// Writes a whole output file through a temporary name (see [`kvtrace::output`]); an error
-/// names it.
-fn write_file(path: &std::path::Path, bytes: &[u8]) -> Result<(), Error> {
-    kvtrace::output::write_atomic(path, bytes)
-}
-
-/// Starts recording to an LMCT file (a name ending in .zst is compressed) whose header
-/// carries `config`. With `virtual_clock`, records are stamped with the time the caller
-/// sets on the tracer ([`kvtrace::bus::Tracer::set_virtual_time`]) instead of the machine's.
-fn start_recording(
-    path: &std::path::Path,
-    config: &kvtrace::storage::config::StorageConfig,
-    virtual_clock: bool,
-) -> Result<kvtrace::bus::EventBus, Error> {
-    use kvtrace::bus::recorder::{Recorder, RecorderOptions};
-    use kvtrace::bus::{BusOptions, EventBus};
-    let zstd = path.to_string_lossy().ends_with(".zst");
-    let options = RecorderOptions {
-        zstd_level: zstd.then_some(3),
-        ..RecorderOptions::default()
-    };
-    let mut recorder = Recorder::create(path, options)?;
-    recorder.attach_storage_config_value(&config.to_lmcache_json())?;
-    let bus_options = BusOptions {
-        virtual_origin: virtual_clock.then(|| recorder.origin()),
-        ..BusOptions::default()
-    };
-    EventBus::start(bus_options, vec![Box::new(recorder)])
-}
-
-/// Closes a recording and, unless quiet, says what it wrote.
-fn finish_recording(bus: kvtrace::bus::EventBus, quiet: bool) -> Result<(), Error> {
-    for r in bus.close()? {
-        if !quiet {
-            eprintln!(
-                "kvtrace: {}: {} records, {} bytes",
-                r.name, r.events, r.bytes
-            );
-        }
+/// Says what each recording wrote.
+fn say_recorded(reports: &[kvtrace::bus::SubscriberReport]) {
+    for r in reports {
+        eprintln!(
+            "kvtrace: {}: {} records, {} bytes",
+            r.name, r.events, r.bytes
+        );
     }
-    Ok(())
+}
+
+/// Splits a command line on spaces outside quotes, so a line break never lands inside a
+/// quoted argument (where a shell would keep the backslash).
+fn shell_words(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut quote = None;
+    for c in text.chars() {
+        match (quote, c) {
+            (None, ' ') => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+                continue;
+            }
+            (None, '\'' | '"') => quote = Some(c),
+            (Some(q), c) if c == q => quote = None,
+            _ => {}
+        }
+        word.push(c);
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    words
+}
+
+/// The `Examples:` section of a command's help. Each command is broken into lines of at
+/// most 76 columns with a trailing ` \`, so help never wraps one mid-word and every
+/// example pastes into a shell as it stands.
+fn examples(commands: &[&str]) -> String {
+    const WIDTH: usize = 76;
+    let mut out = String::from("Examples:\n");
+    for command in commands {
+        let (text, comment) = match command.split_once("  # ") {
+            Some((t, c)) => (t, Some(c)),
+            None => (*command, None),
+        };
+        if let Some(c) = comment {
+            out += &format!("  # {c}\n");
+        }
+        let mut line = String::from("  ");
+        for word in shell_words(text) {
+            if line.len() > 2 && line.len() + 1 + word.len() + 2 > WIDTH {
+                out += &line;
+                out += " \\\n";
+                line = String::from("      ");
+            } else if line.len() > 2 && !line.ends_with(' ') {
+                line.push(' ');
+            }
+            line += &word;
+        }
+        out += &line;
+        out.push('\n');
+    }
+    out
 }
 
 /// Prints one error line and returns its exit code.
@@ -114,6 +139,10 @@ fn report(e: &Error) -> i32 {
 
 fn warn(file: &str, message: &str) {
     eprintln!("kvtrace: warning: {file}: {message}");
+}
+
+fn warn_line(message: &str) {
+    eprintln!("kvtrace: warning: {message}");
 }
 
 /// A write to stdout failed: a closed pipe (`kvtrace dump | head`) is a normal end.
@@ -144,6 +173,11 @@ fn one_line(message: &str) -> String {
 pub fn run() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // Bare `kvtrace`: the whole help, commands listed, on stderr; a usage error.
+            let _ = e.print();
+            return e.exit_code();
+        }
         Err(e) if e.use_stderr() => {
             eprintln!("kvtrace: {}", one_line(&e.to_string()));
             return e.exit_code();

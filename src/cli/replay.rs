@@ -1,7 +1,7 @@
 //! `kvtrace replay`.
 
 use std::fs::File;
-use std::io::{BufWriter, IsTerminal, Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
@@ -10,20 +10,18 @@ use kvtrace::bus::Tracer;
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::lmct::reader::ZSTD_MAGIC;
 use kvtrace::lmct::TraceReader;
-use kvtrace::output::{check_writable, OutputFile};
+use kvtrace::output::check_writable;
 use kvtrace::replay::dispatch::Outcome;
 use kvtrace::replay::phase::{settle, PhaseChoice};
 use kvtrace::replay::spool::Spooled;
 use kvtrace::replay::{replay, Pacing, ReplayOptions};
-use kvtrace::report::csv::CsvTables;
-use kvtrace::report::json::JsonSummary;
-use kvtrace::report::xlsx::XlsxWorkbook;
-use kvtrace::report::{table, Exporter};
+use kvtrace::report::jsonl::JsonlWriter;
+use kvtrace::report::{self, csv::Csv, json::Json, xlsx::Xlsx, Exporter, Report, Target};
 use kvtrace::storage::config::StorageConfig;
 use kvtrace::storage::StorageManager;
 
 use super::tiers::{apply_toml, positive, TierArgs};
-use super::{print_stdout, warn, write_file, ReadArgs};
+use super::{print_stdout, warn, ReadArgs};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Pace {
@@ -37,10 +35,11 @@ enum Pace {
 /// the cache did: hits per request and tier, OUT_OF_MEMORY, evictions, bytes, call latencies
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  kvtrace replay trace.lct                        # the recorded configuration, as fast as possible\n  \
-kvtrace replay trace.lct --l1-size-gb 0.05 --eviction-policy ARC --json\n  \
-kvtrace replay trace.lct --pace realtime --speedup 10 --jsonl-out records.jsonl\n\n\
-Without storage flags kvtrace rebuilds the configuration recorded in the trace's header; any flag \
+    after_help = super::examples(&[
+        "kvtrace replay trace.lct  # the recorded configuration, as fast as possible",
+        "kvtrace replay trace.lct --l1-size-gb 0.05 --eviction-policy ARC --json",
+        "kvtrace replay trace.lct --pace realtime --speedup 10 --jsonl-out records.jsonl",
+    ]) + "\nWithout storage flags kvtrace rebuilds the configuration recorded in the trace's header; any flag \
 given overrides it. LMCache's flag names and meanings are kept. Exit status 1 if any call failed."
 )]
 pub struct Args {
@@ -205,7 +204,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
     // The reports land there after the whole replay: find out now that they can.
     check_writable(&args.output_dir.join("trace_replay_summary.json"))?;
     let mut jsonl = match &args.jsonl_out {
-        Some(p) => Some(BufWriter::new(OutputFile::create(p)?)),
+        Some(p) => Some(JsonlWriter::create(p)?),
         None => None,
     };
     let show_bar = !args.quiet && !args.verbose && std::io::stderr().is_terminal();
@@ -224,6 +223,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
     };
     let mut out = std::io::stdout().lock();
     let mut io_error = None;
+    let mut jsonl_error = None;
     let mut report = replay(file, &mut sm, &options, |event| {
         if event.index % 4096 == 0 {
             bar.set_position(if by_bytes {
@@ -256,11 +256,8 @@ pub fn run(args: Args) -> Result<i32, Error> {
                 "outcome": kind,
                 "detail": detail,
             });
-            if let Err(e) = serde_json::to_writer(&mut *w, &line)
-                .map_err(std::io::Error::from)
-                .and_then(|_| w.write_all(b"\n"))
-            {
-                io_error.get_or_insert(e);
+            if let Err(e) = w.write(&line) {
+                jsonl_error.get_or_insert(e);
             }
         }
     })?;
@@ -270,32 +267,26 @@ pub fn run(args: Args) -> Result<i32, Error> {
     if let Some(e) = io_error {
         return Err(Error::io("cannot write per-record output", e));
     }
+    if let Some(e) = jsonl_error {
+        return Err(e);
+    }
     if let Some(w) = jsonl {
-        w.into_inner()
-            .map_err(|e| e.into_error())
-            .and_then(OutputFile::commit)
-            .map_err(|e| Error::io("cannot write --jsonl-out", e))?;
+        w.commit()?;
     }
     for w in &report.warnings {
         warn(&shown, w);
     }
-    let mut exporters: Vec<Box<dyn Exporter>> = Vec::new();
-    if !args.no_csv {
-        exporters.push(Box::new(CsvTables));
-    }
-    if args.json {
-        exporters.push(Box::new(JsonSummary));
-    }
-    if args.xlsx {
-        exporters.push(Box::new(XlsxWorkbook));
-    }
-    for exporter in exporters {
-        for (name, bytes) in exporter.files(&report)? {
-            write_file(&args.output_dir.join(name), &bytes)?;
-        }
+    let formats: [(bool, &dyn Exporter, &str); 3] = [
+        (!args.no_csv, &Csv, ""),
+        (args.json, &Json, "trace_replay_summary.json"),
+        (args.xlsx, &Xlsx, "trace_replay.xlsx"),
+    ];
+    let target = Target::Dir(args.output_dir.clone());
+    for (_, exporter, name) in formats.iter().filter(|f| f.0) {
+        report::write(&report, *exporter, &target, name)?;
     }
     if !args.quiet {
-        print_stdout(&table::render(&report))?;
+        print_stdout(&report.terminal())?;
     }
     if report.failed > 0 {
         // Said even with -q: the exit status alone does not tell a full disk from a miss.

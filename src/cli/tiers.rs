@@ -83,14 +83,6 @@ pub struct TierArgs {
     l2_prefetch_max_in_flight: Option<u64>,
 }
 
-/// `MemAvailable` from /proc/meminfo, in bytes (Linux only).
-pub fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 /// Finite and above zero (NaN is not).
 pub fn positive(v: f64) -> bool {
     v.is_finite() && v > 0.0
@@ -192,7 +184,7 @@ impl TierArgs {
         if self.l1_accounting_only {
             config.l1_buffers = false;
         }
-        if let Some(available) = available_memory() {
+        if let Some(available) = kvtrace::machine::available_memory() {
             let host_buffers = config.l1_buffers && config.l1_gpu_bandwidth_gbps.is_none();
             if host_buffers && config.l1_size_bytes > available {
                 return Err(Error::usage(format!(

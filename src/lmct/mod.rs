@@ -8,6 +8,7 @@ pub mod digest;
 pub mod frame;
 pub mod json;
 pub mod msgpack;
+pub mod pyjson;
 pub mod reader;
 pub mod schema;
 pub mod value;

@@ -7,11 +7,14 @@
 //! counters (the manager runs on trace time), only their latencies are live measurements.
 //! The start-up gap before the first record is skipped unless asked for.
 
+pub mod diff;
 pub mod dispatch;
 pub mod fidelity;
 pub mod phase;
+pub mod report;
 pub mod session;
 pub mod spool;
+pub mod terminal;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,11 +23,11 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::lmct::digest::{compare_configs, config_digest, python_json, DigestMatch};
 use crate::lmct::{ReadOptions, RecordRef, TraceReader};
-use crate::report::{DigestReport, HitSummary, OpStats, ReplayReport};
 use crate::storage::config::EvictionTiming;
 use crate::storage::{CallStats, StorageManager};
 use dispatch::{Dispatcher, Outcome};
 use fidelity::Fidelity;
+use report::{DigestReport, HitSummary, OpStats, ReplayReport};
 use session::{Closed, Position, Sessions};
 
 /// How records are spaced in time.

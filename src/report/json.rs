@@ -1,54 +1,29 @@
-//! `trace_replay_summary.json`: LMCache's shape (`duration_s`, `ops`) with kvtrace's sections
-//! added beside it, keys sorted and indented by two as LMCache writes it.
+//! The JSON document, in the style the report asks for (see [`JsonStyle`]), with a final
+//! newline.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::{Exporter, ReplayReport};
+use super::{Artifact, Exporter, JsonStyle, Report};
 use crate::error::{Error, Result};
+use crate::lmct::pyjson::python_json_indented;
 
-pub struct JsonSummary;
+pub struct Json;
 
-/// The summary as a JSON value; LMCache's keys first in meaning, every key sorted on output.
-pub fn summary(report: &ReplayReport) -> Value {
-    json!({
-        "duration_s": report.duration_s,
-        "ops": report.ops,
-        "kvtrace": {
-            "trace": report.trace,
-            "level": report.level,
-            "pacing": report.pacing,
-            "records": report.records,
-            "interrupted": report.interrupted,
-            "replayed": report.replayed,
-            "skipped": report.skipped,
-            "failed": report.failed,
-            "digest": report.digest,
-            "config": report.config,
-            "hits": report.hits,
-            "calls": report.calls,
-            "tiers": report.tiers,
-            "tier_io": report.tier_io,
-            "skip_reasons": report.skip_reasons,
-            "failure_reasons": report.failure_reasons,
-            "forced_exits": report.forced_exits,
-            "fidelity": report.fidelity,
-            "completions": report.completions,
-            "eviction_phase": report.eviction_phase,
-            "warnings": report.warnings,
-        }
-    })
+impl Exporter for Json {
+    fn export(&self, report: &dyn Report) -> Result<Vec<Artifact>> {
+        let doc = report.document()?;
+        let mut text = match report.json_style() {
+            JsonStyle::Pretty => pretty(&doc)?,
+            JsonStyle::PrettySorted => pretty(&sorted(doc))?,
+            JsonStyle::Python => python_json_indented(&doc, 2),
+        };
+        text.push('\n');
+        Ok(vec![Artifact::single(text.into_bytes())])
+    }
 }
 
-impl Exporter for JsonSummary {
-    fn files(&self, report: &ReplayReport) -> Result<Vec<(String, Vec<u8>)>> {
-        let mut text = serde_json::to_string_pretty(&sorted(summary(report)))
-            .map_err(|e| Error::io("cannot encode JSON", e.into()))?;
-        text.push('\n');
-        Ok(vec![(
-            "trace_replay_summary.json".into(),
-            text.into_bytes(),
-        )])
-    }
+fn pretty(v: &Value) -> Result<String> {
+    serde_json::to_string_pretty(v).map_err(|e| Error::io("cannot encode JSON", e.into()))
 }
 
 /// Sorts object keys recursively (serde_json keeps insertion order in this build).

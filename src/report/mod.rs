@@ -1,204 +1,118 @@
-//! The replay report: everything LMCache's `trace replay` reports (records replayed, skipped
-//! and failed; per-call-kind latency statistics; the digest check) plus what it cannot —
-//! per-request hits and hit rates split by tier, OUT_OF_MEMORY reservations, evictions and
-//! per-tier bytes. Exporters, one small module each behind [`Exporter`], turn it into files.
+//! The export layer every command shares. A command's typed report implements [`Report`]:
+//! its JSON document, its tables and its terminal text. One [`Exporter`] per format, one
+//! small file each — [`json`], [`jsonl`], [`csv`], [`xlsx`], [`terminal`] — turns any report
+//! into bytes, and [`write`] puts them where the user asked, through a temporary name.
 
 pub mod csv;
-pub mod diff;
 pub mod json;
+pub mod jsonl;
 pub mod table;
-pub mod tables;
+pub mod terminal;
 pub mod xlsx;
 
-use std::collections::BTreeMap;
+use std::path::PathBuf;
 
-use serde::Serialize;
+use serde_json::Value as Json;
 
-use crate::error::Result;
-use crate::replay::fidelity::FidelityReport;
-use crate::replay::phase::PhaseReport;
-use crate::replay::session::Completions;
-use crate::storage::{CallStats, PrefetchOutcome, TierIo, TierStats};
+use crate::error::{Error, Result};
+use crate::output::{check_writable, write_atomic};
+pub use table::{Cell, Table, Unit};
 
-/// Latency statistics of one call kind, in milliseconds (LMCache's columns).
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct OpStats {
-    pub count: u64,
-    pub errors: u64,
-    pub mean_ms: f64,
-    pub p50_ms: f64,
-    pub p90_ms: f64,
-    pub p99_ms: f64,
-    pub min_ms: f64,
-    pub max_ms: f64,
+/// How a report's JSON document is written: each command keeps the form its users' scripts
+/// were written against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JsonStyle {
+    /// serde_json's pretty form, keys in the report's order.
+    Pretty,
+    /// serde_json's pretty form, keys sorted at every level (LMCache's `json.dump(...,
+    /// sort_keys=True)` layout).
+    PrettySorted,
+    /// Python's `json.dumps(indent=2)`: Python's float text, so files diff cleanly against
+    /// the peer's.
+    Python,
 }
 
-/// Percentile as LMCache 0.5.6 computes it: index `int(p/100 · n)` of the sorted values,
-/// clamped to the last one.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
+/// A command's result, as every format sees it.
+pub trait Report {
+    /// The JSON document.
+    fn document(&self) -> Result<Json>;
+    fn json_style(&self) -> JsonStyle;
+    /// The tables, in sheet order; each says whether it is a CSV file, a sheet, or both.
+    fn tables(&self) -> Vec<Table>;
+    /// One JSON value per line of the JSONL form.
+    fn records(&self) -> Vec<Json> {
+        Vec::new()
     }
-    let i = ((p / 100.0) * sorted.len() as f64) as usize;
-    sorted[i.min(sorted.len() - 1)]
+    /// What the terminal shows.
+    fn terminal(&self) -> String;
 }
 
-impl OpStats {
-    pub fn from_latencies(mut ms: Vec<f64>, errors: u64) -> OpStats {
-        ms.sort_by(f64::total_cmp);
-        let n = ms.len();
-        OpStats {
-            count: n as u64,
-            errors,
-            mean_ms: if n == 0 {
-                0.0
-            } else {
-                ms.iter().sum::<f64>() / n as f64
-            },
-            p50_ms: percentile(&ms, 50.0),
-            p90_ms: percentile(&ms, 90.0),
-            p99_ms: percentile(&ms, 99.0),
-            min_ms: ms.first().copied().unwrap_or(0.0),
-            max_ms: ms.last().copied().unwrap_or(0.0),
-        }
+/// One output of an exporter: its own file name where the format makes several (CSV, one
+/// file per table), or `None` for a single file the caller names.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Artifact {
+    pub name: Option<String>,
+    pub bytes: Vec<u8>,
+}
+
+impl Artifact {
+    pub fn single(bytes: Vec<u8>) -> Artifact {
+        Artifact { name: None, bytes }
     }
 }
 
-/// Hits over every prefetch, in chunks and tokens.
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct HitSummary {
-    pub requests: u64,
-    pub requested_chunks: u64,
-    pub hit_chunks: u64,
-    pub l1_hit_chunks: u64,
-    pub l2_hit_chunks: u64,
-    pub requested_tokens: u64,
-    pub hit_tokens: u64,
-    pub l1_hit_tokens: u64,
-    pub l2_hit_tokens: u64,
-    pub hit_rate: f64,
-    pub l1_hit_rate: f64,
-    pub l2_hit_rate: f64,
-    /// Requests per hit-rate decile: `[0, 0.1)`, …, `[0.9, 1.0)`, and exactly 1.0 last.
-    pub hit_rate_histogram: [u64; 11],
-}
-
-impl HitSummary {
-    pub fn from_requests(requests: &[PrefetchOutcome]) -> HitSummary {
-        let mut s = HitSummary::default();
-        for r in requests {
-            let tokens = r.chunk_tokens.unwrap_or(0);
-            s.requests += 1;
-            s.requested_chunks += r.requested_chunks;
-            s.hit_chunks += r.hit_chunks;
-            s.l1_hit_chunks += r.l1_hit_chunks;
-            s.l2_hit_chunks += r.l2_hit_chunks;
-            s.requested_tokens += r.requested_chunks * tokens;
-            s.hit_tokens += r.hit_chunks * tokens;
-            s.l1_hit_tokens += r.l1_hit_chunks * tokens;
-            s.l2_hit_tokens += r.l2_hit_chunks * tokens;
-            let bucket = ((r.hit_rate() * 10.0).floor() as usize).min(10);
-            s.hit_rate_histogram[bucket] += 1;
-        }
-        let rate = |n: u64| {
-            if s.requested_chunks == 0 {
-                0.0
-            } else {
-                n as f64 / s.requested_chunks as f64
-            }
-        };
-        s.hit_rate = rate(s.hit_chunks);
-        s.l1_hit_rate = rate(s.l1_hit_chunks);
-        s.l2_hit_rate = rate(s.l2_hit_chunks);
-        s
-    }
-}
-
-/// The digest comparison, as printed.
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
-pub struct DigestReport {
-    pub recorded: String,
-    pub run: String,
-    /// `match`, `match (semantic)` or `MISMATCH`.
-    pub result: String,
-    /// JSON paths that differ, for a mismatch.
-    pub differing_paths: Vec<String>,
-}
-
-/// Everything a replay measured.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct ReplayReport {
-    pub trace: String,
-    pub level: String,
-    pub pacing: String,
-    pub records: u64,
-    /// A signal stopped the replay before the end of the trace: every figure covers only
-    /// the records up to `records`.
-    pub interrupted: bool,
-    pub replayed: u64,
-    pub skipped: u64,
-    pub failed: u64,
-    /// Wall time of the whole replay loop, pacing sleeps included.
-    pub duration_s: f64,
-    pub digest: DigestReport,
-    /// The configuration the replay ran with, in LMCache's JSON shape.
-    pub config: serde_json::Value,
-    pub ops: BTreeMap<String, OpStats>,
-    pub hits: HitSummary,
-    pub calls: CallStats,
-    pub tiers: Vec<TierStats>,
-    /// Live I/O timing of the L2 tiers (bandwidth, load latency).
-    pub tier_io: Vec<TierIo>,
-    pub requests: Vec<PrefetchOutcome>,
-    pub skip_reasons: BTreeMap<String, u64>,
-    pub failure_reasons: BTreeMap<String, u64>,
-    /// `read_prefetched_results` contexts still open at the end, closed by the replayer.
-    pub forced_exits: u64,
-    /// Recorded versus replayed, request by request.
-    pub fidelity: FidelityReport,
-    /// What the replay did for the recording's client (end-of-session touches, and writes
-    /// and lock releases a different outcome called for).
-    pub completions: Completions,
-    /// When the L1 eviction passes ran, and how that was chosen.
-    pub eviction_phase: Option<PhaseReport>,
-    pub warnings: Vec<String>,
-}
-
-/// Columns of the per-call-kind table (LMCache's `trace_replay_ops.csv`).
-pub const OP_COLUMNS: [&str; 9] = [
-    "qualname", "count", "errors", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "min_ms", "max_ms",
-];
-
-/// Columns of the per-request table; the last is what the recorded server hit.
-pub const REQUEST_COLUMNS: [&str; 11] = [
-    "external_request_id",
-    "t_mono",
-    "requested_chunks",
-    "hit_chunks",
-    "l1_hit_chunks",
-    "l2_hit_chunks",
-    "chunk_tokens",
-    "requested_tokens",
-    "hit_tokens",
-    "hit_rate",
-    "recorded_hit_chunks",
-];
-
-/// Columns of the divergence table.
-pub const DIVERGENCE_COLUMNS: [&str; 9] = [
-    "record",
-    "offset",
-    "t_mono",
-    "kind",
-    "request_id",
-    "recorded",
-    "replayed",
-    "chunk",
-    "reason",
-];
-
-/// Turns a report into files.
+/// Turns a report into the bytes of one format.
 pub trait Exporter {
-    /// `(file name, contents)` pairs.
-    fn files(&self, report: &ReplayReport) -> Result<Vec<(String, Vec<u8>)>>;
+    fn export(&self, report: &dyn Report) -> Result<Vec<Artifact>>;
+}
+
+/// Where a format's output goes: a file, or a directory for formats of several files.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Target {
+    File(PathBuf),
+    Dir(PathBuf),
+}
+
+impl Target {
+    /// Fails now if the output could not be written later (a finished run is not lost to a
+    /// bad path): a file's directory must exist and take writes; a directory is created.
+    pub fn check(&self) -> Result<()> {
+        match self {
+            Target::File(path) => check_writable(path),
+            Target::Dir(dir) => {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
+                check_writable(&dir.join(".kvtrace-check"))
+            }
+        }
+    }
+}
+
+/// Exports `report` and writes what comes out to `target`. A single-file format goes to a
+/// [`Target::File`] or under `default_name` in a [`Target::Dir`]; a several-file format
+/// goes into a directory, or, when it made exactly one file, to a [`Target::File`].
+pub fn write(
+    report: &dyn Report,
+    exporter: &dyn Exporter,
+    target: &Target,
+    default_name: &str,
+) -> Result<()> {
+    let artifacts = exporter.export(report)?;
+    let one = artifacts.len() == 1;
+    for a in artifacts {
+        let path = match (target, &a.name) {
+            (Target::File(p), _) if one => p.clone(),
+            (Target::File(p), Some(_)) => {
+                return Err(Error::usage(format!(
+                    "{}: this format writes several files; give a directory",
+                    p.display()
+                )))
+            }
+            (Target::File(p), None) => p.clone(),
+            (Target::Dir(d), Some(name)) => d.join(name),
+            (Target::Dir(d), None) => d.join(default_name),
+        };
+        write_atomic(&path, &a.bytes)?;
+    }
+    Ok(())
 }

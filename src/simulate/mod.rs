@@ -3,7 +3,7 @@
 //! on mock engines ([`engine`]: vLLM and TRT-LLM in [`vllm`] with the KV pool of [`blocks`],
 //! SGLang in [`sglang`] with the radix cache of [`radix`], both timed by [`perf`]),
 //! disaggregated serving hands requests from prefill to decode workers ([`handoff`]), and the
-//! [`collector`] turns what happened into the report [`output`] prints. With
+//! [`collector`] turns what happened into the [`report`]. With
 //! [`offload`], the engines share a StorageManager whose calls can be recorded as LMCT.
 
 pub mod args;
@@ -14,9 +14,10 @@ pub mod handoff;
 pub mod live;
 pub mod offline;
 pub mod offload;
-pub mod output;
 pub mod perf;
+pub mod plan;
 pub mod radix;
+pub mod report;
 pub mod router;
 pub mod sglang;
 pub mod sketch;

@@ -1,16 +1,60 @@
-//! The simulation report as users read it: the JSON file (sorted keys, indent 2, Python's
-//! number formatting, so existing scripts parse and diff it unchanged), the AIPerf-style
-//! table on stdout, and one JSON line per request.
+//! The simulation report as users read it: the JSON file (Dynamo's keys, sorted, indent 2,
+//! Python's number formatting, so existing scripts parse and diff it unchanged), the
+//! AIPerf-style table on stdout, one JSON line per request, and the Summary, Requests and
+//! Tiers tables.
 
 use serde_json::{Map, Value as Json};
 
 use super::collector::RequestRecord;
-use crate::lmct::digest::python_json_indented;
-use crate::report::tables::Table;
+use crate::error::Result;
+use crate::report::{JsonStyle, Report, Table};
 
-/// The report file's text.
-pub fn report_json(summary: &Map<String, Json>) -> String {
-    python_json_indented(&Json::Object(summary.clone()), 2)
+/// A finished simulation: Dynamo's summary keys (kvtrace's offload keys beside them) and
+/// every request.
+pub struct SimulateReport {
+    /// Keys sorted, as Dynamo writes them.
+    pub summary: Map<String, Json>,
+    pub requests: Vec<RequestRecord>,
+}
+
+impl Report for SimulateReport {
+    fn document(&self) -> Result<Json> {
+        Ok(Json::Object(self.summary.clone()))
+    }
+
+    fn json_style(&self) -> JsonStyle {
+        JsonStyle::Python
+    }
+
+    /// Summary (every scalar key), Requests (one row per request, the JSONL's fields) and,
+    /// with KV offload, Tiers.
+    fn tables(&self) -> Vec<Table> {
+        let requests = self.records();
+        let mut out = vec![
+            Table::key_values(&self.summary)
+                .sheet("Summary")
+                .csv("simulate_summary.csv"),
+            Table::from_objects(&requests)
+                .sheet("Requests")
+                .csv("simulate_requests.csv"),
+        ];
+        if let Some(Json::Array(tiers)) = self.summary.get("offload_tiers") {
+            out.push(
+                Table::from_objects(tiers)
+                    .sheet("Tiers")
+                    .csv("simulate_tiers.csv"),
+            );
+        }
+        out
+    }
+
+    fn records(&self) -> Vec<Json> {
+        self.requests.iter().map(request_json).collect()
+    }
+
+    fn terminal(&self) -> String {
+        table(&self.summary)
+    }
 }
 
 /// `{:,.2f}`: two decimals with thousands separators.
@@ -57,7 +101,7 @@ const SINGLES: [(&str, &str); 3] = [
 const COLUMNS: [&str; 7] = ["avg", "min", "max", "p99", "p90", "p75", "std"];
 
 /// The metrics table with its title, in heavy box-drawing characters.
-pub fn table(summary: &Map<String, Json>) -> String {
+fn table(summary: &Map<String, Json>) -> String {
     let get = |k: &str| summary.get(k).and_then(Json::as_f64).unwrap_or(0.0);
     let mut rows: Vec<Vec<String>> = DISTRIBUTIONS
         .iter()
@@ -128,7 +172,7 @@ pub fn table(summary: &Map<String, Json>) -> String {
 }
 
 /// One request: its times, lengths, workers and terminal status.
-pub fn request_json(r: &RequestRecord) -> Json {
+fn request_json(r: &RequestRecord) -> Json {
     let mut v = serde_json::to_value(r).unwrap_or_default();
     if let Some(m) = v.as_object_mut() {
         m.insert("ttft_ms".into(), serde_json::json!(r.ttft()));
@@ -137,25 +181,6 @@ pub fn request_json(r: &RequestRecord) -> Json {
         m.insert("itl_ms".into(), serde_json::json!(r.tpot()));
     }
     v
-}
-
-/// One request's JSON line.
-pub fn request_line(r: &RequestRecord) -> String {
-    request_json(r).to_string()
-}
-
-/// The report as tables for CSV and XLSX: Summary (every scalar key), Requests (one row per
-/// request, the JSONL's fields) and, with KV offload, Tiers.
-pub fn tables(summary: &Map<String, Json>, records: &[RequestRecord]) -> Vec<Table> {
-    let requests: Vec<Json> = records.iter().map(request_json).collect();
-    let mut out = vec![
-        Table::key_values("Summary", summary),
-        Table::from_objects("Requests", &requests),
-    ];
-    if let Some(Json::Array(tiers)) = summary.get("offload_tiers") {
-        out.push(Table::from_objects("Tiers", tiers));
-    }
-    out
 }
 
 #[cfg(test)]

@@ -1,0 +1,623 @@
+//! From options to a run: [`Options`] holds what a user asks for (kv-cache.py's flags and
+//! their defaults), [`Plan::new`] checks it all and sets the run up — tiers, run
+//! directories, dataset, recording, every output path — before any time is spent, and
+//! [`Plan::run`] runs it and writes the reports.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::autoscale::{AutoscaleConfig, AutoscaleMode};
+use super::burst::{self, BurstReplay};
+use super::calls::CallTrace;
+use super::io::FileMode;
+use super::iolog::IoLog;
+use super::models::model;
+use super::rag::Corpus;
+use super::report::{BenchReport, Profile, ReportInput};
+use super::run::{run, BenchConfig, DecodeReads, MultiTurn, MAX_WORKERS};
+use super::sharegpt::{self, Dataset};
+use super::sheets::RunParameters;
+use super::tiers::{TierCache, TierKind, TierSpec, TierStore};
+use super::users::PersonaSet;
+use crate::bus::recorder::start_recording;
+use crate::bus::{EventBus, SubscriberReport, Tracer};
+use crate::clock::local_stamp;
+use crate::error::{Error, Result};
+use crate::machine::{available_memory, free_bytes};
+use crate::report::{self, csv::Csv, json::Json, xlsx::Xlsx, Target};
+use crate::storage::config::{EvictionConfig, EvictionTiming, L2Config, Placement, StorageConfig};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Milliseconds slept per generated token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Generation {
+    None,
+    Fast,
+    Realistic,
+}
+
+impl Generation {
+    pub fn name(self) -> &'static str {
+        match self {
+            Generation::None => "none",
+            Generation::Fast => "fast",
+            Generation::Realistic => "realistic",
+        }
+    }
+
+    fn ms_per_token(self) -> f64 {
+        match self {
+            Generation::None => 0.0,
+            Generation::Fast => 2.0,
+            Generation::Realistic => 30.0,
+        }
+    }
+}
+
+/// Everything a run can be asked for; [`Default`] is kv-cache.py's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Options {
+    pub model: String,
+    pub num_users: i64,
+    pub duration_s: f64,
+    pub gpu_mem_gb: f64,
+    pub num_gpus: i64,
+    pub tensor_parallel: i64,
+    /// The CPU tier's capacity; 0: no CPU tier.
+    pub cpu_mem_gb: f64,
+    /// Where the storage tier's files go (created when missing); the system temp
+    /// directory when not given.
+    pub cache_dir: Option<PathBuf>,
+    pub generation: Generation,
+    pub profile: Profile,
+    pub multi_turn: MultiTurn,
+    pub prefix_caching: bool,
+    pub seed: u64,
+    pub max_concurrent_allocs: i64,
+    pub max_requests: i64,
+    /// The storage tier's capacity; 0: 95 % of the free space.
+    pub storage_capacity_gb: f64,
+    /// A modelled GPU tier (a capacity and bandwidth budget, no bytes moved).
+    pub gpu_tier: bool,
+    pub gpu_bandwidth_gbps: f64,
+    /// Where the CPU tier's files go (a RAM-backed file system).
+    pub cpu_tier_dir: PathBuf,
+    pub direct_io: bool,
+    pub fsync: bool,
+    pub decode_reads: DecodeReads,
+    pub personas: PersonaSet,
+    pub workers: Option<u32>,
+    pub rag: bool,
+    /// Documents of the RAG corpus.
+    pub rag_docs: u32,
+    pub dataset_path: Option<PathBuf>,
+    pub max_conversations: usize,
+    /// A BurstGPT log to replay.
+    pub burst_trace: Option<PathBuf>,
+    pub trace_speedup: f64,
+    pub replay_cycles: u32,
+    pub request_rate: f64,
+    pub io_trace_log: Option<PathBuf>,
+    pub record: Option<PathBuf>,
+    /// The autoscaler's mode; `None`: a fixed user count.
+    pub autoscale: Option<AutoscaleMode>,
+    /// Storage saturation the qos mode aims at, 0–1.
+    pub target_saturation: f64,
+    pub autoscale_interval_s: f64,
+    /// The JSON report; `benchmark_results_<local time>.json` when not given.
+    pub output: Option<PathBuf>,
+    pub xlsx_output: Option<PathBuf>,
+    pub csv: Option<PathBuf>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            model: "llama3.1-8b".into(),
+            num_users: 100,
+            duration_s: 60.0,
+            gpu_mem_gb: 16.0,
+            num_gpus: 1,
+            tensor_parallel: 1,
+            cpu_mem_gb: 32.0,
+            cache_dir: None,
+            generation: Generation::Realistic,
+            profile: Profile::Latency,
+            multi_turn: MultiTurn::AllPrevious,
+            prefix_caching: true,
+            seed: 0,
+            max_concurrent_allocs: 0,
+            max_requests: 0,
+            storage_capacity_gb: 0.0,
+            gpu_tier: false,
+            gpu_bandwidth_gbps: 25.0,
+            cpu_tier_dir: PathBuf::from("/dev/shm"),
+            direct_io: false,
+            fsync: true,
+            decode_reads: DecodeReads::Amplified,
+            personas: PersonaSet::Current,
+            workers: None,
+            rag: false,
+            rag_docs: 10,
+            dataset_path: None,
+            max_conversations: 500,
+            burst_trace: None,
+            trace_speedup: 1.0,
+            replay_cycles: 0,
+            request_rate: 0.0,
+            io_trace_log: None,
+            record: None,
+            autoscale: None,
+            target_saturation: 0.8,
+            autoscale_interval_s: 10.0,
+            output: None,
+            xlsx_output: None,
+            csv: None,
+        }
+    }
+}
+
+/// Directories no benchmark may write into.
+const SYSTEM_DIRS: [&str; 10] = [
+    "/etc",
+    "/bin",
+    "/sbin",
+    "/usr/bin",
+    "/usr/sbin",
+    "/boot",
+    "/sys",
+    "/proc",
+    "/dev",
+    "/root",
+];
+
+/// A directory that removes itself when the run ends, interrupted or not.
+struct RunDir(PathBuf);
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh directory for this run's `tier` under `parent`. One per tier, even when both
+/// flags name the same parent: two tiers in one directory would hold an entry under one
+/// path, and a demotion's delete of the source would remove the copy it just wrote.
+fn run_dir(parent: &Path, tier: &str) -> Result<RunDir> {
+    let dir = parent.join(format!("kvtrace-bench-{}-{tier}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
+    Ok(RunDir(dir))
+}
+
+fn gib(flag: &str, v: f64) -> Result<u64> {
+    if v.is_finite() && v >= 0.0 {
+        Ok((v * GIB) as u64)
+    } else {
+        Err(Error::usage(format!("{flag} {v}: expected a size >= 0")))
+    }
+}
+
+fn count(flag: &str, v: i64, min: i64, max: i64) -> Result<u32> {
+    if (min..=max).contains(&v) {
+        Ok(v as u32)
+    } else {
+        Err(Error::usage(format!("{flag} {v}: expected {min} to {max}")))
+    }
+}
+
+/// The storage tier's parent directory: created when missing, never a system directory.
+fn cache_parent(options: &Options) -> Result<PathBuf> {
+    let parent = options.cache_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let s = parent.display().to_string();
+    if SYSTEM_DIRS
+        .iter()
+        .any(|d| s == *d || s.starts_with(&format!("{d}/")))
+    {
+        return Err(Error::usage(format!(
+            "--cache-dir {s}: a system directory; choose another"
+        )));
+    }
+    if parent.exists() && !parent.is_dir() {
+        return Err(Error::usage(format!("--cache-dir {s}: not a directory")));
+    }
+    std::fs::create_dir_all(&parent).map_err(|e| Error::io("cannot create", e).in_file(&s))?;
+    Ok(parent)
+}
+
+/// A run, checked and set up, ready to start.
+pub struct Plan {
+    config: BenchConfig,
+    cache: TierCache,
+    io_log: Option<(Arc<IoLog>, PathBuf)>,
+    /// The recording's path and the configuration its header describes.
+    record: Option<(PathBuf, StorageConfig)>,
+    output: PathBuf,
+    xlsx_output: Option<PathBuf>,
+    csv: Option<PathBuf>,
+    parameters: RunParameters,
+    profile: Profile,
+    /// Dropped after the run, removing the tiers' files.
+    _dirs: Vec<RunDir>,
+    /// What the user should know before the run starts.
+    pub warnings: Vec<String>,
+}
+
+/// A finished run.
+pub struct Finished {
+    pub report: BenchReport,
+    /// Where the JSON report went.
+    pub results: PathBuf,
+    /// What `--record` wrote.
+    pub recordings: Vec<SubscriberReport>,
+}
+
+impl Plan {
+    pub fn new(options: &Options) -> Result<Plan> {
+        let o = options;
+        let model = *model(&o.model).map_err(|e| Error::usage(format!("--model: {e}")))?;
+        let users = count("--num-users", o.num_users, 1, 100_000)?;
+        if !(o.duration_s.is_finite() && o.duration_s > 0.0 && o.duration_s <= 86_400.0) {
+            return Err(Error::usage(format!(
+                "--duration {}: expected seconds between 0 and 86400",
+                o.duration_s
+            )));
+        }
+        let num_gpus = count("--num-gpus", o.num_gpus, 1, 65_536)?;
+        let tp = count("--tensor-parallel", o.tensor_parallel, 1, 65_536)?;
+        if tp > num_gpus {
+            return Err(Error::usage(format!(
+                "--tensor-parallel {tp} exceeds --num-gpus {num_gpus}"
+            )));
+        }
+        let gpu_bytes = gib("--gpu-mem-gb", o.gpu_mem_gb)? * u64::from(num_gpus);
+        let cpu_bytes = gib("--cpu-mem-gb", o.cpu_mem_gb)?;
+        let storage_bytes = gib("--storage-capacity-gb", o.storage_capacity_gb)?;
+        let allocs = count(
+            "--max-concurrent-allocs",
+            o.max_concurrent_allocs,
+            0,
+            i64::from(u32::MAX),
+        )?;
+        if o.max_requests < 0 {
+            return Err(Error::usage(format!(
+                "--max-requests {}: expected 0 or more",
+                o.max_requests
+            )));
+        }
+        if !(o.request_rate.is_finite() && o.request_rate >= 0.0) {
+            return Err(Error::usage(format!(
+                "--request-rate {}: expected requests per second >= 0",
+                o.request_rate
+            )));
+        }
+        if !(o.gpu_bandwidth_gbps.is_finite() && o.gpu_bandwidth_gbps > 0.0) {
+            return Err(Error::usage("--gpu-bandwidth-gbps must be positive"));
+        }
+        let output = o
+            .output
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("benchmark_results_{}.json", local_stamp())));
+        for path in [Some(&output), o.xlsx_output.as_ref(), o.csv.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            Target::File(path.clone()).check()?;
+        }
+        let autoscale = autoscale(o, users)?;
+        let dataset = dataset(o)?;
+        let burst = burst(o)?;
+        let mut warnings = dataset.1;
+        let parent = cache_parent(o)?;
+        let storage_dir = run_dir(&parent, "cache")?;
+        let capacity = if storage_bytes > 0 {
+            storage_bytes
+        } else {
+            free_bytes(&storage_dir.0).map_or(u64::MAX, |b| b / 20 * 19)
+        };
+        let mut specs = Vec::new();
+        if o.gpu_tier {
+            specs.push(TierSpec {
+                kind: TierKind::Gpu,
+                capacity: Some(gpu_bytes),
+                store: TierStore::Modelled {
+                    gbps: o.gpu_bandwidth_gbps,
+                },
+            });
+        }
+        let mut dirs = vec![];
+        if cpu_bytes > 0 {
+            let d = run_dir(&o.cpu_tier_dir, "cpu-tier")?;
+            let room = free_bytes(&d.0).into_iter().chain(available_memory()).min();
+            if let Some(room) = room.filter(|&r| cpu_bytes > r) {
+                warnings.push(format!(
+                    "--cpu-mem-gb {}: {} has room for {:.1} GiB; the CPU tier will fail its writes past that",
+                    o.cpu_mem_gb,
+                    o.cpu_tier_dir.display(),
+                    room as f64 / GIB
+                ));
+            }
+            specs.push(TierSpec {
+                kind: TierKind::Cpu,
+                capacity: Some(cpu_bytes),
+                store: TierStore::Files {
+                    dir: d.0.clone(),
+                    mode: FileMode {
+                        direct: false,
+                        fsync: false,
+                        drop_cache_before_read: false,
+                    },
+                },
+            });
+            dirs.push(d);
+        }
+        specs.push(TierSpec {
+            kind: TierKind::Storage,
+            capacity: Some(capacity),
+            store: TierStore::Files {
+                dir: storage_dir.0.clone(),
+                mode: FileMode {
+                    direct: o.direct_io,
+                    fsync: o.fsync,
+                    drop_cache_before_read: true,
+                },
+            },
+        });
+        if o.io_trace_log.is_some() {
+            for spec in &mut specs {
+                spec.store = TierStore::Null;
+            }
+        }
+        let mut cache =
+            TierCache::new(specs).map_err(|e| Error::io("cannot set up the tiers", e))?;
+        let io_log = match &o.io_trace_log {
+            Some(path) => {
+                let log = Arc::new(IoLog::create(path)?);
+                cache = cache.with_log(Arc::clone(&log));
+                Some((log, path.clone()))
+            }
+            None => None,
+        };
+        let config = BenchConfig {
+            model,
+            users,
+            workers: o.workers.unwrap_or(users.min(500)).max(1),
+            duration: Duration::from_secs_f64(o.duration_s),
+            max_requests: o.max_requests as u64,
+            seed: o.seed,
+            personas: o.personas,
+            multi_turn: o.multi_turn,
+            prefix_caching: o.prefix_caching,
+            system_prompt_tokens: [512, 1024, 2048],
+            generation_ms_per_token: o.generation.ms_per_token(),
+            decode_reads: o.decode_reads,
+            max_concurrent_allocs: allocs,
+            tensor_parallel: tp,
+            autoscale,
+            dataset: dataset.0,
+            burst,
+            rag: o.rag.then(|| {
+                let large = model.hidden >= 8192 || model.layers >= 64;
+                Corpus::new(o.seed, o.rag_docs, large)
+            }),
+            replay_cycles: o.replay_cycles,
+            request_rate: o.request_rate,
+        };
+        let record = o
+            .record
+            .as_ref()
+            .map(|path| {
+                recorded_config(&config, cpu_bytes, capacity, &storage_dir.0)
+                    .map(|c| (path.clone(), c))
+            })
+            .transpose()?;
+        let parameters = RunParameters {
+            timestamp: local_stamp(),
+            model: config.model.name.into(),
+            num_users: users,
+            duration_s: o.duration_s,
+            gpu_mem_per_card_gib: o.gpu_mem_gb,
+            num_gpus,
+            tensor_parallel: tp,
+            total_gpu_mem_gib: if o.gpu_tier {
+                gpu_bytes as f64 / GIB
+            } else {
+                0.0
+            },
+            cpu_mem_gib: o.cpu_mem_gb,
+            generation_mode: o.generation.name(),
+            performance_profile: o.profile.name(),
+            multi_turn: config.multi_turn != MultiTurn::Off,
+            prefix_caching: config.prefix_caching,
+            rag: config.rag.is_some(),
+            autoscaling: config.autoscale.is_some(),
+            seed: config.seed,
+            max_concurrent_allocs: allocs,
+            request_rate: config.request_rate,
+            max_requests: config.max_requests,
+            dataset_path: o.dataset_path.as_ref().map(|p| p.display().to_string()),
+            cache_dir: parent.display().to_string(),
+            storage_capacity_gib: capacity.min(u64::MAX / 2) as f64 / GIB,
+            trace_speedup: config.burst.as_ref().map_or(1.0, |b| b.speedup),
+            replay_cycles: config.replay_cycles,
+        };
+        dirs.push(storage_dir);
+        Ok(Plan {
+            config,
+            cache,
+            io_log,
+            record,
+            output,
+            xlsx_output: o.xlsx_output.clone(),
+            csv: o.csv.clone(),
+            parameters,
+            profile: o.profile,
+            _dirs: dirs,
+            warnings,
+        })
+    }
+
+    pub fn duration_s(&self) -> f64 {
+        self.config.duration.as_secs_f64()
+    }
+
+    /// Runs, writes the reports (the JSON always; XLSX and CSV when asked), and removes the
+    /// tiers' files. `progress` hears the elapsed seconds and the requests done.
+    pub fn run(self, progress: &mut (dyn FnMut(f64, u64) + Send)) -> Result<Finished> {
+        let per_token =
+            self.config.model.bytes_per_token() / u64::from(self.config.tensor_parallel);
+        let bus: Option<EventBus> = match &self.record {
+            Some((path, storage)) => Some(start_recording(path, storage, false)?),
+            None => None,
+        };
+        let calls = CallTrace::new(
+            bus.as_ref().map_or_else(Tracer::disabled, EventBus::tracer),
+            self.config.model.name,
+            per_token,
+        );
+        let outcome = run(&self.config, &self.cache, &calls, progress)?;
+        drop(calls);
+        let recordings = match bus {
+            Some(bus) => bus.close()?,
+            None => Vec::new(),
+        };
+        if let Some((log, path)) = &self.io_log {
+            log.finish()
+                .map_err(|e| Error::io("cannot write", e).in_file(path.display()))?;
+        }
+        let tiers = self.cache.counters();
+        let report = BenchReport::build(ReportInput {
+            config: &self.config,
+            outcome: &outcome,
+            tiers: &tiers,
+            profile: self.profile,
+            parameters: self.parameters.clone(),
+        });
+        report::write(&report, &Json, &Target::File(self.output.clone()), "")?;
+        if let Some(path) = &self.xlsx_output {
+            report::write(&report, &Xlsx, &Target::File(path.clone()), "")?;
+        }
+        if let Some(path) = &self.csv {
+            report::write(&report, &Csv, &Target::File(path.clone()), "")?;
+        }
+        Ok(Finished {
+            report,
+            results: self.output,
+            recordings,
+        })
+    }
+}
+
+/// The configuration a recording's header describes: the run's tiers as a waterfall
+/// hierarchy, the CPU tier as L1 (raised to hold the largest entry the run can write, since
+/// a StorageManager admits through L1) and the storage tier as a file L2.
+fn recorded_config(
+    config: &BenchConfig,
+    cpu_bytes: u64,
+    storage_bytes: u64,
+    storage_dir: &Path,
+) -> Result<StorageConfig> {
+    let per_token = config.model.bytes_per_token() / u64::from(config.tensor_parallel);
+    let l2 = serde_json::json!({
+        "type": "fs",
+        "path": storage_dir.display().to_string(),
+        "capacity_gb": storage_bytes.min(1 << 60) as f64 / GIB,
+    });
+    Ok(StorageConfig {
+        l1_size_bytes: cpu_bytes.max(per_token * config.personas.max_context_tokens()),
+        l1_buffers: false,
+        placement: Placement::Waterfall,
+        eviction: EvictionConfig {
+            timing: EvictionTiming::Immediate,
+            ..EvictionConfig::default()
+        },
+        l2: vec![L2Config::from_adapter(&l2).map_err(Error::usage)?],
+        ..StorageConfig::default()
+    })
+}
+
+/// The BurstGPT log, when one is given.
+fn burst(o: &Options) -> Result<Option<BurstReplay>> {
+    let Some(path) = &o.burst_trace else {
+        return Ok(None);
+    };
+    if o.dataset_path.is_some() {
+        return Err(Error::usage(
+            "give either --dataset-path or --use-burst-trace, not both",
+        ));
+    }
+    if !(o.trace_speedup.is_finite() && o.trace_speedup >= 0.0) {
+        return Err(Error::usage(format!(
+            "--trace-speedup {}: expected a number >= 0",
+            o.trace_speedup
+        )));
+    }
+    Ok(Some(BurstReplay {
+        rows: Arc::new(burst::load(path)?),
+        speedup: o.trace_speedup,
+    }))
+}
+
+/// The ShareGPT dataset, if one is given, and what could not be paired.
+fn dataset(o: &Options) -> Result<(Option<Arc<Dataset>>, Vec<String>)> {
+    let Some(path) = &o.dataset_path else {
+        return Ok((None, Vec::new()));
+    };
+    let d = sharegpt::load(path, o.max_conversations)?;
+    let warnings = d
+        .warning()
+        .map(|w| format!("{}: {w}", path.display()))
+        .into_iter()
+        .collect();
+    if d.conversations.is_empty() {
+        return Err(Error::usage(format!(
+            "--dataset-path {}: none of its {} conversations has a human message followed by a gpt message",
+            path.display(),
+            d.read
+        )));
+    }
+    Ok((Some(Arc::new(d)), warnings))
+}
+
+fn autoscale(o: &Options, users: u32) -> Result<Option<AutoscaleConfig>> {
+    let Some(mode) = o.autoscale else {
+        return Ok(None);
+    };
+    if !(0.0..=1.0).contains(&o.target_saturation) {
+        return Err(Error::usage(format!(
+            "--target-saturation {}: expected 0 to 1",
+            o.target_saturation
+        )));
+    }
+    if !(o.autoscale_interval_s.is_finite() && o.autoscale_interval_s > 0.0) {
+        return Err(Error::usage("--autoscale-interval must be positive"));
+    }
+    Ok(Some(AutoscaleConfig {
+        mode,
+        target_saturation: o.target_saturation,
+        interval_s: o.autoscale_interval_s,
+        max_users: users.max(MAX_WORKERS),
+    }))
+}
+
+impl BenchReport {
+    /// A line saying the storage failed, when it did: the figures of such a run are not the
+    /// storage's.
+    pub fn storage_failure(&self) -> Option<String> {
+        let k = &self.kvtrace;
+        if k.io_errors + k.failed_demotions == 0 {
+            return None;
+        }
+        let first = k
+            .first_io_error
+            .as_ref()
+            .map(|e| format!("; first: {e}"))
+            .unwrap_or_default();
+        Some(format!(
+            "storage I/O failed: {} failed read(s) or write(s), {} failed demotion(s) (entries dropped){first}",
+            k.io_errors, k.failed_demotions
+        ))
+    }
+}
