@@ -189,11 +189,7 @@ impl Pipeline {
             (other, _) => other,
         };
         match &item {
-            Item::Frame(_) => self.report.frames += 1,
-            Item::RawFrame(_) => {
-                self.report.frames += 1;
-                self.report.raw_frames += 1;
-            }
+            Item::Frame(_) | Item::RawFrame(_) => self.report.frames += 1,
             Item::Tail(b) => self.report.tail_bytes += b.len() as u64,
         }
         self.seen_header = true;
@@ -283,7 +279,10 @@ fn read_lct(source: impl Read + Send + 'static, read: ReadOptions, p: &mut Pipel
         }
         let body = match frame {
             Frame::Record(r) => r.body.to_vec(),
-            Frame::Undecodable { body, .. } => body.to_vec(),
+            Frame::Undecodable { body, .. } => {
+                p.report.raw_frames += 1;
+                body.to_vec()
+            }
         };
         p.push(Item::RawFrame(body))?;
     }
@@ -377,6 +376,7 @@ fn read_jsonl(source: impl BufRead, max_frame_bytes: u32, p: &mut Pipeline) -> R
             Some(obj) if obj.contains_key("$frame_hex") => {
                 let body = hex_field(obj, "$frame_hex", line_no)?;
                 check_frame(&body, max_frame_bytes, true, line_no)?;
+                p.report.raw_frames += 1;
                 Item::RawFrame(body)
             }
             Some(obj) if obj.contains_key("$tail_hex") => {

@@ -815,3 +815,17 @@ fn help_examples_fit_80_columns_and_paste_as_they_stand() {
         }
     }
 }
+
+#[test]
+fn converting_a_clean_trace_warns_of_nothing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out_path = dir.path().join("t.lct.zst");
+    let out = kvtrace([
+        "convert",
+        sample("basic_lru").to_str().unwrap(),
+        out_path.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let err = text(&out.stderr);
+    assert!(!err.contains("warning"), "{err}");
+}
