@@ -55,3 +55,8 @@ pub mod storage;
 pub mod synth;
 
 pub use error::{Error, Result};
+
+/// The README's code blocks, compiled and run as doc-tests so its examples stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
