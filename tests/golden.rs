@@ -169,20 +169,29 @@ fn cell(d: &Data) -> String {
     }
 }
 
+/// Every sheet of a workbook: its name, its header as text, and its other rows.
+fn sheets(path: &Path) -> Vec<(String, Vec<String>, Vec<Vec<Data>>)> {
+    let mut wb: Xlsx<_> = open_workbook(path).expect("valid xlsx");
+    wb.sheet_names()
+        .into_iter()
+        .map(|name| {
+            let range = wb.worksheet_range(&name).expect("sheet");
+            let mut rows = range.rows();
+            let header = rows
+                .next()
+                .map(|r| r.iter().map(|c| c.to_string()).collect())
+                .unwrap_or_default();
+            (name, header, rows.map(<[Data]>::to_vec).collect())
+        })
+        .collect()
+}
+
 /// Every sheet, row by row with typed cells; a cell under a measured column, or beside a
 /// measured metric name, is masked.
 fn masked_xlsx(path: &Path) -> String {
-    let mut wb: Xlsx<_> = open_workbook(path).expect("valid xlsx");
     let mut out = String::new();
-    for name in wb.sheet_names() {
-        let range = wb.worksheet_range(&name).expect("sheet");
-        writeln!(out, "## {name}").unwrap();
-        let mut rows = range.rows();
-        let header: Vec<String> = rows
-            .next()
-            .map(|r| r.iter().map(|c| c.to_string()).collect())
-            .unwrap_or_default();
-        writeln!(out, "{}", header.join("\t")).unwrap();
+    for (name, header, rows) in sheets(path) {
+        writeln!(out, "## {name}\n{}", header.join("\t")).unwrap();
         for row in rows {
             let key = row.first().map(|c| c.to_string()).unwrap_or_default();
             let cells: Vec<String> = row
@@ -204,25 +213,17 @@ fn masked_xlsx(path: &Path) -> String {
 }
 
 /// Sheet names and each sheet's first row and first column: the layout of a workbook whose
-/// figures are all timing-dependent.
+/// figures are all timing-dependent (a sheet headed by the run's timestamp shows it masked).
 fn xlsx_layout(path: &Path) -> String {
-    let mut wb: Xlsx<_> = open_workbook(path).expect("valid xlsx");
     let mut out = String::new();
-    for name in wb.sheet_names() {
-        let range = wb.worksheet_range(&name).expect("sheet");
+    for (name, header, rows) in sheets(path) {
         writeln!(out, "## {name}").unwrap();
-        let mut rows = range.rows();
-        if let Some(header) = rows.next() {
-            let h: Vec<String> = header.iter().map(|c| c.to_string()).collect();
-            writeln!(out, "{}", h.join("\t")).unwrap();
+        if !header.is_empty() {
+            writeln!(out, "{}", header.join("\t")).unwrap();
         }
-        let timestamp_first = range
-            .rows()
-            .next()
-            .and_then(|r| r.first())
-            .map(|c| c.to_string());
+        let timestamped = header.first().is_some_and(|h| h == "Timestamp");
         for row in rows {
-            let first = if timestamp_first.as_deref() == Some("Timestamp") {
+            let first = if timestamped {
                 MASK.to_string()
             } else {
                 row.first().map(cell).unwrap_or_default()

@@ -25,7 +25,7 @@ use crate::bus::{EventBus, SubscriberReport, Tracer};
 use crate::clock::local_stamp;
 use crate::error::{Error, Result};
 use crate::machine::{available_memory, free_bytes};
-use crate::report::{self, csv::Csv, json::Json, xlsx::Xlsx, Target};
+use crate::report::{self, csv::Csv, json::Json, xlsx::Xlsx, Exporter, Target};
 use crate::storage::config::{EvictionConfig, EvictionTiming, L2Config, Placement, StorageConfig};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -234,9 +234,10 @@ pub struct Plan {
     io_log: Option<(Arc<IoLog>, PathBuf)>,
     /// The recording's path and the configuration its header describes.
     record: Option<(PathBuf, StorageConfig)>,
+    /// Where the JSON report goes.
     output: PathBuf,
-    xlsx_output: Option<PathBuf>,
-    csv: Option<PathBuf>,
+    /// Every report to write, its path checked before the run.
+    outputs: Vec<(&'static dyn Exporter, Target)>,
     parameters: RunParameters,
     profile: Profile,
     /// Dropped after the run, removing the tiers' files.
@@ -300,11 +301,16 @@ impl Plan {
             .output
             .clone()
             .unwrap_or_else(|| PathBuf::from(format!("benchmark_results_{}.json", local_stamp())));
-        for path in [Some(&output), o.xlsx_output.as_ref(), o.csv.as_ref()]
-            .into_iter()
-            .flatten()
-        {
-            Target::File(path.clone()).check()?;
+        let mut outputs: Vec<(&'static dyn Exporter, Target)> =
+            vec![(&Json, Target::File(output.clone()))];
+        if let Some(path) = &o.xlsx_output {
+            outputs.push((&Xlsx, Target::File(path.clone())));
+        }
+        if let Some(path) = &o.csv {
+            outputs.push((&Csv, Target::File(path.clone())));
+        }
+        for (_, target) in &outputs {
+            target.check()?;
         }
         let autoscale = autoscale(o, users)?;
         let dataset = dataset(o)?;
@@ -450,8 +456,7 @@ impl Plan {
             io_log,
             record,
             output,
-            xlsx_output: o.xlsx_output.clone(),
-            csv: o.csv.clone(),
+            outputs,
             parameters,
             profile: o.profile,
             _dirs: dirs,
@@ -495,12 +500,8 @@ impl Plan {
             profile: self.profile,
             parameters: self.parameters.clone(),
         });
-        report::write(&report, &Json, &Target::File(self.output.clone()), "")?;
-        if let Some(path) = &self.xlsx_output {
-            report::write(&report, &Xlsx, &Target::File(path.clone()), "")?;
-        }
-        if let Some(path) = &self.csv {
-            report::write(&report, &Csv, &Target::File(path.clone()), "")?;
+        for (exporter, target) in &self.outputs {
+            report::write(&report, *exporter, target, "")?;
         }
         Ok(Finished {
             report,

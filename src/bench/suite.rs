@@ -1,7 +1,7 @@
 //! `bench --suite`: nine scenarios sized to this machine, each a change of one base run, and
 //! one comparison table of what they measured.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::autoscale::AutoscaleMode;
 use super::plan::Options;
@@ -140,9 +140,5 @@ impl Suite {
             100.0 * s.cache_stats.cache_hit_rate,
             s.cache_stats.storage_health.overall_status,
         )
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 }

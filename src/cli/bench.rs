@@ -382,7 +382,7 @@ fn suite(args: &Args, options: &Options) -> Result<i32, Error> {
         suite.users,
         suite.cpu_gb,
         options.duration_s,
-        suite.dir().display()
+        suite.dir.display()
     );
     let mut table = Suite::header().to_string();
     let mut status = EXIT_OK;

@@ -10,7 +10,6 @@ use kvtrace::bus::Tracer;
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::lmct::reader::ZSTD_MAGIC;
 use kvtrace::lmct::TraceReader;
-use kvtrace::output::check_writable;
 use kvtrace::replay::dispatch::Outcome;
 use kvtrace::replay::phase::{settle, PhaseChoice};
 use kvtrace::replay::spool::Spooled;
@@ -199,10 +198,9 @@ pub fn run(args: Args) -> Result<i32, Error> {
         emulate_sessions,
     )
     .map_err(|e| e.in_file(&shown))?;
-    std::fs::create_dir_all(&args.output_dir)
-        .map_err(|e| Error::io("cannot create", e).in_file(args.output_dir.display()))?;
     // The reports land there after the whole replay: find out now that they can.
-    check_writable(&args.output_dir.join("trace_replay_summary.json"))?;
+    let target = Target::Dir(args.output_dir.clone());
+    target.check()?;
     let mut jsonl = match &args.jsonl_out {
         Some(p) => Some(JsonlWriter::create(p)?),
         None => None,
@@ -281,7 +279,6 @@ pub fn run(args: Args) -> Result<i32, Error> {
         (args.json, &Json, "trace_replay_summary.json"),
         (args.xlsx, &Xlsx, "trace_replay.xlsx"),
     ];
-    let target = Target::Dir(args.output_dir.clone());
     for (_, exporter, name) in formats.iter().filter(|f| f.0) {
         report::write(&report, *exporter, &target, name)?;
     }

@@ -102,13 +102,12 @@ pub fn write(
     for a in artifacts {
         let path = match (target, &a.name) {
             (Target::File(p), _) if one => p.clone(),
-            (Target::File(p), Some(_)) => {
+            (Target::File(p), _) => {
                 return Err(Error::usage(format!(
                     "{}: this format writes several files; give a directory",
                     p.display()
                 )))
             }
-            (Target::File(p), None) => p.clone(),
             (Target::Dir(d), Some(name)) => d.join(name),
             (Target::Dir(d), None) => d.join(default_name),
         };
