@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use kvtrace::bus::Tracer;
 use kvtrace::storage::config::{EvictionTiming, StorageConfig};
 use kvtrace::storage::eviction::PolicyKind;
 use kvtrace::storage::{KeyId, StorageManager};
@@ -21,11 +20,11 @@ fn full(policy: PolicyKind, timing: EvictionTiming, resident: u64) -> StorageMan
     };
     config.eviction.policy = policy;
     config.eviction.timing = timing;
-    let mut sm = StorageManager::new(config, Tracer::disabled()).expect("manager");
+    let mut sm = StorageManager::new(config).expect("manager");
     for n in 0..resident {
         let key = [KeyId(u128::from(n))];
-        sm.reserve_write_ids(&key, OBJECT);
-        sm.finish_write_ids(&key).expect("admit");
+        sm.reserve_write(&key, OBJECT);
+        sm.finish_write(&key).expect("admit");
         if n % 3 == 0 {
             sm.touch_keys(&key);
         }
@@ -53,8 +52,8 @@ fn bench(c: &mut Criterion) {
                 b.iter(|| {
                     let key = [KeyId(u128::from(next))];
                     next += 1;
-                    sm.reserve_write_ids(&key, OBJECT);
-                    sm.finish_write_ids(&key).expect("admit")
+                    sm.reserve_write(&key, OBJECT);
+                    sm.finish_write(&key).expect("admit")
                 })
             });
             // Periodic: one pass over a full L1 evicts a fifth of it.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kvtrace::lmct::{ReadOptions, Record, TraceReader, TraceWriter};
-use kvtrace::synth::{self, SynthOptions};
+use kvtrace::trace::synth::{self, SynthOptions};
 
 const RECORDS: u64 = 1_000_000;
 

@@ -4,12 +4,11 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kvtrace::bus::Tracer;
 use kvtrace::replay::{replay, ReplayOptions};
 use kvtrace::storage::config::{EvictionTiming, StorageConfig};
 use kvtrace::storage::eviction::PolicyKind;
 use kvtrace::storage::StorageManager;
-use kvtrace::synth::{self, SynthOptions};
+use kvtrace::trace::synth::{self, SynthOptions};
 
 const RECORDS: u64 = 200_000;
 
@@ -41,8 +40,7 @@ fn bench(c: &mut Criterion) {
         }
         group.bench_function(format!("afap_200k_records_{name}"), |b| {
             b.iter(|| {
-                let mut sm =
-                    StorageManager::new(config.clone(), Tracer::disabled()).expect("manager");
+                let mut sm = StorageManager::new(config.clone()).expect("manager");
                 let report =
                     replay(&path, &mut sm, &ReplayOptions::default(), |_| {}).expect("replay");
                 assert_eq!(report.records, RECORDS);

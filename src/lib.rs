@@ -1,9 +1,10 @@
 //! kvtrace: record, inspect, convert and replay the KV-cache storage traffic of LLM serving.
 //!
 //! The library does the work; the `kvtrace` binary only wires these modules to a command
-//! line. [`lmct`] is the trace format, [`bus`] the event bus and recorder, [`inspect`] the
-//! trace summary behind `kvtrace info`, [`convert`] the format conversions, and [`synth`] a
-//! generator of realistic storage traces for tests and benchmarks.
+//! line. [`lmct`] is the trace format, [`bus`] the event bus and recorder, [`trace`] the
+//! whole-file operations (`info`'s summary, conversions, synthetic traces), [`storage`] the
+//! tiered StorageManager, [`replay`], [`simulate`] and [`bench`] the three engines, and
+//! [`report`] the one export layer they all write through.
 //!
 //! Writing a trace LMCache 0.5.6 reads, and streaming it back:
 //!
@@ -40,9 +41,7 @@
 pub mod bench;
 pub mod bus;
 pub mod clock;
-pub mod convert;
 pub mod error;
-pub mod inspect;
 pub mod interrupt;
 pub mod lmct;
 pub mod machine;
@@ -52,7 +51,7 @@ pub mod report;
 pub mod rng;
 pub mod simulate;
 pub mod storage;
-pub mod synth;
+pub mod trace;
 
 pub use error::{Error, Result};
 

@@ -14,6 +14,7 @@ pub fn available_memory() -> Option<u64> {
 /// Bytes an unprivileged writer may still use on the file system holding `dir`.
 pub fn free_bytes(dir: &Path) -> Option<u64> {
     let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data, for which all-zero bytes are a valid value.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: a NUL-terminated path and a zeroed struct the call fills in.
     (unsafe { libc::statvfs(path.as_ptr(), &mut s) } == 0)

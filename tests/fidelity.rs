@@ -7,7 +7,6 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{kvtrace, shared, text};
-use kvtrace::bus::Tracer;
 use kvtrace::replay::phase::{settle, PhaseChoice};
 use kvtrace::replay::report::ReplayReport;
 use kvtrace::replay::{replay, ReplayOptions};
@@ -47,7 +46,7 @@ fn replay_recorded(trace: &Path, l2_dir: Option<&Path>) -> ReplayReport {
         true,
     )
     .expect("phase");
-    let mut sm = StorageManager::new(config, Tracer::disabled()).expect("manager");
+    let mut sm = StorageManager::new(config).expect("manager");
     let mut report = replay(trace, &mut sm, &options, |_| {}).expect("replay");
     report.eviction_phase = phase;
     report

@@ -12,7 +12,7 @@ use kvtrace::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSp
 use kvtrace::storage::config::{BackendConfig, EvictionTiming, L2Config, StorageConfig};
 use kvtrace::storage::eviction::PolicyKind;
 use kvtrace::storage::file::FsyncPolicy;
-use kvtrace::storage::StorageManager;
+use kvtrace::storage::{StorageManager, Traced};
 
 fn layout() -> MemoryLayoutDesc {
     MemoryLayoutDesc {
@@ -21,7 +21,7 @@ fn layout() -> MemoryLayoutDesc {
     }
 }
 
-fn manager(dir: &Path, direct: bool) -> kvtrace::Result<StorageManager> {
+fn manager(dir: &Path, direct: bool) -> kvtrace::Result<Traced> {
     let mut config = StorageConfig {
         l1_size_bytes: 24_000,
         l1_align_bytes: 8,
@@ -37,7 +37,7 @@ fn manager(dir: &Path, direct: bool) -> kvtrace::Result<StorageManager> {
         ..StorageConfig::default()
     };
     config.eviction.timing = EvictionTiming::Immediate;
-    StorageManager::new(config, Tracer::disabled())
+    StorageManager::new(config).map(|m| Traced::new(m, Tracer::disabled()))
 }
 
 fn hostile_keys() -> Vec<ObjectKey> {
@@ -90,7 +90,7 @@ fn round_trip(dir: &Path, direct: bool) -> kvtrace::Result<()> {
         .submit_prefetch_task(&spec, "r", false)
         .map_err(|e| kvtrace::Error::usage(e.to_string()))?;
     assert_eq!((hit.hit_chunks, hit.l2_hit_chunks), (2, 2));
-    let tiers = sm.tier_stats();
+    let tiers = sm.manager().tier_stats();
     assert_eq!(tiers[1].bytes_written, 5 * 12_000);
     assert_eq!(tiers[1].bytes_read, 2 * 12_000);
     Ok(())

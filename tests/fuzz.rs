@@ -13,15 +13,15 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kvtrace::convert::{convert, ConvertOptions, Kind};
 use kvtrace::lmct::json::to_display;
 use kvtrace::lmct::{Frame, ReadOptions, TraceReader};
 use kvtrace::rng::SplitMix64;
 use kvtrace::simulate::args::EngineArgs;
-use kvtrace::simulate::offline::{simulate, SimConfig};
+use kvtrace::simulate::event_loop::{simulate, SimConfig};
 use kvtrace::simulate::router::RouterMode;
 use kvtrace::simulate::workload::read_mooncake;
 use kvtrace::storage::config::{L2Config, StorageConfig};
+use kvtrace::trace::convert::{convert, ConvertOptions, Kind};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -5,6 +5,10 @@
 //!
 //! `KVTRACE_BLESS=1 cargo test --test golden` rewrites the snapshots in `testdata/golden/`;
 //! a change there is a change of output format and belongs in the CHANGELOG.
+#![allow(
+    clippy::unwrap_used,
+    reason = "a fixture that cannot be read is a failed test"
+)]
 
 mod common;
 

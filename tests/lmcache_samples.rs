@@ -6,11 +6,11 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{sample, sample_text, shared, SAMPLES};
-use kvtrace::inspect::inspect;
 use kvtrace::lmct::digest::{config_digest, python_json};
 use kvtrace::lmct::json::to_lossless;
 use kvtrace::lmct::msgpack::{encode_to_vec, RawValue};
 use kvtrace::lmct::{Frame, Header, ReadOptions, TraceReader};
+use kvtrace::trace::inspect::inspect;
 
 /// What LMCache's `trace info` printed: total, per-qualname counts, duration, digest.
 struct LmcacheInfo {

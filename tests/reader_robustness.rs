@@ -18,16 +18,20 @@ struct Tracking;
 
 static LARGEST: AtomicUsize = AtomicUsize::new(0);
 
+// SAFETY: every call is forwarded unchanged to the system allocator; only sizes are noted.
 unsafe impl GlobalAlloc for Tracking {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's layout, passed through.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: ptr came from System with this layout.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         LARGEST.fetch_max(new_size, Ordering::Relaxed);
+        // SAFETY: ptr came from System with this layout.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }

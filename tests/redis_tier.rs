@@ -1,5 +1,6 @@
 //! The Redis tier against a real `redis-server` started on a loopback port for each test.
 //! Skips with a message where `redis-server` is not installed (`.ci/run` installs it).
+#![cfg(feature = "redis")]
 
 mod common;
 
@@ -12,7 +13,7 @@ use kvtrace::bus::Tracer;
 use kvtrace::replay::{replay, ReplayOptions};
 use kvtrace::storage::config::{BackendConfig, EvictionTiming, L2Config, StorageConfig};
 use kvtrace::storage::eviction::PolicyKind;
-use kvtrace::storage::StorageManager;
+use kvtrace::storage::{StorageManager, Traced};
 
 /// A redis-server child on 127.0.0.1, killed when dropped.
 struct Server {
@@ -120,8 +121,7 @@ fn config(url: String, l1_size_bytes: u64) -> StorageConfig {
 #[test]
 fn a_replay_writes_every_object_through_to_a_real_redis_server() {
     let Some(server) = start() else { return };
-    let mut sm =
-        StorageManager::new(config(server.url(), 1 << 30), Tracer::disabled()).expect("connect");
+    let mut sm = StorageManager::new(config(server.url(), 1 << 30)).expect("connect");
     let r = replay_basic_lru(&mut sm);
     let redis_tier = &r.tiers[1];
     assert_eq!(redis_tier.backend, "redis");
@@ -142,8 +142,9 @@ fn a_replay_writes_every_object_through_to_a_real_redis_server() {
 fn prefetches_load_what_l1_lost_back_from_redis() {
     use kvtrace::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
     let Some(server) = start() else { return };
-    let mut sm =
-        StorageManager::new(config(server.url(), 1 << 30), Tracer::disabled()).expect("connect");
+    let mut sm = StorageManager::new(config(server.url(), 1 << 30))
+        .map(|m| Traced::new(m, Tracer::disabled()))
+        .expect("connect");
     let layout = MemoryLayoutDesc {
         shapes: vec![vec![2, 4, 64, 128]],
         dtypes: vec!["torch.bfloat16".into()],
@@ -159,14 +160,14 @@ fn prefetches_load_what_l1_lost_back_from_redis() {
         .collect();
     sm.reserve_write(&keys, &layout);
     assert_eq!(sm.finish_write(&keys).expect("stored").len(), 3);
-    sm.clear();
+    sm.manager_mut().clear();
     let spec = PrefetchTaskSpec::single_group(keys.clone(), layout, "prefix", LockMode::Lock);
     let hit = sm
         .submit_prefetch_task(&spec, "r", false)
         .expect("prefetch");
     assert_eq!((hit.l1_hit_chunks, hit.l2_hit_chunks), (0, 3));
     assert!(sm.read_prefetched_enter(&keys).is_ok());
-    assert_eq!(sm.tier_stats()[1].bytes_read, 3 * 131_072);
+    assert_eq!(sm.manager().tier_stats()[1].bytes_read, 3 * 131_072);
 }
 
 #[test]
@@ -187,12 +188,9 @@ fn an_unreachable_server_is_a_clear_error() {
         .local_addr()
         .expect("addr")
         .port();
-    let err = StorageManager::new(
-        config(format!("redis://127.0.0.1:{port}/0"), 1 << 30),
-        Tracer::disabled(),
-    )
-    .err()
-    .expect("nothing listens there");
+    let err = StorageManager::new(config(format!("redis://127.0.0.1:{port}/0"), 1 << 30))
+        .err()
+        .expect("nothing listens there");
     let text = err.to_string();
     assert!(
         text.starts_with("L2[0] tier: redis redis://127.0.0.1:"),
@@ -263,8 +261,7 @@ fn a_restarted_server_is_reconnected_and_a_dead_one_fails_each_call_in_one_line(
 #[test]
 fn failed_stores_are_counted_per_tier() {
     let Some(server) = start() else { return };
-    let mut sm =
-        StorageManager::new(config(server.url(), 1 << 30), Tracer::disabled()).expect("connect");
+    let mut sm = StorageManager::new(config(server.url(), 1 << 30)).expect("connect");
     drop(server);
     let r = replay_basic_lru(&mut sm);
     let redis_tier = &r.tiers[1];

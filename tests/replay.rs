@@ -7,7 +7,7 @@ use std::path::Path;
 
 use common::{sample, sample_text, shared};
 use kvtrace::bus::recorder::{Recorder, RecorderOptions};
-use kvtrace::bus::{BusOptions, EventBus, Tracer};
+use kvtrace::bus::{BusOptions, EventBus};
 use kvtrace::replay::report::ReplayReport;
 use kvtrace::replay::{replay, ReplayOptions};
 use kvtrace::storage::config::{
@@ -15,10 +15,10 @@ use kvtrace::storage::config::{
 };
 use kvtrace::storage::eviction::PolicyKind;
 use kvtrace::storage::StorageManager;
-use kvtrace::synth::{self, SynthOptions};
+use kvtrace::trace::synth::{self, SynthOptions};
 
 fn run(path: &Path, config: StorageConfig) -> ReplayReport {
-    let mut sm = StorageManager::new(config, Tracer::disabled()).expect("manager");
+    let mut sm = StorageManager::new(config).expect("manager");
     replay(path, &mut sm, &ReplayOptions::default(), |_| {}).expect("replay")
 }
 
@@ -275,8 +275,13 @@ fn a_kvtrace_driven_manager_records_a_trace_that_replays_to_the_same_counters() 
     let json = kvtrace::lmct::digest::python_json(&config.to_lmcache_json());
     recorder.attach_storage_config(&json).expect("attach");
     let bus = EventBus::start(BusOptions::default(), vec![Box::new(recorder)]).expect("bus");
-    let mut sm = StorageManager::new(config.clone(), bus.tracer()).expect("manager");
-    let first = replay(&source, &mut sm, &ReplayOptions::default(), |_| {}).expect("drive");
+    let mut sm = StorageManager::new(config.clone()).expect("manager");
+    let options = ReplayOptions {
+        tracer: bus.tracer(),
+        ..ReplayOptions::default()
+    };
+    let first = replay(&source, &mut sm, &options, |_| {}).expect("drive");
+    drop(options);
     drop(sm);
     bus.close().expect("close");
 
@@ -292,7 +297,7 @@ fn a_kvtrace_driven_manager_records_a_trace_that_replays_to_the_same_counters() 
     );
     // The recording has the source's calls, the exits the replayer closed for contexts the
     // source left open, and the trailer.
-    let info = kvtrace::inspect::inspect(&recorded, Default::default()).expect("info");
+    let info = kvtrace::trace::inspect::inspect(&recorded, Default::default()).expect("info");
     assert_eq!(info.total_records, 5_000 + first.forced_exits + 1);
 }
 

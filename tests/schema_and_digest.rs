@@ -4,8 +4,6 @@
 mod common;
 
 use common::sample;
-use kvtrace::convert::{convert, ConvertOptions, Kind};
-use kvtrace::inspect::inspect;
 use kvtrace::lmct::calls::{
     StorageCall, FINISH_READ_PREFETCHED, FINISH_WRITE, READ_PREFETCHED_ENTER, READ_PREFETCHED_EXIT,
     RESERVE_WRITE, SUBMIT_PREFETCH_TASK,
@@ -17,6 +15,8 @@ use kvtrace::lmct::codec::{
 use kvtrace::lmct::digest::{compare_configs, python_float_repr, python_json, DigestMatch};
 use kvtrace::lmct::schema::Migration;
 use kvtrace::lmct::{Header, HeaderSchema, ReadOptions, Record, TraceReader, TraceWriter, Value};
+use kvtrace::trace::convert::{convert, ConvertOptions, Kind};
+use kvtrace::trace::inspect::inspect;
 
 fn owned_keys(v: kvtrace::lmct::msgpack::RawValue<'_>) -> Vec<ObjectKey> {
     object_keys(v)

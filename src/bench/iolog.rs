@@ -8,7 +8,6 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::tiers::TierKind;
 use crate::lmct::TraceSink;
 use crate::storage::KeyId;
 
@@ -67,12 +66,12 @@ impl IoLog {
     }
 
     /// Logs one operation; the first write error is kept for [`IoLog::finish`].
-    pub fn row(&self, op: IoOp, size: u64, tier: TierKind, key: KeyId) {
+    pub fn row(&self, op: IoOp, size: u64, tier: &str, key: KeyId) {
         let t = self.began.elapsed().as_secs_f64();
         let line = format!(
             "{t:.6},{},{size},{},{},{}\n",
             op.name(),
-            tier.name(),
+            tier,
             key.hex(),
             op.phase()
         );

@@ -8,7 +8,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use tiktoken_rs::CoreBPE;
 
 use super::users::{Phase, QosLevel, Request};
 use crate::error::{json_reason, Error, Result};
@@ -146,8 +145,7 @@ impl DatasetStream {
 }
 
 /// Pairs each `human` message with the `gpt` message right after it.
-fn exchanges(messages: &[Message], bpe: &CoreBPE) -> Vec<Exchange> {
-    let tokens = |text: &str| bpe.encode_ordinary(text).len() as u64;
+fn exchanges(messages: &[Message], tokens: &dyn Fn(&str) -> u64) -> Vec<Exchange> {
     messages
         .windows(2)
         .filter(|w| w[0].from == "human" && w[1].from == "gpt")
@@ -156,6 +154,25 @@ fn exchanges(messages: &[Message], bpe: &CoreBPE) -> Vec<Exchange> {
             generation_tokens: tokens(&w[1].value).clamp(1, MAX_GENERATION_TOKENS),
         })
         .collect()
+}
+
+/// Counts a text's tokens as kv-cache.py does: `cl100k_base`, special tokens as text.
+#[cfg(feature = "tiktoken")]
+fn token_counter() -> Result<impl Fn(&str) -> u64> {
+    let bpe = tiktoken_rs::cl100k_base().map_err(|e| {
+        Error::io(
+            "cannot load the cl100k_base tokenizer",
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
+    Ok(move |text: &str| bpe.encode_ordinary(text).len() as u64)
+}
+
+#[cfg(not(feature = "tiktoken"))]
+fn token_counter() -> Result<fn(&str) -> u64> {
+    Err(Error::usage(
+        "--dataset-path needs a kvtrace built with the `tiktoken` feature (it counts cl100k_base tokens)",
+    ))
 }
 
 /// Reads the first `max_conversations` conversations of a ShareGPT JSON file.
@@ -174,16 +191,11 @@ pub fn load(path: &Path, max_conversations: usize) -> Result<Dataset> {
         )
         .in_file(&shown)
     })?;
-    let bpe = tiktoken_rs::cl100k_base().map_err(|e| {
-        Error::io(
-            "cannot load the cl100k_base tokenizer",
-            std::io::Error::other(e.to_string()),
-        )
-    })?;
+    let tokens = token_counter()?;
     let mut dataset = Dataset::default();
     for conversation in all.iter().take(max_conversations) {
         dataset.read += 1;
-        let pairs = exchanges(&conversation.conversations, &bpe);
+        let pairs = exchanges(&conversation.conversations, &tokens);
         if pairs.is_empty() {
             dataset.unpaired += 1;
         } else {
@@ -197,12 +209,14 @@ pub fn load(path: &Path, max_conversations: usize) -> Result<Dataset> {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "tiktoken")]
     fn write(text: &str) -> tempfile::NamedTempFile {
         let mut f = tempfile::NamedTempFile::new().expect("tmp");
         std::io::Write::write_all(&mut f, text.as_bytes()).expect("write");
         f
     }
 
+    #[cfg(feature = "tiktoken")]
     #[test]
     fn human_then_gpt_pairs_become_requests_and_the_rest_is_counted() {
         let f = write(
@@ -267,6 +281,7 @@ mod tests {
         assert_eq!(drain(0, 1), a, "the seed fixes the order");
     }
 
+    #[cfg(feature = "tiktoken")]
     #[test]
     fn a_file_that_is_not_sharegpt_is_a_one_line_error_with_its_position() {
         let f = write("[{\"conversations\": 3}]");

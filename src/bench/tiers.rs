@@ -216,7 +216,7 @@ fn store_delete(spec: &TierSpec, key: KeyId) -> io::Result<()> {
 impl State {
     fn log(&self, op: IoOp, size: u64, tier: usize, key: KeyId) {
         if let Some(log) = &self.log {
-            log.row(op, size, self.tiers[tier].spec.kind, key);
+            log.row(op, size, self.tiers[tier].spec.kind.name(), key);
         }
     }
 

@@ -127,6 +127,14 @@ pub struct Tracer {
     shared: Arc<Shared>,
 }
 
+impl std::fmt::Debug for Tracer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tracer")
+            .field("recording", &self.is_recording())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Tracer {
     /// A tracer attached to no bus: `is_recording` is always false.
     pub fn disabled() -> Tracer {

@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use kvtrace::convert::{convert, ConvertOptions, Kind};
 use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::trace::convert::{convert, ConvertOptions, Kind};
 
 use super::{warn, ReadArgs};
 

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use kvtrace::error::{Error, EXIT_OK};
-use kvtrace::synth::{write_file, SynthOptions};
+use kvtrace::trace::synth::{write_file, SynthOptions};
 
 /// Write a realistic synthetic storage trace (multi-turn conversations over shared system
 /// prompts, issued as an LMCache server issues StorageManager calls); same seed, same bytes

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use kvtrace::error::{Error, EXIT_OK};
-use kvtrace::inspect::inspect;
+use kvtrace::trace::inspect::inspect;
 
 use super::{print_stdout, report, warn, ReadArgs};
 

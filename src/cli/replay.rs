@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvtrace::bus::Tracer;
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::lmct::reader::ZSTD_MAGIC;
 use kvtrace::lmct::TraceReader;
@@ -211,13 +210,14 @@ pub fn run(args: Args) -> Result<i32, Error> {
     } else {
         (ProgressBar::hidden(), false)
     };
-    let mut sm = StorageManager::new(config, Tracer::disabled())?;
+    let mut sm = StorageManager::new(config)?;
     let options = ReplayOptions {
         pacing,
         keep_startup_gap: args.keep_startup_gap,
         read: args.read.options(),
         emulate_sessions,
         fail_fast: args.fail_fast,
+        ..ReplayOptions::default()
     };
     let mut out = std::io::stdout().lock();
     let mut io_error = None;

@@ -10,6 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use crate::bus::Tracer;
 use crate::lmct::calls::{
     FINISH_READ_PREFETCHED, FINISH_WRITE, READ_PREFETCHED_ENTER, READ_PREFETCHED_EXIT,
     RECORDER_SUMMARY, RESERVE_WRITE, SUBMIT_PREFETCH_TASK,
@@ -340,15 +341,17 @@ impl Dispatcher {
     pub fn apply(
         &mut self,
         sm: &mut StorageManager,
+        tracer: &Tracer,
         call: &Call,
         args: &[u8],
     ) -> (Outcome, Effect) {
+        let republish = || tracer.publish_call(call.qualname(), |buf| buf.extend_from_slice(args));
         let ok = |detail: String| Outcome::Ok { detail };
         if let Call::ReadExit { keys } = call {
             return match self.open.get_mut(keys).and_then(VecDeque::pop_front) {
                 Some((_, entered)) => {
-                    sm.publish_raw(call.qualname(), |buf| buf.extend_from_slice(args));
-                    sm.read_prefetched_exit_ids(keys, entered);
+                    republish();
+                    sm.read_prefetched_exit(keys, entered);
                     (ok("closed".into()), Effect::None)
                 }
                 None => (
@@ -357,10 +360,10 @@ impl Dispatcher {
                 ),
             };
         }
-        sm.publish_raw(call.qualname(), |buf| buf.extend_from_slice(args));
+        republish();
         match call {
             Call::ReserveWrite { keys, object_bytes } => {
-                let r = sm.reserve_write_ids(keys, *object_bytes);
+                let r = sm.reserve_write(keys, *object_bytes);
                 let mut detail = format!(
                     "reserved {}, not writable {}",
                     r.reserved.len(),
@@ -371,7 +374,7 @@ impl Dispatcher {
                 }
                 (ok(detail), Effect::Reserved(r))
             }
-            Call::FinishWrite { keys } => match sm.finish_write_ids(keys) {
+            Call::FinishWrite { keys } => match sm.finish_write(keys) {
                 Ok(admitted) => (
                     ok(format!("admitted {}", admitted.len())),
                     Effect::Admitted(admitted),
@@ -398,7 +401,7 @@ impl Dispatcher {
                     lock: *lock,
                     skip_l2: *skip_l2,
                 };
-                match sm.submit_prefetch_ids(&request, request_id) {
+                match sm.submit_prefetch(&request, request_id) {
                     Ok(o) => (
                         ok(format!(
                             "hit {}/{} chunks (L1 {}, L2 {})",
@@ -415,7 +418,7 @@ impl Dispatcher {
                 }
             }
             Call::ReadEnter { keys } => {
-                let result = sm.read_prefetched_enter_ids(keys);
+                let result = sm.read_prefetched_enter(keys);
                 self.open
                     .entry(keys.clone())
                     .or_default()
@@ -429,7 +432,7 @@ impl Dispatcher {
                 (ok(detail), Effect::Read { ok: result.is_ok() })
             }
             Call::FinishRead { keys, read_locks } => {
-                sm.finish_read_prefetched_ids(keys, *read_locks);
+                sm.finish_read_prefetched(keys, *read_locks);
                 (
                     ok(format!("released {read_locks} lock(s) per key")),
                     Effect::None,
@@ -441,14 +444,14 @@ impl Dispatcher {
 
     /// Closes contexts whose exit was never recorded (in key order, deterministic); returns
     /// how many.
-    pub fn close_open_contexts(&mut self, sm: &mut StorageManager) -> u64 {
+    pub fn close_open_contexts(&mut self, sm: &mut StorageManager, tracer: &Tracer) -> u64 {
         let mut left: Vec<(Vec<KeyId>, OpenContexts)> = self.open.drain().collect();
         left.sort_by(|a, b| a.0.cmp(&b.0));
         let mut n = 0;
         for (ids, queue) in left {
             for (args, entered) in queue {
-                sm.publish_raw(READ_PREFETCHED_EXIT, |buf| buf.extend_from_slice(&args));
-                sm.read_prefetched_exit_ids(&ids, entered);
+                tracer.publish_call(READ_PREFETCHED_EXIT, |buf| buf.extend_from_slice(&args));
+                sm.read_prefetched_exit(&ids, entered);
                 n += 1;
             }
         }

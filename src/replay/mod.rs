@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::bus::Tracer;
 use crate::error::{Error, Result};
 use crate::lmct::digest::{compare_configs, config_digest, python_json, DigestMatch};
 use crate::lmct::{ReadOptions, RecordRef, TraceReader};
@@ -49,7 +50,7 @@ impl Pacing {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ReplayOptions {
     pub pacing: Pacing,
     /// Sleep through the time before the first record too (LMCache does).
@@ -61,6 +62,9 @@ pub struct ReplayOptions {
     /// Stop after the first call that fails (a tier refused it); the report covers the
     /// records up to it.
     pub fail_fast: bool,
+    /// Where each replayed call is republished, with the recorded argument bytes (a
+    /// disabled tracer by default; a recorder on it records the replay).
+    pub tracer: Tracer,
 }
 
 impl Default for ReplayOptions {
@@ -71,6 +75,7 @@ impl Default for ReplayOptions {
             read: ReadOptions::default(),
             emulate_sessions: true,
             fail_fast: false,
+            tracer: Tracer::disabled(),
         }
     }
 }
@@ -192,7 +197,8 @@ pub fn replay(
                 }
                 sm.advance_to(record.t_mono);
                 let began = Instant::now();
-                let (outcome, effect) = dispatcher.apply(sm, &call, record.args.bytes());
+                let (outcome, effect) =
+                    dispatcher.apply(sm, &options.tracer, &call, record.args.bytes());
                 let latency_ms = began.elapsed().as_secs_f64() * 1e3;
                 sessions.after(&call, &effect, at);
                 (outcome, latency_ms)
@@ -234,7 +240,7 @@ pub fn replay(
     if let Some(closed) = sessions.close(sm, f64::INFINITY) {
         absorb(sm, closed, &mut report);
     }
-    report.forced_exits = dispatcher.close_open_contexts(sm);
+    report.forced_exits = dispatcher.close_open_contexts(sm, &options.tracer);
     report.duration_s = start.elapsed().as_secs_f64();
     report.ops = latencies
         .into_iter()

@@ -94,10 +94,11 @@ fn decode(path: &Path, read: ReadOptions) -> Result<Vec<(Position, Call)>> {
 /// Replays the calls under `config`: (sessions reproduced, sessions, L1 peak usage reached
 /// the watermark).
 fn score(calls: &[(Position, Call)], config: &StorageConfig, emulate: bool) -> (u64, u64, bool) {
-    let Ok(mut sm) = StorageManager::new(config.clone(), Tracer::disabled()) else {
+    let Ok(mut sm) = StorageManager::new(config.clone()) else {
         return (0, 0, false);
     };
     let mut dispatcher = Dispatcher::default();
+    let tracer = Tracer::disabled();
     let mut sessions = Sessions::new(emulate);
     let mut fidelity = Fidelity::default();
     for (at, call) in calls {
@@ -105,7 +106,7 @@ fn score(calls: &[(Position, Call)], config: &StorageConfig, emulate: bool) -> (
             fidelity.add(&sm, &closed);
         }
         sm.advance_to(at.t);
-        let (_, effect) = dispatcher.apply(&mut sm, call, &[]);
+        let (_, effect) = dispatcher.apply(&mut sm, &tracer, call, &[]);
         sessions.after(call, &effect, *at);
     }
     if let Some(closed) = sessions.close(&mut sm, f64::INFINITY) {

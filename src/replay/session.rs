@@ -254,7 +254,7 @@ impl Sessions {
                     for key in held {
                         let left = readers.saturating_sub(released.get(&key).copied().unwrap_or(0));
                         if left > 0 && sm.holds_read_lock(key) {
-                            sm.finish_read_prefetched_ids(&[key], left as i64);
+                            sm.finish_read_prefetched(&[key], left as i64);
                             self.completions.locks_released += 1;
                         }
                     }
@@ -271,7 +271,7 @@ impl Sessions {
                         .filter(|k| !session.recorded.contains(k))
                         .collect();
                     if !unfinished.is_empty() {
-                        if let Ok(admitted) = sm.finish_write_ids(&unfinished) {
+                        if let Ok(admitted) = sm.finish_write(&unfinished) {
                             self.completions.writes_finished += admitted.len() as u64;
                         }
                     }

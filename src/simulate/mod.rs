@@ -1,5 +1,5 @@
 //! `kvtrace simulate`: request traces through simulated serving engines. Workloads
-//! ([`workload`]) arrive on a virtual clock ([`offline`]), a router ([`router`]) places them
+//! ([`workload`]) arrive on a virtual clock ([`event_loop`]), a router ([`router`]) places them
 //! on mock engines ([`engine`]: vLLM and TRT-LLM in [`vllm`] with the KV pool of [`blocks`],
 //! SGLang in [`sglang`] with the radix cache of [`radix`], both timed by [`perf`]),
 //! disaggregated serving hands requests from prefill to decode workers ([`handoff`]), and the
@@ -10,9 +10,9 @@ pub mod args;
 pub mod blocks;
 pub mod collector;
 pub mod engine;
+pub mod event_loop;
 pub mod handoff;
 pub mod live;
-pub mod offline;
 pub mod offload;
 pub mod perf;
 pub mod plan;

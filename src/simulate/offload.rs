@@ -12,10 +12,9 @@ use serde_json::{Map, Value as Json};
 
 use super::engine::{KvConnector, RequestId};
 use super::workload::Prompt;
-use crate::bus::Tracer;
 use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
 use crate::rng::hash32;
-use crate::storage::{StorageManager, TierIo, TierStats};
+use crate::storage::{KeyId, TierIo, TierStats, Traced};
 
 /// LMCache's default chunk: 256 tokens.
 pub const DEFAULT_CHUNK_TOKENS: u32 = 256;
@@ -42,7 +41,7 @@ impl OffloadConfig {
     pub fn layout(&self) -> MemoryLayoutDesc {
         let per_layer_pair = 2 * DEFAULT_LAYERS * 2;
         let chunk = i64::from(self.chunk_tokens);
-        let (shape, dtype) = if self.kv_bytes_per_token % per_layer_pair == 0 {
+        let (shape, dtype) = if self.kv_bytes_per_token.is_multiple_of(per_layer_pair) {
             let hidden = (self.kv_bytes_per_token / per_layer_pair) as i64;
             (
                 vec![2, DEFAULT_LAYERS as i64, chunk, hidden],
@@ -91,8 +90,7 @@ struct Pending {
 
 /// The connector every engine of a simulation shares.
 pub struct Offload {
-    sm: StorageManager,
-    tracer: Tracer,
+    sm: Traced,
     config: OffloadConfig,
     layout: MemoryLayoutDesc,
     requests: HashMap<RequestId, Pending>,
@@ -100,12 +98,11 @@ pub struct Offload {
 }
 
 impl Offload {
-    /// `tracer` must be the one `sm` publishes on, so recorded calls carry virtual time.
-    pub fn new(sm: StorageManager, tracer: Tracer, config: OffloadConfig) -> Offload {
+    /// Recorded calls carry virtual time: the tracer's clock follows the simulation's.
+    pub fn new(sm: Traced, config: OffloadConfig) -> Offload {
         Offload {
             layout: config.layout(),
             sm,
-            tracer,
             config,
             requests: HashMap::new(),
             stats: OffloadStats::default(),
@@ -115,8 +112,8 @@ impl Offload {
     /// Moves the store's clock (TTLs, eviction ticks, recorded times) to `ms` of virtual time.
     pub fn advance_to(&mut self, ms: f64) {
         let secs = ms / 1e3;
-        self.tracer.set_virtual_time(secs);
-        self.sm.advance_to(secs);
+        self.sm.tracer().set_virtual_time(secs);
+        self.sm.manager_mut().advance_to(secs);
     }
 
     /// Cuts a request's prompt into chunk keys (full chunks only).
@@ -152,11 +149,11 @@ impl Offload {
     }
 
     pub fn tier_stats(&self) -> Vec<TierStats> {
-        self.sm.tier_stats()
+        self.sm.manager().tier_stats()
     }
 
     pub fn tier_io(&self) -> Vec<TierIo> {
-        self.sm.tier_io()
+        self.sm.manager().tier_io()
     }
 
     /// The report's offload keys: `offload_*` counters and the tier table.
@@ -187,7 +184,7 @@ impl Offload {
         put("load_ms", s.load_ms.into());
         put("stored_chunks", s.stored_chunks.into());
         put("store_out_of_memory", s.store_out_of_memory.into());
-        let tiers = self.sm.tier_stats();
+        let tiers = self.sm.manager().tier_stats();
         put(
             "tiers",
             serde_json::to_value(&tiers).unwrap_or(Json::Array(Vec::new())),
@@ -272,7 +269,7 @@ impl KvConnector for Offload {
         let fresh: Vec<ObjectKey> = p
             .keys
             .iter()
-            .filter(|k| !self.sm.is_resident(k))
+            .filter(|k| !self.sm.manager().is_resident(KeyId::of(k)))
             .cloned()
             .collect();
         if fresh.is_empty() {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use super::args::{EngineArgs, EngineType, WorkerType};
 use super::collector::Sla;
-use super::offline::{simulate, PrefillPool, SimConfig};
+use super::event_loop::{simulate, PrefillPool, SimConfig};
 use super::offload::{Offload, OffloadConfig, DEFAULT_CHUNK_TOKENS, DEFAULT_KV_BYTES_PER_TOKEN};
 use super::report::SimulateReport;
 use super::router::{KvRouterConfig, QueuePolicy, RouterMode};
@@ -22,7 +22,7 @@ use crate::clock::local_stamp;
 use crate::error::{Error, Result};
 use crate::report::{self, csv::Csv, json::Json, jsonl::Jsonl, xlsx::Xlsx, Exporter, Target};
 use crate::storage::config::StorageConfig;
-use crate::storage::StorageManager;
+use crate::storage::{StorageManager, Traced};
 
 /// How requests are placed on workers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -274,8 +274,8 @@ impl Plan {
                     .map(|path| start_recording(path, &storage, true))
                     .transpose()?;
                 let tracer = bus.as_ref().map_or_else(Tracer::disabled, EventBus::tracer);
-                let sm = StorageManager::new(storage, tracer.clone())?;
-                Some((Offload::new(sm, tracer, config), bus))
+                let sm = Traced::new(StorageManager::new(storage)?, tracer);
+                Some((Offload::new(sm, config), bus))
             }
             None => None,
         };

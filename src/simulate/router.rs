@@ -398,7 +398,7 @@ impl Router {
         for (i, &l) in logits.iter().enumerate() {
             if l == min {
                 ties += 1;
-                if self.rng.next_u64() % ties == 0 {
+                if self.rng.next_u64().is_multiple_of(ties) {
                     chosen = i;
                 }
             }

@@ -271,7 +271,7 @@ impl SglangEngine {
     /// Grows a request's KV to `end` tokens: the last page's free slots, then new pages.
     fn extend_allocation(&mut self, req: &mut Req, end: u32) -> bool {
         let have = req.lease.tokens;
-        let in_last = if have % self.page == 0 {
+        let in_last = if have.is_multiple_of(self.page) {
             0
         } else {
             self.page - have % self.page

@@ -187,7 +187,7 @@ impl VllmEngine {
     fn prepare(&mut self, seq: &mut Sequence) {
         if seq.table.is_empty() && seq.decode_hashes.is_empty() {
             let block = self.args.block_size;
-            seq.partial = seq.len() % block != 0;
+            seq.partial = !seq.len().is_multiple_of(block);
             // Full prompt blocks without a content hash are nobody else's: give them one.
             let full = (seq.prompt_len / block) as usize;
             if seq.hashes.len() < full {
@@ -510,7 +510,7 @@ impl VllmEngine {
             seq.cached = b + 1;
             b += 1;
         }
-        if after == seq.len() && after % block == 0 && after > 0 && seq.partial {
+        if after == seq.len() && after.is_multiple_of(block) && after > 0 && seq.partial {
             self.promote(i);
         }
     }

@@ -112,7 +112,7 @@ pub struct HostBuffer {
 /// The page size the pool is touched at.
 const PAGE: usize = 4096;
 
-// The mapping is owned by exactly one L1 and only touched through `&mut self`.
+// SAFETY: the mapping is owned by exactly one L1 and only touched through `&mut self`.
 unsafe impl Send for HostBuffer {}
 
 impl HostBuffer {

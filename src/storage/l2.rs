@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::backend::{Backend, GpuBudget, Memory, Null};
 use super::config::{BackendConfig, L2Config};
-use super::{file, redis, KeyId, KeyMap, TierStats};
+use super::{file, KeyId, KeyMap, TierStats};
 
 /// The time a transfer counts for: the device model's when the backend has one, else what
 /// was measured.
@@ -22,7 +22,16 @@ fn build_backend(config: &BackendConfig) -> io::Result<Box<dyn Backend>> {
         BackendConfig::File { dir, direct, fsync } => {
             Box::new(file::FileTier::create(dir, *direct, *fsync)?)
         }
-        BackendConfig::Redis { url, prefix } => Box::new(redis::RedisTier::connect(url, prefix)?),
+        #[cfg(feature = "redis")]
+        BackendConfig::Redis { url, prefix } => {
+            Box::new(super::redis::RedisTier::connect(url, prefix)?)
+        }
+        #[cfg(not(feature = "redis"))]
+        BackendConfig::Redis { url, .. } => {
+            return Err(io::Error::other(format!(
+                "the redis tier at {url} needs a kvtrace built with the `redis` feature"
+            )))
+        }
         BackendConfig::Gpu { bandwidth_gbps } => Box::new(GpuBudget::new(*bandwidth_gbps)),
         BackendConfig::Null => Box::new(Null),
     })

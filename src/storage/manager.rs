@@ -6,12 +6,12 @@
 //! inside `submit_prefetch_task` (lock pass, L2 lookup, plan, staging reservation, load,
 //! settle — the controller's phases in order); the store controller's write-through happens
 //! inside `finish_write`. What each call does is documented in `format-spec/REPLAY.md`.
+//!
+//! The manager works on key ids and publishes nothing; [`super::traced::Traced`] is the
+//! facade that takes LMCache's arguments (object keys, layouts, prefetch specs), publishes
+//! each call on the event bus and hands the ids here.
 
 use std::time::Instant;
-
-use crate::bus::Tracer;
-use crate::lmct::calls::StorageCall;
-use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
 
 use super::config::{EvictionTiming, Placement, PrefetchPolicy, StorageConfig, StorePolicy};
 use super::l1::{Evicted, HostBuffer, L1Store, Reservation, L1};
@@ -29,7 +29,7 @@ pub struct PrefetchGroup {
     pub window: i64,
 }
 
-/// A prefetch by key ids: what [`StorageManager::submit_prefetch_ids`] needs of a spec.
+/// A prefetch by key ids: what [`StorageManager::submit_prefetch`] needs of a spec.
 #[derive(Clone, Copy, Debug)]
 pub struct PrefetchRequest<'a> {
     pub groups: &'a [PrefetchGroup],
@@ -63,14 +63,13 @@ pub struct StorageManager {
     /// Index of the next eviction pass (periodic timing).
     next_pass: u64,
     calls: CallStats,
-    tracer: Tracer,
     /// When and how each key last left L1, kept on request.
     journal: Option<KeyMap<(f64, Departure)>>,
 }
 
 impl StorageManager {
     /// Builds the tiers; fails when one cannot be set up (e.g. an unwritable directory).
-    pub fn new(config: StorageConfig, tracer: Tracer) -> crate::Result<StorageManager> {
+    pub fn new(config: StorageConfig) -> crate::Result<StorageManager> {
         let store = match (config.l1_gpu_bandwidth_gbps, config.l1_buffers) {
             (Some(bw), _) => L1Store::Gpu {
                 bytes_per_s: bw * 1e9,
@@ -101,7 +100,6 @@ impl StorageManager {
             now: 0.0,
             next_pass: 1,
             calls: CallStats::default(),
-            tracer,
             journal: None,
         })
     }
@@ -189,17 +187,6 @@ impl StorageManager {
         self.now = t;
     }
 
-    fn publish(&self, call: StorageCall<'_>) {
-        self.tracer
-            .publish_call(call.qualname(), |buf| call.encode_args(buf));
-    }
-
-    /// Publishes a call on the event bus with arguments its caller encodes (replay hands on
-    /// the recorded bytes), for the `*_ids` entry points.
-    pub fn publish_raw(&self, qualname: &'static str, encode_args: impl FnOnce(&mut Vec<u8>)) {
-        self.tracer.publish_call(qualname, encode_args);
-    }
-
     fn immediate(&self) -> bool {
         self.config.eviction.timing == EvictionTiming::Immediate
     }
@@ -214,18 +201,7 @@ impl StorageManager {
 
     /// Reserves L1 staging space for the keys that are neither resident nor staged. If the
     /// pending batch does not fit, none of it is reserved (OUT_OF_MEMORY).
-    pub fn reserve_write(&mut self, keys: &[ObjectKey], layout: &MemoryLayoutDesc) -> Reservation {
-        self.publish(StorageCall::ReserveWrite {
-            keys,
-            layout_desc: layout,
-        });
-        let ids: Vec<KeyId> = keys.iter().map(KeyId::of).collect();
-        self.reserve_write_ids(&ids, layout.object_bytes().unwrap_or(0))
-    }
-
-    /// [`StorageManager::reserve_write`] on key ids, untraced: for callers that publish the
-    /// call themselves (replay re-publishes the recorded arguments).
-    pub fn reserve_write_ids(&mut self, keys: &[KeyId], object_bytes: u64) -> Reservation {
+    pub fn reserve_write(&mut self, keys: &[KeyId], object_bytes: u64) -> Reservation {
         let pending = self.l1.needs_allocation(keys);
         self.make_room(object_bytes, pending);
         let r = self.l1.reserve_write(keys, object_bytes, self.now);
@@ -244,15 +220,9 @@ impl StorageManager {
         r
     }
 
-    /// Admits staged objects as resident and stores them through to every L2 tier.
-    pub fn finish_write(&mut self, keys: &[ObjectKey]) -> Result<Vec<KeyId>, CallError> {
-        self.publish(StorageCall::FinishWrite { keys });
-        let ids: Vec<KeyId> = keys.iter().map(KeyId::of).collect();
-        self.finish_write_ids(&ids)
-    }
-
-    /// [`StorageManager::finish_write`] on key ids, untraced; returns the keys admitted.
-    pub fn finish_write_ids(&mut self, keys: &[KeyId]) -> Result<Vec<KeyId>, CallError> {
+    /// Admits staged objects as resident and stores them through to every L2 tier; returns
+    /// the keys admitted.
+    pub fn finish_write(&mut self, keys: &[KeyId]) -> Result<Vec<KeyId>, CallError> {
         let admitted = self.l1.finish_write(keys, self.now);
         self.calls.keys_admitted += admitted.len() as u64;
         if self.config.placement == Placement::WriteThrough && !self.l2.is_empty() {
@@ -282,39 +252,7 @@ impl StorageManager {
     /// tiers, plans the hit prefix (`prefix`) or every whole hit (`full`) L1 first, reserves
     /// L1 room for the L2 part (re-planning without what did not fit), loads it, and keeps
     /// `num_kv_readers` read locks on the hit under `LOCK`.
-    pub fn submit_prefetch_task(
-        &mut self,
-        spec: &PrefetchTaskSpec,
-        external_request_id: &str,
-        skip_l2: bool,
-    ) -> Result<PrefetchOutcome, CallError> {
-        self.publish(StorageCall::SubmitPrefetchTask {
-            spec,
-            external_request_id,
-            skip_l2,
-        });
-        let groups: Vec<PrefetchGroup> = spec
-            .key_groups
-            .iter()
-            .map(|g| PrefetchGroup {
-                keys: g.keys.iter().map(KeyId::of).collect(),
-                object_bytes: g.layout_desc.object_bytes().unwrap_or(0),
-                chunk_tokens: g.layout_desc.chunk_tokens(),
-                window: g.sliding_window_size,
-            })
-            .collect();
-        let request = PrefetchRequest {
-            groups: &groups,
-            prefix_only: spec.fetching_policy != "full",
-            readers: spec.num_kv_readers.max(0) as u64,
-            lock: spec.lock_mode == LockMode::Lock,
-            skip_l2,
-        };
-        self.submit_prefetch_ids(&request, external_request_id)
-    }
-
-    /// [`StorageManager::submit_prefetch_task`] on key ids, untraced.
-    pub fn submit_prefetch_ids(
+    pub fn submit_prefetch(
         &mut self,
         request: &PrefetchRequest<'_>,
         external_request_id: &str,
@@ -485,14 +423,7 @@ impl StorageManager {
     /// and read-locked (by a prefetch), then reads their bytes. Takes no locks. A failure is
     /// LMCache's "Failed to read prefetched object": the reader gets nothing (a miss), and
     /// the exit releases one lock of each key that was readable.
-    pub fn read_prefetched_enter(&mut self, keys: &[ObjectKey]) -> Result<(), CallError> {
-        self.publish(StorageCall::ReadPrefetchedEnter { keys });
-        let ids: Vec<KeyId> = keys.iter().map(KeyId::of).collect();
-        self.read_prefetched_enter_ids(&ids)
-    }
-
-    /// [`StorageManager::read_prefetched_enter`] on key ids, untraced.
-    pub fn read_prefetched_enter_ids(&mut self, keys: &[KeyId]) -> Result<(), CallError> {
+    pub fn read_prefetched_enter(&mut self, keys: &[KeyId]) -> Result<(), CallError> {
         self.l1.unsafe_read(keys, self.now).map_err(|u| {
             self.calls.read_failures += 1;
             CallError::NotReadable {
@@ -504,14 +435,7 @@ impl StorageManager {
 
     /// The context exit: after a failed entry, releases one read lock of each readable key;
     /// after a successful one, nothing (the caller calls `finish_read_prefetched`).
-    pub fn read_prefetched_exit(&mut self, keys: &[ObjectKey], entered: bool) {
-        self.publish(StorageCall::ReadPrefetchedExit { keys });
-        let ids: Vec<KeyId> = keys.iter().map(KeyId::of).collect();
-        self.read_prefetched_exit_ids(&ids, entered);
-    }
-
-    /// [`StorageManager::read_prefetched_exit`] on key ids, untraced.
-    pub fn read_prefetched_exit_ids(&mut self, keys: &[KeyId], entered: bool) {
+    pub fn read_prefetched_exit(&mut self, keys: &[KeyId], entered: bool) {
         if !entered {
             let readable = self.l1.readable(keys, self.now);
             self.release(&readable, 1);
@@ -521,14 +445,7 @@ impl StorageManager {
     /// Releases `read_locks` read locks per key (LMCache clamps the count to 1..=128).
     /// Objects a prefetch loaded from L2 leave L1 with their last lock, unless the prefetch
     /// policy retains them.
-    pub fn finish_read_prefetched(&mut self, keys: &[ObjectKey], read_locks: i64) {
-        self.publish(StorageCall::FinishReadPrefetched { keys, read_locks });
-        let ids: Vec<KeyId> = keys.iter().map(KeyId::of).collect();
-        self.finish_read_prefetched_ids(&ids, read_locks);
-    }
-
-    /// [`StorageManager::finish_read_prefetched`] on key ids, untraced.
-    pub fn finish_read_prefetched_ids(&mut self, keys: &[KeyId], read_locks: i64) {
+    pub fn finish_read_prefetched(&mut self, keys: &[KeyId], read_locks: i64) {
         self.release(keys, read_locks.max(0) as u64);
     }
 
@@ -539,11 +456,10 @@ impl StorageManager {
     }
 
     /// Removes objects from every tier (untraced, as in LMCache); read-locked L1 objects stay.
-    pub fn delete(&mut self, keys: &[ObjectKey]) -> Result<(), CallError> {
-        let ids: Vec<KeyId> = keys.iter().map(KeyId::of).collect();
-        self.l1.delete(&ids, self.now);
+    pub fn delete(&mut self, keys: &[KeyId]) -> Result<(), CallError> {
+        self.l1.delete(keys, self.now);
         for tier in &mut self.l2 {
-            for &key in &ids {
+            for &key in keys {
                 tier.remove(key).map_err(io_error)?;
             }
         }
@@ -567,8 +483,8 @@ impl StorageManager {
     }
 
     /// Whether an object is resident in L1 (for tests and engines).
-    pub fn is_resident(&self, key: &ObjectKey) -> bool {
-        self.l1.is_resident(KeyId::of(key))
+    pub fn is_resident(&self, key: KeyId) -> bool {
+        self.l1.is_resident(key)
     }
 
     pub fn call_stats(&self) -> CallStats {

@@ -5,8 +5,9 @@
 //! cache's behaviour — hits, misses, OUT_OF_MEMORY, evictions, bytes per tier — observed. It
 //! is deterministic: time is the trace's time (set with [`StorageManager::advance_to`]), a
 //! prefetch completes inside `submit_prefetch_task`, and every policy orders by logical
-//! stamps. Every traced call is published on the event bus in LMCache's argument shape, so
-//! a kvtrace-driven manager records LMCT like an LMCache server does.
+//! stamps. Driven through the [`Traced`] facade, every call is published on the event bus in
+//! LMCache's argument shape, so a kvtrace-driven manager records LMCT like an LMCache server
+//! does.
 
 pub mod arena;
 pub mod backend;
@@ -17,7 +18,9 @@ mod l1;
 mod l2;
 mod manager;
 pub mod prefetch;
+#[cfg(feature = "redis")]
 pub mod redis;
+pub mod traced;
 
 use std::collections::HashMap;
 
@@ -27,6 +30,7 @@ use xxhash_rust::xxh3::xxh3_128;
 use crate::lmct::codec::{ObjectKey, ObjectKeyRef};
 pub use l1::{Reservation, Unreadable};
 pub use manager::{Departure, PrefetchGroup, PrefetchRequest, StorageManager};
+pub use traced::Traced;
 
 /// The identity of an object: a 128-bit hash of every `ObjectKey` field. Also what file names
 /// and Redis keys are derived from, never the key's raw bytes.

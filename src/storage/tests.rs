@@ -2,7 +2,7 @@
 
 use super::config::{BackendConfig, EvictionTiming, L2Config, PrefetchPolicy, StorageConfig};
 use super::eviction::PolicyKind;
-use super::{CallError, StorageManager};
+use super::{CallError, KeyId, StorageManager, Traced};
 use crate::bus::Tracer;
 use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
 
@@ -33,17 +33,19 @@ fn spec(keys: &[ObjectKey], policy: &str, lock: LockMode) -> PrefetchTaskSpec {
 /// The tests' objects are 1000 bytes: an 8-byte alignment keeps L1 sizes in whole objects.
 const ALIGN: u64 = 8;
 
-fn manager(capacity: u64, timing: EvictionTiming) -> StorageManager {
+fn manager(capacity: u64, timing: EvictionTiming) -> Traced {
     let mut config = StorageConfig {
         l1_size_bytes: capacity,
         l1_align_bytes: ALIGN,
         ..StorageConfig::default()
     };
     config.eviction.timing = timing;
-    StorageManager::new(config, Tracer::disabled()).expect("manager")
+    StorageManager::new(config)
+        .map(|m| Traced::new(m, Tracer::disabled()))
+        .expect("manager")
 }
 
-fn store(sm: &mut StorageManager, k: &[ObjectKey]) {
+fn store(sm: &mut Traced, k: &[ObjectKey]) {
     sm.reserve_write(k, &layout());
     sm.finish_write(k).expect("finish");
 }
@@ -57,7 +59,7 @@ fn reserved_objects_are_invisible_until_finished_and_not_writable_twice() {
         (r.reserved.len(), r.not_writable, r.out_of_memory),
         (3, 0, false)
     );
-    assert!(!sm.is_resident(&k[0]));
+    assert!(!sm.manager().is_resident(KeyId::of(&k[0])));
     let hit = sm
         .submit_prefetch_task(&spec(&k, "prefix", LockMode::Lock), "r", false)
         .expect("ok");
@@ -68,14 +70,14 @@ fn reserved_objects_are_invisible_until_finished_and_not_writable_twice() {
         "staged: KEY_NOT_WRITABLE"
     );
     assert_eq!(sm.finish_write(&k).expect("ok").len(), 3);
-    assert!(sm.is_resident(&k[2]));
+    assert!(sm.manager().is_resident(KeyId::of(&k[2])));
     assert_eq!(
         sm.reserve_write(&k[..1], &layout()).not_writable,
         1,
         "resident: KEY_NOT_WRITABLE"
     );
     assert!(sm.finish_write(&keys(9..10)).expect("ok").is_empty());
-    assert_eq!(sm.call_stats().keys_not_staged, 1);
+    assert_eq!(sm.manager().call_stats().keys_not_staged, 1);
 }
 
 #[test]
@@ -91,7 +93,7 @@ fn a_batch_that_does_not_fit_is_out_of_memory_as_a_whole() {
     assert!(r.out_of_memory);
     assert!(r.reserved.is_empty(), "partial allocations are not kept");
     assert_eq!(sm.reserve_write(&keys(0..2), &layout()).reserved.len(), 2);
-    assert_eq!(sm.call_stats().out_of_memory_keys, 3);
+    assert_eq!(sm.manager().call_stats().out_of_memory_keys, 3);
 }
 
 #[test]
@@ -114,8 +116,8 @@ fn locked_objects_survive_eviction_pressure_and_become_evictable_when_released()
         "released objects were evicted to make room"
     );
     // A request's tail goes before its prefix (LMCache applies batches last key first).
-    assert!(!sm.is_resident(&first[1]));
-    assert!(sm.is_resident(&first[0]));
+    assert!(!sm.manager().is_resident(KeyId::of(&first[1])));
+    assert!(sm.manager().is_resident(KeyId::of(&first[0])));
 }
 
 #[test]
@@ -175,16 +177,16 @@ fn read_locks_and_reservations_expire_with_their_ttls() {
     sm.submit_prefetch_task(&spec(&k, "prefix", LockMode::Lock), "r", false)
         .expect("ok");
     sm.reserve_write(&keys(1..2), &layout());
-    sm.advance_to(301.0);
+    sm.manager_mut().advance_to(301.0);
     assert!(
         sm.read_prefetched_enter(&k).is_err(),
         "read lock expired after 300 s"
     );
-    assert_eq!(sm.call_stats().read_locks_expired, 1);
-    sm.advance_to(601.0);
+    assert_eq!(sm.manager().call_stats().read_locks_expired, 1);
+    sm.manager_mut().advance_to(601.0);
     // The lapsed reservation's buffer goes to the next writer of the key.
     assert_eq!(sm.reserve_write(&keys(1..2), &layout()).reserved.len(), 1);
-    assert_eq!(sm.call_stats().write_reservations_expired, 1);
+    assert_eq!(sm.manager().call_stats().write_reservations_expired, 1);
 }
 
 #[test]
@@ -205,17 +207,19 @@ fn l2_loads_are_dropped_after_use_unless_retained() {
             ..StorageConfig::default()
         };
         config.eviction.timing = EvictionTiming::Immediate;
-        let mut sm = StorageManager::new(config, Tracer::disabled()).expect("manager");
+        let mut sm = StorageManager::new(config)
+            .map(|m| Traced::new(m, Tracer::disabled()))
+            .expect("manager");
         let (a, b) = (keys(0..1), keys(1..2));
         store(&mut sm, &a);
         store(&mut sm, &b); // evicts a from L1; L2 still has it
-        assert!(!sm.is_resident(&a[0]));
+        assert!(!sm.manager().is_resident(KeyId::of(&a[0])));
         let o = sm
             .submit_prefetch_task(&spec(&a, "prefix", LockMode::Lock), "r", false)
             .expect("ok");
         assert_eq!((o.l1_hit_chunks, o.l2_hit_chunks), (0, 1));
         sm.finish_read_prefetched(&a, 1);
-        assert_eq!(sm.is_resident(&a[0]), stays);
+        assert_eq!(sm.manager().is_resident(KeyId::of(&a[0])), stays);
         let skip = sm
             .submit_prefetch_task(&spec(&b, "prefix", LockMode::Lock), "s", true)
             .expect("ok");
@@ -274,14 +278,16 @@ fn waterfall_keeps_every_entry_that_fits_and_drops_only_from_the_last_tier() {
         ..StorageConfig::default()
     };
     config.eviction.timing = EvictionTiming::Immediate;
-    let mut sm = StorageManager::new(config, Tracer::disabled()).expect("manager");
+    let mut sm = StorageManager::new(config)
+        .map(|m| Traced::new(m, Tracer::disabled()))
+        .expect("manager");
     let all = keys(0..40);
     for k in all.chunks(1) {
         store(&mut sm, k);
     }
-    let calls = sm.call_stats().clone();
+    let calls = sm.manager().call_stats().clone();
     assert_eq!(calls.dropped_from_last_tier, 0);
-    let tiers = sm.tier_stats();
+    let tiers = sm.manager().tier_stats();
     let resident: u64 = tiers.iter().map(|t| t.resident_objects).sum();
     assert_eq!(resident, 40, "every entry is somewhere");
     assert!(
@@ -314,7 +320,7 @@ fn waterfall_keeps_every_entry_that_fits_and_drops_only_from_the_last_tier() {
     for k in keys(40..60).chunks(1) {
         store(&mut sm, k);
     }
-    assert!(sm.call_stats().dropped_from_last_tier > 0);
+    assert!(sm.manager().call_stats().dropped_from_last_tier > 0);
 }
 
 /// A GPU → CPU waterfall on a machine without a GPU: the GPU tier holds its budget, and every
@@ -338,7 +344,9 @@ fn a_gpu_budget_tier_charges_modelled_transfer_time() {
             ..StorageConfig::default()
         };
         config.eviction.timing = EvictionTiming::Immediate;
-        let mut sm = StorageManager::new(config, Tracer::disabled()).expect("manager");
+        let mut sm = StorageManager::new(config)
+            .map(|m| Traced::new(m, Tracer::disabled()))
+            .expect("manager");
         for k in keys(0..5).chunks(1) {
             store(&mut sm, k);
         }
@@ -347,7 +355,7 @@ fn a_gpu_budget_tier_charges_modelled_transfer_time() {
             .expect("prefetch");
         assert_eq!(o.l2_hit_chunks, 1, "the demoted entry is found below");
         sm.read_prefetched_enter(&keys(0..1)).expect("read");
-        (sm.tier_stats(), sm.tier_io())
+        (sm.manager().tier_stats(), sm.manager().tier_io())
     };
     let (stats, io) = run();
     assert_eq!(stats[0].backend, "gpu (budget)");
