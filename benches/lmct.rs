@@ -16,7 +16,8 @@ fn trace() -> &'static [u8] {
         records: RECORDS,
         ..SynthOptions::default()
     };
-    let bytes = synth::write_to(&options, Vec::new()).expect("in-memory trace");
+    let bytes =
+        synth::write_to(&options, Vec::new(), kvtrace::trace::QUIET).expect("in-memory trace");
     Box::leak(bytes.into_boxed_slice())
 }
 

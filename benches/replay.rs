@@ -19,7 +19,7 @@ fn bench(c: &mut Criterion) {
         records: RECORDS,
         ..SynthOptions::default()
     };
-    synth::write_file(&options, &path, None).expect("trace");
+    synth::write_file(&options, &path, None, kvtrace::trace::QUIET).expect("trace");
     let mut group = c.benchmark_group("replay");
     group
         .sample_size(10)

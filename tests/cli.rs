@@ -250,6 +250,40 @@ fn generate_is_deterministic_for_a_seed() {
 }
 
 #[test]
+fn a_generated_trace_replays_without_flags_and_reproduces_its_hits() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let trace = dir.path().join("g.lct").display().to_string();
+    let out_dir = dir.path().join("out").display().to_string();
+    assert!(kvtrace(["generate", &trace, "--records", "3000"])
+        .status
+        .success());
+    let out = kvtrace([
+        "replay",
+        &trace,
+        "-q",
+        "--json",
+        "--expect-fidelity",
+        "--output-dir",
+        &out_dir,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        "",
+        "no warning for a recorded configuration"
+    );
+    let summary = replay_summary(std::path::Path::new(&out_dir));
+    assert_eq!(summary["kvtrace"]["digest"]["result"], "match");
+    let fidelity = &summary["kvtrace"]["fidelity"];
+    assert_eq!(fidelity["requests"], fidelity["requests_matching"]);
+    assert!(fidelity["recorded_hit_chunks"].as_u64().expect("hits") > 0);
+    assert_eq!(
+        fidelity["recorded_hit_chunks"],
+        fidelity["replayed_hit_chunks"]
+    );
+}
+
+#[test]
 fn replay_writes_lmcache_shaped_reports_and_jsonl() {
     let dir = tempfile::tempdir().expect("tmp");
     let out_dir = dir.path().display().to_string();
@@ -594,13 +628,20 @@ fn replay_reads_a_toml_hierarchy_and_flags_override_it() {
 fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
     let dir = tempfile::tempdir().expect("tmp");
     let d = |f: &str| dir.path().join(f).display().to_string();
+    // A trace whose header records a configuration that is not LMCache's shape.
     let generated = d("no-lmcache-config.lct");
-    assert_eq!(
-        kvtrace(["generate", &generated, "--records", "50"])
-            .status
-            .code(),
-        Some(0)
-    );
+    let lossless = d("g.jsonl");
+    assert!(kvtrace(["generate", &generated, "--records", "50"])
+        .status
+        .success());
+    assert!(kvtrace(["convert", &generated, &lossless]).status.success());
+    let text_in = std::fs::read_to_string(&lossless).expect("jsonl");
+    let (header, rest) = text_in.split_once('\n').expect("header line");
+    let mut header: serde_json::Value = serde_json::from_str(header).expect("header");
+    header["sm_config_json"] = "{\"kvtrace_synth\": {}}".into();
+    std::fs::write(&lossless, format!("{header}\n{rest}")).expect("write");
+    std::fs::remove_file(&generated).expect("rm");
+    assert!(kvtrace(["convert", &lossless, &generated]).status.success());
     let not_summary = d("not-a-summary.json");
     std::fs::write(&not_summary, "{\"hello\": 1}").expect("write");
     let basic = path("basic_lru");

@@ -207,6 +207,7 @@ fn jsonl_to_lct() {
                     zstd_level: 3,
                     read: ReadOptions::default(),
                 },
+                kvtrace::trace::QUIET,
             )
             .expect("seed");
             read(out)
@@ -223,7 +224,7 @@ fn jsonl_to_lct() {
                 max_frame_bytes: 1 << 20,
             },
         };
-        let _ = convert(&input, &output, options);
+        let _ = convert(&input, &output, options, kvtrace::trace::QUIET);
     });
 }
 

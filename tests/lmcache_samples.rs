@@ -11,6 +11,7 @@ use kvtrace::lmct::json::to_lossless;
 use kvtrace::lmct::msgpack::{encode_to_vec, RawValue};
 use kvtrace::lmct::{Frame, Header, ReadOptions, TraceReader};
 use kvtrace::trace::inspect::inspect;
+use kvtrace::trace::QUIET;
 
 /// What LMCache's `trace info` printed: total, per-qualname counts, duration, digest.
 struct LmcacheInfo {
@@ -50,7 +51,7 @@ fn parse_info(text: &str) -> LmcacheInfo {
 fn counts_match_lmcache_trace_info() {
     for name in SAMPLES {
         let expected = parse_info(&sample_text(&format!("{name}.info.txt")));
-        let info = inspect(&sample(name), ReadOptions::default()).expect(name);
+        let info = inspect(&sample(name), ReadOptions::default(), QUIET).expect(name);
         assert_eq!(info.total_records, expected.total, "{name} total");
         assert_eq!(info.ops, expected.ops, "{name} ops");
         assert_eq!(
@@ -145,7 +146,7 @@ fn header_only_file_has_no_records() {
 
 #[test]
 fn unknown_qualnames_are_read_and_counted() {
-    let info = inspect(&sample("unknown_qualname"), ReadOptions::default()).expect("info");
+    let info = inspect(&sample("unknown_qualname"), ReadOptions::default(), QUIET).expect("info");
     assert_eq!(info.ops["mq.lookup"], 1);
     assert_eq!(
         info.ops["lmcache.v1.distributed.storage_manager.StorageManager.touch_cached_keys"],
@@ -157,7 +158,7 @@ fn unknown_qualnames_are_read_and_counted() {
 fn basic_lru_implied_bytes_follow_the_client_log() {
     // 14 distinct chunks of [2, 4, 64, 128] bf16 = 131072 bytes each (13 from the four
     // conversations, one more from the final prefix-only retrieve).
-    let info = inspect(&sample("basic_lru"), ReadOptions::default()).expect("info");
+    let info = inspect(&sample("basic_lru"), ReadOptions::default(), QUIET).expect("info");
     assert_eq!(info.distinct_keys, 14);
     assert_eq!(info.payload.object_sizes, vec![131072]);
     assert_eq!(info.payload.chunk_tokens, Some(64));

@@ -118,7 +118,7 @@ fn generated(dir: &Path, records: u64) -> std::path::PathBuf {
         mean_gap_s: 0.01,
         ..SynthOptions::default()
     };
-    synth::write_file(&options, &path, None).expect("generate");
+    synth::write_file(&options, &path, None, kvtrace::trace::QUIET).expect("generate");
     path
 }
 
@@ -297,7 +297,9 @@ fn a_kvtrace_driven_manager_records_a_trace_that_replays_to_the_same_counters() 
     );
     // The recording has the source's calls, the exits the replayer closed for contexts the
     // source left open, and the trailer.
-    let info = kvtrace::trace::inspect::inspect(&recorded, Default::default()).expect("info");
+    let info =
+        kvtrace::trace::inspect::inspect(&recorded, Default::default(), kvtrace::trace::QUIET)
+            .expect("info");
     assert_eq!(info.total_records, 5_000 + first.forced_exits + 1);
 }
 

@@ -17,6 +17,7 @@ use kvtrace::lmct::schema::Migration;
 use kvtrace::lmct::{Header, HeaderSchema, ReadOptions, Record, TraceReader, TraceWriter, Value};
 use kvtrace::trace::convert::{convert, ConvertOptions, Kind};
 use kvtrace::trace::inspect::inspect;
+use kvtrace::trace::QUIET;
 
 fn owned_keys(v: kvtrace::lmct::msgpack::RawValue<'_>) -> Vec<ObjectKey> {
     object_keys(v)
@@ -176,7 +177,7 @@ fn to_schema_1(input: &std::path::Path, output: &std::path::Path) -> Migration {
         zstd_level: 3,
         read: ReadOptions::default(),
     };
-    convert(input, output, options)
+    convert(input, output, options, QUIET)
         .expect("convert")
         .migration
         .expect("migration")
@@ -197,7 +198,7 @@ fn lmcache_057_schema_2_is_detected_and_rewritten_for_056() {
             ]),
         )],
     );
-    let info = inspect(&v2, ReadOptions::default()).expect("info");
+    let info = inspect(&v2, ReadOptions::default(), QUIET).expect("info");
     assert_eq!(info.schema_variant, "2, memory-tag filters (LMCache 0.5.7)");
     let m = to_schema_1(&v2, &v1);
     assert_eq!(
@@ -246,7 +247,7 @@ fn lmcache_057_schema_2_is_detected_and_rewritten_for_056() {
     .encode_args(&mut args);
     assert_eq!(r.args.bytes(), &args[..]);
     assert_eq!(
-        inspect(&v1, ReadOptions::default())
+        inspect(&v1, ReadOptions::default(), QUIET)
             .expect("info")
             .schema_variant,
         "1 (LMCache 0.5.6)"
@@ -286,7 +287,7 @@ fn cache_salt_schema_2_is_detected_and_salts_are_reported() {
         ],
     );
     assert_eq!(
-        inspect(&v2, ReadOptions::default())
+        inspect(&v2, ReadOptions::default(), QUIET)
             .expect("info")
             .schema_variant,
         "2, cache_salt in object keys"
@@ -326,7 +327,7 @@ fn early_and_pre_rename_shapes_are_migrated() {
             ),
         ],
     );
-    let info = inspect(&early, ReadOptions::default()).expect("info");
+    let info = inspect(&early, ReadOptions::default(), QUIET).expect("info");
     assert_eq!(info.schema_variant, "early header (lmcache_version 0.3.9)");
     assert_eq!(info.lmcache_version.as_deref(), Some("0.3.9"));
     let m = to_schema_1(&early, &v1);
@@ -349,7 +350,7 @@ fn early_and_pre_rename_shapes_are_migrated() {
             ]),
         )],
     );
-    let info = inspect(&legacy, ReadOptions::default()).expect("info");
+    let info = inspect(&legacy, ReadOptions::default(), QUIET).expect("info");
     assert_eq!(
         info.schema_variant,
         "1 with pre-rename arguments (extra_count / mode)"
@@ -365,7 +366,7 @@ fn an_unknown_schema_version_is_read_with_a_warning() {
         HeaderSchema::Version(9),
         vec![("x.y", Value::map::<&str>([]))],
     );
-    let info = inspect(&path, ReadOptions::default()).expect("lenient");
+    let info = inspect(&path, ReadOptions::default(), QUIET).expect("lenient");
     assert_eq!(info.total_records, 1);
     assert!(info.warnings[0].contains("unknown trace_schema_version 9"));
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::trace::convert::{convert, ConvertOptions, Kind};
 
+use super::progress::Progress;
 use super::{warn, ReadArgs};
 
 /// Convert between .lct, .lct.zst and lossless .jsonl, optionally rewriting later schemas
@@ -64,7 +65,10 @@ pub fn run(args: Args) -> Result<i32, Error> {
         zstd_level: args.zstd_level,
         read: args.read.options(),
     };
-    let report = convert(&args.input, &args.output, options)?;
+    let bar = Progress::records(true);
+    let report = convert(&args.input, &args.output, options, &|n, at| bar.set(n, at));
+    bar.finish();
+    let report = report?;
     let shown = args.input.display().to_string();
     if report.interrupted {
         eprintln!(

@@ -1,6 +1,6 @@
 //! `kvtrace dump`.
 
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 
 use clap::ValueEnum;
@@ -10,6 +10,7 @@ use kvtrace::lmct::msgpack::RawValue;
 use kvtrace::lmct::{Frame, TraceReader};
 use serde_json::{json, Map, Value as Json};
 
+use super::progress::{Progress, EVERY};
 use super::{stdout_error, warn, ReadArgs};
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -144,6 +145,8 @@ fn dump(args: &Args, printer: &mut Printer<impl Write>) -> Result<(), Error> {
             return Ok(());
         }
     }
+    // Drawn only when the frames go somewhere other than the terminal.
+    let bar = Progress::reading(&args.file, !io::stdout().is_terminal());
     let mut index = 0u64;
     let mut printed = 0u64;
     while args.limit.is_none_or(|limit| printed < limit) {
@@ -151,6 +154,9 @@ fn dump(args: &Args, printer: &mut Printer<impl Write>) -> Result<(), Error> {
             break;
         };
         index += 1;
+        if index.is_multiple_of(EVERY) {
+            bar.set(index, frame.offset());
+        }
         let object = match frame {
             Frame::Record(r) if filter.matches(r.qualname) => {
                 let mut m = Map::new();
@@ -173,6 +179,7 @@ fn dump(args: &Args, printer: &mut Printer<impl Write>) -> Result<(), Error> {
         }
         printed += 1;
     }
+    bar.finish();
     for w in reader
         .header_warnings()
         .iter()

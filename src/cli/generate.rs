@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::trace::synth::{write_file, SynthOptions};
 
+use super::progress::Progress;
+
 /// Write a realistic synthetic storage trace (multi-turn conversations over shared system
 /// prompts, issued as an LMCache server issues StorageManager calls); same seed, same bytes
 #[derive(clap::Args)]
@@ -49,7 +51,15 @@ pub fn run(args: Args) -> Result<i32, Error> {
         ..SynthOptions::default()
     };
     let zstd = args.out.to_string_lossy().ends_with(".zst");
-    write_file(&options, &args.out, zstd.then_some(args.zstd_level))?;
+    let bar = Progress::writing(args.records, true);
+    let written = write_file(
+        &options,
+        &args.out,
+        zstd.then_some(args.zstd_level),
+        &|n, at| bar.set(n, at),
+    );
+    bar.finish();
+    written?;
     if let Some(status) = kvtrace::interrupt::exit_status() {
         eprintln!(
             "kvtrace: interrupted: {} holds the records written so far",

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::trace::inspect::inspect;
 
+use super::progress::Progress;
 use super::{print_stdout, report, warn, ReadArgs};
 
 /// Summarise traces: LMCache's `trace info` fields plus schema variant, start-up gap,
@@ -31,7 +32,10 @@ pub fn run(args: Args) -> Result<i32, Error> {
     let mut code = EXIT_OK;
     let mut infos = Vec::new();
     for (i, file) in args.files.iter().enumerate() {
-        match inspect(file, args.read.options()) {
+        let bar = Progress::reading(file, true);
+        let inspected = inspect(file, args.read.options(), &|n, at| bar.set(n, at));
+        bar.finish();
+        match inspected {
             Ok(info) => {
                 for w in &info.warnings {
                     warn(&info.file, w);

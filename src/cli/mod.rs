@@ -7,6 +7,7 @@ mod diff;
 mod dump;
 mod generate;
 mod info;
+mod progress;
 mod replay;
 mod simulate;
 mod tiers;

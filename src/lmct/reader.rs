@@ -48,6 +48,16 @@ pub enum Frame<'a> {
     },
 }
 
+impl Frame<'_> {
+    /// Where the frame's length prefix starts in the (decompressed) stream.
+    pub fn offset(&self) -> u64 {
+        match self {
+            Frame::Record(r) => r.offset,
+            Frame::Undecodable { offset, .. } => *offset,
+        }
+    }
+}
+
 /// The incomplete frame at the end of a cut-off trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Truncation {

@@ -11,6 +11,7 @@ pub mod diff;
 pub mod dispatch;
 pub mod fidelity;
 pub mod phase;
+pub mod plan;
 pub mod report;
 pub mod session;
 pub mod spool;

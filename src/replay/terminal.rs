@@ -4,6 +4,7 @@
 use crate::lmct::calls::short_name;
 
 use super::report::ReplayReport;
+use crate::report::units::bytes;
 
 const WIDTH: usize = 64;
 
@@ -35,10 +36,6 @@ fn pair(a: impl std::fmt::Display, b: impl std::fmt::Display) -> String {
 
 fn pct(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
-}
-
-fn mib(bytes: u64) -> String {
-    format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
 /// Renders the report for a terminal.
@@ -127,17 +124,17 @@ pub fn render(report: &ReplayReport) -> String {
         row(
             &mut s,
             &format!("{} {} written / read", t.name, t.backend),
-            pair(mib(t.bytes_written), mib(t.bytes_read)),
+            pair(bytes(t.bytes_written), bytes(t.bytes_read)),
         );
         row(
             &mut s,
             &format!("{} resident / peak", t.name),
-            pair(mib(t.resident_bytes), mib(t.peak_bytes)),
+            pair(bytes(t.resident_bytes), bytes(t.peak_bytes)),
         );
         row(
             &mut s,
             &format!("{} evictions", t.name),
-            format!("{} ({})", t.evictions, mib(t.bytes_evicted)),
+            format!("{} ({})", t.evictions, bytes(t.bytes_evicted)),
         );
         if t.write_errors + t.read_errors + t.delete_errors > 0 {
             row(

@@ -8,6 +8,7 @@ pub mod json;
 pub mod jsonl;
 pub mod table;
 pub mod terminal;
+pub mod units;
 pub mod xlsx;
 
 use std::path::PathBuf;

@@ -216,6 +216,9 @@ impl StorageConfig {
         if let Some(bw) = self.l1_gpu_bandwidth_gbps {
             config["kvtrace_l1_gpu_bandwidth_gbps"] = json!(bw);
         }
+        if !self.l1_buffers {
+            config["kvtrace_l1_accounting_only"] = json!(true);
+        }
         match self.eviction.timing {
             EvictionTiming::Immediate => config["kvtrace_eviction_timing"] = json!("immediate"),
             EvictionTiming::Periodic { interval_s, .. }
@@ -289,6 +292,7 @@ impl StorageConfig {
         config.l1_gpu_bandwidth_gbps = v
             .get("kvtrace_l1_gpu_bandwidth_gbps")
             .and_then(Json::as_f64);
+        config.l1_buffers = v.get("kvtrace_l1_accounting_only") != Some(&Json::Bool(true));
         if v.get("kvtrace_eviction_timing").and_then(Json::as_str) == Some("immediate") {
             config.eviction.timing = EvictionTiming::Immediate;
         } else if let Some(i) = v.get("kvtrace_eviction_interval_s").and_then(Json::as_f64) {

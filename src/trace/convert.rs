@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value as Json;
 
+use super::{Progress, PROGRESS_EVERY};
 use crate::error::{Error, Result};
 use crate::lmct::json::{from_lossless, to_lossless};
 use crate::lmct::msgpack::{encode, RawValue, MAX_DEPTH};
@@ -162,8 +163,9 @@ fn migrate_frame(frame: &mut Value, is_header: bool, migration: &mut Migration) 
     }
 }
 
-struct Pipeline {
+struct Pipeline<'a> {
     sink: Sink,
+    progress: Progress<'a>,
     needs_values: bool,
     migration: Option<Migration>,
     report: ConvertReport,
@@ -172,7 +174,7 @@ struct Pipeline {
     shown_out: String,
 }
 
-impl Pipeline {
+impl Pipeline<'_> {
     fn push(&mut self, item: Item) -> Result<()> {
         let item = match item {
             Item::RawFrame(body) if self.needs_values => match RawValue::parse(&body) {
@@ -189,7 +191,12 @@ impl Pipeline {
             (other, _) => other,
         };
         match &item {
-            Item::Frame(_) | Item::RawFrame(_) => self.report.frames += 1,
+            Item::Frame(_) | Item::RawFrame(_) => {
+                self.report.frames += 1;
+                if self.report.frames.is_multiple_of(PROGRESS_EVERY) {
+                    (self.progress)(self.report.frames, 0);
+                }
+            }
             Item::Tail(b) => self.report.tail_bytes += b.len() as u64,
         }
         self.seen_header = true;
@@ -231,7 +238,12 @@ fn open_output(path: &Path, kind: Kind, level: i32) -> Result<Sink> {
 
 /// Converts `input` to `output`. The output is flushed and fsynced even when the input turns
 /// out to be bad half-way, so everything converted before the error is kept.
-pub fn convert(input: &Path, output: &Path, options: ConvertOptions) -> Result<ConvertReport> {
+pub fn convert(
+    input: &Path,
+    output: &Path,
+    options: ConvertOptions,
+    progress: Progress<'_>,
+) -> Result<ConvertReport> {
     let shown_in = input.display().to_string();
     let shown_out = output.display().to_string();
     crate::output::refuse_overwrite(input, output)?;
@@ -244,6 +256,7 @@ pub fn convert(input: &Path, output: &Path, options: ConvertOptions) -> Result<C
     let sink =
         open_output(output, options.to, options.zstd_level).map_err(|e| e.in_file(&shown_out))?;
     let mut pipeline = Pipeline {
+        progress,
         needs_values: options.to == Kind::Jsonl || options.to_schema_1,
         sink,
         migration: options.to_schema_1.then(Migration::default),
@@ -269,7 +282,11 @@ pub fn convert(input: &Path, output: &Path, options: ConvertOptions) -> Result<C
     Ok(report)
 }
 
-fn read_lct(source: impl Read + Send + 'static, read: ReadOptions, p: &mut Pipeline) -> Result<()> {
+fn read_lct(
+    source: impl Read + Send + 'static,
+    read: ReadOptions,
+    p: &mut Pipeline<'_>,
+) -> Result<()> {
     let mut reader = TraceReader::from_reader(source, read)?;
     p.push(Item::RawFrame(reader.header_body().to_vec()))?;
     while let Some(frame) = reader.next_frame()? {
@@ -347,7 +364,7 @@ fn check_frame(body: &[u8], max_frame_bytes: u32, raw: bool, line: u64) -> Resul
     Ok(())
 }
 
-fn read_jsonl(source: impl BufRead, max_frame_bytes: u32, p: &mut Pipeline) -> Result<()> {
+fn read_jsonl(source: impl BufRead, max_frame_bytes: u32, p: &mut Pipeline<'_>) -> Result<()> {
     let mut line_no = 0u64;
     for line in source.lines() {
         if crate::interrupt::requested().is_some() {

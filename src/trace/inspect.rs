@@ -8,6 +8,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use super::{Progress, PROGRESS_EVERY};
 use crate::error::Result;
 use crate::lmct::calls::{
     FINISH_READ_PREFETCHED, FINISH_WRITE, RECORDER_SUMMARY, RESERVE_WRITE, SUBMIT_PREFETCH_TASK,
@@ -164,12 +165,17 @@ impl Tally {
 }
 
 /// Reads the whole trace once and summarises it.
-pub fn inspect(path: &Path, options: ReadOptions) -> Result<TraceInfo> {
+pub fn inspect(path: &Path, options: ReadOptions, progress: Progress<'_>) -> Result<TraceInfo> {
     let shown = path.display().to_string();
     let mut reader = TraceReader::open(path, options).map_err(|e| e.in_file(&shown))?;
     let mut tally = Tally::default();
+    let mut records = 0u64;
     while let Some(record) = reader.next_record().map_err(|e| e.in_file(&shown))? {
         tally.observe(&record);
+        records += 1;
+        if records.is_multiple_of(PROGRESS_EVERY) {
+            progress(records, record.offset);
+        }
     }
     let header = reader.header().clone();
     let mut warnings = reader.header_warnings();
@@ -220,17 +226,10 @@ pub fn inspect(path: &Path, options: ReadOptions) -> Result<TraceInfo> {
 }
 
 fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
+    if n < 1024 {
         format!("{n} B")
     } else {
-        format!("{v:.2} {} ({n} B)", UNITS[unit])
+        format!("{} ({n} B)", crate::report::units::bytes(n))
     }
 }
 

@@ -6,3 +6,13 @@
 pub mod convert;
 pub mod inspect;
 pub mod synth;
+
+/// Hears how far a whole-file operation has come: records done and the input's byte offset
+/// (0 where there is no input file), every few thousand records.
+pub type Progress<'a> = &'a dyn Fn(u64, u64);
+
+/// How often, in records, a [`Progress`] hears.
+pub const PROGRESS_EVERY: u64 = 4096;
+
+/// A [`Progress`] that ignores everything.
+pub const QUIET: Progress<'static> = &|_, _| {};

@@ -9,11 +9,13 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use super::{Progress, PROGRESS_EVERY};
 use crate::error::{Error, Result};
 use crate::lmct::calls::StorageCall;
 use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
 use crate::lmct::{Header, TraceSink, TraceWriter};
 use crate::rng::{hash32, SplitMix64};
+use crate::storage::config::{EvictionTiming, StorageConfig};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct SynthOptions {
@@ -58,6 +60,34 @@ impl Default for SynthOptions {
             mean_gap_s: 0.002,
             startup_gap_s: 3.0,
         }
+    }
+}
+
+impl SynthOptions {
+    /// Bytes of one chunk: K and V, every layer, bfloat16.
+    pub fn object_bytes(&self) -> u64 {
+        (2 * self.num_layers * self.chunk_tokens * self.hidden * 2).max(0) as u64
+    }
+
+    /// The storage configuration whose hits the generator writes: an L1 that never evicts
+    /// (every chunk written stays resident), as large as every chunk the trace could write,
+    /// and so kept as accounting only — no machine holds it in memory. It is what the
+    /// trace's header records, so `kvtrace replay` of a generated trace reproduces its hits.
+    pub fn storage_config(&self) -> StorageConfig {
+        let per_request = self.system_prompt_chunks + self.max_prompt_chunks + self.max_turn_chunks;
+        let align = StorageConfig::default().l1_align_bytes;
+        let object = self.object_bytes().div_ceil(align).saturating_mul(align);
+        let mut config = StorageConfig {
+            l1_size_bytes: self
+                .records
+                .saturating_mul(per_request)
+                .saturating_mul(object)
+                .max(object),
+            l1_buffers: false,
+            ..StorageConfig::default()
+        };
+        config.eviction.timing = EvictionTiming::Immediate;
+        config
     }
 }
 
@@ -179,21 +209,31 @@ pub fn generate(
     Ok(())
 }
 
-/// The header a synthetic trace carries: times fixed by the options, and the generator's
-/// parameters as its config, so the file is reproducible byte for byte.
+/// The header a synthetic trace carries: times fixed by the options, so the file is
+/// reproducible byte for byte.
 pub fn header(options: &SynthOptions) -> Header {
     Header::storage(1000.0, 1_790_000_000.0 + options.seed as f64)
 }
 
 /// Writes a synthetic trace to any sink; returns the sink.
-pub fn write_to<W: std::io::Write>(options: &SynthOptions, out: W) -> Result<W> {
+pub fn write_to<W: std::io::Write>(
+    options: &SynthOptions,
+    out: W,
+    progress: Progress<'_>,
+) -> Result<W> {
     let mut writer = TraceWriter::new(out, header(options));
-    let config = serde_json::json!({ "kvtrace_synth": options });
+    // The configuration the hits assume, so a replay without flags reproduces them.
+    let config = options.storage_config().to_lmcache_json();
     let io = |e| Error::io("cannot write the trace", e);
     writer.attach_storage_config_value(&config).map_err(io)?;
     let t_wall_start = writer.header().t_wall_start;
     let mut args = Vec::with_capacity(4096);
+    let mut records = 0u64;
     generate(options, |t, call| {
+        records += 1;
+        if records.is_multiple_of(PROGRESS_EVERY) {
+            progress(records, 0);
+        }
         args.clear();
         call.encode_args(&mut args);
         writer
@@ -204,10 +244,15 @@ pub fn write_to<W: std::io::Write>(options: &SynthOptions, out: W) -> Result<W> 
 }
 
 /// Writes a synthetic trace file (zstd-compressed when `zstd_level` is set) and fsyncs it.
-pub fn write_file(options: &SynthOptions, path: &Path, zstd_level: Option<i32>) -> Result<()> {
+pub fn write_file(
+    options: &SynthOptions,
+    path: &Path,
+    zstd_level: Option<i32>,
+    progress: Progress<'_>,
+) -> Result<()> {
     let shown = path.display().to_string();
     let sink = TraceSink::create(path, zstd_level).map_err(|e| e.in_file(&shown))?;
-    let sink = write_to(options, sink).map_err(|e| e.in_file(&shown))?;
+    let sink = write_to(options, sink, progress).map_err(|e| e.in_file(&shown))?;
     sink.finish()
         .map_err(|e| Error::io("cannot flush and fsync", e).in_file(&shown))
 }

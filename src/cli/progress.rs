@@ -1,0 +1,97 @@
+//! Progress on stderr for the commands that read or write whole traces, drawn only on a
+//! terminal: a bar over the file's bytes (with rate and ETA) where the input is a plain
+//! `.lct` of known size, or a bar over a known record count, else a spinner of records.
+
+use std::fs::File;
+use std::io::{IsTerminal, Read};
+use std::path::Path;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kvtrace::lmct::reader::ZSTD_MAGIC;
+
+pub use kvtrace::trace::PROGRESS_EVERY as EVERY;
+
+pub struct Progress {
+    bar: ProgressBar,
+    by_bytes: bool,
+}
+
+fn styled(len: Option<u64>, template: &str) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(len, ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+impl Progress {
+    fn hidden() -> Progress {
+        Progress {
+            bar: ProgressBar::hidden(),
+            by_bytes: false,
+        }
+    }
+
+    /// Over reading `path`: its bytes when it is a plain file (no second pass over it),
+    /// records otherwise. Hidden when `shown` is false or stderr is not a terminal.
+    pub fn reading(path: &Path, shown: bool) -> Progress {
+        if !shown || !std::io::stderr().is_terminal() {
+            return Progress::hidden();
+        }
+        let mut magic = [0u8; 4];
+        let plain_size = File::open(path).ok().and_then(|mut f| {
+            let compressed = f.read_exact(&mut magic).is_ok() && magic == ZSTD_MAGIC;
+            let size = f.metadata().ok()?.len();
+            (!compressed && f.metadata().ok()?.is_file()).then_some(size)
+        });
+        match plain_size {
+            Some(size) => Progress {
+                bar: styled(
+                    Some(size),
+                    "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+                ),
+                by_bytes: true,
+            },
+            None => Progress {
+                bar: styled(None, "{spinner} {pos} records {per_sec}"),
+                by_bytes: false,
+            },
+        }
+    }
+
+    /// A spinner of records, for an input whose size says little (a conversion's output
+    /// grows at another rate than its input).
+    pub fn records(shown: bool) -> Progress {
+        if !shown || !std::io::stderr().is_terminal() {
+            return Progress::hidden();
+        }
+        Progress {
+            bar: styled(None, "{spinner} {pos} records {per_sec}"),
+            by_bytes: false,
+        }
+    }
+
+    /// Over writing `total` records.
+    pub fn writing(total: u64, shown: bool) -> Progress {
+        if !shown || !std::io::stderr().is_terminal() {
+            return Progress::hidden();
+        }
+        Progress {
+            bar: styled(
+                Some(total),
+                "{bar:40} {pos}/{len} records {per_sec} eta {eta}",
+            ),
+            by_bytes: false,
+        }
+    }
+
+    /// Records done so far and the input's byte offset.
+    pub fn set(&self, records: u64, offset: u64) {
+        self.bar
+            .set_position(if self.by_bytes { offset } else { records });
+    }
+
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}

@@ -1,0 +1,205 @@
+//! A replay from options to written reports, the same for the command line and a library
+//! caller: the input spooled when it is a pipe, the storage configuration the trace recorded
+//! (or the caller's) with the caller's overrides, the eviction phase settled, every output
+//! checked before the run so a finished replay is never lost to a bad path, then the replay,
+//! its per-record JSONL, and the report files.
+
+use std::path::PathBuf;
+
+use super::dispatch::Outcome;
+use super::phase::{settle, PhaseChoice, PhaseReport};
+use super::report::ReplayReport;
+use super::spool::Spooled;
+use super::{replay, RecordEvent, ReplayOptions};
+use crate::error::{Error, Result};
+use crate::lmct::{Header, TraceReader};
+use crate::report::jsonl::JsonlWriter;
+use crate::report::{self, Exporter, Target};
+use crate::storage::config::StorageConfig;
+use crate::storage::StorageManager;
+
+/// Where the storage configuration comes from.
+pub enum Storage<'a> {
+    /// The configuration recorded in the trace's header, then `overrides`. `own_l2` says the
+    /// overrides bring their own L2 tiers (so recorded adapters kvtrace cannot rebuild need
+    /// no warning); `complete` that they make a whole configuration (an L1 size or a
+    /// configuration file), so a trace that records none starts from the defaults instead
+    /// of failing.
+    Recorded {
+        overrides: &'a dyn Fn(&mut StorageConfig) -> Result<()>,
+        own_l2: bool,
+        complete: bool,
+    },
+    /// This configuration, whatever the trace recorded.
+    Given(StorageConfig),
+}
+
+/// What a replay does and writes, beyond the storage configuration.
+pub struct Options {
+    pub replay: ReplayOptions,
+    pub phase: PhaseChoice,
+    /// Report files: each exporter's output to its target (a directory takes the default
+    /// file names, as LMCache's `trace_replay_*` files).
+    pub outputs: Vec<(&'static dyn Exporter, Target, &'static str)>,
+    /// One JSON line per replayed record.
+    pub jsonl: Option<PathBuf>,
+}
+
+/// A replay ready to run.
+pub struct Plan {
+    input: Spooled,
+    shown: String,
+    config: StorageConfig,
+    phase: Option<PhaseReport>,
+    options: Options,
+    jsonl: Option<JsonlWriter>,
+    /// What the caller should hear before the run (recorded tiers that cannot be rebuilt).
+    pub notes: Vec<String>,
+}
+
+/// A finished replay: the report, already written to every output.
+pub struct Finished {
+    pub report: ReplayReport,
+}
+
+impl Plan {
+    /// Opens `path` (a pipe is spooled first), settles the configuration and the eviction
+    /// phase, and checks every output.
+    pub fn new(path: &std::path::Path, storage: Storage<'_>, options: Options) -> Result<Plan> {
+        let shown = path.display().to_string();
+        let input = Spooled::open(path)?;
+        let header = TraceReader::open(input.path(), options.replay.read)
+            .map_err(|e| e.in_file(&shown))?
+            .header()
+            .clone();
+        let (mut config, notes) = storage_config(&header, storage)?;
+        let phase = settle(
+            input.path(),
+            options.replay.read,
+            &header.sm_config_json,
+            &mut config,
+            options.phase,
+            options.replay.emulate_sessions,
+        )
+        .map_err(|e| e.in_file(&shown))?;
+        // The reports land there after the whole replay: find out now that they can.
+        for (_, target, _) in &options.outputs {
+            target.check()?;
+        }
+        let jsonl = options
+            .jsonl
+            .as_deref()
+            .map(JsonlWriter::create)
+            .transpose()?;
+        Ok(Plan {
+            input,
+            shown,
+            config,
+            phase,
+            options,
+            jsonl,
+            notes,
+        })
+    }
+
+    /// The file replayed: the input itself, or its spooled copy.
+    pub fn input(&self) -> &std::path::Path {
+        self.input.path()
+    }
+
+    /// The configuration the replay runs.
+    pub fn config(&self) -> &StorageConfig {
+        &self.config
+    }
+
+    /// Replays, calling `on_record` after each record, and writes the JSONL and the reports.
+    pub fn run(mut self, mut on_record: impl FnMut(&RecordEvent<'_>)) -> Result<Finished> {
+        let mut sm = StorageManager::new(self.config)?;
+        let mut jsonl_error = None;
+        let jsonl = &mut self.jsonl;
+        let mut report = replay(self.input.path(), &mut sm, &self.options.replay, |event| {
+            on_record(event);
+            if let Some(w) = jsonl.as_mut() {
+                if let Err(e) = w.write(&record_line(event)) {
+                    jsonl_error.get_or_insert(e);
+                }
+            }
+        })?;
+        // A spooled pipe is named as the user gave it, not by its temporary copy.
+        report.trace = self.shown;
+        report.eviction_phase = self.phase;
+        if let Some(e) = jsonl_error {
+            return Err(e);
+        }
+        if let Some(w) = self.jsonl {
+            w.commit()?;
+        }
+        for (exporter, target, name) in &self.options.outputs {
+            report::write(&report, *exporter, target, name)?;
+        }
+        Ok(Finished { report })
+    }
+}
+
+impl Finished {
+    /// One line saying which calls failed and why, when any did: the exit status alone does
+    /// not tell a full disk from a miss.
+    pub fn failure_line(&self) -> Option<String> {
+        let r = &self.report;
+        (r.failed > 0).then(|| {
+            let reasons = r
+                .failure_reasons
+                .iter()
+                .map(|(reason, n)| format!("{n} × {reason}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            format!("{}: {} call(s) failed: {reasons}", r.trace, r.failed)
+        })
+    }
+}
+
+/// The per-record JSONL line.
+fn record_line(event: &RecordEvent<'_>) -> serde_json::Value {
+    let (kind, detail) = match event.outcome {
+        Outcome::Ok { detail } => ("ok", detail),
+        Outcome::Failed { reason } => ("failed", reason),
+        Outcome::Skipped { reason } => ("skipped", reason),
+    };
+    serde_json::json!({
+        "qualname": event.record.qualname,
+        "latency_ms": event.latency_ms,
+        "failed": !matches!(event.outcome, Outcome::Ok { .. }),
+        "outcome": kind,
+        "detail": detail,
+    })
+}
+
+/// The configuration to replay and the notes about what of the recorded one could not be
+/// rebuilt.
+fn storage_config(header: &Header, storage: Storage<'_>) -> Result<(StorageConfig, Vec<String>)> {
+    let (overrides, own_l2, complete) = match storage {
+        Storage::Given(config) => return Ok((config, Vec::new())),
+        Storage::Recorded {
+            overrides,
+            own_l2,
+            complete,
+        } => (overrides, own_l2, complete),
+    };
+    let (mut config, notes) = match StorageConfig::from_lmcache_json(&header.sm_config_json) {
+        Some((config, notes)) => {
+            let notes = notes
+                .into_iter()
+                .filter(|n| !(own_l2 && n.contains("--l2-adapter")))
+                .collect();
+            (config, notes)
+        }
+        None if complete => (StorageConfig::default(), Vec::new()),
+        None => {
+            return Err(Error::usage(
+                "the trace records no storage configuration kvtrace can read; give one with --l1-size-gb or --config",
+            ))
+        }
+    };
+    overrides(&mut config)?;
+    Ok((config, notes))
+}
