@@ -870,3 +870,27 @@ fn converting_a_clean_trace_warns_of_nothing() {
     let err = text(&out.stderr);
     assert!(!err.contains("warning"), "{err}");
 }
+
+#[test]
+fn completions_and_man_pages_come_from_the_command_definitions() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = kvtrace(["completions", shell]);
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let script = text(&out.stdout);
+        assert!(
+            script.contains("replay") && script.contains("eviction-policy"),
+            "{shell}"
+        );
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let pages = dir.path().join("man1");
+    let out = kvtrace(["man", &pages.display().to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let replay = std::fs::read_to_string(pages.join("kvtrace-replay.1")).expect("page");
+    assert!(replay.contains(".TH kvtrace-replay 1"), "{replay}");
+    assert!(
+        replay.contains("eviction\\-policy"),
+        "options are documented"
+    );
+    assert!(pages.join("kvtrace.1").exists());
+}

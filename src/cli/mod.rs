@@ -4,6 +4,7 @@
 mod bench;
 mod convert;
 mod diff;
+mod docs;
 mod dump;
 mod generate;
 mod info;
@@ -47,6 +48,8 @@ enum Command {
     Diff(diff::Args),
     Simulate(Box<simulate::Args>),
     Bench(Box<bench::Args>),
+    Completions(docs::CompletionsArgs),
+    Man(docs::ManArgs),
 }
 
 /// Options every trace-reading command shares.
@@ -197,6 +200,8 @@ pub fn run() -> i32 {
         Command::Diff(args) => diff::run(args),
         Command::Simulate(args) => simulate::run(*args),
         Command::Bench(args) => bench::run(*args),
+        Command::Completions(args) => docs::completions(args),
+        Command::Man(args) => docs::man(args),
     };
     result.unwrap_or_else(|e| report(&e))
 }
