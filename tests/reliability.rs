@@ -386,8 +386,8 @@ fn sigint_during_a_recorded_bench_keeps_its_reports_and_removes_its_cache() {
             &path(&lct),
             "--output",
             &path(&report),
-            "-q",
         ])
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
@@ -401,6 +401,11 @@ fn sigint_during_a_recorded_bench_keeps_its_reports_and_removes_its_cache() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("json");
     assert_eq!(report["kvtrace"]["interrupted"], true);
+    assert!(
+        text(&out.stdout).contains("stopped by a signal: partial results"),
+        "{}",
+        text(&out.stdout)
+    );
     let info = kvtrace(["info", &path(&lct)]);
     assert!(
         text(&info.stdout).contains("recorder trailer"),

@@ -724,6 +724,9 @@ impl BenchReport {
         let s = &self.summary;
         let c = &s.cache_stats;
         let mut out = String::from("kvtrace bench\n");
+        if self.kvtrace.interrupted {
+            out += "  stopped by a signal: partial results, marked \"interrupted\": true in the report\n";
+        }
         let late = match self.kvtrace.requests_after_deadline {
             0 => String::new(),
             n => format!(" (+{n} finished after the deadline, not counted)"),
