@@ -1,14 +1,13 @@
 //! `kvtrace completions` and `kvtrace man`: the shell completion script and the man pages,
 //! all generated from the same command definitions as `--help`, so they never drift.
 
-use std::io::{self, Write};
 use std::path::PathBuf;
 
 use clap::CommandFactory;
 use clap_complete::Shell;
 use kvtrace::error::{Error, EXIT_OK};
 
-use super::{stdout_error, Cli};
+use super::{print_stdout, Cli};
 
 /// Print a shell completion script
 #[derive(clap::Args)]
@@ -34,20 +33,13 @@ pub struct ManArgs {
     dir: PathBuf,
 }
 
-fn finish(written: io::Result<()>) -> Result<i32, Error> {
-    match written {
-        Ok(()) => Ok(EXIT_OK),
-        Err(e) => stdout_error(e).map_or(Ok(EXIT_OK), Err),
-    }
-}
-
 pub fn completions(args: CompletionsArgs) -> Result<i32, Error> {
     let mut command = Cli::command();
     // Into memory first: clap_complete panics on a failed write, and `| head` closes stdout.
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut command, "kvtrace", &mut script);
-    let mut out = io::stdout().lock();
-    finish(out.write_all(&script).and_then(|()| out.flush()))
+    print_stdout(&String::from_utf8_lossy(&script))?;
+    Ok(EXIT_OK)
 }
 
 pub fn man(args: ManArgs) -> Result<i32, Error> {

@@ -16,14 +16,6 @@ pub struct Progress {
     by_bytes: bool,
 }
 
-fn styled(len: Option<u64>, template: &str) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(len, ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template(template) {
-        bar.set_style(style);
-    }
-    bar
-}
-
 impl Progress {
     fn hidden() -> Progress {
         Progress {
@@ -32,57 +24,62 @@ impl Progress {
         }
     }
 
+    /// Whether a bar is drawn at all: asked for, and stderr is a terminal.
+    fn visible(shown: bool) -> bool {
+        shown && std::io::stderr().is_terminal()
+    }
+
+    /// A bar drawn with `template`, or a hidden one where it would not be [`visible`].
+    ///
+    /// [`visible`]: Progress::visible
+    fn drawn(shown: bool, len: Option<u64>, template: &str, by_bytes: bool) -> Progress {
+        if !Progress::visible(shown) {
+            return Progress::hidden();
+        }
+        let bar = ProgressBar::with_draw_target(len, ProgressDrawTarget::stderr());
+        if let Ok(style) = ProgressStyle::with_template(template) {
+            bar.set_style(style);
+        }
+        Progress { bar, by_bytes }
+    }
+
     /// Over reading `path`: its bytes when it is a plain file (no second pass over it),
     /// records otherwise. Hidden when `shown` is false or stderr is not a terminal.
     pub fn reading(path: &Path, shown: bool) -> Progress {
-        if !shown || !std::io::stderr().is_terminal() {
+        if !Progress::visible(shown) {
             return Progress::hidden();
         }
         let mut magic = [0u8; 4];
         let plain_size = File::open(path).ok().and_then(|mut f| {
             let compressed = f.read_exact(&mut magic).is_ok() && magic == ZSTD_MAGIC;
-            let size = f.metadata().ok()?.len();
-            (!compressed && f.metadata().ok()?.is_file()).then_some(size)
+            let meta = f.metadata().ok()?;
+            (!compressed && meta.is_file()).then_some(meta.len())
         });
         match plain_size {
-            Some(size) => Progress {
-                bar: styled(
-                    Some(size),
-                    "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-                ),
-                by_bytes: true,
-            },
-            None => Progress {
-                bar: styled(None, "{spinner} {pos} records {per_sec}"),
-                by_bytes: false,
-            },
+            Some(size) => Progress::drawn(
+                shown,
+                Some(size),
+                "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+                true,
+            ),
+            None => Progress::records(shown),
         }
     }
 
     /// A spinner of records, for an input whose size says little (a conversion's output
     /// grows at another rate than its input).
     pub fn records(shown: bool) -> Progress {
-        if !shown || !std::io::stderr().is_terminal() {
-            return Progress::hidden();
-        }
-        Progress {
-            bar: styled(None, "{spinner} {pos} records {per_sec}"),
-            by_bytes: false,
-        }
+        Progress::drawn(shown, None, "{spinner} {pos} records {per_sec}", false)
     }
 
     /// Over writing `total` records.
     pub fn writing(total: u64, shown: bool) -> Progress {
-        if !shown || !std::io::stderr().is_terminal() {
-            return Progress::hidden();
-        }
-        Progress {
-            bar: styled(
-                Some(total),
-                "{bar:40} {pos}/{len} records {per_sec} eta {eta}",
-            ),
-            by_bytes: false,
-        }
+        Progress::drawn(
+            shown,
+            Some(total),
+            "{bar:40} {pos}/{len} records {per_sec} eta {eta}",
+            false,
+        )
     }
 
     /// Records done so far and the input's byte offset.

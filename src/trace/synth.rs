@@ -64,9 +64,12 @@ impl Default for SynthOptions {
 }
 
 impl SynthOptions {
-    /// Bytes of one chunk: K and V, every layer, bfloat16.
-    pub fn object_bytes(&self) -> u64 {
-        (2 * self.num_layers * self.chunk_tokens * self.hidden * 2).max(0) as u64
+    /// Every chunk's layout: K and V, every layer, `chunk_tokens` × `hidden`, bfloat16.
+    pub fn layout(&self) -> MemoryLayoutDesc {
+        MemoryLayoutDesc {
+            shapes: vec![vec![2, self.num_layers, self.chunk_tokens, self.hidden]],
+            dtypes: vec!["torch.bfloat16".into()],
+        }
     }
 
     /// The storage configuration whose hits the generator writes: an L1 that never evicts
@@ -76,7 +79,8 @@ impl SynthOptions {
     pub fn storage_config(&self) -> StorageConfig {
         let per_request = self.system_prompt_chunks + self.max_prompt_chunks + self.max_turn_chunks;
         let align = StorageConfig::default().l1_align_bytes;
-        let object = self.object_bytes().div_ceil(align).saturating_mul(align);
+        let object = self.layout().object_bytes().unwrap_or(0);
+        let object = object.div_ceil(align).saturating_mul(align);
         let mut config = StorageConfig {
             l1_size_bytes: self
                 .records
@@ -103,15 +107,7 @@ pub fn generate(
     mut emit: impl FnMut(f64, StorageCall<'_>) -> Result<()>,
 ) -> Result<()> {
     let mut rng = SplitMix64::new(options.seed);
-    let layout = MemoryLayoutDesc {
-        shapes: vec![vec![
-            2,
-            options.num_layers,
-            options.chunk_tokens,
-            options.hidden,
-        ]],
-        dtypes: vec!["torch.bfloat16".into()],
-    };
+    let layout = options.layout();
     let key = |parts: &[u64]| ObjectKey {
         chunk_hash: hash32(parts).to_vec(),
         model_name: options.model_name.clone(),
