@@ -893,4 +893,22 @@ fn completions_and_man_pages_come_from_the_command_definitions() {
         "options are documented"
     );
     assert!(pages.join("kvtrace.1").exists());
+
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").expect("write");
+    let out = kvtrace(["man", &file.join("man1").display().to_string()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("a-file/man1") && err.lines().count() == 1,
+        "{err}"
+    );
+    let out = kvtrace(["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr).lines().count(),
+        1,
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -209,7 +209,6 @@ pub fn load(path: &Path, max_conversations: usize) -> Result<Dataset> {
 mod tests {
     use super::*;
 
-    #[cfg(feature = "tiktoken")]
     fn write(text: &str) -> tempfile::NamedTempFile {
         let mut f = tempfile::NamedTempFile::new().expect("tmp");
         std::io::Write::write_all(&mut f, text.as_bytes()).expect("write");
@@ -279,6 +278,15 @@ mod tests {
         assert_eq!((a[0].turn, a[1].turn), (1, 2));
         assert_eq!(drain(0, 3).len(), 3 * a.len());
         assert_eq!(drain(0, 1), a, "the seed fixes the order");
+    }
+
+    #[cfg(not(feature = "tiktoken"))]
+    #[test]
+    fn a_dataset_without_the_tokenizer_is_a_usage_error() {
+        let f = write(r#"[{"conversations": []}]"#);
+        let e = load(f.path(), 10).expect_err("no tokenizer");
+        assert_eq!(e.exit_code(), crate::error::EXIT_USAGE);
+        assert!(e.to_string().contains("`tiktoken` feature"), "{e}");
     }
 
     #[cfg(feature = "tiktoken")]

@@ -168,3 +168,29 @@ impl L2 {
         s
     }
 }
+
+#[cfg(all(test, not(feature = "redis")))]
+mod tests {
+    use super::*;
+    use crate::storage::eviction::PolicyKind;
+
+    #[test]
+    fn a_redis_tier_without_the_feature_is_a_one_line_error() {
+        let config = L2Config {
+            backend: BackendConfig::Redis {
+                url: "redis://127.0.0.1:6379/0".into(),
+                prefix: "p".into(),
+            },
+            capacity_bytes: None,
+            policy: PolicyKind::Lru,
+        };
+        let e = L2::new(0, &config)
+            .err()
+            .expect("no redis feature")
+            .to_string();
+        assert!(
+            e.contains("needs a kvtrace built with the `redis` feature") && !e.contains('\n'),
+            "{e}"
+        );
+    }
+}
