@@ -387,6 +387,56 @@ fn simulate_outputs_keep_their_files_and_keys() {
     check("simulate/report.xlsx.txt", &masked_xlsx(Path::new(&xlsx)));
 }
 
+/// The optional parts of the summary: SLA goodput, the per-request views and KV offload with
+/// its tier table.
+#[test]
+fn simulate_optional_keys_and_tiers_keep_their_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).display().to_string();
+    let (json, csv) = (p("report.json"), p("csv"));
+    run(&[
+        "simulate",
+        "--input-tokens",
+        "2048",
+        "--output-tokens",
+        "8",
+        "--request-count",
+        "40",
+        "--shared-prefix-ratio",
+        "0.75",
+        "--num-prefix-groups",
+        "2",
+        "--request-rate",
+        "20",
+        "--num-workers",
+        "2",
+        "--extra-engine-args",
+        "{\"kv_bytes_per_token\": 1024, \"num_gpu_blocks\": 128}",
+        "--l1-size-gb",
+        "0.05",
+        "--sla-ttft-ms",
+        "100",
+        "--sla-itl-ms",
+        "20",
+        "--per-request-metrics",
+        "--quiet",
+        "--report-json",
+        &json,
+        "--report-csv",
+        &csv,
+    ]);
+    check(
+        "simulate/offload_report.json",
+        &masked_json_text(Path::new(&json)),
+    );
+    for name in ["simulate_summary.csv", "simulate_tiers.csv"] {
+        check(
+            &format!("simulate/offload_csv/{name}"),
+            &masked_csv(&Path::new(&csv).join(name)),
+        );
+    }
+}
+
 #[test]
 fn bench_outputs_keep_their_files_and_keys() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,6 +8,8 @@ use super::plan::Options;
 use super::report::BenchReport;
 use super::run::{DecodeReads, MultiTurn};
 use super::tiers::TierKind;
+use crate::clock::local_stamp;
+use crate::error::{Error, Result};
 use crate::machine::available_memory;
 
 /// A scenario: a name, what it shows, and how it changes the base run.
@@ -78,8 +80,15 @@ pub struct Suite {
 impl Suite {
     /// Sizes the base run to this machine: at most 8 users a core, a CPU tier of a quarter
     /// of the available memory (0.5 to 32 GiB, no more than asked for); one JSON report per
-    /// scenario in `dir`, nothing else written.
-    pub fn new(options: &Options, dir: PathBuf) -> Suite {
+    /// scenario in the directory `options.output` names (`kvtrace_suite_<local time>` when
+    /// it names none), created here; nothing else written.
+    pub fn create(options: &Options) -> Result<Suite> {
+        let dir = options
+            .output
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("kvtrace_suite_{}", local_stamp())));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let memory_gib = available_memory().unwrap_or(8 << 30) as f64 / (1u64 << 30) as f64;
         let users = options.num_users.min(8 * cores as i64).max(1);
@@ -96,14 +105,27 @@ impl Suite {
             autoscale_interval_s: (options.duration_s / 6.0).max(1.0),
             ..options.clone()
         };
-        Suite {
+        Ok(Suite {
             cores,
             memory_gib,
             users,
             cpu_gb,
             dir,
             base,
-        }
+        })
+    }
+
+    /// One line saying how the suite sized itself and where its reports go.
+    pub fn describe(&self) -> String {
+        format!(
+            "suite on {} cores, {:.0} GiB available: {} users, {:.1} GiB CPU tier, {} s per scenario; reports in {}",
+            self.cores,
+            self.memory_gib,
+            self.users,
+            self.cpu_gb,
+            self.base.duration_s,
+            self.dir.display()
+        )
     }
 
     /// The options of one scenario.

@@ -3,10 +3,9 @@
 //! rounded-rank percentiles and population deviation per request; pooled per-token gaps in a
 //! sketch), plus kvtrace's per-request averages and SLA goodput.
 
-use serde::Serialize;
-use serde_json::{json, Map, Value as Json};
-
 use super::sketch::Sketch;
+use super::summary::{Figures, Goodput, PerRequest, Summary};
+use serde::Serialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -223,8 +222,7 @@ impl Exact {
     }
 }
 
-/// A distribution the report can describe; `figure` maps a report key's statistic
-/// (`mean`, `median`, `p90`, ...) onto it.
+/// A distribution the report can describe in its nine figures.
 trait Distribution {
     fn mean(&self) -> f64;
     fn min(&self) -> f64;
@@ -234,14 +232,17 @@ trait Distribution {
     /// Rounded-rank percentile, `p` in 0..=100.
     fn percentile(&self, p: f64) -> f64;
 
-    fn figure(&self, stat: &str) -> f64 {
-        match stat {
-            "mean" => self.mean(),
-            "min" => self.min(),
-            "max" => self.max(),
-            "std" => self.std(),
-            "median" => self.percentile(50.0),
-            p => self.percentile(p[1..].parse().unwrap_or(50.0)),
+    fn figures(&self) -> Figures {
+        Figures {
+            mean: self.mean(),
+            min: self.min(),
+            max: self.max(),
+            median: self.percentile(50.0),
+            p75: self.percentile(75.0),
+            p90: self.percentile(90.0),
+            p95: self.percentile(95.0),
+            p99: self.percentile(99.0),
+            std: self.std(),
         }
     }
 }
@@ -301,20 +302,10 @@ impl Distribution for Sketch {
     }
 }
 
-const STATS: [&str; 9] = [
-    "mean", "min", "max", "median", "p75", "p90", "p95", "p99", "std",
-];
-
-fn put(map: &mut Map<String, Json>, name: &str, suffix: &str, d: &dyn Distribution) {
-    for stat in STATS {
-        map.insert(format!("{stat}_{name}{suffix}"), json!(d.figure(stat)));
-    }
-}
-
 impl Collector {
-    /// The summary report: Dynamo's 74 keys (plus goodput when an SLA is given), sorted.
-    /// `duration_ms` is virtual; `wall_ms` is the simulation's real time.
-    pub fn summary(&self, provision: Provision, wall_ms: f64, sla: Sla) -> Map<String, Json> {
+    /// The summary: Dynamo's 74 figures, plus goodput when an SLA is given.
+    /// `wall_ms` is the simulation's real time.
+    pub fn summary(&self, provision: Provision, wall_ms: f64, sla: Sla) -> Summary {
         let done: Vec<&RequestRecord> = self
             .records
             .iter()
@@ -356,93 +347,57 @@ impl Collector {
         };
         let prefill_worker_s = duration_s * provision.prefill_workers as f64;
         let decode_worker_s = duration_s * provision.decode_workers as f64;
-        let mut m = Map::new();
-        m.insert("num_requests".into(), json!(self.records.len()));
-        m.insert("completed_requests".into(), json!(done.len()));
-        m.insert("total_input_tokens".into(), json!(input));
-        m.insert("total_output_tokens".into(), json!(output));
-        m.insert("duration_ms".into(), json!(duration_ms));
-        m.insert("wall_time_ms".into(), json!(wall_ms));
-        m.insert(
-            "request_throughput_rps".into(),
-            json!(per_s(done.len() as f64)),
-        );
-        m.insert("input_throughput_tok_s".into(), json!(per_s(input as f64)));
-        m.insert(
-            "output_throughput_tok_s".into(),
-            json!(per_s(output as f64)),
-        );
-        m.insert(
-            "total_throughput_tok_s".into(),
-            json!(per_s((input + output) as f64)),
-        );
-        m.insert("processed_tokens".into(), json!(input + output));
-        m.insert(
-            "processed_tokens_per_s".into(),
-            json!(per_wall_s((input + output) as f64)),
-        );
-        m.insert(
-            "processed_output_tokens_per_s".into(),
-            json!(per_wall_s(output as f64)),
-        );
-        m.insert("prefill_worker_seconds".into(), json!(prefill_worker_s));
-        m.insert("decode_worker_seconds".into(), json!(decode_worker_s));
-        m.insert(
-            "prefill_gpus_per_worker".into(),
-            json!(provision.prefill_gpus_per_worker),
-        );
-        m.insert(
-            "decode_gpus_per_worker".into(),
-            json!(provision.decode_gpus_per_worker),
-        );
-        m.insert(
-            "gpu_hours".into(),
-            json!(
-                (prefill_worker_s * provision.prefill_gpus_per_worker as f64
-                    + decode_worker_s * provision.decode_gpus_per_worker as f64)
-                    / 3600.0
-            ),
-        );
-        m.insert("prefix_cache_reused_ratio".into(), json!(ratio(reused)));
-        m.insert(
-            "first_admission_prefix_cache_reused_ratio".into(),
-            json!(ratio(first_reused)),
-        );
         let of = |f: fn(&RequestRecord) -> Option<f64>| {
-            Exact::new(done.iter().filter_map(|r| f(r)).collect())
+            Exact::new(done.iter().filter_map(|r| f(r)).collect()).figures()
         };
-        put(&mut m, "ttft", "_ms", &of(RequestRecord::ttft));
-        put(&mut m, "ttst", "_ms", &of(RequestRecord::ttst));
-        put(&mut m, "tpot", "_ms", &of(RequestRecord::tpot));
-        put(&mut m, "e2e_latency", "_ms", &of(RequestRecord::e2e));
-        put(&mut m, "itl", "_ms", &self.itl);
-        m.insert("max_itl_ms".into(), json!(self.itl.max()));
-        put(
-            &mut m,
-            "output_token_throughput_per_user",
-            "",
-            &self.per_user,
-        );
-        if sla.is_set() {
+        let goodput = sla.is_set().then(|| {
             let good: Vec<&&RequestRecord> = done.iter().filter(|r| sla.met_by(r)).collect();
             let good_output: u64 = good.iter().map(|r| u64::from(r.output_length)).sum();
-            m.insert("goodput_completed_requests".into(), json!(good.len()));
-            m.insert(
-                "goodput_request_throughput_rps".into(),
-                json!(per_s(good.len() as f64)),
-            );
-            m.insert(
-                "goodput_output_throughput_tok_s".into(),
-                json!(per_s(good_output as f64)),
-            );
+            Goodput {
+                completed_requests: good.len() as u64,
+                request_throughput_rps: per_s(good.len() as f64),
+                output_throughput_tok_s: per_s(good_output as f64),
+            }
+        });
+        Summary {
+            num_requests: self.records.len() as u64,
+            completed_requests: done.len() as u64,
+            total_input_tokens: input,
+            total_output_tokens: output,
+            duration_ms,
+            wall_time_ms: wall_ms,
+            request_throughput_rps: per_s(done.len() as f64),
+            input_throughput_tok_s: per_s(input as f64),
+            output_throughput_tok_s: per_s(output as f64),
+            total_throughput_tok_s: per_s((input + output) as f64),
+            processed_tokens: input + output,
+            processed_tokens_per_s: per_wall_s((input + output) as f64),
+            processed_output_tokens_per_s: per_wall_s(output as f64),
+            prefill_worker_seconds: prefill_worker_s,
+            decode_worker_seconds: decode_worker_s,
+            prefill_gpus_per_worker: provision.prefill_gpus_per_worker,
+            decode_gpus_per_worker: provision.decode_gpus_per_worker,
+            gpu_hours: (prefill_worker_s * provision.prefill_gpus_per_worker as f64
+                + decode_worker_s * provision.decode_gpus_per_worker as f64)
+                / 3600.0,
+            prefix_cache_reused_ratio: ratio(reused),
+            first_admission_prefix_cache_reused_ratio: ratio(first_reused),
+            ttft_ms: of(RequestRecord::ttft),
+            ttst_ms: of(RequestRecord::ttst),
+            tpot_ms: of(RequestRecord::tpot),
+            e2e_latency_ms: of(RequestRecord::e2e),
+            itl_ms: self.itl.figures(),
+            output_token_throughput_per_user: self.per_user.figures(),
+            goodput,
+            per_request: None,
+            interrupted: false,
+            offload: None,
         }
-        m.sort_keys();
-        m
     }
 
     /// kvtrace's per-request views beside the pooled ones: the distribution of each request's
     /// own mean inter-token latency and of its own output rate.
-    pub fn per_request_extras(&self) -> Map<String, Json> {
+    pub fn per_request(&self) -> PerRequest {
         let done = self
             .records
             .iter()
@@ -454,10 +409,9 @@ impl Collector {
                 .map(|t| 1000.0 / t)
                 .collect(),
         );
-        let mut m = Map::new();
-        put(&mut m, "per_request_itl", "_ms", &itl);
-        put(&mut m, "per_request_output_token_throughput", "", &rate);
-        m.sort_keys();
-        m
+        PerRequest {
+            itl_ms: itl.figures(),
+            output_token_throughput: rate.figures(),
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! on mock engines ([`engine`]: vLLM and TRT-LLM in [`vllm`] with the KV pool of [`blocks`],
 //! SGLang in [`sglang`] with the radix cache of [`radix`], both timed by [`perf`]),
 //! disaggregated serving hands requests from prefill to decode workers ([`handoff`]), and the
-//! [`collector`] turns what happened into the [`report`]. With
+//! [`collector`] turns what happened into the [`summary`] and the [`report`]. With
 //! [`offload`], the engines share a StorageManager whose calls can be recorded as LMCT.
 
 pub mod args;
@@ -21,6 +21,7 @@ pub mod report;
 pub mod router;
 pub mod sglang;
 pub mod sketch;
+pub mod summary;
 pub mod vllm;
 pub mod workload;
 

@@ -8,9 +8,9 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
-use serde_json::{Map, Value as Json};
 
 use super::engine::{KvConnector, RequestId};
+use super::summary::OffloadSummary;
 use super::workload::Prompt;
 use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
 use crate::rng::hash32;
@@ -156,8 +156,8 @@ impl Offload {
         self.sm.manager().tier_io()
     }
 
-    /// The report's offload keys: `offload_*` counters and the tier table.
-    pub fn summary(&self) -> Map<String, Json> {
+    /// The report's offload figures: the counters, hit rates and the tier table.
+    pub fn summary(&self) -> OffloadSummary {
         let s = &self.stats;
         let rate = |n: u64| {
             if s.lookup_chunks == 0 {
@@ -166,30 +166,23 @@ impl Offload {
                 n as f64 / s.lookup_chunks as f64
             }
         };
-        let mut out = Map::new();
-        let mut put = |k: &str, v: Json| {
-            out.insert(format!("offload_{k}"), v);
-        };
-        put("chunk_tokens", self.config.chunk_tokens.into());
-        put("lookups", s.lookups.into());
-        put("lookup_chunks", s.lookup_chunks.into());
-        put("hit_chunks", s.hit_chunks.into());
-        put("l1_hit_chunks", s.l1_hit_chunks.into());
-        put("l2_hit_chunks", s.l2_hit_chunks.into());
-        put("hit_rate", rate(s.hit_chunks).into());
-        put("l1_hit_rate", rate(s.l1_hit_chunks).into());
-        put("l2_hit_rate", rate(s.l2_hit_chunks).into());
-        put("loaded_tokens", s.loaded_tokens.into());
-        put("loaded_bytes", s.loaded_bytes.into());
-        put("load_ms", s.load_ms.into());
-        put("stored_chunks", s.stored_chunks.into());
-        put("store_out_of_memory", s.store_out_of_memory.into());
-        let tiers = self.sm.manager().tier_stats();
-        put(
-            "tiers",
-            serde_json::to_value(&tiers).unwrap_or(Json::Array(Vec::new())),
-        );
-        out
+        OffloadSummary {
+            chunk_tokens: self.config.chunk_tokens,
+            lookups: s.lookups,
+            lookup_chunks: s.lookup_chunks,
+            hit_chunks: s.hit_chunks,
+            l1_hit_chunks: s.l1_hit_chunks,
+            l2_hit_chunks: s.l2_hit_chunks,
+            hit_rate: rate(s.hit_chunks),
+            l1_hit_rate: rate(s.l1_hit_chunks),
+            l2_hit_rate: rate(s.l2_hit_chunks),
+            loaded_tokens: s.loaded_tokens,
+            loaded_bytes: s.loaded_bytes,
+            load_ms: s.load_ms,
+            stored_chunks: s.stored_chunks,
+            store_out_of_memory: s.store_out_of_memory,
+            tiers: self.sm.manager().tier_stats(),
+        }
     }
 
     /// Who the requests are, as the store sees them.

@@ -285,20 +285,17 @@ impl Plan {
             .collector
             .summary(result.provision, result.wall_ms, self.sla);
         if self.per_request_metrics {
-            summary.extend(result.collector.per_request_extras());
+            summary.per_request = Some(result.collector.per_request());
         }
-        if result.interrupted {
-            summary.insert("interrupted".into(), true.into());
-        }
+        summary.interrupted = result.interrupted;
         let mut recordings = Vec::new();
         if let Some((store, bus)) = offload {
-            summary.extend(store.summary());
+            summary.offload = Some(store.summary());
             drop(store);
             if let Some(bus) = bus {
                 recordings = bus.close()?;
             }
         }
-        summary.sort_keys();
         let report = SimulateReport {
             summary,
             requests: result.collector.records,

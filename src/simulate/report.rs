@@ -3,23 +3,23 @@
 //! AIPerf-style table on stdout, one JSON line per request, and the Summary, Requests and
 //! Tiers tables.
 
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 
 use super::collector::RequestRecord;
+use super::summary::{Figures, Summary};
 use crate::error::Result;
 use crate::report::{JsonStyle, Report, Table};
 
-/// A finished simulation: Dynamo's summary keys (kvtrace's offload keys beside them) and
-/// every request.
+/// A finished simulation: its summary (Dynamo's keys, kvtrace's beside them) and every
+/// request.
 pub struct SimulateReport {
-    /// Keys sorted, as Dynamo writes them.
-    pub summary: Map<String, Json>,
+    pub summary: Summary,
     pub requests: Vec<RequestRecord>,
 }
 
 impl Report for SimulateReport {
     fn document(&self) -> Result<Json> {
-        Ok(Json::Object(self.summary.clone()))
+        Ok(Json::Object(self.summary.to_map()))
     }
 
     fn json_style(&self) -> JsonStyle {
@@ -30,17 +30,23 @@ impl Report for SimulateReport {
     /// with KV offload, Tiers.
     fn tables(&self) -> Vec<Table> {
         let requests = self.records();
+        let summary = self.summary.to_map();
         let mut out = vec![
-            Table::key_values(&self.summary)
+            Table::key_values(&summary)
                 .sheet("Summary")
                 .csv("simulate_summary.csv"),
             Table::from_objects(&requests)
                 .sheet("Requests")
                 .csv("simulate_requests.csv"),
         ];
-        if let Some(Json::Array(tiers)) = self.summary.get("offload_tiers") {
+        if let Some(offload) = &self.summary.offload {
+            let tiers: Vec<Json> = offload
+                .tiers
+                .iter()
+                .filter_map(|t| serde_json::to_value(t).ok())
+                .collect();
             out.push(
-                Table::from_objects(tiers)
+                Table::from_objects(&tiers)
                     .sheet("Tiers")
                     .csv("simulate_tiers.csv"),
             );
@@ -76,46 +82,42 @@ pub fn grouped(v: f64) -> String {
     format!("{sign}{out}.{frac}")
 }
 
-/// Rows of the table: label and the report key stem of its distribution, or a single key.
-const DISTRIBUTIONS: [(&str, &str); 5] = [
-    ("Time to First Token (ms)", "ttft_ms"),
-    ("Time to Second Token (ms)", "ttst_ms"),
-    ("Request Latency (ms)", "e2e_latency_ms"),
-    ("Inter Token Latency (ms)", "itl_ms"),
-    (
-        "Output Token Throughput Per User (tokens/sec/user)",
-        "output_token_throughput_per_user",
-    ),
-];
-const SINGLES: [(&str, &str); 3] = [
-    (
-        "Output Token Throughput (tokens/sec)",
-        "output_throughput_tok_s",
-    ),
-    (
-        "Request Throughput (requests/sec)",
-        "request_throughput_rps",
-    ),
-    ("Request Count (requests)", "completed_requests"),
-];
 const COLUMNS: [&str; 7] = ["avg", "min", "max", "p99", "p90", "p75", "std"];
 
 /// The metrics table with its title, in heavy box-drawing characters.
-fn table(summary: &Map<String, Json>) -> String {
-    let get = |k: &str| summary.get(k).and_then(Json::as_f64).unwrap_or(0.0);
-    let mut rows: Vec<Vec<String>> = DISTRIBUTIONS
+fn table(s: &Summary) -> String {
+    let distributions = [
+        ("Time to First Token (ms)", &s.ttft_ms),
+        ("Time to Second Token (ms)", &s.ttst_ms),
+        ("Request Latency (ms)", &s.e2e_latency_ms),
+        ("Inter Token Latency (ms)", &s.itl_ms),
+        (
+            "Output Token Throughput Per User (tokens/sec/user)",
+            &s.output_token_throughput_per_user,
+        ),
+    ];
+    let singles = [
+        (
+            "Output Token Throughput (tokens/sec)",
+            s.output_throughput_tok_s,
+        ),
+        (
+            "Request Throughput (requests/sec)",
+            s.request_throughput_rps,
+        ),
+        ("Request Count (requests)", s.completed_requests as f64),
+    ];
+    let columns = |f: &Figures| [f.mean, f.min, f.max, f.p99, f.p90, f.p75, f.std];
+    let mut rows: Vec<Vec<String>> = distributions
         .iter()
-        .map(|(label, stem)| {
-            let mut row = vec![label.to_string()];
-            for c in COLUMNS {
-                let prefix = if c == "avg" { "mean" } else { c };
-                row.push(grouped(get(&format!("{prefix}_{stem}"))));
-            }
-            row
+        .map(|(label, f)| {
+            std::iter::once(label.to_string())
+                .chain(columns(f).map(grouped))
+                .collect()
         })
         .collect();
-    for (label, key) in SINGLES {
-        let mut row = vec![label.to_string(), grouped(get(key))];
+    for (label, v) in singles {
+        let mut row = vec![label.to_string(), grouped(v)];
         row.extend(std::iter::repeat_n("N/A".to_string(), COLUMNS.len() - 1));
         rows.push(row);
     }
@@ -159,14 +161,14 @@ fn table(summary: &Map<String, Json>) -> String {
         out += &line(row);
     }
     out += &rule("└", "┴", "┘");
-    out += &format!("Wall Time (ms): {}\n", grouped(get("wall_time_ms")));
+    out += &format!("Wall Time (ms): {}\n", grouped(s.wall_time_ms));
     out += &format!(
         "Prefix Cache Reused Ratio: {}\n",
-        grouped(get("prefix_cache_reused_ratio"))
+        grouped(s.prefix_cache_reused_ratio)
     );
     out += &format!(
         "First Admission Prefix Cache Reused Ratio: {}\n",
-        grouped(get("first_admission_prefix_cache_reused_ratio"))
+        grouped(s.first_admission_prefix_cache_reused_ratio)
     );
     out
 }

@@ -1,21 +1,14 @@
-//! `kvtrace bench`: MLPerf Storage's KV-cache benchmark flags, turned into
-//! [`kvtrace::bench::plan::Options`]; the library plans, runs and reports.
+//! `kvtrace bench`'s flags: MLPerf Storage kv-cache.py's names and defaults, turned into
+//! [`kvtrace::bench::plan::Options`].
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use clap::ValueEnum;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvtrace::bench::autoscale::AutoscaleMode;
-use kvtrace::bench::plan::{Generation, Options, Plan};
-use kvtrace::bench::report::{BenchReport, Profile as ProfileKind};
+use kvtrace::bench::plan::{Generation, Options};
+use kvtrace::bench::report::Profile as ProfileKind;
 use kvtrace::bench::run::{DecodeReads, MultiTurn};
-use kvtrace::bench::suite::{Suite, SCENARIOS};
 use kvtrace::bench::users::PersonaSet;
-use kvtrace::clock::local_stamp;
-use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
-
-use super::{print_stdout, say_recorded, warn_line};
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 enum GenerationMode {
@@ -80,7 +73,7 @@ enum Personas {
 /// simulated users write and re-read whole KV entries through GPU, CPU and storage tiers
 /// with real I/O, and the run reports throughput, latency percentiles, hit rates and QoS
 #[derive(clap::Args, Clone)]
-#[command(after_help = super::examples(&[
+#[command(after_help = crate::cli::examples(&[
     "kvtrace bench --model llama3.1-8b --num-users 20 --duration 30 --cpu-mem-gb 4 --cache-dir /mnt/nvme",
     "kvtrace bench --cpu-mem-gb 0 --gpu-mem-gb 0 --generation-mode none --duration 60 --xlsx-output run.xlsx",
     "kvtrace bench --suite --duration 20 --output suite-reports",
@@ -230,14 +223,14 @@ pub struct Args {
     /// machine, each for --duration, and print one comparison table; --output names the
     /// directory for their reports
     #[arg(long)]
-    suite: bool,
+    pub suite: bool,
     /// No console summary and no progress bar
     #[arg(short, long)]
-    quiet: bool,
+    pub quiet: bool,
 }
 
 impl Args {
-    fn options(&self) -> Options {
+    pub fn options(&self) -> Options {
         Options {
             model: self.model.clone(),
             num_users: self.num_users,
@@ -303,98 +296,4 @@ impl Args {
             csv: self.csv.clone(),
         }
     }
-}
-
-fn progress_bar(quiet: bool, duration_s: f64) -> ProgressBar {
-    if quiet || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(
-        Some((duration_s * 10.0) as u64),
-        ProgressDrawTarget::stderr(),
-    );
-    if let Ok(style) = ProgressStyle::with_template("{bar:40} {msg}") {
-        bar.set_style(style);
-    }
-    bar
-}
-
-/// Plans and runs once; prints the summary unless quiet.
-fn run_once(options: &Options, quiet: bool) -> Result<BenchReport, Error> {
-    let plan = Plan::new(options)?;
-    for w in &plan.warnings {
-        warn_line(w);
-    }
-    let duration = plan.duration_s();
-    let bar = progress_bar(quiet, duration);
-    let finished = plan.run(&mut |elapsed, done| {
-        bar.set_position((elapsed * 10.0) as u64);
-        bar.set_message(format!("{elapsed:.0}/{duration:.0} s, {done} requests"));
-    })?;
-    bar.finish_and_clear();
-    if !quiet {
-        say_recorded(&finished.recordings);
-        print_stdout(&format!(
-            "{}  results: {}\n",
-            finished.report.console(),
-            finished.results.display()
-        ))?;
-    }
-    Ok(finished.report)
-}
-
-pub fn run(args: Args) -> Result<i32, Error> {
-    let options = args.options();
-    if args.suite {
-        return suite(&args, &options);
-    }
-    Ok(exit_status(&run_once(&options, args.quiet)?))
-}
-
-/// 128 + the signal after an interrupt; 1 when storage I/O failed (said on stderr even with
-/// -q: the figures of such a run are not the storage's); else 0.
-fn exit_status(report: &BenchReport) -> i32 {
-    if let Some(status) = kvtrace::interrupt::exit_status() {
-        return status;
-    }
-    match report.storage_failure() {
-        Some(line) => {
-            eprintln!("kvtrace: {line}");
-            EXIT_DATA
-        }
-        None => EXIT_OK,
-    }
-}
-
-/// `--suite`: every scenario in turn, one comparison table.
-fn suite(args: &Args, options: &Options) -> Result<i32, Error> {
-    let dir = args
-        .output
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("kvtrace_suite_{}", local_stamp())));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
-    let suite = Suite::new(options, dir);
-    eprintln!(
-        "kvtrace: suite on {} cores, {:.0} GiB available: {} users, {:.1} GiB CPU tier, {} s per scenario; reports in {}",
-        suite.cores,
-        suite.memory_gib,
-        suite.users,
-        suite.cpu_gb,
-        options.duration_s,
-        suite.dir.display()
-    );
-    let mut table = Suite::header().to_string();
-    let mut status = EXIT_OK;
-    for scenario in &SCENARIOS {
-        eprintln!("kvtrace: {}: {}", scenario.name, scenario.what);
-        let report = run_once(&suite.options(scenario), true)?;
-        table += &Suite::row(scenario.name, &report);
-        status = status.max(exit_status(&report));
-        if kvtrace::interrupt::requested().is_some() {
-            break;
-        }
-    }
-    print_stdout(&table)?;
-    Ok(status)
 }

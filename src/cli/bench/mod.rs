@@ -1,0 +1,97 @@
+//! `kvtrace bench`: MLPerf Storage's KV-cache benchmark. [`args`] turns its flags into
+//! [`kvtrace::bench::plan::Options`]; the library plans, runs and reports; this file shows
+//! progress and picks the exit status.
+
+mod args;
+
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kvtrace::bench::plan::{Options, Plan};
+use kvtrace::bench::report::BenchReport;
+use kvtrace::bench::suite::{Suite, SCENARIOS};
+use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
+
+pub use args::Args;
+
+use super::{print_stdout, say_recorded, warn_line};
+
+fn progress_bar(quiet: bool, duration_s: f64) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(
+        Some((duration_s * 10.0) as u64),
+        ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) = ProgressStyle::with_template("{bar:40} {msg}") {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Plans and runs once; prints the summary unless quiet.
+fn run_once(options: &Options, quiet: bool) -> Result<BenchReport, Error> {
+    let plan = Plan::new(options)?;
+    for w in &plan.warnings {
+        warn_line(w);
+    }
+    let duration = plan.duration_s();
+    let bar = progress_bar(quiet, duration);
+    let finished = plan.run(&mut |elapsed, done| {
+        bar.set_position((elapsed * 10.0) as u64);
+        bar.set_message(format!("{elapsed:.0}/{duration:.0} s, {done} requests"));
+    })?;
+    bar.finish_and_clear();
+    if !quiet {
+        say_recorded(&finished.recordings);
+        print_stdout(&format!(
+            "{}  results: {}\n",
+            finished.report.console(),
+            finished.results.display()
+        ))?;
+    }
+    Ok(finished.report)
+}
+
+pub fn run(args: Args) -> Result<i32, Error> {
+    let options = args.options();
+    if args.suite {
+        return suite(&options);
+    }
+    Ok(exit_status(&run_once(&options, args.quiet)?))
+}
+
+/// 128 + the signal after an interrupt; 1 when storage I/O failed (said on stderr even with
+/// -q: the figures of such a run are not the storage's); else 0.
+fn exit_status(report: &BenchReport) -> i32 {
+    if let Some(status) = kvtrace::interrupt::exit_status() {
+        return status;
+    }
+    match report.storage_failure() {
+        Some(line) => {
+            eprintln!("kvtrace: {line}");
+            EXIT_DATA
+        }
+        None => EXIT_OK,
+    }
+}
+
+/// `--suite`: every scenario in turn, one comparison table.
+fn suite(options: &Options) -> Result<i32, Error> {
+    let suite = Suite::create(options)?;
+    eprintln!("kvtrace: {}", suite.describe());
+    let mut table = Suite::header().to_string();
+    let mut status = EXIT_OK;
+    for scenario in &SCENARIOS {
+        eprintln!("kvtrace: {}: {}", scenario.name, scenario.what);
+        let report = run_once(&suite.options(scenario), true)?;
+        table += &Suite::row(scenario.name, &report);
+        status = status.max(exit_status(&report));
+        if kvtrace::interrupt::requested().is_some() {
+            break;
+        }
+    }
+    print_stdout(&table)?;
+    Ok(status)
+}

@@ -1,0 +1,261 @@
+//! The simulation's summary as a type: Dynamo's 74 figures, kvtrace's optional per-request
+//! views, SLA goodput and KV-offload counters. It serializes to the flat, sorted keys Dynamo's
+//! report has (`mean_ttft_ms`, `p99_itl_ms`, ... `offload_hit_rate`), so scripts that read
+//! Dynamo's JSON read kvtrace's unchanged; code reads the fields.
+
+use std::collections::BTreeMap;
+
+use serde::{Serialize, Serializer};
+use serde_json::{Map, Value as Json};
+
+use crate::storage::TierStats;
+
+/// The nine figures the report gives for every distribution.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Figures {
+    pub mean: f64,
+    pub min: f64,
+    pub max: f64,
+    pub median: f64,
+    pub p75: f64,
+    pub p90: f64,
+    pub p95: f64,
+    pub p99: f64,
+    /// Population standard deviation.
+    pub std: f64,
+}
+
+/// Requests that met the SLA and the rates they give.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Goodput {
+    pub completed_requests: u64,
+    pub request_throughput_rps: f64,
+    pub output_throughput_tok_s: f64,
+}
+
+/// kvtrace's per-request views beside the pooled ones: each request's own mean inter-token
+/// latency and its own output rate.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PerRequest {
+    pub itl_ms: Figures,
+    pub output_token_throughput: Figures,
+}
+
+/// What the shared KV store did for the engines; its keys carry the `offload_` prefix.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct OffloadSummary {
+    pub chunk_tokens: u32,
+    pub lookups: u64,
+    pub lookup_chunks: u64,
+    pub hit_chunks: u64,
+    pub l1_hit_chunks: u64,
+    pub l2_hit_chunks: u64,
+    pub hit_rate: f64,
+    pub l1_hit_rate: f64,
+    pub l2_hit_rate: f64,
+    pub loaded_tokens: u64,
+    pub loaded_bytes: u64,
+    pub load_ms: f64,
+    pub stored_chunks: u64,
+    pub store_out_of_memory: u64,
+    pub tiers: Vec<TierStats>,
+}
+
+/// A finished simulation's figures. `duration_ms` is virtual time; `wall_time_ms` is how long
+/// the simulation itself took.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Summary {
+    pub num_requests: u64,
+    pub completed_requests: u64,
+    pub total_input_tokens: u64,
+    pub total_output_tokens: u64,
+    pub duration_ms: f64,
+    pub wall_time_ms: f64,
+    pub request_throughput_rps: f64,
+    pub input_throughput_tok_s: f64,
+    pub output_throughput_tok_s: f64,
+    pub total_throughput_tok_s: f64,
+    pub processed_tokens: u64,
+    pub processed_tokens_per_s: f64,
+    pub processed_output_tokens_per_s: f64,
+    pub prefill_worker_seconds: f64,
+    pub decode_worker_seconds: f64,
+    pub prefill_gpus_per_worker: u64,
+    pub decode_gpus_per_worker: u64,
+    pub gpu_hours: f64,
+    pub prefix_cache_reused_ratio: f64,
+    pub first_admission_prefix_cache_reused_ratio: f64,
+    pub ttft_ms: Figures,
+    pub ttst_ms: Figures,
+    pub tpot_ms: Figures,
+    pub e2e_latency_ms: Figures,
+    /// Pooled gaps between consecutive tokens of every request.
+    pub itl_ms: Figures,
+    pub output_token_throughput_per_user: Figures,
+    /// Present when an SLA was given.
+    pub goodput: Option<Goodput>,
+    /// Present when asked for.
+    pub per_request: Option<PerRequest>,
+    /// A signal stopped the simulation; the figures cover what ran.
+    pub interrupted: bool,
+    /// Present when the engines shared a KV store.
+    pub offload: Option<OffloadSummary>,
+}
+
+/// The report's flat keys, sorted as Dynamo writes them.
+struct Keys(BTreeMap<String, Json>);
+
+impl Keys {
+    fn put(&mut self, key: impl Into<String>, value: impl Into<Json>) {
+        self.0.insert(key.into(), value.into());
+    }
+
+    /// `{stat}_{stem}{suffix}` for each of the nine figures: `mean_ttft_ms`, `p99_ttft_ms`.
+    fn figures(&mut self, stem: &str, suffix: &str, f: &Figures) {
+        let stats = [
+            ("mean", f.mean),
+            ("min", f.min),
+            ("max", f.max),
+            ("median", f.median),
+            ("p75", f.p75),
+            ("p90", f.p90),
+            ("p95", f.p95),
+            ("p99", f.p99),
+            ("std", f.std),
+        ];
+        for (stat, v) in stats {
+            self.put(format!("{stat}_{stem}{suffix}"), v);
+        }
+    }
+}
+
+impl Summary {
+    fn keys(&self) -> Keys {
+        let mut k = Keys(BTreeMap::new());
+        k.put("num_requests", self.num_requests);
+        k.put("completed_requests", self.completed_requests);
+        k.put("total_input_tokens", self.total_input_tokens);
+        k.put("total_output_tokens", self.total_output_tokens);
+        k.put("duration_ms", self.duration_ms);
+        k.put("wall_time_ms", self.wall_time_ms);
+        k.put("request_throughput_rps", self.request_throughput_rps);
+        k.put("input_throughput_tok_s", self.input_throughput_tok_s);
+        k.put("output_throughput_tok_s", self.output_throughput_tok_s);
+        k.put("total_throughput_tok_s", self.total_throughput_tok_s);
+        k.put("processed_tokens", self.processed_tokens);
+        k.put("processed_tokens_per_s", self.processed_tokens_per_s);
+        k.put(
+            "processed_output_tokens_per_s",
+            self.processed_output_tokens_per_s,
+        );
+        k.put("prefill_worker_seconds", self.prefill_worker_seconds);
+        k.put("decode_worker_seconds", self.decode_worker_seconds);
+        k.put("prefill_gpus_per_worker", self.prefill_gpus_per_worker);
+        k.put("decode_gpus_per_worker", self.decode_gpus_per_worker);
+        k.put("gpu_hours", self.gpu_hours);
+        k.put("prefix_cache_reused_ratio", self.prefix_cache_reused_ratio);
+        k.put(
+            "first_admission_prefix_cache_reused_ratio",
+            self.first_admission_prefix_cache_reused_ratio,
+        );
+        k.figures("ttft", "_ms", &self.ttft_ms);
+        k.figures("ttst", "_ms", &self.ttst_ms);
+        k.figures("tpot", "_ms", &self.tpot_ms);
+        k.figures("e2e_latency", "_ms", &self.e2e_latency_ms);
+        k.figures("itl", "_ms", &self.itl_ms);
+        k.figures(
+            "output_token_throughput_per_user",
+            "",
+            &self.output_token_throughput_per_user,
+        );
+        if let Some(g) = &self.goodput {
+            k.put("goodput_completed_requests", g.completed_requests);
+            k.put("goodput_request_throughput_rps", g.request_throughput_rps);
+            k.put("goodput_output_throughput_tok_s", g.output_throughput_tok_s);
+        }
+        if let Some(p) = &self.per_request {
+            k.figures("per_request_itl", "_ms", &p.itl_ms);
+            k.figures(
+                "per_request_output_token_throughput",
+                "",
+                &p.output_token_throughput,
+            );
+        }
+        if self.interrupted {
+            k.put("interrupted", true);
+        }
+        if let Some(Json::Object(offload)) = self
+            .offload
+            .as_ref()
+            .and_then(|o| serde_json::to_value(o).ok())
+        {
+            for (key, v) in offload {
+                k.put(format!("offload_{key}"), v);
+            }
+        }
+        k
+    }
+}
+
+impl Summary {
+    /// The flat keys, sorted, as the JSON report and the Summary table have them.
+    pub fn to_map(&self) -> Map<String, Json> {
+        self.keys().0.into_iter().collect()
+    }
+}
+
+impl Serialize for Summary {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.keys().0.serialize(serializer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(s: &Summary) -> Vec<String> {
+        s.to_map().keys().cloned().collect()
+    }
+
+    #[test]
+    fn the_plain_summary_has_dynamos_74_keys_sorted() {
+        let k = keys(&Summary::default());
+        assert_eq!(k.len(), 74);
+        let mut sorted = k.clone();
+        sorted.sort();
+        assert_eq!(k, sorted);
+        assert!(k.contains(&"p99_itl_ms".to_string()));
+        assert!(k.contains(&"median_output_token_throughput_per_user".to_string()));
+        assert!(!k
+            .iter()
+            .any(|k| k.starts_with("goodput") || k == "interrupted"));
+    }
+
+    #[test]
+    fn optional_parts_add_their_keys() {
+        let s = Summary {
+            goodput: Some(Goodput::default()),
+            per_request: Some(PerRequest::default()),
+            interrupted: true,
+            offload: Some(OffloadSummary::default()),
+            ..Summary::default()
+        };
+        let k = keys(&s);
+        assert_eq!(k.len(), 74 + 3 + 18 + 1 + 15);
+        assert!(k.contains(&"offload_tiers".to_string()));
+        assert!(k.contains(&"p90_per_request_itl_ms".to_string()));
+    }
+
+    #[test]
+    fn counts_stay_integers_and_times_stay_floats() {
+        let s = Summary {
+            num_requests: 3,
+            duration_ms: 2.0,
+            ..Summary::default()
+        };
+        let v = serde_json::to_value(&s).unwrap_or_default();
+        assert!(v["num_requests"].is_u64());
+        assert!(v["duration_ms"].is_f64());
+    }
+}
