@@ -249,6 +249,37 @@ fn generate_is_deterministic_for_a_seed() {
     assert_eq!(v[0]["schema_variant"], "1 (LMCache 0.5.6)");
 }
 
+/// Replays `trace` with no storage flags and checks it is faithful: exit 0, nothing on
+/// stderr, the recorded digest, every request's hits and every reservation as recorded.
+/// Returns the hit chunks.
+fn replays_faithfully_without_flags(trace: &str, out_dir: &str) -> u64 {
+    let out = kvtrace([
+        "replay",
+        trace,
+        "-q",
+        "--json",
+        "--expect-fidelity",
+        "--output-dir",
+        out_dir,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        "",
+        "no warning for a recorded configuration"
+    );
+    let summary = replay_summary(std::path::Path::new(out_dir));
+    assert_eq!(summary["kvtrace"]["digest"]["result"], "match");
+    let fidelity = &summary["kvtrace"]["fidelity"];
+    assert_eq!(fidelity["requests"], fidelity["requests_matching"]);
+    assert_eq!(fidelity["stores"], fidelity["stores_matching"]);
+    assert_eq!(
+        fidelity["recorded_hit_chunks"],
+        fidelity["replayed_hit_chunks"]
+    );
+    fidelity["recorded_hit_chunks"].as_u64().expect("hits")
+}
+
 #[test]
 fn a_generated_trace_replays_without_flags_and_reproduces_its_hits() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -257,29 +288,75 @@ fn a_generated_trace_replays_without_flags_and_reproduces_its_hits() {
     assert!(kvtrace(["generate", &trace, "--records", "3000"])
         .status
         .success());
+    assert!(replays_faithfully_without_flags(&trace, &out_dir) > 0);
+}
+
+/// `generate --from-mooncake`: per request one lookup and one reservation, reads only where
+/// the modelled L1 holds a prefix, keys of their own in every loop; a replay without flags
+/// (the recorded LRU L1, real buffers) reproduces every hit and every reservation.
+#[test]
+fn a_mooncake_request_trace_becomes_a_storage_trace_whose_hits_replay_exactly() {
+    const ROWS: u64 = 300;
+    let dir = tempfile::tempdir().expect("tmp");
+    let hits = |loops: &str, l1_chunks: &str| {
+        let trace = dir.path().join("mc.lct").display().to_string();
+        let out_dir = dir.path().join("out").display().to_string();
+        let made = kvtrace([
+            "generate",
+            &trace,
+            "--from-mooncake",
+            "testdata/mooncake/conversation_head300.jsonl",
+            "--loops",
+            loops,
+            "--l1-chunks",
+            l1_chunks,
+        ]);
+        assert_eq!(made.status.code(), Some(0), "{}", text(&made.stderr));
+        let info: serde_json::Value =
+            serde_json::from_slice(&kvtrace(["info", &trace, "--json"]).stdout).expect("info");
+        let ops = &info[0]["ops"];
+        let count = |call: &str| {
+            ops[format!("lmcache.v1.distributed.storage_manager.StorageManager.{call}")]
+                .as_u64()
+                .unwrap_or(0)
+        };
+        let requests = ROWS * loops.parse::<u64>().expect("loops");
+        assert_eq!(count("submit_prefetch_task"), requests);
+        assert_eq!(count("reserve_write"), requests);
+        assert_eq!(
+            count("read_prefetched_results.__enter__"),
+            count("finish_read_prefetched")
+        );
+        assert!(count("finish_write") <= requests);
+        replays_faithfully_without_flags(&trace, &out_dir)
+    };
+    let one = hits("1", "64");
+    assert!(one > 0);
+    assert_eq!(hits("2", "64"), 2 * one, "a loop hits nothing of another");
+    assert!(hits("1", "4") < one, "a smaller L1 holds less");
+}
+
+#[test]
+fn a_bad_mooncake_row_is_one_line_naming_file_line_and_field() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let input = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &input,
+        "{\"hash_ids\": [1], \"output_length\": 1}\n{\"hash_ids\": [\"x\"], \"output_length\": 1}\n",
+    )
+    .expect("write");
     let out = kvtrace([
-        "replay",
-        &trace,
-        "-q",
-        "--json",
-        "--expect-fidelity",
-        "--output-dir",
-        &out_dir,
+        "generate",
+        &dir.path().join("o.lct").display().to_string(),
+        "--from-mooncake",
+        &input.display().to_string(),
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert_eq!(
-        text(&out.stderr),
-        "",
-        "no warning for a recorded configuration"
-    );
-    let summary = replay_summary(std::path::Path::new(&out_dir));
-    assert_eq!(summary["kvtrace"]["digest"]["result"], "match");
-    let fidelity = &summary["kvtrace"]["fidelity"];
-    assert_eq!(fidelity["requests"], fidelity["requests_matching"]);
-    assert!(fidelity["recorded_hit_chunks"].as_u64().expect("hits") > 0);
-    assert_eq!(
-        fidelity["recorded_hit_chunks"],
-        fidelity["replayed_hit_chunks"]
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("bad.jsonl") && err.contains("line 2") && err.contains("hash_ids"),
+        "{err}"
     );
 }
 

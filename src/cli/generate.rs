@@ -3,17 +3,20 @@
 use std::path::PathBuf;
 
 use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::trace::mooncake::{self, MooncakeOptions};
 use kvtrace::trace::synth::{write_file, SynthOptions};
 
 use super::progress::Progress;
 
-/// Write a realistic synthetic storage trace (multi-turn conversations over shared system
-/// prompts, issued as an LMCache server issues StorageManager calls); same seed, same bytes
+/// Write a storage trace as an LMCache server records it: a realistic synthetic one
+/// (multi-turn conversations over shared system prompts), or the one a Mooncake request
+/// trace gives through an LRU L1 (--from-mooncake); same input and options, same bytes
 #[derive(clap::Args)]
 #[command(
     after_help = super::examples(&[
         "kvtrace generate big.lct --records 1000000",
         "kvtrace generate small.lct.zst --records 5000 --seed 7",
+        "kvtrace generate mc.lct --from-mooncake conversation_trace.jsonl --loops 10",
     ])
 )]
 pub struct Args {
@@ -21,23 +24,73 @@ pub struct Args {
     #[arg(value_name = "OUT")]
     out: PathBuf,
     /// Number of records to write
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 100_000, conflicts_with = "from_mooncake")]
     records: u64,
     /// Seed of the workload
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, conflicts_with = "from_mooncake")]
     seed: u64,
     /// Tokens per chunk
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, conflicts_with = "from_mooncake")]
     chunk_tokens: i64,
     /// Conversations in flight at once
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, conflicts_with = "from_mooncake")]
     conversations: u64,
+    /// A Mooncake JSONL request trace: per request a lookup of its chunks (one 512-token
+    /// chunk per hash_id), a read of the prefix the L1 holds, a write of the rest; records
+    /// 1 µs apart
+    #[arg(long, value_name = "TRACE", help_heading = "From a request trace")]
+    from_mooncake: Option<PathBuf>,
+    /// Passes over the request trace, each with its own keys
+    #[arg(
+        long,
+        default_value_t = 1,
+        requires = "from_mooncake",
+        help_heading = "From a request trace"
+    )]
+    loops: u32,
+    /// Chunks the modelled LRU L1 holds (the header records it, so a replay reproduces the hits)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 2048,
+        requires = "from_mooncake",
+        help_heading = "From a request trace"
+    )]
+    l1_chunks: u64,
+    /// MiB per chunk
+    #[arg(
+        long,
+        value_name = "M",
+        default_value_t = 1,
+        requires = "from_mooncake",
+        help_heading = "From a request trace"
+    )]
+    chunk_mib: u64,
     /// zstd level for .zst output
     #[arg(long, default_value_t = 3)]
     zstd_level: i32,
 }
 
 pub fn run(args: Args) -> Result<i32, Error> {
+    let zstd = args.out.to_string_lossy().ends_with(".zst");
+    if let Some(input) = &args.from_mooncake {
+        let options = MooncakeOptions {
+            loops: args.loops,
+            l1_chunks: args.l1_chunks,
+            chunk_mib: args.chunk_mib,
+            ..MooncakeOptions::default()
+        };
+        let bar = Progress::records(true);
+        let written = mooncake::write_file(
+            &options,
+            input,
+            &args.out,
+            zstd.then_some(args.zstd_level),
+            &|n, at| bar.set(n, at),
+        );
+        bar.finish();
+        return finished(&args, written?);
+    }
     if args.chunk_tokens <= 0 || args.conversations == 0 {
         return Err(Error::usage(
             "--chunk-tokens and --conversations must be positive",
@@ -50,7 +103,6 @@ pub fn run(args: Args) -> Result<i32, Error> {
         conversations: args.conversations,
         ..SynthOptions::default()
     };
-    let zstd = args.out.to_string_lossy().ends_with(".zst");
     let bar = Progress::writing(args.records, true);
     let written = write_file(
         &options,
@@ -60,6 +112,11 @@ pub fn run(args: Args) -> Result<i32, Error> {
     );
     bar.finish();
     written?;
+    finished(&args, args.records)
+}
+
+/// Says what was written, or that a signal cut it short.
+fn finished(args: &Args, records: u64) -> Result<i32, Error> {
     if let Some(status) = kvtrace::interrupt::exit_status() {
         eprintln!(
             "kvtrace: interrupted: {} holds the records written so far",
@@ -67,10 +124,6 @@ pub fn run(args: Args) -> Result<i32, Error> {
         );
         return Ok(status);
     }
-    eprintln!(
-        "kvtrace: wrote {} records to {}",
-        args.records,
-        args.out.display()
-    );
+    eprintln!("kvtrace: wrote {records} records to {}", args.out.display());
     Ok(EXIT_OK)
 }

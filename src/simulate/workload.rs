@@ -114,15 +114,7 @@ pub fn read_mooncake(src: impl BufRead, trace_block_size: u32) -> Result<Workloa
     let mut sessions: Vec<Session> = Vec::new();
     let mut by_id: HashMap<String, (usize, f64)> = HashMap::new();
     let mut last_timestamp = 0.0f64;
-    for (index, line) in src.lines().enumerate() {
-        let number = index as u64 + 1;
-        let line = line.map_err(|e| Error::io(format!("read failed at line {number}"), e))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let row: Json = serde_json::from_str(&line)
-            .map_err(|e| Error::line(number, "json", format!("not a JSON object: {e}")))?;
-        let row = Row::parse(&row, number)?;
+    for_each_row(src, |number, row| {
         let turn = row.turn(number, trace_block_size, &mut interned)?;
         let timestamp = row.timestamp.unwrap_or(last_timestamp);
         last_timestamp = timestamp;
@@ -158,7 +150,8 @@ pub fn read_mooncake(src: impl BufRead, trace_block_size: u32) -> Result<Workloa
                 turns: vec![turn],
             }),
         }
-    }
+        Ok(())
+    })?;
     let origin = sessions
         .iter()
         .map(|s| s.start_ms)
@@ -170,6 +163,32 @@ pub fn read_mooncake(src: impl BufRead, trace_block_size: u32) -> Result<Workloa
         sessions,
         planned_outputs: true,
     })
+}
+
+/// Reads only the hash ids of a Mooncake-style JSONL trace's rows, in file order, each row
+/// checked as [`read_mooncake`] checks it.
+pub fn read_mooncake_hash_ids(src: impl BufRead) -> Result<Vec<Vec<u64>>> {
+    let mut requests = Vec::new();
+    for_each_row(src, |_, row| {
+        requests.push(row.hash_ids);
+        Ok(())
+    })?;
+    Ok(requests)
+}
+
+/// Parses every non-blank line into a [`Row`] and hands it on with its line number.
+fn for_each_row(src: impl BufRead, mut f: impl FnMut(u64, Row) -> Result<()>) -> Result<()> {
+    for (index, line) in src.lines().enumerate() {
+        let number = index as u64 + 1;
+        let line = line.map_err(|e| Error::io(format!("read failed at line {number}"), e))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row: Json = serde_json::from_str(&line)
+            .map_err(|e| Error::line(number, "json", format!("not a JSON object: {e}")))?;
+        f(number, Row::parse(&row, number)?)?;
+    }
+    Ok(())
 }
 
 /// The fields of one trace row, with their aliases.

@@ -14,20 +14,18 @@
 //! Selection walks from the eviction end and skips ineligible (locked) keys without moving
 //! them, so an eviction costs O(victims + skipped) and a touch or removal O(1) (LFU: O(log n)).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::hash::BuildHasherDefault;
 use std::str::FromStr;
 
 use lru::LruCache;
 
-use super::{KeyId, KeyIdHasher, KeyMap};
+use super::{KeyId, KeyIdHasher, KeyMap, KeySet};
 
 /// The linked hash map behind LRU, FIFO and ARC's lists: iteration runs from the most to the
 /// least recently pushed key.
 type LinkedKeys = LruCache<KeyId, (), BuildHasherDefault<KeyIdHasher>>;
-
-type KeySet = HashSet<KeyId, BuildHasherDefault<KeyIdHasher>>;
 
 /// The policies kvtrace offers; `Lru`, `Arc` and `Noop` are LMCache's names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

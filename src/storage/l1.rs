@@ -12,7 +12,7 @@ use std::io;
 
 use super::arena::Arena;
 use super::eviction::{victim_count, EvictionPolicy};
-use super::{KeyId, KeyMap, TierStats};
+use super::{KeyId, KeyMap, KeySet, TierStats};
 
 /// LMCache's `MAX_READ_LOCK_COUNT`: read-lock counts per call are clamped to 1..=128.
 const MAX_READ_LOCKS: u64 = 128;
@@ -190,6 +190,14 @@ pub struct Reservation {
     pub out_of_memory: bool,
 }
 
+/// A `reserve_write` between its check and its allocation (see [`L1::plan_write`]).
+#[derive(Debug, Default)]
+pub struct WritePlan {
+    reservation: Reservation,
+    /// Keys that need new memory, each once, in call order.
+    pub pending: Vec<KeyId>,
+}
+
 /// Why a read of prefetched objects failed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Unreadable {
@@ -297,40 +305,40 @@ impl L1 {
         self.stats.peak_bytes = self.stats.peak_bytes.max(self.arena.used());
     }
 
-    /// How many of `keys` a `reserve_write` would have to allocate.
-    pub fn needs_allocation(&self, keys: &[KeyId]) -> usize {
-        let mut seen: Vec<KeyId> = Vec::new();
+    /// The first half of LMCache's `reserve_write`, before any memory is allocated: keys
+    /// resident, staged by a live writer or repeated in the call are not writable; a lapsed
+    /// reservation is handed to this writer; the rest need new memory. Immediate eviction
+    /// makes room between the halves, so a key found resident here stays not writable even
+    /// if that eviction takes it, as in LMCache, where the check precedes the allocation.
+    pub fn plan_write(&mut self, keys: &[KeyId], now: f64) -> WritePlan {
+        let mut plan = WritePlan::default();
+        let mut seen = KeySet::default();
         for &key in keys {
-            if !self.resident.contains_key(&key)
-                && !self.staging.contains_key(&key)
-                && !seen.contains(&key)
-            {
-                seen.push(key);
-            }
-        }
-        seen.len()
-    }
-
-    /// LMCache's `reserve_write` for the storage manager's writer.
-    pub fn reserve_write(&mut self, keys: &[KeyId], size: u64, now: f64) -> Reservation {
-        let mut out = Reservation::default();
-        let mut pending: Vec<KeyId> = Vec::new();
-        for &key in keys {
-            if self.resident.contains_key(&key) || pending.contains(&key) {
-                out.not_writable += 1;
+            if self.resident.contains_key(&key) || !seen.insert(key) {
+                plan.reservation.not_writable += 1;
                 continue;
             }
             match self.staging.get_mut(&key) {
-                Some(s) if s.write_lock.held(now) => out.not_writable += 1,
+                Some(s) if s.write_lock.held(now) => plan.reservation.not_writable += 1,
                 Some(s) => {
                     // The previous reservation lapsed: its buffer goes to the new writer.
                     s.write_lock.lock(1, now, self.write_ttl);
                     self.locks.write_reservations_expired += 1;
-                    out.reserved.push(key);
+                    plan.reservation.reserved.push(key);
                 }
-                None => pending.push(key),
+                None => plan.pending.push(key),
             }
         }
+        plan
+    }
+
+    /// The second half: allocates the pending keys all or nothing (OUT_OF_MEMORY) and tells
+    /// the policy what was reserved.
+    pub fn commit_write(&mut self, plan: WritePlan, size: u64, now: f64) -> Reservation {
+        let WritePlan {
+            reservation: mut out,
+            pending,
+        } = plan;
         if !pending.is_empty() {
             match self.arena.allocate(size, pending.len()) {
                 None => out.out_of_memory = true,
@@ -664,6 +672,12 @@ mod tests {
     use super::super::eviction::PolicyKind;
     use super::*;
 
+    /// A whole `reserve_write`, with no eviction between its halves.
+    fn reserve(l: &mut L1, keys: &[KeyId], size: u64, now: f64) -> Reservation {
+        let plan = l.plan_write(keys, now);
+        l.commit_write(plan, size, now)
+    }
+
     fn l1(objects: u64) -> L1 {
         L1::new(
             objects * 4096,
@@ -681,11 +695,11 @@ mod tests {
     #[test]
     fn a_reservation_is_invisible_until_admitted_and_a_resident_key_is_not_writable() {
         let mut l = l1(4);
-        let r = l.reserve_write(&ks(&[1, 2]), 4096, 0.0);
+        let r = reserve(&mut l, &ks(&[1, 2]), 4096, 0.0);
         assert_eq!(r.reserved.len(), 2);
         assert!(!l.is_resident(KeyId(1)));
         assert_eq!(l.finish_write(&ks(&[1, 2]), 0.1), ks(&[1, 2]));
-        let again = l.reserve_write(&ks(&[1, 3, 3]), 4096, 0.2);
+        let again = reserve(&mut l, &ks(&[1, 3, 3]), 4096, 0.2);
         assert_eq!(again.not_writable, 2, "1 is resident, the second 3 repeats");
         assert_eq!(again.reserved, ks(&[3]));
     }
@@ -693,7 +707,7 @@ mod tests {
     #[test]
     fn a_batch_that_does_not_fit_reserves_nothing() {
         let mut l = l1(3);
-        let r = l.reserve_write(&ks(&[1, 2, 3, 4]), 4096, 0.0);
+        let r = reserve(&mut l, &ks(&[1, 2, 3, 4]), 4096, 0.0);
         assert!(r.out_of_memory);
         assert_eq!(l.arena.used(), 0);
     }
@@ -701,7 +715,7 @@ mod tests {
     #[test]
     fn read_locks_lapse_after_their_ttl_and_then_count_from_zero() {
         let mut l = l1(2);
-        l.reserve_write(&ks(&[1]), 4096, 0.0);
+        reserve(&mut l, &ks(&[1]), 4096, 0.0);
         l.finish_write(&ks(&[1]), 0.0);
         l.reserve_read(&ks(&[1]), 2, 1.0);
         assert!(l.unsafe_read(&ks(&[1]), 300.0).is_ok());
@@ -725,7 +739,7 @@ mod tests {
     fn an_eviction_pass_takes_int_of_tracked_times_ratio_and_skips_locked_keys() {
         let mut l = l1(10);
         for n in 0..10u128 {
-            l.reserve_write(&[KeyId(n)], 4096, 0.0);
+            reserve(&mut l, &[KeyId(n)], 4096, 0.0);
             l.finish_write(&[KeyId(n)], 0.0);
         }
         l.reserve_read(&ks(&[0]), 1, 0.0);
@@ -759,7 +773,7 @@ mod tests {
             L1Store::Host(HostBuffer::map(8192).unwrap()),
             (300.0, 600.0),
         );
-        l.reserve_write(&ks(&[1]), 4096, 0.0);
+        reserve(&mut l, &ks(&[1]), 4096, 0.0);
         l.finish_write(&ks(&[1]), 0.0);
         l.reserve_read(&ks(&[1]), 1, 0.0);
         l.unsafe_read(&ks(&[1]), 0.0).unwrap();

@@ -202,20 +202,16 @@ impl StorageManager {
     /// Reserves L1 staging space for the keys that are neither resident nor staged. If the
     /// pending batch does not fit, none of it is reserved (OUT_OF_MEMORY).
     pub fn reserve_write(&mut self, keys: &[KeyId], object_bytes: u64) -> Reservation {
-        let pending = self.l1.needs_allocation(keys);
-        self.make_room(object_bytes, pending);
-        let r = self.l1.reserve_write(keys, object_bytes, self.now);
+        let plan = self.l1.plan_write(keys, self.now);
+        let pending = plan.pending.clone();
+        self.make_room(object_bytes, pending.len());
+        let r = self.l1.commit_write(plan, object_bytes, self.now);
         self.calls.keys_not_writable += r.not_writable;
         self.calls.keys_reserved += r.reserved.len() as u64;
         if r.out_of_memory {
             self.calls.out_of_memory_calls += 1;
-            self.calls.out_of_memory_keys += pending as u64;
-            let refused: Vec<KeyId> = keys
-                .iter()
-                .copied()
-                .filter(|&k| !self.l1.is_resident(k) && !r.reserved.contains(&k))
-                .collect();
-            self.note(refused, Departure::Refused);
+            self.calls.out_of_memory_keys += pending.len() as u64;
+            self.note(pending, Departure::Refused);
         }
         r
     }

@@ -120,6 +120,9 @@ impl std::hash::Hasher for KeyIdHasher {
 /// A map keyed by object identity.
 pub type KeyMap<V> = HashMap<KeyId, V, std::hash::BuildHasherDefault<KeyIdHasher>>;
 
+/// A set of key ids (see [`KeyMap`]).
+pub type KeySet = std::collections::HashSet<KeyId, std::hash::BuildHasherDefault<KeyIdHasher>>;
+
 /// Counters of one tier.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct TierStats {

@@ -120,6 +120,21 @@ fn locked_objects_survive_eviction_pressure_and_become_evictable_when_released()
     assert!(sm.manager().is_resident(KeyId::of(&first[0])));
 }
 
+/// LMCache checks residency before it allocates: a resident key of the batch is not
+/// writable even when the room immediate eviction makes for the rest takes it.
+#[test]
+fn a_batch_key_evicted_to_make_room_stays_not_writable_and_the_rest_fit() {
+    let mut sm = manager(4_000, EvictionTiming::Immediate);
+    store(&mut sm, &keys(0..2));
+    let batch: Vec<ObjectKey> = keys(0..1).into_iter().chain(keys(10..14)).collect();
+    let r = sm.reserve_write(&batch, &layout());
+    assert_eq!(
+        (r.reserved.len(), r.not_writable, r.out_of_memory),
+        (4, 1, false)
+    );
+    assert_eq!(sm.manager().call_stats().out_of_memory_keys, 0);
+}
+
 #[test]
 fn reads_need_a_prefetch_lock_and_a_failed_read_releases_one() {
     let mut sm = manager(10_000, EvictionTiming::Immediate);

@@ -9,11 +9,11 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::{Progress, PROGRESS_EVERY};
-use crate::error::{Error, Result};
+use super::Progress;
+use crate::error::Result;
 use crate::lmct::calls::StorageCall;
 use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
-use crate::lmct::{Header, TraceSink, TraceWriter};
+use crate::lmct::Header;
 use crate::rng::{hash32, SplitMix64};
 use crate::storage::config::{EvictionTiming, StorageConfig};
 
@@ -217,26 +217,11 @@ pub fn write_to<W: std::io::Write>(
     out: W,
     progress: Progress<'_>,
 ) -> Result<W> {
-    let mut writer = TraceWriter::new(out, header(options));
-    // The configuration the hits assume, so a replay without flags reproduces them.
-    let config = options.storage_config().to_lmcache_json();
-    let io = |e| Error::io("cannot write the trace", e);
-    writer.attach_storage_config_value(&config).map_err(io)?;
-    let t_wall_start = writer.header().t_wall_start;
-    let mut args = Vec::with_capacity(4096);
-    let mut records = 0u64;
-    generate(options, |t, call| {
-        records += 1;
-        if records.is_multiple_of(PROGRESS_EVERY) {
-            progress(records, 0);
-        }
-        args.clear();
-        call.encode_args(&mut args);
-        writer
-            .write_record_parts(t, t_wall_start + t, call.qualname(), &args)
-            .map_err(io)
+    let config = options.storage_config();
+    let (out, _) = super::write_calls_to(out, header(options), &config, progress, |emit| {
+        generate(options, emit)
     })?;
-    writer.finish().map_err(io)
+    Ok(out)
 }
 
 /// Writes a synthetic trace file (zstd-compressed when `zstd_level` is set) and fsyncs it.
@@ -246,9 +231,14 @@ pub fn write_file(
     zstd_level: Option<i32>,
     progress: Progress<'_>,
 ) -> Result<()> {
-    let shown = path.display().to_string();
-    let sink = TraceSink::create(path, zstd_level).map_err(|e| e.in_file(&shown))?;
-    let sink = write_to(options, sink, progress).map_err(|e| e.in_file(&shown))?;
-    sink.finish()
-        .map_err(|e| Error::io("cannot flush and fsync", e).in_file(&shown))
+    let config = options.storage_config();
+    super::write_calls(
+        path,
+        zstd_level,
+        header(options),
+        &config,
+        progress,
+        |emit| generate(options, emit),
+    )
+    .map(|_| ())
 }
