@@ -13,6 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use kvtrace::lmct::blocks::fold_records;
 use kvtrace::lmct::json::to_display;
 use kvtrace::lmct::{Frame, ReadOptions, TraceReader};
 use kvtrace::rng::SplitMix64;
@@ -174,6 +175,7 @@ fn lmct_reader() {
     fuzz("lmct_reader", &lct_seeds(), |bytes| {
         let options = ReadOptions {
             max_frame_bytes: 1 << 20,
+            ..ReadOptions::default()
         };
         let Ok(mut reader) = TraceReader::from_reader(Cursor::new(bytes.to_vec()), options) else {
             return;
@@ -187,6 +189,24 @@ fn lmct_reader() {
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => break,
             }
+        }
+        // The block reader, on two threads, over the same bytes: no panic, no hang, and the
+        // records the frame reader sees when it reaches the end without an error.
+        let Ok(again) = TraceReader::from_reader(Cursor::new(bytes.to_vec()), options) else {
+            return;
+        };
+        let mut seen = 0u64;
+        let blocks = fold_records(
+            again,
+            2,
+            4096,
+            &|| 0u64,
+            &|n: &mut u64, _| *n += 1,
+            &mut |n| seen += n,
+            &|_, _| {},
+        );
+        if let Ok(summary) = blocks {
+            assert_eq!(summary.records, seen);
         }
     });
 }
@@ -222,6 +242,7 @@ fn jsonl_to_lct() {
             zstd_level: 3,
             read: ReadOptions {
                 max_frame_bytes: 1 << 20,
+                ..ReadOptions::default()
             },
         };
         let _ = convert(&input, &output, options, kvtrace::trace::QUIET);

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::lmct::ReadOptions;
 use kvtrace::trace::inspect::inspect;
 
 use super::progress::Progress;
@@ -24,6 +25,9 @@ pub struct Args {
     /// Print a JSON array with one object per file
     #[arg(long)]
     json: bool,
+    /// Threads that decode the records (0: one per core); the figures do not depend on it
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    threads: usize,
     #[command(flatten)]
     read: ReadArgs,
 }
@@ -33,7 +37,11 @@ pub fn run(args: Args) -> Result<i32, Error> {
     let mut infos = Vec::new();
     for (i, file) in args.files.iter().enumerate() {
         let bar = Progress::reading(file, true);
-        let inspected = inspect(file, args.read.options(), &|n, at| bar.set(n, at));
+        let options = ReadOptions {
+            threads: args.threads,
+            ..args.read.options()
+        };
+        let inspected = inspect(file, options, &|n, at| bar.set(n, at));
         bar.finish();
         match inspected {
             Ok(info) => {

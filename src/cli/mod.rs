@@ -64,6 +64,7 @@ impl ReadArgs {
     fn options(self) -> ReadOptions {
         ReadOptions {
             max_frame_bytes: self.max_frame_bytes,
+            ..ReadOptions::default()
         }
     }
 }

@@ -20,18 +20,32 @@ pub const DEFAULT_MAX_FRAME_BYTES: u32 = 64 << 20;
 pub const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
 /// How many undecodable-record reasons are kept for the report.
-const KEPT_SKIP_REASONS: usize = 16;
+pub(super) const KEPT_SKIP_REASONS: usize = 16;
 
 #[derive(Clone, Copy, Debug)]
 pub struct ReadOptions {
     /// Frames whose length prefix exceeds this are refused with an error.
     pub max_frame_bytes: u32,
+    /// Threads that decode frames, for the operations whose output allows it (`info`); 0:
+    /// one per core. Their results do not depend on it.
+    pub threads: usize,
 }
 
 impl Default for ReadOptions {
     fn default() -> Self {
         ReadOptions {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            threads: 0,
+        }
+    }
+}
+
+impl ReadOptions {
+    /// The decoding threads to use.
+    pub fn threads(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
         }
     }
 }
@@ -429,5 +443,17 @@ impl TraceReader {
 
     pub fn into_summary(self) -> ReadSummary {
         self.summary
+    }
+
+    /// The rest of the stream in blocks of whole frames, for readers that decode frames on
+    /// several threads (see [`super::blocks`]).
+    pub fn into_blocks(self, block_bytes: usize) -> super::blocks::Blocks {
+        super::blocks::Blocks::new(
+            self.src,
+            self.next_offset,
+            self.max_frame_bytes,
+            self.summary,
+            block_bytes,
+        )
     }
 }

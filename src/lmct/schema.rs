@@ -57,6 +57,41 @@ pub struct SchemaEvidence {
     pub reserve_mode: u64,
 }
 
+/// The argument fields a summary of a call looks at, found in one pass over its `args`
+/// map (a prefetch's `spec` is walked once, not once per question).
+#[derive(Clone, Copy, Default)]
+pub struct ArgFields<'a> {
+    pub keys: Option<RawValue<'a>>,
+    pub layout_desc: Option<RawValue<'a>>,
+    pub spec: Option<RawValue<'a>>,
+    pub skip_l2: Option<RawValue<'a>>,
+    pub extra_count: Option<RawValue<'a>>,
+    pub mode: Option<RawValue<'a>>,
+}
+
+impl<'a> ArgFields<'a> {
+    pub fn of(record: &RecordRef<'a>) -> ArgFields<'a> {
+        let Some([keys, layout_desc, spec, skip_l2, extra_count, mode]) = record.args.fields([
+            "keys",
+            "layout_desc",
+            "spec",
+            "skip_l2",
+            "extra_count",
+            "mode",
+        ]) else {
+            return ArgFields::default();
+        };
+        ArgFields {
+            keys,
+            layout_desc,
+            spec,
+            skip_l2,
+            extra_count,
+            mode,
+        }
+    }
+}
+
 /// The first object key of a call: `keys[0]`, or `spec.key_groups[0].keys[0]`.
 fn first_key<'a>(keys: Option<RawValue<'a>>, spec: Option<RawValue<'a>>) -> Option<RawValue<'a>> {
     if let Some(keys) = keys {
@@ -68,21 +103,31 @@ fn first_key<'a>(keys: Option<RawValue<'a>>, spec: Option<RawValue<'a>>) -> Opti
 }
 
 impl SchemaEvidence {
-    /// Notes the shapes of one record; one pass over its arguments.
-    pub fn observe(&mut self, record: &RecordRef<'_>) {
-        let Some([keys, spec, skip_l2, extra_count, mode]) =
-            record
-                .args
-                .fields(["keys", "spec", "skip_l2", "extra_count", "mode"])
-        else {
-            return;
-        };
+    /// Adds the evidence of another run of records.
+    pub fn merge(&mut self, other: &SchemaEvidence) {
+        self.memory_tag_specs += other.memory_tag_specs;
+        self.prefetch_without_skip_l2 += other.prefetch_without_skip_l2;
+        self.salted_keys += other.salted_keys;
+        self.extra_count += other.extra_count;
+        self.reserve_mode += other.reserve_mode;
+    }
+
+    /// Notes the shapes of one record from its argument fields.
+    pub fn observe(&mut self, qualname: &str, fields: &ArgFields<'_>) {
+        let ArgFields {
+            keys,
+            spec,
+            skip_l2,
+            extra_count,
+            mode,
+            ..
+        } = *fields;
         if let Some(key) = first_key(keys, spec).and_then(|k| k.tagged(TAG_OBJECT_KEY)) {
             if key.get("cache_salt").is_some() {
                 self.salted_keys += 1;
             }
         }
-        match record.qualname {
+        match qualname {
             SUBMIT_PREFETCH_TASK => {
                 let spec = spec.and_then(|s| s.tagged(TAG_PREFETCH_SPEC));
                 if spec.is_some() && skip_l2.is_none() {

@@ -2,14 +2,14 @@
 //! trace ask next — which schema variant, when the first call came (the start-up gap), how
 //! many distinct chunks and how many bytes the calls imply, and whether the file is complete.
 
-use std::collections::{BTreeMap, HashSet};
-use std::hash::BuildHasherDefault;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Serialize;
 
-use super::{Progress, PROGRESS_EVERY};
+use super::Progress;
 use crate::error::Result;
+use crate::lmct::blocks::fold_records;
 use crate::lmct::calls::{
     FINISH_READ_PREFETCHED, FINISH_WRITE, RECORDER_SUMMARY, RESERVE_WRITE, SUBMIT_PREFETCH_TASK,
 };
@@ -17,9 +17,9 @@ use crate::lmct::codec::{object_keys, MemoryLayoutDesc, PrefetchTaskSpecRef};
 use crate::lmct::digest::{config_digest, python_json, semantic_digest};
 use crate::lmct::json::to_display;
 use crate::lmct::msgpack::RawValue;
-use crate::lmct::schema::SchemaEvidence;
+use crate::lmct::schema::{ArgFields, SchemaEvidence};
 use crate::lmct::{HeaderSchema, ReadOptions, RecordRef, TraceReader};
-use crate::storage::{KeyId, KeyIdHasher, KeyMap};
+use crate::storage::{KeyId, KeyMap};
 
 /// Bytes implied by the calls' layouts (one object = one chunk's KV).
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
@@ -72,12 +72,33 @@ pub struct TraceInfo {
     pub bytes_read: u64,
 }
 
-/// Accumulates per-record facts in one pass.
-#[derive(Default)]
+/// Bytes of records each decoding thread takes at a time.
+const BLOCK_BYTES: usize = 4 << 20;
+
+/// A key's size where no layout gave one.
+const UNKNOWN: u64 = u64::MAX;
+
+/// What a call does with the bytes of its keys, for the payload sums.
+#[derive(Clone, Copy)]
+enum Use {
+    Reserved,
+    Written,
+    PrefetchRequested,
+    Read,
+    /// Counted as a key, not as bytes.
+    Other,
+}
+
+/// Per-record facts of a run of records (a block, or the whole trace once merged). Blocks
+/// are tallied on their own threads and merged in stream order, and the merge is exact: a
+/// key's size is the one the last earlier layout gave it, so a key a block cannot size
+/// itself waits in `waiting` for the blocks before it.
 struct Tally {
     ops: BTreeMap<String, u64>,
-    keys: HashSet<KeyId, BuildHasherDefault<KeyIdHasher>>,
-    size_of: KeyMap<u64>,
+    /// Every key seen, with the size the last layout gave it ([`UNKNOWN`]: none).
+    keys: KeyMap<u64>,
+    /// Occurrences no earlier record of this block sized, per use.
+    waiting: KeyMap<[u64; 5]>,
     sizes: Vec<u64>,
     payload: PayloadBytes,
     evidence: SchemaEvidence,
@@ -85,6 +106,35 @@ struct Tally {
     max_t_mono: f64,
     first: Option<f64>,
     last: Option<f64>,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Tally {
+            ops: BTreeMap::new(),
+            keys: KeyMap::default(),
+            waiting: KeyMap::default(),
+            sizes: Vec::new(),
+            payload: PayloadBytes::default(),
+            evidence: SchemaEvidence::default(),
+            trailer: None,
+            max_t_mono: 0.0,
+            first: None,
+            last: None,
+        }
+    }
+}
+
+impl PayloadBytes {
+    fn add(&mut self, used: Use, bytes: u64) {
+        match used {
+            Use::Reserved => self.reserved += bytes,
+            Use::Written => self.written += bytes,
+            Use::PrefetchRequested => self.prefetch_requested += bytes,
+            Use::Read => self.read += bytes,
+            Use::Other => {}
+        }
+    }
 }
 
 impl Tally {
@@ -97,36 +147,45 @@ impl Tally {
         }
     }
 
-    fn note_layout(&mut self, layout: Option<RawValue<'_>>) -> Option<u64> {
-        let layout = MemoryLayoutDesc::from_raw(layout?)?;
-        let size = layout.object_bytes()?;
+    fn note_size(&mut self, size: u64) {
         if !self.sizes.contains(&size) {
             self.sizes.push(size);
         }
+    }
+
+    fn note_layout(&mut self, layout: Option<RawValue<'_>>) -> Option<u64> {
+        let layout = MemoryLayoutDesc::from_raw(layout?)?;
+        let size = layout.object_bytes()?;
+        self.note_size(size);
         if self.payload.chunk_tokens.is_none() {
             self.payload.chunk_tokens = layout.chunk_tokens();
         }
         Some(size)
     }
 
-    /// Registers keys (with their size when a layout gives it) and returns their bytes.
-    fn keys(&mut self, keys: Option<RawValue<'_>>, size: Option<u64>) -> u64 {
+    /// Registers keys, with their size when a layout gives it, and adds the bytes of those
+    /// whose size is known here; the others wait for the merge.
+    fn keys(&mut self, keys: Option<RawValue<'_>>, size: Option<u64>, used: Use) {
         let Some(keys) = keys.and_then(object_keys) else {
-            return 0;
+            return;
         };
         let mut bytes = 0;
         for k in keys {
             let h = KeyId::of_ref(&k);
-            self.keys.insert(h);
-            if let Some(s) = size {
-                self.size_of.insert(h, s);
-            }
-            match size.or_else(|| self.size_of.get(&h).copied()) {
-                Some(s) => bytes += s,
-                None => self.payload.keys_of_unknown_size += 1,
+            let known = match size {
+                Some(s) => {
+                    self.keys.insert(h, s);
+                    s
+                }
+                None => *self.keys.entry(h).or_insert(UNKNOWN),
+            };
+            if known == UNKNOWN {
+                self.waiting.entry(h).or_default()[used as usize] += 1;
+            } else {
+                bytes += known;
             }
         }
-        bytes
+        self.payload.add(used, bytes);
     }
 
     fn observe(&mut self, r: &RecordRef<'_>) {
@@ -134,18 +193,21 @@ impl Tally {
         self.max_t_mono = self.max_t_mono.max(r.t_mono);
         self.first.get_or_insert(r.t_mono);
         self.last = Some(r.t_mono);
-        self.evidence.observe(r);
-        let args = r.args;
-        let [keys, layout, spec] = args
-            .fields(["keys", "layout_desc", "spec"])
-            .unwrap_or_default();
+        let fields = ArgFields::of(r);
+        self.evidence.observe(r.qualname, &fields);
+        let ArgFields {
+            keys,
+            layout_desc: layout,
+            spec,
+            ..
+        } = fields;
         match r.qualname {
             RESERVE_WRITE => {
                 let size = self.note_layout(layout);
-                self.payload.reserved += self.keys(keys, size);
+                self.keys(keys, size, Use::Reserved);
             }
-            FINISH_WRITE => self.payload.written += self.keys(keys, None),
-            FINISH_READ_PREFETCHED => self.payload.read += self.keys(keys, None),
+            FINISH_WRITE => self.keys(keys, None, Use::Written),
+            FINISH_READ_PREFETCHED => self.keys(keys, None, Use::Read),
             SUBMIT_PREFETCH_TASK => {
                 for group in spec
                     .and_then(PrefetchTaskSpecRef::from_raw)
@@ -153,33 +215,77 @@ impl Tally {
                     .unwrap_or_default()
                 {
                     let size = self.note_layout(Some(group.layout_desc));
-                    self.payload.prefetch_requested += self.keys(Some(group.keys), size);
+                    self.keys(Some(group.keys), size, Use::PrefetchRequested);
                 }
             }
-            RECORDER_SUMMARY => self.trailer = Some(to_display(args)),
-            _ => {
-                self.keys(keys, None);
+            RECORDER_SUMMARY => self.trailer = Some(to_display(r.args)),
+            _ => self.keys(keys, None, Use::Other),
+        }
+    }
+
+    /// Appends the tally of the records that follow this one's.
+    fn merge(&mut self, next: Tally) {
+        const USES: [Use; 5] = [
+            Use::Reserved,
+            Use::Written,
+            Use::PrefetchRequested,
+            Use::Read,
+            Use::Other,
+        ];
+        for (key, counts) in next.waiting {
+            let size = self.keys.get(&key).copied().unwrap_or(UNKNOWN);
+            for (used, n) in USES.into_iter().zip(counts) {
+                if size == UNKNOWN {
+                    self.payload.keys_of_unknown_size += n;
+                } else {
+                    self.payload.add(used, size * n);
+                }
             }
         }
+        for (key, size) in next.keys {
+            if size == UNKNOWN {
+                self.keys.entry(key).or_insert(UNKNOWN);
+            } else {
+                self.keys.insert(key, size);
+            }
+        }
+        for (qualname, n) in next.ops {
+            *self.ops.entry(qualname).or_default() += n;
+        }
+        for size in next.sizes {
+            self.note_size(size);
+        }
+        let (p, q) = (&mut self.payload, next.payload);
+        p.chunk_tokens = p.chunk_tokens.or(q.chunk_tokens);
+        p.reserved += q.reserved;
+        p.written += q.written;
+        p.prefetch_requested += q.prefetch_requested;
+        p.read += q.read;
+        self.evidence.merge(&next.evidence);
+        self.trailer = next.trailer.or(self.trailer.take());
+        self.max_t_mono = self.max_t_mono.max(next.max_t_mono);
+        self.first = self.first.or(next.first);
+        self.last = next.last.or(self.last);
     }
 }
 
 /// Reads the whole trace once and summarises it.
 pub fn inspect(path: &Path, options: ReadOptions, progress: Progress<'_>) -> Result<TraceInfo> {
     let shown = path.display().to_string();
-    let mut reader = TraceReader::open(path, options).map_err(|e| e.in_file(&shown))?;
-    let mut tally = Tally::default();
-    let mut records = 0u64;
-    while let Some(record) = reader.next_record().map_err(|e| e.in_file(&shown))? {
-        tally.observe(&record);
-        records += 1;
-        if records.is_multiple_of(PROGRESS_EVERY) {
-            progress(records, record.offset);
-        }
-    }
+    let reader = TraceReader::open(path, options).map_err(|e| e.in_file(&shown))?;
     let header = reader.header().clone();
     let mut warnings = reader.header_warnings();
-    let summary = reader.into_summary();
+    let mut tally = Tally::default();
+    let summary = fold_records(
+        reader,
+        options.threads(),
+        BLOCK_BYTES,
+        &Tally::default,
+        &Tally::observe,
+        &mut |block| tally.merge(block),
+        progress,
+    )
+    .map_err(|e| e.in_file(&shown))?;
     warnings.extend(summary.warnings());
     let config = &header.sm_config_json;
     let config_canonical =
@@ -330,5 +436,55 @@ impl TraceInfo {
             field(&mut s, "recorder trailer", parts.join(" "));
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::synth::{write_to, SynthOptions};
+    use crate::trace::QUIET;
+
+    fn facts(t: &Tally) -> String {
+        format!(
+            "{:?} {} {:?} {:?} {:?} {} {:?} {:?}",
+            t.ops,
+            t.keys.len(),
+            t.payload,
+            t.sizes,
+            t.evidence,
+            t.max_t_mono,
+            t.first,
+            t.last
+        )
+    }
+
+    /// Tallies of runs of records merged in order equal one tally of them all: sizes a
+    /// run learns from earlier runs are applied at the merge.
+    #[test]
+    fn merged_tallies_equal_one_pass() {
+        let options = SynthOptions {
+            records: 2000,
+            ..SynthOptions::default()
+        };
+        let bytes = write_to(&options, Vec::new(), QUIET).expect("trace");
+        let mut reader =
+            TraceReader::from_reader(std::io::Cursor::new(bytes), ReadOptions::default())
+                .expect("header");
+        let mut whole = Tally::default();
+        let mut merged = Tally::default();
+        let mut run = Tally::default();
+        let mut n = 0;
+        while let Some(r) = reader.next_record().expect("read") {
+            whole.observe(&r);
+            run.observe(&r);
+            n += 1;
+            if n % 7 == 0 {
+                merged.merge(std::mem::take(&mut run));
+            }
+        }
+        merged.merge(run);
+        assert!(whole.payload.written > 0 && whole.payload.read > 0);
+        assert_eq!(facts(&merged), facts(&whole));
     }
 }
