@@ -336,6 +336,45 @@ fn a_mooncake_request_trace_becomes_a_storage_trace_whose_hits_replay_exactly() 
     assert!(hits("1", "4") < one, "a smaller L1 holds less");
 }
 
+/// Wrong `generate --from-mooncake` options: one line on stderr naming the flag or file, usage
+/// exit 2 (a missing input is an I/O error, exit 1), and no trace written.
+#[test]
+fn bad_mooncake_generator_options_are_one_line_errors() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("o.lct").display().to_string();
+    let input = "testdata/mooncake/conversation_head300.jsonl";
+    let cases: [(Vec<&str>, i32, &str); 5] = [
+        (vec!["--from-mooncake", input, "--loops", "0"], 2, "--loops"),
+        (
+            vec!["--from-mooncake", input, "--l1-chunks", "0"],
+            2,
+            "--l1-chunks",
+        ),
+        (
+            vec!["--from-mooncake", input, "--chunk-mib", "2000000"],
+            2,
+            "--chunk-mib",
+        ),
+        (vec!["--loops", "3"], 2, "--from-mooncake"),
+        (vec!["--from-mooncake", "no/such.jsonl"], 1, "no/such.jsonl"),
+    ];
+    for (flags, code, named) in cases {
+        let args: Vec<&str> = ["generate", out.as_str()]
+            .into_iter()
+            .chain(flags.clone())
+            .collect();
+        let run = kvtrace(args);
+        let err = text(&run.stderr);
+        assert_eq!(run.status.code(), Some(code), "{flags:?}: {err}");
+        assert!(err.contains(named), "{flags:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{flags:?}: {err}");
+        assert!(
+            !std::path::Path::new(&out).exists(),
+            "{flags:?} wrote a trace"
+        );
+    }
+}
+
 #[test]
 fn a_bad_mooncake_row_is_one_line_naming_file_line_and_field() {
     let dir = tempfile::tempdir().expect("tmp");

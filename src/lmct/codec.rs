@@ -48,6 +48,20 @@ pub struct ObjectKey {
 }
 
 impl ObjectKey {
+    /// `kv_rank` of a server that is its own whole world (world size 1, rank 0).
+    pub const SINGLE_RANK: i64 = 1 << 24 | 1 << 8;
+
+    /// A key of a single-rank server, object group 0, no salt: what generated traces use.
+    pub fn single_rank(chunk_hash: Vec<u8>, model_name: &str) -> ObjectKey {
+        ObjectKey {
+            chunk_hash,
+            model_name: model_name.to_owned(),
+            kv_rank: ObjectKey::SINGLE_RANK,
+            object_group_id: 0,
+            cache_salt: String::new(),
+        }
+    }
+
     /// Appends the tagged key as LMCache 0.5.6 writes it: without `cache_salt`. The constant
     /// parts are copied as whole byte strings: this runs on the traced call's thread.
     pub fn encode(&self, out: &mut Vec<u8>) {

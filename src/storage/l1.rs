@@ -333,15 +333,25 @@ impl L1 {
     }
 
     /// The second half: allocates the pending keys all or nothing (OUT_OF_MEMORY) and tells
-    /// the policy what was reserved.
-    pub fn commit_write(&mut self, plan: WritePlan, size: u64, now: f64) -> Reservation {
+    /// the policy what was reserved. Returns the reservation and the keys it refused (none
+    /// unless OUT_OF_MEMORY).
+    pub fn commit_write(
+        &mut self,
+        plan: WritePlan,
+        size: u64,
+        now: f64,
+    ) -> (Reservation, Vec<KeyId>) {
         let WritePlan {
             reservation: mut out,
             pending,
         } = plan;
+        let mut refused = Vec::new();
         if !pending.is_empty() {
             match self.arena.allocate(size, pending.len()) {
-                None => out.out_of_memory = true,
+                None => {
+                    out.out_of_memory = true;
+                    refused = pending;
+                }
                 Some(addresses) => {
                     for (key, address) in pending.into_iter().zip(addresses) {
                         let mut write_lock = TtlLock::default();
@@ -363,7 +373,7 @@ impl L1 {
         if !out.reserved.is_empty() {
             self.policy.on_reserved(&out.reserved);
         }
-        out
+        (out, refused)
     }
 
     /// LMCache's `finish_write`: admits this writer's live reservations (discarding one whose
@@ -675,7 +685,7 @@ mod tests {
     /// A whole `reserve_write`, with no eviction between its halves.
     fn reserve(l: &mut L1, keys: &[KeyId], size: u64, now: f64) -> Reservation {
         let plan = l.plan_write(keys, now);
-        l.commit_write(plan, size, now)
+        l.commit_write(plan, size, now).0
     }
 
     fn l1(objects: u64) -> L1 {

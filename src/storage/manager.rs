@@ -203,15 +203,14 @@ impl StorageManager {
     /// pending batch does not fit, none of it is reserved (OUT_OF_MEMORY).
     pub fn reserve_write(&mut self, keys: &[KeyId], object_bytes: u64) -> Reservation {
         let plan = self.l1.plan_write(keys, self.now);
-        let pending = plan.pending.clone();
-        self.make_room(object_bytes, pending.len());
-        let r = self.l1.commit_write(plan, object_bytes, self.now);
+        self.make_room(object_bytes, plan.pending.len());
+        let (r, refused) = self.l1.commit_write(plan, object_bytes, self.now);
         self.calls.keys_not_writable += r.not_writable;
         self.calls.keys_reserved += r.reserved.len() as u64;
         if r.out_of_memory {
             self.calls.out_of_memory_calls += 1;
-            self.calls.out_of_memory_keys += pending.len() as u64;
-            self.note(pending, Departure::Refused);
+            self.calls.out_of_memory_keys += refused.len() as u64;
+            self.note(refused, Departure::Refused);
         }
         r
     }

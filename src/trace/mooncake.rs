@@ -11,7 +11,9 @@
 //! chunks that evicts immediately, one chunk at a time, so a replay without flags reproduces
 //! every hit.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashSet;
+
+use lru::LruCache;
 use std::path::Path;
 
 use super::Progress;
@@ -97,38 +99,25 @@ type Chunk = (u64, u64);
 /// chunk first, so a prompt's tail is evicted before its prefix.
 struct Lru {
     capacity: usize,
-    stamp: u64,
-    last_use: HashMap<Chunk, u64>,
-    by_age: BTreeMap<u64, Chunk>,
+    chunks: LruCache<Chunk, ()>,
 }
 
 impl Lru {
     fn new(capacity: u64) -> Lru {
         Lru {
             capacity: usize::try_from(capacity).unwrap_or(usize::MAX),
-            stamp: 0,
-            last_use: HashMap::new(),
-            by_age: BTreeMap::new(),
+            chunks: LruCache::unbounded(),
         }
     }
 
     fn contains(&self, chunk: &Chunk) -> bool {
-        self.last_use.contains_key(chunk)
-    }
-
-    /// Makes `chunk` the most recently used, inserting it when absent.
-    fn touch(&mut self, chunk: Chunk) {
-        self.stamp += 1;
-        if let Some(old) = self.last_use.insert(chunk, self.stamp) {
-            self.by_age.remove(&old);
-        }
-        self.by_age.insert(self.stamp, chunk);
+        self.chunks.contains(chunk)
     }
 
     /// A read of resident chunks.
     fn read(&mut self, chunks: &[Chunk]) {
-        for &c in chunks.iter().rev() {
-            self.touch(c);
+        for c in chunks.iter().rev() {
+            self.chunks.promote(c);
         }
     }
 
@@ -137,14 +126,13 @@ impl Lru {
     /// allocation answers OUT_OF_MEMORY: nothing is admitted and false says the write is
     /// never finished.
     fn write(&mut self, chunks: &[Chunk]) -> bool {
-        while self.last_use.len() + chunks.len() > self.capacity {
-            match self.by_age.pop_first() {
-                Some((_, victim)) => self.last_use.remove(&victim),
-                None => return false,
-            };
+        while self.chunks.len() + chunks.len() > self.capacity {
+            if self.chunks.pop_lru().is_none() {
+                return false;
+            }
         }
         for &c in chunks.iter().rev() {
-            self.touch(c);
+            self.chunks.put(c, ());
         }
         true
     }
@@ -176,12 +164,8 @@ pub fn generate(
             let chunks: Vec<Chunk> = hash_ids.iter().map(|&h| (pass, h)).collect();
             let keys: Vec<ObjectKey> = chunks
                 .iter()
-                .map(|&(pass, h)| ObjectKey {
-                    chunk_hash: hash32(&[2, pass, h]).to_vec(),
-                    model_name: options.model_name.clone(),
-                    kv_rank: 16_777_472,
-                    object_group_id: 0,
-                    cache_salt: String::new(),
+                .map(|&(pass, h)| {
+                    ObjectKey::single_rank(hash32(&[2, pass, h]).to_vec(), &options.model_name)
                 })
                 .collect();
             let spec = PrefetchTaskSpec::single_group(
@@ -207,14 +191,13 @@ pub fn generate(
                 keys: &keys,
                 layout_desc: &layout,
             })?;
-            let mut fresh: Vec<Chunk> = Vec::new();
-            let mut written: Vec<ObjectKey> = Vec::new();
-            for (c, k) in chunks.iter().zip(&keys) {
-                if !lru.contains(c) && !fresh.contains(c) {
-                    fresh.push(*c);
-                    written.push(k.clone());
-                }
-            }
+            let mut seen = HashSet::new();
+            let (fresh, written): (Vec<Chunk>, Vec<ObjectKey>) = chunks
+                .iter()
+                .zip(&keys)
+                .filter(|(c, _)| !lru.contains(c) && seen.insert(**c))
+                .map(|(c, k)| (*c, k.clone()))
+                .unzip();
             if !fresh.is_empty() && lru.write(&fresh) {
                 send(StorageCall::FinishWrite { keys: &written })?;
             }

@@ -108,13 +108,7 @@ pub fn generate(
 ) -> Result<()> {
     let mut rng = SplitMix64::new(options.seed);
     let layout = options.layout();
-    let key = |parts: &[u64]| ObjectKey {
-        chunk_hash: hash32(parts).to_vec(),
-        model_name: options.model_name.clone(),
-        kv_rank: 16_777_472,
-        object_group_id: 0,
-        cache_salt: String::new(),
-    };
+    let key = |parts: &[u64]| ObjectKey::single_rank(hash32(parts).to_vec(), &options.model_name);
     let mut resident: HashSet<Vec<u8>> = HashSet::new();
     let mut next_id = 0u64;
     let mut new_conversation = |rng: &mut SplitMix64| {
