@@ -1,10 +1,12 @@
-//! Decode and encode throughput on a generated 1M-record trace of realistic records.
+//! Decode and encode throughput on a generated 1M-record trace of realistic records, and the
+//! block reader that `info` uses on one core and on all of them (records/s and bytes/s).
 //! Run: `cargo bench --bench lmct`. Figures are in README's Performance section.
 
 use std::io::Cursor;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use kvtrace::lmct::blocks::fold_records;
 use kvtrace::lmct::{ReadOptions, Record, TraceReader, TraceWriter};
 use kvtrace::trace::synth::{self, SynthOptions};
 
@@ -66,5 +68,55 @@ fn decode(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decode);
+/// Framing and validation alone (`fold_records` counting records), and the whole of `info`
+/// (every figure, distinct keys included), from a file in the page cache, on 1 thread and on
+/// one per core: the ratio is what the machine's cores buy.
+fn read_on_cores(c: &mut Criterion) {
+    let bytes = trace();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("synth.lct");
+    std::fs::write(&path, bytes).expect("write trace");
+    let all = ReadOptions::default().threads();
+    let mut group = c.benchmark_group("reader");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(20));
+    group.throughput(Throughput::ElementsAndBytes {
+        elements: RECORDS,
+        bytes: bytes.len() as u64,
+    });
+    for threads in [1, all] {
+        let options = ReadOptions {
+            threads,
+            ..ReadOptions::default()
+        };
+        group.bench_function(format!("frames_{threads}_threads"), |b| {
+            b.iter(|| {
+                let reader = TraceReader::open(&path, options).expect("header");
+                let mut records = 0u64;
+                fold_records(
+                    reader,
+                    threads,
+                    4 << 20,
+                    &|| 0u64,
+                    &|n, _| *n += 1,
+                    &mut |n| records += n,
+                    kvtrace::trace::QUIET,
+                )
+                .expect("read");
+                records
+            })
+        });
+        group.bench_function(format!("info_{threads}_threads"), |b| {
+            b.iter(|| {
+                kvtrace::trace::inspect::inspect(&path, options, kvtrace::trace::QUIET)
+                    .expect("info")
+                    .distinct_keys
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, decode, read_on_cores);
 criterion_main!(benches);

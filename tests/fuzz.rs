@@ -13,7 +13,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kvtrace::lmct::blocks::fold_records;
+use kvtrace::lmct::args::CallArgs;
+use kvtrace::lmct::blocks::{fold_records, read_ahead};
 use kvtrace::lmct::json::to_display;
 use kvtrace::lmct::{Frame, ReadOptions, TraceReader};
 use kvtrace::rng::SplitMix64;
@@ -207,6 +208,23 @@ fn lmct_reader() {
         );
         if let Ok(summary) = blocks {
             assert_eq!(summary.records, seen);
+        }
+        // Replay's path: read ahead, each record's arguments read in one pass.
+        let Ok(again) = TraceReader::from_reader(Cursor::new(bytes.to_vec()), options) else {
+            return;
+        };
+        let mut handed = 0u64;
+        let ahead = read_ahead(
+            again,
+            4096,
+            &mut |r| CallArgs::read(r.args).is_some_and(|a| a.keys.is_present()),
+            &mut |_, _| {
+                handed += 1;
+                Ok(true)
+            },
+        );
+        if let Ok(summary) = ahead {
+            assert_eq!(summary.records, handed);
         }
     });
 }

@@ -10,6 +10,7 @@ use std::io::Read;
 
 use crossbeam_channel::{bounded, unbounded};
 
+use super::frame::RecordSpans;
 use super::reader::{ReadSummary, Truncation, KEPT_SKIP_REASONS};
 use super::{RecordRef, TraceReader};
 use crate::error::{Error, Result};
@@ -50,21 +51,44 @@ fn fill(src: &mut dyn Read, buf: &mut [u8]) -> (usize, Option<std::io::Error>) {
 /// Whole frames (length prefix and body each) starting at stream offset `start`.
 pub struct Block {
     pub start: u64,
-    pub bytes: Vec<u8>,
+    /// A recycled buffer: its first `len` bytes are the frames, the rest is left over from
+    /// earlier blocks (kept initialized so that reading into it never zero-fills again).
+    bytes: Vec<u8>,
+    len: usize,
 }
 
 impl Block {
+    /// Bytes of the frames.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Every frame: its stream offset and body.
     pub fn frames(&self) -> impl Iterator<Item = (u64, &[u8])> {
+        let bytes = &self.bytes[..self.len];
         let mut at = 0usize;
         std::iter::from_fn(move || {
-            let prefix = self.bytes.get(at..at + 4)?;
+            let prefix = bytes.get(at..at + 4)?;
             let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
-            let body = self.bytes.get(at + 4..at + 4 + len)?;
+            let body = bytes.get(at + 4..at + 4 + len)?;
             let offset = self.start + at as u64;
             at += 4 + len;
             Some((offset, body))
         })
+    }
+
+    /// The bytes at `range` of the block.
+    fn body(&self, range: std::ops::Range<usize>) -> &[u8] {
+        &self.bytes[..self.len][range]
+    }
+
+    /// The buffer, to read the next block into.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.bytes
     }
 }
 
@@ -96,41 +120,45 @@ impl Blocks {
         if self.finished {
             return Ok(None);
         }
-        buf.clear();
-        buf.append(&mut self.carry);
+        // `buf[..used]` is stream data; the rest of `buf` is initialized space to read into.
+        let mut used = self.carry.len();
+        if buf.len() < used {
+            buf.resize(used, 0);
+        }
+        buf[..used].copy_from_slice(&self.carry);
+        self.carry.clear();
         loop {
-            let end = self.whole_frames(&buf)?;
+            let end = self.whole_frames(&buf[..used])?;
             if end > 0 && (self.exhausted || end >= self.block_bytes / 2) {
-                return Ok(Some(self.split(buf, end)));
+                return Ok(Some(self.split(buf, used, end)));
             }
             if self.exhausted {
                 self.finished = true;
+                buf.truncate(used);
                 self.truncated(buf);
                 return Ok(None);
             }
             // Grow only as data arrives: a corrupt length on a short stream allocates
-            // nothing close to it.
-            let filled = buf.len();
-            let target = if filled < self.block_bytes {
+            // nothing close to it. Only growth is zero-filled; a recycled buffer is not.
+            let target = if used < self.block_bytes {
                 self.block_bytes
             } else {
-                filled * 2
+                used * 2
             };
-            buf.resize(target, 0);
-            let (got, failed) = fill(&mut self.src, &mut buf[filled..]);
-            buf.truncate(filled + got);
+            if buf.len() < target {
+                buf.resize(target, 0);
+            }
+            let (got, failed) = fill(&mut self.src, &mut buf[used..target]);
+            used += got;
             match failed {
-                None => self.exhausted = filled + got < target,
+                None => self.exhausted = used < target,
                 Some(e) if self.summary.compressed => {
                     self.exhausted = true;
                     self.cause = Some(format!("zstd stream ended early or is corrupt: {e}"));
                 }
                 Some(e) => {
                     return Err(Error::io(
-                        format!(
-                            "read failed near byte {}",
-                            self.next_offset + buf.len() as u64
-                        ),
+                        format!("read failed near byte {}", self.next_offset + used as u64),
                         e,
                     ))
                 }
@@ -161,13 +189,16 @@ impl Blocks {
         Ok(at)
     }
 
-    fn split(&mut self, mut buf: Vec<u8>, end: usize) -> Block {
-        self.carry.extend_from_slice(&buf[end..]);
-        buf.truncate(end);
+    fn split(&mut self, bytes: Vec<u8>, used: usize, end: usize) -> Block {
+        self.carry.extend_from_slice(&bytes[end..used]);
         let start = self.next_offset;
         self.next_offset += end as u64;
         self.summary.bytes = self.next_offset;
-        Block { start, bytes: buf }
+        Block {
+            start,
+            bytes,
+            len: end,
+        }
     }
 
     /// The stream ended inside a frame (or a zstd source failed): the tail is the
@@ -283,7 +314,7 @@ pub fn fold_records<T: Send>(
                             }
                         }
                     }
-                    part.buf = block.bytes;
+                    part.buf = block.into_buffer();
                     if done_tx.send((seq, part)).is_err() {
                         return;
                     }
@@ -304,7 +335,7 @@ pub fn fold_records<T: Send>(
             let buf = spare_rx.try_recv().unwrap_or_default();
             match blocks.next_block(buf) {
                 Ok(Some(block)) => {
-                    let end = block.start + block.bytes.len() as u64;
+                    let end = block.start + block.len() as u64;
                     if work_tx.send((seq, block)).is_err() {
                         break;
                     }
@@ -335,6 +366,117 @@ pub fn fold_records<T: Send>(
         summary.records += order.records;
         summary.undecodable += order.undecodable;
         summary.undecodable_examples = order.examples;
+        Ok(summary)
+    })
+}
+
+/// One frame of a block read ahead: a record with what `prepare` made of it, or the reason
+/// it could not be decoded.
+enum Ahead<T> {
+    Record {
+        offset: u64,
+        body: std::ops::Range<usize>,
+        spans: RecordSpans,
+        prepared: T,
+    },
+    Undecodable {
+        offset: u64,
+        reason: String,
+    },
+}
+
+/// Reads every record of `reader` with the decoding done one step ahead: a second thread
+/// frames and validates the records and runs `prepare` on each (replay's call decoding),
+/// while `consume` takes them in stream order on the calling thread — for a consumer that
+/// must see records in order but need not parse them. Undecodable frames are skipped and
+/// counted where they fall, as [`TraceReader::next_record`] does. `consume` returning
+/// `Ok(false)` stops the read; what was read ahead past that point is not counted, and a
+/// truncated tail is reported only when the read got there. Memory is a few blocks, whatever
+/// the trace's length.
+pub fn read_ahead<T: Send>(
+    reader: TraceReader,
+    block_bytes: usize,
+    prepare: &mut (dyn FnMut(&RecordRef<'_>) -> T + Send),
+    consume: &mut dyn FnMut(&RecordRef<'_>, T) -> Result<bool>,
+) -> Result<ReadSummary> {
+    let mut blocks = reader.into_blocks(block_bytes);
+    let (ahead_tx, ahead_rx) = bounded::<Result<(Block, Vec<Ahead<T>>)>>(2);
+    let (spare_tx, spare_rx) = unbounded::<Vec<u8>>();
+    std::thread::scope(|scope| -> Result<ReadSummary> {
+        let producer = scope.spawn(move || {
+            loop {
+                let buf = spare_rx.try_recv().unwrap_or_default();
+                let block = match blocks.next_block(buf) {
+                    Ok(Some(block)) => block,
+                    Ok(None) => break,
+                    Err(e) => {
+                        let _ = ahead_tx.send(Err(e));
+                        break;
+                    }
+                };
+                let mut items = Vec::new();
+                for (offset, body) in block.frames() {
+                    items.push(match RecordSpans::parse(body) {
+                        Ok(spans) => {
+                            let record = RecordRef::from_spans(offset, body, &spans);
+                            let start = (offset - block.start) as usize + 4;
+                            Ahead::Record {
+                                offset,
+                                body: start..start + body.len(),
+                                prepared: prepare(&record),
+                                spans,
+                            }
+                        }
+                        Err(reason) => Ahead::Undecodable { offset, reason },
+                    });
+                }
+                if ahead_tx.send(Ok((block, items))).is_err() {
+                    break;
+                }
+            }
+            blocks
+        });
+        let (mut records, mut undecodable, mut examples) = (0, 0, Vec::new());
+        let mut finished = true;
+        'blocks: for next in ahead_rx.iter() {
+            let (block, items) = next?;
+            for item in items {
+                match item {
+                    Ahead::Record {
+                        offset,
+                        body,
+                        spans,
+                        prepared,
+                    } => {
+                        let record = RecordRef::from_spans(offset, block.body(body), &spans);
+                        records += 1;
+                        if !consume(&record, prepared)? {
+                            finished = false;
+                            break 'blocks;
+                        }
+                    }
+                    Ahead::Undecodable { offset, reason } => {
+                        undecodable += 1;
+                        if examples.len() < KEPT_SKIP_REASONS {
+                            examples.push((offset, reason));
+                        }
+                    }
+                }
+            }
+            // The reader may have finished already; the buffer is then simply dropped.
+            let _ = spare_tx.send(block.into_buffer());
+        }
+        drop(ahead_rx);
+        let blocks = producer
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let mut summary = blocks.into_summary();
+        summary.records += records;
+        summary.undecodable += undecodable;
+        summary.undecodable_examples = examples;
+        if !finished {
+            summary.truncation = None;
+        }
         Ok(summary)
     })
 }
@@ -385,6 +527,23 @@ mod tests {
         (offsets, format!("{summary:?}"))
     }
 
+    /// The same read ahead on a second thread, `prepare` and `consume` agreeing on each.
+    fn ahead(bytes: &[u8]) -> (Vec<u64>, String) {
+        let mut offsets = Vec::new();
+        let summary = read_ahead(
+            reader(bytes),
+            4096,
+            &mut |r| r.offset,
+            &mut |r, prepared| {
+                assert_eq!(r.offset, prepared);
+                offsets.push(prepared);
+                Ok(true)
+            },
+        )
+        .expect("read");
+        (offsets, format!("{summary:?}"))
+    }
+
     #[test]
     fn blocks_read_what_the_frame_reader_reads_whatever_the_threads() {
         let whole = trace(300);
@@ -408,7 +567,32 @@ mod tests {
             for threads in [1, 3] {
                 assert_eq!(in_blocks(bytes, threads), expected, "{threads} threads");
             }
+            assert_eq!(ahead(bytes), expected, "read ahead");
         }
+    }
+
+    /// A consumer that stops: only what it was handed is counted — not an undecodable frame
+    /// or a cut tail the reading thread had already reached — and its error comes back.
+    #[test]
+    fn a_stopped_read_ahead_counts_only_what_it_handed_out() {
+        let whole = trace(300);
+        let offsets = sequential(&whole).0;
+        let mut bytes = whole[..whole.len() - 1].to_vec();
+        let late = offsets[200] as usize;
+        bytes[late + 4..late + 12].fill(0xc1);
+        let mut seen = 0;
+        let summary = read_ahead(reader(&bytes), 4096, &mut |_| (), &mut |_, ()| {
+            seen += 1;
+            Ok(seen < 10)
+        })
+        .expect("read");
+        assert_eq!((seen, summary.records, summary.undecodable), (10, 10, 0));
+        assert!(summary.truncation.is_none());
+        let err = read_ahead(reader(&bytes), 4096, &mut |_| (), &mut |r, ()| {
+            Err(Error::data(r.offset, "t_mono", "refused"))
+        })
+        .expect_err("the consumer's error");
+        assert!(err.to_string().contains("refused"), "{err}");
     }
 
     /// A zstd stream that ends early: the same records and the same frame cut, with the
@@ -439,6 +623,15 @@ mod tests {
             assert_eq!((t.offset, t.declared), (expected.offset, expected.declared));
             assert!(t.cause.is_some_and(|c| c.contains("zstd")));
         }
+        let mut seen = Vec::new();
+        let summary = read_ahead(reader(cut), 4096, &mut |r| r.offset, &mut |_, offset| {
+            seen.push(offset);
+            Ok(true)
+        })
+        .expect("read");
+        assert_eq!(seen, offsets);
+        let t = summary.truncation.expect("cut");
+        assert_eq!((t.offset, t.declared), (expected.offset, expected.declared));
     }
 
     #[test]

@@ -109,6 +109,13 @@ impl<'a> ObjectKeyRef<'a> {
     /// Reads a tagged key at the cursor in one pass and leaves the cursor after it; the hot
     /// path of replay and `info`, which see every key of every call.
     pub fn read(c: &mut Cursor<'a>) -> Option<Self> {
+        // LMCache 0.5.6 writes every key with the same field names in the same order: the
+        // constant runs are compared whole, and anything else takes the general path.
+        let fast = c.clone();
+        if let Some(key) = Self::read_canonical(c) {
+            return Some(key);
+        }
+        *c = fast;
         if c.map_len()? != 2
             || c.str_bytes()? != b"__t__"
             || c.str_bytes()? != TAG_OBJECT_KEY.as_bytes()
@@ -138,6 +145,25 @@ impl<'a> ObjectKeyRef<'a> {
             cache_salt: salt,
         })
     }
+
+    /// A key in exactly the shape [`ObjectKey::encode`] writes.
+    fn read_canonical(c: &mut Cursor<'a>) -> Option<Self> {
+        const HEAD: &[u8] = b"\x82\xa5__t__\xa9ObjectKey\xa1v\x84\xaachunk_hash";
+        if !c.eat(HEAD) {
+            return None;
+        }
+        let chunk_hash = c.bin()?;
+        let model_name = c.eat(b"\xaamodel_name").then(|| c.str())??;
+        let kv_rank = c.eat(b"\xa7kv_rank").then(|| c.int())??;
+        let object_group_id = c.eat(b"\xafobject_group_id").then(|| c.int())??;
+        Some(ObjectKeyRef {
+            chunk_hash,
+            model_name,
+            kv_rank,
+            object_group_id,
+            cache_salt: None,
+        })
+    }
 }
 
 /// Decodes an array of tagged keys; `None` if any element is not a key.
@@ -149,16 +175,6 @@ pub fn object_keys(v: RawValue<'_>) -> Option<Vec<ObjectKeyRef<'_>>> {
         out.push(ObjectKeyRef::read(&mut c)?);
     }
     Some(out)
-}
-
-/// Calls `f` on every key of an array of tagged keys without collecting them; `None` if
-/// any element is not a key.
-pub fn for_each_object_key<'a>(v: RawValue<'a>, mut f: impl FnMut(ObjectKeyRef<'a>)) -> Option<()> {
-    let mut c = Cursor::new(v);
-    for _ in 0..c.array_len()? {
-        f(ObjectKeyRef::read(&mut c)?);
-    }
-    Some(())
 }
 
 /// Bytes per element of a `str(torch.dtype)` name.

@@ -195,13 +195,10 @@ pub(crate) struct RecordSpans {
 /// Validates the `args` map at `at` — a map whose keys are all strings — in one pass, and
 /// returns where it ends.
 fn args_end(body: &[u8], at: usize) -> Result<usize, String> {
-    let head_end = msgpack::validate_head(body, at).map_err(|e| e.to_string())?;
-    let map = RawValue::trusted(body.get(at..head_end).unwrap_or_default());
-    if map.kind() != Kind::Map {
-        return Err("args: expected a map".into());
-    }
-    let mut pos = head_end;
-    for _ in 0..map.len() {
+    let (entries, mut pos) = msgpack::map_head(body, at)
+        .map_err(|e| e.to_string())?
+        .ok_or("args: expected a map")?;
+    for _ in 0..entries {
         let key_end = msgpack::validate(body, pos).map_err(|e| format!("args: {e}"))?;
         if RawValue::trusted(&body[pos..key_end]).kind() != Kind::Str {
             return Err("args: keys must be strings".into());

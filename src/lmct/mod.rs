@@ -2,6 +2,7 @@
 //! written and written exactly as LMCache 0.5.6 does. `format-spec/LMCT.md` is the
 //! normative description; this module follows it section by section.
 
+pub mod args;
 pub mod blocks;
 pub mod calls;
 pub mod codec;

@@ -4,10 +4,10 @@
 
 use std::fmt;
 
+use super::args::CallArgs;
 use super::calls::{FINISH_READ_PREFETCHED, RESERVE_WRITE, SUBMIT_PREFETCH_TASK};
 use super::codec::{TAG_OBJECT_KEY, TAG_PREFETCH_SPEC};
-use super::frame::{Header, HeaderSchema, RecordRef};
-use super::msgpack::RawValue;
+use super::frame::{Header, HeaderSchema};
 use super::value::Value;
 
 /// Which argument shapes a trace uses.
@@ -57,51 +57,6 @@ pub struct SchemaEvidence {
     pub reserve_mode: u64,
 }
 
-/// The argument fields a summary of a call looks at, found in one pass over its `args`
-/// map (a prefetch's `spec` is walked once, not once per question).
-#[derive(Clone, Copy, Default)]
-pub struct ArgFields<'a> {
-    pub keys: Option<RawValue<'a>>,
-    pub layout_desc: Option<RawValue<'a>>,
-    pub spec: Option<RawValue<'a>>,
-    pub skip_l2: Option<RawValue<'a>>,
-    pub extra_count: Option<RawValue<'a>>,
-    pub mode: Option<RawValue<'a>>,
-}
-
-impl<'a> ArgFields<'a> {
-    pub fn of(record: &RecordRef<'a>) -> ArgFields<'a> {
-        let Some([keys, layout_desc, spec, skip_l2, extra_count, mode]) = record.args.fields([
-            "keys",
-            "layout_desc",
-            "spec",
-            "skip_l2",
-            "extra_count",
-            "mode",
-        ]) else {
-            return ArgFields::default();
-        };
-        ArgFields {
-            keys,
-            layout_desc,
-            spec,
-            skip_l2,
-            extra_count,
-            mode,
-        }
-    }
-}
-
-/// The first object key of a call: `keys[0]`, or `spec.key_groups[0].keys[0]`.
-fn first_key<'a>(keys: Option<RawValue<'a>>, spec: Option<RawValue<'a>>) -> Option<RawValue<'a>> {
-    if let Some(keys) = keys {
-        return keys.array()?.next();
-    }
-    let spec = spec?.tagged(TAG_PREFETCH_SPEC)?;
-    let group = spec.get("key_groups")?.array()?.next()?;
-    group.get("v")?.get("keys")?.array()?.next()
-}
-
 impl SchemaEvidence {
     /// Adds the evidence of another run of records.
     pub fn merge(&mut self, other: &SchemaEvidence) {
@@ -112,36 +67,26 @@ impl SchemaEvidence {
         self.reserve_mode += other.reserve_mode;
     }
 
-    /// Notes the shapes of one record from its argument fields.
-    pub fn observe(&mut self, qualname: &str, fields: &ArgFields<'_>) {
-        let ArgFields {
-            keys,
-            spec,
-            skip_l2,
-            extra_count,
-            mode,
-            ..
-        } = *fields;
-        if let Some(key) = first_key(keys, spec).and_then(|k| k.tagged(TAG_OBJECT_KEY)) {
-            if key.get("cache_salt").is_some() {
-                self.salted_keys += 1;
-            }
+    /// Notes the shapes of one record from its arguments.
+    pub fn observe(&mut self, qualname: &str, args: &CallArgs<'_>) {
+        if args.first_key_salted() {
+            self.salted_keys += 1;
         }
+        let extra_count = args.extra_count.is_present();
         match qualname {
             SUBMIT_PREFETCH_TASK => {
-                let spec = spec.and_then(|s| s.tagged(TAG_PREFETCH_SPEC));
-                if spec.is_some() && skip_l2.is_none() {
+                if args.spec.is_present() && !args.skip_l2.is_present() {
                     self.prefetch_without_skip_l2 += 1;
                 }
-                if spec.is_some_and(|s| s.get("allowed_l1_memory_tags").is_some()) {
+                if args.spec.valid().is_some_and(|s| s.memory_tags) {
                     self.memory_tag_specs += 1;
                 }
-                if extra_count.is_some() {
+                if extra_count {
                     self.extra_count += 1;
                 }
             }
-            FINISH_READ_PREFETCHED if extra_count.is_some() => self.extra_count += 1,
-            RESERVE_WRITE if mode.is_some() => self.reserve_mode += 1,
+            FINISH_READ_PREFETCHED if extra_count => self.extra_count += 1,
+            RESERVE_WRITE if args.mode => self.reserve_mode += 1,
             _ => {}
         }
     }

@@ -11,14 +11,13 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::bus::Tracer;
+use crate::lmct::args::{Arg, CallArgs, Keys, PrefetchSpec};
 use crate::lmct::calls::{
     FINISH_READ_PREFETCHED, FINISH_WRITE, READ_PREFETCHED_ENTER, READ_PREFETCHED_EXIT,
     RECORDER_SUMMARY, RESERVE_WRITE, SUBMIT_PREFETCH_TASK,
 };
-use crate::lmct::codec::{
-    MemoryLayoutDesc, ObjectKeyRef, TAG_GROUPED_KEYS, TAG_LOCK_MODE, TAG_PREFETCH_SPEC,
-};
-use crate::lmct::msgpack::{Cursor, RawValue};
+use crate::lmct::codec::MemoryLayoutDesc;
+use crate::lmct::msgpack::RawValue;
 use crate::lmct::RecordRef;
 use crate::storage::{
     KeyId, PrefetchGroup, PrefetchOutcome, PrefetchRequest, Reservation, StorageManager,
@@ -108,49 +107,23 @@ pub enum Effect {
 /// argument bytes (to publish a closing exit) and whether the entry succeeded.
 type OpenContexts = VecDeque<(Vec<u8>, bool)>;
 
-/// A record's arguments, read in one pass.
+/// Turns records into calls. Separate from [`Dispatcher`] so that decoding can run ahead of
+/// the calls on another thread: it depends on nothing the calls change.
 #[derive(Default)]
-struct Args<'a> {
-    keys: Option<Vec<KeyId>>,
-    layout: Option<RawValue<'a>>,
-    spec: Option<Spec>,
-    request_id: Option<&'a str>,
-    skip_l2: Option<bool>,
-    read_locks: Option<i64>,
-    extra_count: Option<i64>,
-}
-
-struct Spec {
-    groups: Vec<PrefetchGroup>,
-    prefix_only: bool,
-    readers: u64,
-    lock: bool,
-}
-
-fn expect_tag(c: &mut Cursor<'_>, tag: &str) -> Option<()> {
-    let ok = c.map_len()? == 2
-        && c.str_bytes()? == b"__t__"
-        && c.str_bytes()? == tag.as_bytes()
-        && c.str_bytes()? == b"v";
-    ok.then_some(())
-}
-
-/// Decodes records and applies them in order onto a StorageManager.
-#[derive(Default)]
-pub struct Dispatcher {
-    open: HashMap<Vec<KeyId>, OpenContexts>,
+pub struct Decoder {
     /// Object bytes and chunk tokens of the layouts seen, by their encoded bytes.
     layouts: Vec<(Vec<u8>, u64, Option<u64>)>,
 }
 
-/// Hashes every key of the array at the cursor.
-fn read_key_ids(c: &mut Cursor<'_>) -> Option<Vec<KeyId>> {
-    let n = c.array_len()?;
-    let mut out = Vec::with_capacity(n.min(4096));
-    for _ in 0..n {
-        out.push(KeyId::of_ref(&ObjectKeyRef::read(c)?));
-    }
-    Some(out)
+/// Applies decoded calls in order onto a StorageManager.
+#[derive(Default)]
+pub struct Dispatcher {
+    open: HashMap<Vec<KeyId>, OpenContexts>,
+}
+
+/// The ids of a list of keys.
+fn key_ids(keys: &Keys<'_>) -> Vec<KeyId> {
+    keys.keys.iter().map(KeyId::of_ref).collect()
 }
 
 /// `read_locks`, or the pre-rename `extra_count = N` meaning `N + 1`; default 1.
@@ -168,7 +141,7 @@ fn skipped(reason: impl Into<String>) -> Outcome {
     }
 }
 
-impl Dispatcher {
+impl Decoder {
     /// Object bytes and chunk tokens of a layout, parsed once per distinct layout.
     fn layout(&mut self, v: Option<RawValue<'_>>) -> Result<(u64, Option<u64>), String> {
         let v = v.ok_or("missing argument layout_desc")?;
@@ -185,85 +158,23 @@ impl Dispatcher {
         Ok(entry)
     }
 
-    /// One `GroupedObjectKeys` at the cursor.
-    fn read_group(&mut self, c: &mut Cursor<'_>) -> Option<PrefetchGroup> {
-        expect_tag(c, TAG_GROUPED_KEYS)?;
-        let mut group = PrefetchGroup {
-            window: -1,
-            ..PrefetchGroup::default()
-        };
-        for _ in 0..c.map_len()? {
-            match c.str_bytes()? {
-                b"keys" => group.keys = read_key_ids(c)?,
-                b"layout_desc" => {
-                    (group.object_bytes, group.chunk_tokens) = self.layout(Some(c.value()?)).ok()?
-                }
-                b"sliding_window_size" => group.window = c.int()?,
-                _ => c.skip()?,
-            }
-        }
-        Some(group)
-    }
-
-    /// A `PrefetchTaskSpec` at the cursor.
-    fn read_spec(&mut self, c: &mut Cursor<'_>) -> Option<Spec> {
-        expect_tag(c, TAG_PREFETCH_SPEC)?;
-        let mut spec = Spec {
-            groups: Vec::new(),
-            prefix_only: true,
-            readers: 1,
-            lock: true,
-        };
-        for _ in 0..c.map_len()? {
-            match c.str_bytes()? {
-                b"key_groups" => {
-                    for _ in 0..c.array_len()? {
-                        spec.groups.push(self.read_group(c)?);
-                    }
-                }
-                b"num_kv_readers" => spec.readers = c.int()?.max(0) as u64,
-                b"fetching_policy" => spec.prefix_only = c.str_bytes()? != b"full",
-                b"lock_mode" => {
-                    expect_tag(c, TAG_LOCK_MODE)?;
-                    spec.lock = c.str_bytes()? != b"NO_LOCK";
-                }
-                _ => c.skip()?,
-            }
-        }
-        Some(spec)
-    }
-
-    /// Reads every argument in one pass.
-    fn parse_args<'a>(&mut self, args: RawValue<'a>) -> Result<Args<'a>, String> {
-        let mut c = Cursor::new(args);
-        let mut out = Args::default();
-        let n = c.map_len().ok_or("args: not a map")?;
-        for _ in 0..n {
-            let key = c.str_bytes().ok_or("args: keys must be strings")?;
-            let bad = |name: &str| format!("{name}: unexpected value");
-            match key {
-                b"keys" => {
-                    out.keys = Some(read_key_ids(&mut c).ok_or("keys: not a list of ObjectKey")?)
-                }
-                b"layout_desc" => out.layout = Some(c.value().ok_or_else(|| bad("layout_desc"))?),
-                b"spec" => {
-                    out.spec = Some(
-                        self.read_spec(&mut c)
-                            .ok_or("spec: not a PrefetchTaskSpec")?,
-                    )
-                }
-                b"external_request_id" => {
-                    out.request_id = Some(c.str().ok_or_else(|| bad("external_request_id"))?)
-                }
-                b"skip_l2" => out.skip_l2 = c.value().and_then(|v| v.as_bool()),
-                b"read_locks" => out.read_locks = Some(c.int().ok_or_else(|| bad("read_locks"))?),
-                b"extra_count" => {
-                    out.extra_count = Some(c.int().ok_or_else(|| bad("extra_count"))?)
-                }
-                _ => c.skip().ok_or("args: malformed")?,
-            }
-        }
-        Ok(out)
+    /// A prefetch spec's groups with their layouts resolved; `None` when a layout is not one.
+    fn groups(&mut self, spec: &PrefetchSpec<'_>) -> Option<Vec<PrefetchGroup>> {
+        spec.groups
+            .iter()
+            .map(|g| {
+                let (object_bytes, chunk_tokens) = match g.layout_desc {
+                    Some(layout) => self.layout(Some(layout)).ok()?,
+                    None => (0, None),
+                };
+                Some(PrefetchGroup {
+                    keys: key_ids(&g.keys),
+                    object_bytes,
+                    chunk_tokens,
+                    window: g.window,
+                })
+            })
+            .collect()
     }
 
     /// Decodes the call a record describes; `Err` is the outcome of a record that makes no
@@ -286,57 +197,81 @@ impl Dispatcher {
             | FINISH_READ_PREFETCHED => {}
             _ => return Err(None),
         }
-        let parsed = self.parse_args(record.args).map_err(Some)?;
+        let args = CallArgs::read(record.args).ok_or(Some("args: not a map".to_string()))?;
+        let bad = |name: &str| Some(format!("{name}: unexpected value"));
+        let keys = match &args.keys {
+            Arg::Valid(keys) => Some(key_ids(keys)),
+            Arg::Malformed => return Err(Some("keys: not a list of ObjectKey".into())),
+            Arg::Absent => None,
+        };
         let keys = || {
-            parsed
-                .keys
-                .clone()
+            keys.clone()
                 .ok_or(Some("missing argument keys".to_string()))
         };
+        let spec = match &args.spec {
+            Arg::Valid(spec) => Some(spec),
+            Arg::Malformed => return Err(Some("spec: not a PrefetchTaskSpec".into())),
+            Arg::Absent => None,
+        };
+        for (name, malformed) in [
+            ("external_request_id", args.request_id == Arg::Malformed),
+            ("read_locks", args.read_locks == Arg::Malformed),
+            ("extra_count", args.extra_count == Arg::Malformed),
+        ] {
+            if malformed {
+                return Err(bad(name));
+            }
+        }
+        let (locks, extra_count) = (args.read_locks.valid(), args.extra_count.valid());
         Ok(match record.qualname {
             RESERVE_WRITE => Call::ReserveWrite {
-                object_bytes: self.layout(parsed.layout).map_err(Some)?.0,
+                object_bytes: self.layout(args.layout_desc).map_err(Some)?.0,
                 keys: keys()?,
             },
             FINISH_WRITE => Call::FinishWrite { keys: keys()? },
             SUBMIT_PREFETCH_TASK => {
-                let spec = match parsed.spec {
-                    Some(spec) => spec,
+                let (groups, prefix_only, readers, lock) = match spec {
+                    Some(spec) => (
+                        self.groups(spec)
+                            .ok_or(Some("spec: not a PrefetchTaskSpec".to_string()))?,
+                        spec.prefix_only,
+                        spec.readers,
+                        spec.lock,
+                    ),
                     // The early shape: keys and a layout instead of a spec.
                     None => {
                         let (object_bytes, chunk_tokens) =
-                            self.layout(parsed.layout).map_err(Some)?;
-                        Spec {
-                            groups: vec![PrefetchGroup {
-                                keys: keys()?,
-                                object_bytes,
-                                chunk_tokens,
-                                window: -1,
-                            }],
-                            prefix_only: true,
-                            readers: read_locks(None, parsed.extra_count).max(0) as u64,
-                            lock: true,
-                        }
+                            self.layout(args.layout_desc).map_err(Some)?;
+                        let group = PrefetchGroup {
+                            keys: keys()?,
+                            object_bytes,
+                            chunk_tokens,
+                            window: -1,
+                        };
+                        let readers = read_locks(None, extra_count.copied()).max(0) as u64;
+                        (vec![group], true, readers, true)
                     }
                 };
                 Call::Prefetch {
-                    groups: spec.groups,
-                    prefix_only: spec.prefix_only,
-                    readers: spec.readers,
-                    lock: spec.lock,
-                    skip_l2: parsed.skip_l2.unwrap_or(false),
-                    request_id: parsed.request_id.unwrap_or("").to_owned(),
+                    groups,
+                    prefix_only,
+                    readers,
+                    lock,
+                    skip_l2: args.skip_l2.valid().copied().unwrap_or(false),
+                    request_id: args.request_id.valid().copied().unwrap_or("").to_owned(),
                 }
             }
             READ_PREFETCHED_ENTER => Call::ReadEnter { keys: keys()? },
             READ_PREFETCHED_EXIT => Call::ReadExit { keys: keys()? },
             _ => Call::FinishRead {
                 keys: keys()?,
-                read_locks: read_locks(parsed.read_locks, parsed.extra_count),
+                read_locks: read_locks(locks.copied(), extra_count.copied()),
             },
         })
     }
+}
 
+impl Dispatcher {
     /// Issues a decoded call; `args` are the recorded argument bytes, republished as they are.
     pub fn apply(
         &mut self,

@@ -23,11 +23,12 @@ use std::time::{Duration, Instant};
 
 use crate::bus::Tracer;
 use crate::error::{Error, Result};
+use crate::lmct::blocks::read_ahead;
 use crate::lmct::digest::{compare_configs, config_digest, python_json, DigestMatch};
 use crate::lmct::{ReadOptions, RecordRef, TraceReader};
 use crate::storage::config::EvictionTiming;
 use crate::storage::{CallStats, StorageManager};
-use dispatch::{Dispatcher, Outcome};
+use dispatch::{Call, Decoder, Dispatcher, Outcome};
 use fidelity::Fidelity;
 use report::{DigestReport, HitSummary, OpStats, ReplayReport};
 use session::{Closed, Position, Sessions};
@@ -109,7 +110,11 @@ fn digest_report(
     }
 }
 
-/// Replays `path` onto `sm`, calling `on_record` after each record.
+/// Bytes of records decoded ahead at a time: a few of these are all the trace a replay holds.
+const READ_AHEAD_BLOCK_BYTES: usize = 1 << 20;
+
+/// Replays `path` onto `sm`, calling `on_record` after each record. The records are decoded
+/// on a second thread, ahead of the calls.
 pub fn replay(
     path: &Path,
     sm: &mut StorageManager,
@@ -117,7 +122,7 @@ pub fn replay(
     mut on_record: impl FnMut(&RecordEvent<'_>),
 ) -> Result<ReplayReport> {
     let shown = path.display().to_string();
-    let mut reader = TraceReader::open(path, options.read).map_err(|e| e.in_file(&shown))?;
+    let reader = TraceReader::open(path, options.read).map_err(|e| e.in_file(&shown))?;
     let header = reader.header().clone();
     if header.level != "storage" {
         return Err(Error::data(
@@ -141,7 +146,7 @@ pub fn replay(
         ..ReplayReport::default()
     };
     sm.keep_journal();
-    let mut latencies: BTreeMap<String, (Vec<f64>, u64)> = BTreeMap::new();
+    let mut latencies: BTreeMap<&'static str, (Vec<f64>, u64)> = BTreeMap::new();
     let mut dispatcher = Dispatcher::default();
     let mut sessions = Sessions::new(options.emulate_sessions);
     let mut fidelity = Fidelity::default();
@@ -154,10 +159,11 @@ pub fn replay(
     let start = Instant::now();
     let mut origin: Option<f64> = None;
     let (mut first_t, mut last_t) = (f64::INFINITY, f64::NEG_INFINITY);
-    while let Some(record) = reader.next_record().map_err(|e| e.in_file(&shown))? {
+    let mut decoder = Decoder::default();
+    let mut consume = |record: &RecordRef<'_>, decoded: std::result::Result<Call, Outcome>| {
         if crate::interrupt::requested().is_some() {
             report.interrupted = true;
-            break;
+            return Ok(false);
         }
         report.records += 1;
         if !record.t_mono.is_finite() {
@@ -165,8 +171,7 @@ pub fn replay(
                 record.offset,
                 "t_mono",
                 format!("{} is not a time", record.t_mono),
-            )
-            .in_file(&shown));
+            ));
         }
         first_t = first_t.min(record.t_mono);
         last_t = last_t.max(record.t_mono);
@@ -190,8 +195,8 @@ pub fn replay(
             offset: record.offset,
             t: record.t_mono,
         };
-        let (outcome, latency_ms) = match dispatcher.decode(&record) {
-            Err(skip) => (skip, 0.0),
+        let (outcome, latency_ms, qualname) = match decoded {
+            Err(skip) => (skip, 0.0, ""),
             Ok(call) => {
                 if let Some(closed) = sessions.before(sm, &call, at) {
                     absorb(sm, closed, &mut report);
@@ -202,13 +207,13 @@ pub fn replay(
                     dispatcher.apply(sm, &options.tracer, &call, record.args.bytes());
                 let latency_ms = began.elapsed().as_secs_f64() * 1e3;
                 sessions.after(&call, &effect, at);
-                (outcome, latency_ms)
+                (outcome, latency_ms, call.qualname())
             }
         };
         match &outcome {
             Outcome::Ok { .. } | Outcome::Failed { .. } => {
                 report.replayed += 1;
-                let entry = latencies.entry(record.qualname.to_owned()).or_default();
+                let entry = latencies.entry(qualname).or_default();
                 entry.0.push(latency_ms);
                 if let Outcome::Failed { reason } = &outcome {
                     report.failed += 1;
@@ -226,7 +231,7 @@ pub fn replay(
         }
         on_record(&RecordEvent {
             index: report.records,
-            record: &record,
+            record,
             outcome: &outcome,
             latency_ms,
         });
@@ -235,9 +240,17 @@ pub fn replay(
                 "--fail-fast: stopped after record {} (byte {}), the first call that failed",
                 report.records, record.offset
             ));
-            break;
+            return Ok(false);
         }
-    }
+        Ok(true)
+    };
+    let summary = read_ahead(
+        reader,
+        READ_AHEAD_BLOCK_BYTES,
+        &mut |record| decoder.decode(record),
+        &mut consume,
+    )
+    .map_err(|e| e.in_file(&shown))?;
     if let Some(closed) = sessions.close(sm, f64::INFINITY) {
         absorb(sm, closed, &mut report);
     }
@@ -245,7 +258,7 @@ pub fn replay(
     report.duration_s = start.elapsed().as_secs_f64();
     report.ops = latencies
         .into_iter()
-        .map(|(q, (ms, errors))| (q, OpStats::from_latencies(ms, errors)))
+        .map(|(q, (ms, errors))| (q.to_owned(), OpStats::from_latencies(ms, errors)))
         .collect();
     report.hits = HitSummary::from_requests(&report.requests);
     report.calls = sm.call_stats();
@@ -256,7 +269,7 @@ pub fn replay(
     if let Some(w) = time_compressed(sm, first_t, last_t, &report.calls) {
         report.warnings.push(w);
     }
-    report.warnings.extend(reader.into_summary().warnings());
+    report.warnings.extend(summary.warnings());
     Ok(report)
 }
 

@@ -20,7 +20,7 @@ use crate::lmct::{ReadOptions, TraceReader};
 use crate::storage::config::{BackendConfig, EvictionTiming, StorageConfig};
 use crate::storage::StorageManager;
 
-use super::dispatch::{Call, Dispatcher};
+use super::dispatch::{Call, Decoder, Dispatcher};
 use super::fidelity::Fidelity;
 use super::session::{Position, Sessions};
 
@@ -71,12 +71,12 @@ fn with_phase(config: &StorageConfig, phase_s: f64) -> StorageConfig {
 /// The first [`ESTIMATE_RECORDS`] calls of a trace, decoded once.
 fn decode(path: &Path, read: ReadOptions) -> Result<Vec<(Position, Call)>> {
     let mut reader = TraceReader::open(path, read)?;
-    let mut dispatcher = Dispatcher::default();
+    let mut decoder = Decoder::default();
     let mut calls = Vec::new();
     let mut n = 0;
     while let Some(record) = reader.next_record()? {
         n += 1;
-        if let Ok(call) = dispatcher.decode(&record) {
+        if let Ok(call) = decoder.decode(&record) {
             let at = Position {
                 record: n,
                 offset: record.offset,

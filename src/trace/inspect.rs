@@ -9,15 +9,16 @@ use serde::Serialize;
 
 use super::Progress;
 use crate::error::Result;
+use crate::lmct::args::{CallArgs, Keys};
 use crate::lmct::blocks::fold_records;
 use crate::lmct::calls::{
     FINISH_READ_PREFETCHED, FINISH_WRITE, RECORDER_SUMMARY, RESERVE_WRITE, SUBMIT_PREFETCH_TASK,
 };
-use crate::lmct::codec::{object_keys, MemoryLayoutDesc, PrefetchTaskSpecRef};
+use crate::lmct::codec::MemoryLayoutDesc;
 use crate::lmct::digest::{config_digest, python_json, semantic_digest};
 use crate::lmct::json::to_display;
 use crate::lmct::msgpack::RawValue;
-use crate::lmct::schema::{ArgFields, SchemaEvidence};
+use crate::lmct::schema::SchemaEvidence;
 use crate::lmct::{HeaderSchema, ReadOptions, RecordRef, TraceReader};
 use crate::storage::{KeyId, KeyMap};
 
@@ -112,7 +113,8 @@ impl Default for Tally {
     fn default() -> Self {
         Tally {
             ops: BTreeMap::new(),
-            keys: KeyMap::default(),
+            // A block's distinct keys, about: growing from empty rehashed every block.
+            keys: KeyMap::with_capacity_and_hasher(BLOCK_BYTES / 512, Default::default()),
             waiting: KeyMap::default(),
             sizes: Vec::new(),
             payload: PayloadBytes::default(),
@@ -165,13 +167,13 @@ impl Tally {
 
     /// Registers keys, with their size when a layout gives it, and adds the bytes of those
     /// whose size is known here; the others wait for the merge.
-    fn keys(&mut self, keys: Option<RawValue<'_>>, size: Option<u64>, used: Use) {
-        let Some(keys) = keys.and_then(object_keys) else {
+    fn keys(&mut self, keys: Option<&Keys<'_>>, size: Option<u64>, used: Use) {
+        let Some(keys) = keys else {
             return;
         };
         let mut bytes = 0;
-        for k in keys {
-            let h = KeyId::of_ref(&k);
+        for k in &keys.keys {
+            let h = KeyId::of_ref(k);
             let known = match size {
                 Some(s) => {
                     self.keys.insert(h, s);
@@ -193,33 +195,25 @@ impl Tally {
         self.max_t_mono = self.max_t_mono.max(r.t_mono);
         self.first.get_or_insert(r.t_mono);
         self.last = Some(r.t_mono);
-        let fields = ArgFields::of(r);
-        self.evidence.observe(r.qualname, &fields);
-        let ArgFields {
-            keys,
-            layout_desc: layout,
-            spec,
-            ..
-        } = fields;
+        let Some(args) = CallArgs::read(r.args) else {
+            return;
+        };
+        self.evidence.observe(r.qualname, &args);
         match r.qualname {
             RESERVE_WRITE => {
-                let size = self.note_layout(layout);
-                self.keys(keys, size, Use::Reserved);
+                let size = self.note_layout(args.layout_desc);
+                self.keys(args.keys.valid(), size, Use::Reserved);
             }
-            FINISH_WRITE => self.keys(keys, None, Use::Written),
-            FINISH_READ_PREFETCHED => self.keys(keys, None, Use::Read),
+            FINISH_WRITE => self.keys(args.keys.valid(), None, Use::Written),
+            FINISH_READ_PREFETCHED => self.keys(args.keys.valid(), None, Use::Read),
             SUBMIT_PREFETCH_TASK => {
-                for group in spec
-                    .and_then(PrefetchTaskSpecRef::from_raw)
-                    .and_then(|s| s.groups())
-                    .unwrap_or_default()
-                {
-                    let size = self.note_layout(Some(group.layout_desc));
-                    self.keys(Some(group.keys), size, Use::PrefetchRequested);
+                for group in args.spec.valid().map(|s| &s.groups[..]).unwrap_or_default() {
+                    let size = self.note_layout(group.layout_desc);
+                    self.keys(Some(&group.keys), size, Use::PrefetchRequested);
                 }
             }
             RECORDER_SUMMARY => self.trailer = Some(to_display(r.args)),
-            _ => self.keys(keys, None, Use::Other),
+            _ => self.keys(args.keys.valid(), None, Use::Other),
         }
     }
 

@@ -240,10 +240,10 @@ pub(crate) fn validate(bytes: &[u8], at: usize) -> Result<usize, MsgpackError> {
     children(bytes, 1, at, 0, &mut budget)
 }
 
-/// Checks only the marker and length fields of the item at `at` and returns where its
-/// payload starts. The returned head slice lets callers read a container's kind and count
-/// before validating its elements one by one.
-pub(crate) fn validate_head(bytes: &[u8], at: usize) -> Result<usize, MsgpackError> {
+/// Checks only the marker and length fields of the item at `at`: `Some((entries, data))`
+/// for a map, with the offset of its first key, so that callers can validate its entries one
+/// by one; `None` for any other kind.
+pub(crate) fn map_head(bytes: &[u8], at: usize) -> Result<Option<(usize, usize)>, MsgpackError> {
     let h = head(bytes, at)?;
     if h.data > bytes.len() {
         return Err(MsgpackError {
@@ -251,7 +251,7 @@ pub(crate) fn validate_head(bytes: &[u8], at: usize) -> Result<usize, MsgpackErr
             what: "length runs past the end of the frame",
         });
     }
-    Ok(h.data)
+    Ok((h.kind == Kind::Map).then_some((h.n as usize, h.data)))
 }
 
 /// The end of an item inside an already validated one; `None` only on a broken invariant.
@@ -317,7 +317,9 @@ impl<'a> RawValue<'a> {
         Ok(RawValue { bytes })
     }
 
-    /// Wraps a sub-slice of an already validated item without walking it again.
+    /// Wraps a sub-slice of an already validated item without walking it again. The slice
+    /// must hold exactly one item: iteration takes a container's last element to end where
+    /// the view ends.
     pub(crate) fn trusted(bytes: &'a [u8]) -> Self {
         RawValue { bytes }
     }
@@ -539,6 +541,12 @@ impl<'a> Cursor<'a> {
 
     /// Entries of the map at the cursor; the cursor moves to its first key.
     pub fn map_len(&mut self) -> Option<usize> {
+        // The fix forms first: every key, layout and spec LMCache writes is a small map, and
+        // the general head parse costs several times more than this byte test.
+        if let Some(&b @ 0x80..=0x8f) = self.bytes.get(self.pos) {
+            self.pos += 1;
+            return Some((b & 0x0f) as usize);
+        }
         let h = self.head(Kind::Map)?;
         self.pos = h.data;
         Some(h.n as usize)
@@ -546,15 +554,28 @@ impl<'a> Cursor<'a> {
 
     /// Elements of the array at the cursor; the cursor moves to the first one.
     pub fn array_len(&mut self) -> Option<usize> {
+        if let Some(&b @ 0x90..=0x9f) = self.bytes.get(self.pos) {
+            self.pos += 1;
+            return Some((b & 0x0f) as usize);
+        }
         let h = self.head(Kind::Array)?;
         self.pos = h.data;
         Some(h.n as usize)
     }
 
     fn payload(&mut self, kind: Kind) -> Option<&'a [u8]> {
-        let h = self.head(kind)?;
-        let end = h.data.checked_add(h.n as usize)?;
-        let out = self.bytes.get(h.data..end)?;
+        let (data, len) = match (kind, self.bytes.get(self.pos)) {
+            (Kind::Str, Some(&b @ 0xa0..=0xbf)) => (self.pos + 1, (b & 0x1f) as usize),
+            (Kind::Str, Some(0xd9)) | (Kind::Bin, Some(0xc4)) => {
+                (self.pos + 2, *self.bytes.get(self.pos + 1)? as usize)
+            }
+            _ => {
+                let h = self.head(kind)?;
+                (h.data, h.n as usize)
+            }
+        };
+        let end = data.checked_add(len)?;
+        let out = self.bytes.get(data..end)?;
         self.pos = end;
         Some(out)
     }
@@ -573,9 +594,37 @@ impl<'a> Cursor<'a> {
     }
 
     pub fn int(&mut self) -> Option<i64> {
+        // Fix ints and the unsigned forms up to 32 bits (LMCache's `kv_rank` is one) without
+        // the general head parse.
+        let width = match *self.bytes.get(self.pos)? {
+            b @ (0x00..=0x7f | 0xe0..=0xff) => {
+                self.pos += 1;
+                return Some(b as i8 as i64);
+            }
+            0xcc => 1,
+            0xcd => 2,
+            0xce => 4,
+            _ => 0,
+        };
+        if width > 0 {
+            let v = be(self.bytes, self.pos + 1, width)?;
+            self.pos += 1 + width;
+            return Some(v as i64);
+        }
         let h = self.head(Kind::Int)?;
         self.pos = h.data;
         i64::try_from(h.n).ok()
+    }
+
+    /// Steps over `items` when the bytes at the cursor are exactly those: a constant run of
+    /// whole items (a tag and its field names) checked in one comparison. The cursor does
+    /// not move otherwise.
+    pub fn eat(&mut self, items: &[u8]) -> bool {
+        let hit = self.bytes[self.pos.min(self.bytes.len())..].starts_with(items);
+        if hit {
+            self.pos += items.len();
+        }
+        hit
     }
 
     /// Steps over one item of any kind.
@@ -607,7 +656,13 @@ impl<'a> Iterator for Items<'a> {
         if self.left == 0 {
             return None;
         }
-        let end = skip_trusted(self.bytes, self.pos)?;
+        // The last element of the view's item ends where the view does: no walk needed,
+        // which makes a tagged value's payload (the last entry of its map) free to reach.
+        let end = if self.left == 1 {
+            self.bytes.len()
+        } else {
+            skip_trusted(self.bytes, self.pos)?
+        };
         let item = RawValue {
             bytes: self.bytes.get(self.pos..end)?,
         };
