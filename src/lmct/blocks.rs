@@ -12,7 +12,7 @@ use crossbeam_channel::{bounded, unbounded};
 
 use super::frame::RecordSpans;
 use super::reader::{ReadSummary, Truncation, KEPT_SKIP_REASONS};
-use super::{RecordRef, TraceReader};
+use super::{Frame, RecordRef, TraceReader};
 use crate::error::{Error, Result};
 
 /// Frames after the header, a block at a time.
@@ -20,6 +20,8 @@ pub struct Blocks {
     src: Box<dyn Read + Send>,
     /// Stream offset of the first byte not yet handed out.
     next_offset: u64,
+    /// Frames handed out so far.
+    frames: u64,
     max_frame_bytes: u32,
     summary: ReadSummary,
     block_bytes: usize,
@@ -51,6 +53,8 @@ fn fill(src: &mut dyn Read, buf: &mut [u8]) -> (usize, Option<std::io::Error>) {
 /// Whole frames (length prefix and body each) starting at stream offset `start`.
 pub struct Block {
     pub start: u64,
+    /// Frames before this block's first (the header not counted).
+    pub frames_before: u64,
     /// A recycled buffer: its first `len` bytes are the frames, the rest is left over from
     /// earlier blocks (kept initialized so that reading into it never zero-fills again).
     bytes: Vec<u8>,
@@ -103,6 +107,7 @@ impl Blocks {
         Blocks {
             src,
             next_offset,
+            frames: 0,
             max_frame_bytes,
             summary,
             block_bytes: block_bytes.max(4096),
@@ -128,9 +133,9 @@ impl Blocks {
         buf[..used].copy_from_slice(&self.carry);
         self.carry.clear();
         loop {
-            let end = self.whole_frames(&buf[..used])?;
+            let (end, frames) = self.whole_frames(&buf[..used])?;
             if end > 0 && (self.exhausted || end >= self.block_bytes / 2) {
-                return Ok(Some(self.split(buf, used, end)));
+                return Ok(Some(self.split(buf, used, end, frames)));
             }
             if self.exhausted {
                 self.finished = true;
@@ -166,9 +171,10 @@ impl Blocks {
         }
     }
 
-    /// The length of the whole frames at the start of `buf`; refuses a length over the limit.
-    fn whole_frames(&self, buf: &[u8]) -> Result<usize> {
-        let mut at = 0usize;
+    /// The length and count of the whole frames at the start of `buf`; refuses a length over
+    /// the limit.
+    fn whole_frames(&self, buf: &[u8]) -> Result<(usize, u64)> {
+        let (mut at, mut frames) = (0usize, 0u64);
         while let Some(prefix) = buf.get(at..at + 4) {
             let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
             if len > self.max_frame_bytes {
@@ -185,17 +191,21 @@ impl Blocks {
                 break;
             }
             at += 4 + len as usize;
+            frames += 1;
         }
-        Ok(at)
+        Ok((at, frames))
     }
 
-    fn split(&mut self, bytes: Vec<u8>, used: usize, end: usize) -> Block {
+    fn split(&mut self, bytes: Vec<u8>, used: usize, end: usize, frames: u64) -> Block {
         self.carry.extend_from_slice(&bytes[end..used]);
         let start = self.next_offset;
         self.next_offset += end as u64;
         self.summary.bytes = self.next_offset;
+        let frames_before = self.frames;
+        self.frames += frames;
         Block {
             start,
+            frames_before,
             bytes,
             len: end,
         }
@@ -245,6 +255,8 @@ struct InOrder<T> {
     records: u64,
     undecodable: u64,
     examples: Vec<(u64, String)>,
+    /// The merge asked to stop: later blocks are dropped unmerged.
+    stopped: bool,
 }
 
 impl<T> InOrder<T> {
@@ -252,17 +264,20 @@ impl<T> InOrder<T> {
         &mut self,
         seq: u64,
         part: Part<T>,
-        merge: &mut dyn FnMut(T),
+        merge: &mut dyn FnMut(T) -> bool,
         spare: &crossbeam_channel::Sender<Vec<u8>>,
     ) {
         self.pending.insert(seq, part);
-        while let Some(part) = self.pending.remove(&self.next) {
+        while !self.stopped {
+            let Some(part) = self.pending.remove(&self.next) else {
+                break;
+            };
             self.next += 1;
             self.records += part.records;
             self.undecodable += part.undecodable;
             let room = KEPT_SKIP_REASONS - self.examples.len();
             self.examples.extend(part.examples.into_iter().take(room));
-            merge(part.value);
+            self.stopped = !merge(part.value);
             // The reader may have finished already; the buffer is then simply dropped.
             let _ = spare.send(part.buf);
         }
@@ -283,6 +298,37 @@ pub fn fold_records<T: Send>(
     merge: &mut dyn FnMut(T),
     progress: &dyn Fn(u64, u64),
 ) -> Result<ReadSummary> {
+    fold_frames(
+        reader,
+        threads,
+        block_bytes,
+        init,
+        &|value, _, frame| {
+            if let Frame::Record(record) = frame {
+                fold(value, record);
+            }
+        },
+        &mut |value| {
+            merge(value);
+            true
+        },
+        progress,
+    )
+}
+
+/// [`fold_records`] for every frame, undecodable ones included, with its index (the first
+/// frame after the header is 1): for output that shows every frame (`dump`). `merge`
+/// returning `false` stops the read (the reader of a closed pipe); the summary then counts
+/// what was merged.
+pub fn fold_frames<T: Send>(
+    reader: TraceReader,
+    threads: usize,
+    block_bytes: usize,
+    init: &(dyn Fn() -> T + Sync),
+    fold: &(dyn Fn(&mut T, u64, &Frame<'_>) + Sync),
+    merge: &mut dyn FnMut(T) -> bool,
+    progress: &dyn Fn(u64, u64),
+) -> Result<ReadSummary> {
     let threads = threads.max(1);
     let mut blocks = reader.into_blocks(block_bytes);
     let (work_tx, work_rx) = bounded::<(u64, Block)>(threads * 2);
@@ -300,19 +346,26 @@ pub fn fold_records<T: Send>(
                         examples: Vec::new(),
                         buf: Vec::new(),
                     };
-                    for (offset, body) in block.frames() {
-                        match RecordRef::parse(offset, body) {
+                    for (i, (offset, body)) in block.frames().enumerate() {
+                        let index = block.frames_before + i as u64 + 1;
+                        let frame = match RecordRef::parse(offset, body) {
                             Ok(record) => {
                                 part.records += 1;
-                                fold(&mut part.value, &record);
+                                Frame::Record(record)
                             }
                             Err(reason) => {
                                 part.undecodable += 1;
                                 if part.examples.len() < KEPT_SKIP_REASONS {
-                                    part.examples.push((offset, reason));
+                                    part.examples.push((offset, reason.clone()));
+                                }
+                                Frame::Undecodable {
+                                    offset,
+                                    body,
+                                    reason,
                                 }
                             }
-                        }
+                        };
+                        fold(&mut part.value, index, &frame);
                     }
                     part.buf = block.into_buffer();
                     if done_tx.send((seq, part)).is_err() {
@@ -328,6 +381,7 @@ pub fn fold_records<T: Send>(
             records: 0,
             undecodable: 0,
             examples: Vec::new(),
+            stopped: false,
         };
         let mut seq = 0u64;
         let mut failure = None;
@@ -344,7 +398,7 @@ pub fn fold_records<T: Send>(
                         order.absorb(s, part, merge, &spare_tx);
                     }
                     progress(order.records, end);
-                    if crate::interrupt::requested().is_some() {
+                    if order.stopped || crate::interrupt::requested().is_some() {
                         break;
                     }
                 }

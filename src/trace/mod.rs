@@ -5,6 +5,7 @@
 //! request trace gives (`kvtrace generate --from-mooncake`).
 
 pub mod convert;
+pub mod dump;
 pub mod inspect;
 pub mod mooncake;
 pub mod synth;
