@@ -137,6 +137,18 @@ pub struct Migration {
 }
 
 impl Migration {
+    /// Adds the changes made to another run of records.
+    pub fn merge(&mut self, other: &Migration) {
+        self.empty_salts_removed += other.empty_salts_removed;
+        self.salts_dropped += other.salts_dropped;
+        self.null_memory_filters_removed += other.null_memory_filters_removed;
+        self.memory_filters_dropped += other.memory_filters_dropped;
+        self.skip_l2_added += other.skip_l2_added;
+        self.extra_count_migrated += other.extra_count_migrated;
+        self.reserve_mode_dropped += other.reserve_mode_dropped;
+        self.left_unchanged += other.left_unchanged;
+    }
+
     /// One line per kind of change, for the user.
     pub fn lines(&self) -> Vec<String> {
         let items = [

@@ -13,11 +13,15 @@ use serde_json::Value as Json;
 
 use super::{Progress, PROGRESS_EVERY};
 use crate::error::{Error, Result};
+use crate::lmct::blocks::fold_frames;
 use crate::lmct::json::{from_lossless, to_lossless};
 use crate::lmct::msgpack::{encode, RawValue, MAX_DEPTH};
 use crate::lmct::reader::ZSTD_MAGIC;
 use crate::lmct::schema::Migration;
 use crate::lmct::{write_frame, Frame, Header, ReadOptions, TraceReader, TraceSink, Value};
+
+/// Bytes of frames each converting thread takes at a time.
+const BLOCK_BYTES: usize = 1 << 20;
 
 /// The three file kinds kvtrace converts between.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,28 +120,26 @@ struct Sink {
     out: Output,
 }
 
-impl Sink {
-    fn put(&mut self, item: &Item) -> io::Result<()> {
-        let out = &mut self.out;
-        if !self.jsonl {
-            return match item {
-                Item::Frame(v) => {
-                    let mut body = Vec::new();
-                    encode(v, &mut body);
-                    write_frame(out, &body)
-                }
-                Item::RawFrame(body) => write_frame(out, body),
-                Item::Tail(bytes) => out.write_all(bytes),
-            };
-        }
-        let line = match item {
-            Item::Frame(v) => to_lossless(v),
-            Item::RawFrame(body) => serde_json::json!({ "$frame_hex": hex::encode(body) }),
-            Item::Tail(bytes) => serde_json::json!({ "$tail_hex": hex::encode(bytes) }),
+/// Writes an item in the output's form: a frame, or a lossless JSON line.
+fn put(out: &mut impl Write, jsonl: bool, item: &Item) -> io::Result<()> {
+    if !jsonl {
+        return match item {
+            Item::Frame(v) => {
+                let mut body = Vec::new();
+                encode(v, &mut body);
+                write_frame(out, &body)
+            }
+            Item::RawFrame(body) => write_frame(out, body),
+            Item::Tail(bytes) => out.write_all(bytes),
         };
-        serde_json::to_writer(&mut *out, &line)?;
-        out.write_all(b"\n")
     }
+    let line = match item {
+        Item::Frame(v) => to_lossless(v),
+        Item::RawFrame(body) => serde_json::json!({ "$frame_hex": hex::encode(body) }),
+        Item::Tail(bytes) => serde_json::json!({ "$tail_hex": hex::encode(bytes) }),
+    };
+    serde_json::to_writer(&mut *out, &line)?;
+    out.write_all(b"\n")
 }
 
 /// Applies the schema-1 rewrite to a header or record frame.
@@ -174,21 +176,37 @@ struct Pipeline<'a> {
     shown_out: String,
 }
 
+/// A frame's body as the output needs it: a value tree when it is re-encoded (JSONL, or a
+/// schema rewrite, which `migration` records), else the bytes as they are.
+fn prepare(
+    body: &[u8],
+    needs_values: bool,
+    is_header: bool,
+    migration: Option<&mut Migration>,
+) -> Item {
+    let item = match needs_values.then(|| RawValue::parse(body)) {
+        Some(Ok(v)) => Item::Frame(v.to_value()),
+        _ => Item::RawFrame(body.to_vec()),
+    };
+    match (item, migration) {
+        (Item::Frame(mut v), Some(m)) => {
+            migrate_frame(&mut v, is_header, m);
+            Item::Frame(v)
+        }
+        (other, _) => other,
+    }
+}
+
 impl Pipeline<'_> {
     fn push(&mut self, item: Item) -> Result<()> {
         let item = match item {
-            Item::RawFrame(body) if self.needs_values => match RawValue::parse(&body) {
-                Ok(v) => Item::Frame(v.to_value()),
-                Err(_) => Item::RawFrame(body),
-            },
+            Item::RawFrame(body) => prepare(
+                &body,
+                self.needs_values,
+                !self.seen_header,
+                self.migration.as_mut(),
+            ),
             other => other,
-        };
-        let item = match (item, self.migration.as_mut()) {
-            (Item::Frame(mut v), Some(m)) => {
-                migrate_frame(&mut v, !self.seen_header, m);
-                Item::Frame(v)
-            }
-            (other, _) => other,
         };
         match &item {
             Item::Frame(_) | Item::RawFrame(_) => {
@@ -200,10 +218,18 @@ impl Pipeline<'_> {
             Item::Tail(b) => self.report.tail_bytes += b.len() as u64,
         }
         self.seen_header = true;
-        self.sink
-            .put(&item)
+        put(&mut self.sink.out, self.sink.jsonl, &item)
             .map_err(|e| Error::io("cannot write", e).in_file(&self.shown_out))
     }
+}
+
+/// One block of converted frames, in the output's form.
+#[derive(Default)]
+struct Converted {
+    out: Vec<u8>,
+    frames: u64,
+    raw_frames: u64,
+    migration: Option<Migration>,
 }
 
 fn open_input(path: &Path) -> Result<Box<dyn Read + Send>> {
@@ -282,29 +308,62 @@ pub fn convert(
     Ok(report)
 }
 
+/// Reads LMCT: the frames after the header are converted a block per thread on every core
+/// (turning msgpack into JSON costs far more than reading it) and written in stream order.
 fn read_lct(
     source: impl Read + Send + 'static,
     read: ReadOptions,
     p: &mut Pipeline<'_>,
 ) -> Result<()> {
-    let mut reader = TraceReader::from_reader(source, read)?;
+    let reader = TraceReader::from_reader(source, read)?;
     p.push(Item::RawFrame(reader.header_body().to_vec()))?;
-    while let Some(frame) = reader.next_frame()? {
-        if crate::interrupt::requested().is_some() {
-            p.report.interrupted = true;
-            return Ok(());
-        }
-        let body = match frame {
-            Frame::Record(r) => r.body.to_vec(),
-            Frame::Undecodable { body, .. } => {
-                p.report.raw_frames += 1;
-                body.to_vec()
+    let (jsonl, needs_values, migrating) = (p.sink.jsonl, p.needs_values, p.migration.is_some());
+    let mut write_error = None;
+    let summary = fold_frames(
+        reader,
+        read.threads(),
+        BLOCK_BYTES,
+        &|| Converted {
+            migration: migrating.then(Migration::default),
+            ..Converted::default()
+        },
+        &|block, _, frame| {
+            let body = match frame {
+                Frame::Record(r) => r.body,
+                Frame::Undecodable { body, .. } => {
+                    block.raw_frames += 1;
+                    body
+                }
+            };
+            let item = prepare(body, needs_values, false, block.migration.as_mut());
+            // Writing into a Vec cannot fail.
+            let _ = put(&mut block.out, jsonl, &item);
+            block.frames += 1;
+        },
+        &mut |block| {
+            if let Err(e) = p.sink.out.write_all(&block.out) {
+                write_error = Some(e);
+                return false;
             }
-        };
-        p.push(Item::RawFrame(body))?;
+            p.report.frames += block.frames;
+            p.report.raw_frames += block.raw_frames;
+            if let (Some(all), Some(more)) = (p.migration.as_mut(), block.migration) {
+                all.merge(&more);
+            }
+            (p.progress)(p.report.frames, 0);
+            true
+        },
+        &|_, _| {},
+    )?;
+    if let Some(e) = write_error {
+        return Err(Error::io("cannot write", e).in_file(&p.shown_out));
     }
-    if let Some(t) = &reader.summary().truncation {
-        p.push(Item::Tail(t.bytes.clone()))?;
+    if crate::interrupt::requested().is_some() {
+        p.report.interrupted = true;
+        return Ok(());
+    }
+    if let Some(t) = summary.truncation {
+        p.push(Item::Tail(t.bytes))?;
     }
     Ok(())
 }
@@ -425,4 +484,62 @@ fn read_jsonl(source: impl BufRead, max_frame_bytes: u32, p: &mut Pipeline<'_>) 
         return Err(Error::line(1, "header", "no header line: empty input"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::synth::{write_to, SynthOptions};
+    use crate::trace::QUIET;
+
+    /// Blocks converted on several threads land in stream order: a trace of several blocks,
+    /// with an undecodable frame and a cut tail, goes to JSONL identically on 1 and 3
+    /// threads and comes back byte for byte.
+    #[test]
+    fn a_multi_block_trace_converts_the_same_on_any_thread_count() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let options = SynthOptions {
+            records: 6000,
+            ..SynthOptions::default()
+        };
+        let mut bytes = write_to(&options, Vec::new(), QUIET).expect("trace");
+        assert!(bytes.len() > 3 * BLOCK_BYTES, "{} bytes", bytes.len());
+        let middle = {
+            let mut r =
+                TraceReader::from_reader(io::Cursor::new(bytes.clone()), ReadOptions::default())
+                    .expect("header");
+            let mut offset = 0;
+            while let Some(record) = r.next_record().expect("read") {
+                offset = record.offset as usize;
+                if offset > bytes.len() / 2 {
+                    break;
+                }
+            }
+            offset
+        };
+        bytes[middle + 4..middle + 12].fill(0xc1);
+        bytes.truncate(bytes.len() - 5);
+        let original = dir.path().join("t.lct");
+        std::fs::write(&original, &bytes).expect("write");
+        let run = |input: &Path, output: &Path, to: Kind, threads: usize| {
+            let options = ConvertOptions {
+                to,
+                to_schema_1: false,
+                zstd_level: 3,
+                read: ReadOptions {
+                    threads,
+                    ..ReadOptions::default()
+                },
+            };
+            convert(input, output, options, QUIET).expect("convert")
+        };
+        let (one, three) = (dir.path().join("1.jsonl"), dir.path().join("3.jsonl"));
+        let report = run(&original, &one, Kind::Jsonl, 1);
+        run(&original, &three, Kind::Jsonl, 3);
+        assert_eq!(std::fs::read(&one).unwrap(), std::fs::read(&three).unwrap());
+        assert_eq!((report.raw_frames, report.tail_bytes > 0), (1, true));
+        let back = dir.path().join("back.lct");
+        run(&three, &back, Kind::Lct, 3);
+        assert_eq!(std::fs::read(&back).unwrap(), bytes);
+    }
 }
