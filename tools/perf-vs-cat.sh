@@ -56,7 +56,7 @@ best "kvtrace convert mc10.lct -> .jsonl" "$bin" convert "$tmp/mc10.lct" "$tmp/m
 rm -f "$tmp/mc10.jsonl"
 replay=(replay "$tmp/mc1.lct" --pace afap -q --no-csv --l1-size-gb 2 --eviction-policy LRU)
 best "kvtrace replay mc1.lct afap, L1 2 GiB LRU, buffers" "$bin" "${replay[@]}"; replay_s="$(cat "$tmp/last")"
-best "kvtrace replay ... --l1-accounting-only" "$bin" "${replay[@]}" --l1-accounting-only
+best "kvtrace replay ... --l1-accounting-only" "$bin" "${replay[@]}" --l1-accounting-only; accounting_s="$(cat "$tmp/last")"
 best "kvtrace replay ... --eviction-timing immediate" "$bin" "${replay[@]}" --eviction-timing immediate
 best "kvtrace replay ... immediate, accounting-only" "$bin" "${replay[@]}" --eviction-timing immediate --l1-accounting-only
 echo "kvtrace info: $(ratio "$info_s" "$cat_s")x cat"
@@ -69,5 +69,5 @@ if [ -n "${LMCACHE_VENV:-}" ]; then
         "$tmp/mc1.lct" -q --no-csv --output-dir "$tmp" --l1-size-gb 2 --eviction-policy LRU \
         --disable-metrics; lmc_replay="$(cat "$tmp/last")"
     echo "info: kvtrace $(ratio "$lmc_info" "$info_s")x faster than lmcache trace info"
-    echo "replay: kvtrace $(ratio "$lmc_replay" "$replay_s")x faster than lmcache trace replay"
+    echo "replay: kvtrace $(ratio "$lmc_replay" "$replay_s")x faster than lmcache trace replay with buffers, $(ratio "$lmc_replay" "$accounting_s")x accounting-only"
 fi

@@ -61,21 +61,31 @@ impl KeyId {
 
     fn from_parts(hash: &[u8], model: &str, salt: &str, kv_rank: i64, group: i64) -> KeyId {
         // Length-prefixed fields in one buffer, hashed in one call: the one-shot xxh3 is
-        // several times faster than its streaming state on inputs this short. The buffer is
-        // the thread's, reused: a fresh zeroed one per key cost more than the hash.
-        thread_local! {
-            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        // several times faster than its streaming state on inputs this short. The usual key
+        // (a 32-byte hash, a model name) fits 128 bytes, which zero in a few stores; a larger
+        // stack buffer was filled by a call to memset that cost more than the hash.
+        let parts = [hash, model.as_bytes(), salt.as_bytes()];
+        let len = parts.iter().map(|p| p.len() + 8).sum::<usize>() + 16;
+        let mut stack = [0u8; 128];
+        let mut heap = Vec::new();
+        let buf: &mut [u8] = if len <= stack.len() {
+            &mut stack[..len]
+        } else {
+            heap.resize(len, 0);
+            &mut heap
+        };
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            buf[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        for part in parts {
+            put(&(part.len() as u64).to_le_bytes());
+            put(part);
         }
-        BUF.with_borrow_mut(|buf| {
-            buf.clear();
-            for part in [hash, model.as_bytes(), salt.as_bytes()] {
-                buf.extend_from_slice(&(part.len() as u64).to_le_bytes());
-                buf.extend_from_slice(part);
-            }
-            buf.extend_from_slice(&kv_rank.to_le_bytes());
-            buf.extend_from_slice(&group.to_le_bytes());
-            KeyId(xxh3_128(buf))
-        })
+        put(&kv_rank.to_le_bytes());
+        put(&group.to_le_bytes());
+        KeyId(xxh3_128(buf))
     }
 
     /// 32 lowercase hex digits.
