@@ -340,3 +340,43 @@ fn canonical_integer_forms_match_msgspec() {
         assert_eq!(out, want, "{v}");
     }
 }
+
+/// A source that hands out at most a few hundred bytes per read, so almost every frame
+/// straddles the reader's buffer and is copied out, where a whole file in memory lets most
+/// frames be read in place: both give the same frames, bodies and summary.
+#[test]
+fn frames_read_in_place_or_copied_out_are_the_same() {
+    struct Trickle(Cursor<Vec<u8>>);
+    impl std::io::Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(333);
+            self.0.read(&mut buf[..n])
+        }
+    }
+    let options = kvtrace::trace::synth::SynthOptions {
+        records: 2000,
+        ..Default::default()
+    };
+    let mut bytes = kvtrace::trace::synth::write_to(&options, Vec::new(), kvtrace::trace::QUIET)
+        .expect("trace");
+    bytes.truncate(bytes.len() - 3);
+    let frames = |mut r: TraceReader| {
+        let mut out = Vec::new();
+        while let Some(frame) = r.next_frame().expect("read") {
+            let offset = frame.offset();
+            let body = match frame {
+                Frame::Record(rec) => rec.body.to_vec(),
+                Frame::Undecodable { body, .. } => body.to_vec(),
+            };
+            out.push((offset, body));
+        }
+        (out, format!("{:?}", r.into_summary()))
+    };
+    let whole = TraceReader::from_reader(Cursor::new(bytes.clone()), ReadOptions::default())
+        .expect("header");
+    let trickle = TraceReader::from_reader(Trickle(Cursor::new(bytes)), ReadOptions::default())
+        .expect("header");
+    let (a, b) = (frames(whole), frames(trickle));
+    assert_eq!(a.0.len(), 1999);
+    assert_eq!(a, b);
+}

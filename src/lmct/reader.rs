@@ -7,7 +7,7 @@
 //! length is refused before anything is allocated for it.
 
 use std::fs::File;
-use std::io::{self, BufReader, Cursor, Read};
+use std::io::{self, BufRead, BufReader, Cursor, Read};
 use std::path::Path;
 
 use super::frame::{Header, HeaderSchema, RecordRef, RecordSpans};
@@ -147,16 +147,46 @@ impl ReadSummary {
 
 /// Reads an LMCT stream frame by frame.
 pub struct TraceReader {
-    src: Box<dyn Read + Send>,
+    src: Box<dyn BufRead + Send>,
     header: Header,
     header_body: Vec<u8>,
     buf: Vec<u8>,
-    /// Length of the current frame body inside `buf`.
+    /// Length of the current frame body.
     body_len: usize,
+    /// The current frame lies whole in the source's buffer (after its length prefix) and is
+    /// read there; otherwise its body was copied into `buf`.
+    in_place: bool,
+    /// Bytes of the source's buffer the current frame occupies, released on the next read.
+    pending: usize,
     next_offset: u64,
     max_frame_bytes: u32,
     done: bool,
     summary: ReadSummary,
+}
+
+fn note_undecodable(summary: &mut ReadSummary, offset: u64, reason: String) {
+    summary.undecodable += 1;
+    if summary.undecodable_examples.len() < KEPT_SKIP_REASONS {
+        summary.undecodable_examples.push((offset, reason));
+    }
+}
+
+/// The current frame's body: in the source's buffer, or copied out into `buf`.
+fn current_body<'a>(
+    src: &'a mut Box<dyn BufRead + Send>,
+    buf: &'a [u8],
+    in_place: bool,
+    len: usize,
+) -> &'a [u8] {
+    if !in_place {
+        return &buf[..len];
+    }
+    // The buffer still holds the frame (nothing was consumed since it was seen there), so
+    // this returns it without reading.
+    match src.fill_buf() {
+        Ok(buffered) => buffered.get(4..4 + len).unwrap_or_default(),
+        Err(_) => &[],
+    }
 }
 
 fn read_fully(src: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
@@ -206,7 +236,7 @@ impl TraceReader {
         let n = read_fully(&mut src, &mut first).map_err(|e| Error::io("cannot read", e))?;
         let head = Cursor::new(first[..n].to_vec()).chain(src);
         let compressed = n == 4 && first == ZSTD_MAGIC;
-        let src: Box<dyn Read + Send> = if compressed {
+        let src: Box<dyn BufRead + Send> = if compressed {
             let decoder =
                 zstd::Decoder::new(head).map_err(|e| Error::io("cannot start zstd", e))?;
             Box::new(BufReader::with_capacity(1 << 18, decoder))
@@ -219,6 +249,8 @@ impl TraceReader {
             header_body: Vec::new(),
             buf: Vec::new(),
             body_len: 0,
+            in_place: false,
+            pending: 0,
             next_offset: 0,
             max_frame_bytes: options.max_frame_bytes,
             done: false,
@@ -295,13 +327,34 @@ impl TraceReader {
         }
     }
 
-    /// Reads the next frame body into the buffer. Returns its offset, or `None` at the end
-    /// (clean, or a truncated tail recorded in the summary).
+    /// Reads the next frame body: in place when the source's buffer holds all of it, else
+    /// into `buf`. Returns its offset, or `None` at the end (clean, or a truncated tail
+    /// recorded in the summary).
     fn read_next_body(&mut self) -> Result<Option<u64>> {
         if self.done {
             return Ok(None);
         }
+        self.src.consume(std::mem::take(&mut self.pending));
         let offset = self.next_offset;
+        match self.src.fill_buf() {
+            Ok(buffered) => {
+                if let Some(&[a, b, c, d]) = buffered.get(..4) {
+                    let len = u32::from_be_bytes([a, b, c, d]);
+                    if len <= self.max_frame_bytes && buffered.len() - 4 >= len as usize {
+                        self.in_place = true;
+                        self.body_len = len as usize;
+                        self.pending = 4 + len as usize;
+                        self.next_offset += 4 + len as u64;
+                        self.summary.bytes = self.next_offset;
+                        return Ok(Some(offset));
+                    }
+                }
+            }
+            // Retried by the copying path below, as every read is.
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return self.stream_failed(offset, Vec::new(), None, e),
+        }
+        self.in_place = false;
         let mut prefix = [0u8; 4];
         let n = match read_fully(&mut self.src, &mut prefix) {
             Ok(n) => n,
@@ -388,31 +441,24 @@ impl TraceReader {
         Ok(None)
     }
 
-    fn note_undecodable(&mut self, offset: u64, reason: String) {
-        self.summary.undecodable += 1;
-        if self.summary.undecodable_examples.len() < KEPT_SKIP_REASONS {
-            self.summary.undecodable_examples.push((offset, reason));
-        }
-    }
-
     /// The next frame, decodable or not.
     pub fn next_frame(&mut self) -> Result<Option<Frame<'_>>> {
         let Some(offset) = self.read_next_body()? else {
             return Ok(None);
         };
-        match RecordSpans::parse(&self.buf[..self.body_len]) {
+        let body = current_body(&mut self.src, &self.buf, self.in_place, self.body_len);
+        match RecordSpans::parse(body) {
             Ok(spans) => {
                 self.summary.records += 1;
-                let body = &self.buf[..self.body_len];
                 Ok(Some(Frame::Record(RecordRef::from_spans(
                     offset, body, &spans,
                 ))))
             }
             Err(reason) => {
-                self.note_undecodable(offset, reason.clone());
+                note_undecodable(&mut self.summary, offset, reason.clone());
                 Ok(Some(Frame::Undecodable {
                     offset,
-                    body: &self.buf[..self.body_len],
+                    body,
                     reason,
                 }))
             }
@@ -425,13 +471,16 @@ impl TraceReader {
             let Some(offset) = self.read_next_body()? else {
                 return Ok(None);
             };
-            match RecordSpans::parse(&self.buf[..self.body_len]) {
+            // Spans hold offsets only, so the body is borrowed again for the record: a borrow
+            // returned from one branch of a loop cannot also be the one checked.
+            let body = current_body(&mut self.src, &self.buf, self.in_place, self.body_len);
+            match RecordSpans::parse(body) {
                 Ok(spans) => {
                     self.summary.records += 1;
-                    let body = &self.buf[..self.body_len];
+                    let body = current_body(&mut self.src, &self.buf, self.in_place, self.body_len);
                     return Ok(Some(RecordRef::from_spans(offset, body, &spans)));
                 }
-                Err(reason) => self.note_undecodable(offset, reason),
+                Err(reason) => note_undecodable(&mut self.summary, offset, reason),
             }
         }
     }
@@ -447,7 +496,8 @@ impl TraceReader {
 
     /// The rest of the stream in blocks of whole frames, for readers that decode frames on
     /// several threads (see [`super::blocks`]).
-    pub fn into_blocks(self, block_bytes: usize) -> super::blocks::Blocks {
+    pub fn into_blocks(mut self, block_bytes: usize) -> super::blocks::Blocks {
+        self.src.consume(std::mem::take(&mut self.pending));
         super::blocks::Blocks::new(
             self.src,
             self.next_offset,
