@@ -5,7 +5,9 @@
 //! through [`CallArgs::read`]; on a gigabyte trace the keys are nearly all of the bytes, so
 //! each extra walk over them costs as much as reading the file.
 
-use super::codec::{ObjectKeyRef, TAG_GROUPED_KEYS, TAG_LOCK_MODE, TAG_PREFETCH_SPEC};
+use super::codec::{
+    read_object_keys, read_tag, ObjectKeyRef, TAG_GROUPED_KEYS, TAG_LOCK_MODE, TAG_PREFETCH_SPEC,
+};
 use super::msgpack::{Cursor, RawValue};
 
 /// One argument as the record has it.
@@ -53,25 +55,11 @@ pub struct Keys<'a> {
     pub first_salted: bool,
 }
 
-/// Reads an array of tagged keys at the cursor.
+/// Reads an array of tagged keys at the cursor, noting whether the first is salted.
 fn read_keys<'a>(c: &mut Cursor<'a>) -> Option<Keys<'a>> {
-    let n = c.array_len()?;
-    // The count is the record's claim: bounded by the frame's bytes, not trusted for size.
-    let mut keys = Vec::with_capacity(n.min(4096));
-    for _ in 0..n {
-        keys.push(ObjectKeyRef::read(c)?);
-    }
+    let keys = read_object_keys(c)?;
     let first_salted = keys.first().is_some_and(|k| k.cache_salt.is_some());
     Some(Keys { keys, first_salted })
-}
-
-/// Reads `{"__t__": tag, "v": ...}` up to the payload.
-fn expect_tag(c: &mut Cursor<'_>, tag: &str) -> Option<()> {
-    let ok = c.map_len()? == 2
-        && c.str_bytes()? == b"__t__"
-        && c.str_bytes()? == tag.as_bytes()
-        && c.str_bytes()? == b"v";
-    ok.then_some(())
 }
 
 /// One `GroupedObjectKeys` of a prefetch spec: its keys and the layout of their objects.
@@ -85,7 +73,7 @@ pub struct KeyGroup<'a> {
 
 impl<'a> KeyGroup<'a> {
     fn read(c: &mut Cursor<'a>) -> Option<Self> {
-        expect_tag(c, TAG_GROUPED_KEYS)?;
+        read_tag(c, TAG_GROUPED_KEYS)?;
         let mut group = KeyGroup {
             keys: Keys::default(),
             layout_desc: None,
@@ -117,7 +105,7 @@ pub struct PrefetchSpec<'a> {
 
 impl<'a> PrefetchSpec<'a> {
     fn read(c: &mut Cursor<'a>) -> Option<Self> {
-        expect_tag(c, TAG_PREFETCH_SPEC)?;
+        read_tag(c, TAG_PREFETCH_SPEC)?;
         let mut spec = PrefetchSpec {
             groups: Vec::new(),
             prefix_only: true,
@@ -135,7 +123,7 @@ impl<'a> PrefetchSpec<'a> {
                 b"num_kv_readers" => spec.readers = c.int()?.max(0) as u64,
                 b"fetching_policy" => spec.prefix_only = c.str_bytes()? != b"full",
                 b"lock_mode" => {
-                    expect_tag(c, TAG_LOCK_MODE)?;
+                    read_tag(c, TAG_LOCK_MODE)?;
                     spec.lock = c.str_bytes()? != b"NO_LOCK";
                 }
                 b"allowed_l1_memory_tags" => {

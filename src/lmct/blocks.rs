@@ -556,17 +556,17 @@ mod tests {
     }
 
     /// Record offsets and the summary, read one frame at a time.
-    fn sequential(bytes: &[u8]) -> (Vec<u64>, String) {
+    fn sequential(bytes: &[u8]) -> (Vec<u64>, ReadSummary) {
         let mut r = reader(bytes);
         let mut offsets = Vec::new();
         while let Some(record) = r.next_record().expect("read") {
             offsets.push(record.offset);
         }
-        (offsets, format!("{:?}", r.into_summary()))
+        (offsets, r.into_summary())
     }
 
     /// The same through blocks of at least 4 KiB on `threads` threads.
-    fn in_blocks(bytes: &[u8], threads: usize) -> (Vec<u64>, String) {
+    fn in_blocks(bytes: &[u8], threads: usize) -> (Vec<u64>, ReadSummary) {
         let mut offsets = Vec::new();
         let summary = fold_records(
             reader(bytes),
@@ -578,11 +578,11 @@ mod tests {
             &|_, _| {},
         )
         .expect("read");
-        (offsets, format!("{summary:?}"))
+        (offsets, summary)
     }
 
     /// The same read ahead on a second thread, `prepare` and `consume` agreeing on each.
-    fn ahead(bytes: &[u8]) -> (Vec<u64>, String) {
+    fn ahead(bytes: &[u8]) -> (Vec<u64>, ReadSummary) {
         let mut offsets = Vec::new();
         let summary = read_ahead(
             reader(bytes),
@@ -595,7 +595,7 @@ mod tests {
             },
         )
         .expect("read");
-        (offsets, format!("{summary:?}"))
+        (offsets, summary)
     }
 
     #[test]
@@ -616,12 +616,18 @@ mod tests {
         }
         let zstd = zstd::encode_all(whole.as_slice(), 3).expect("zstd");
         files.push(zstd.clone());
+        // Every field of the summary compared, through its debug form.
+        let shown = |(offsets, summary): (Vec<u64>, ReadSummary)| (offsets, format!("{summary:?}"));
         for bytes in &files {
-            let expected = sequential(bytes);
+            let expected = shown(sequential(bytes));
             for threads in [1, 3] {
-                assert_eq!(in_blocks(bytes, threads), expected, "{threads} threads");
+                assert_eq!(
+                    shown(in_blocks(bytes, threads)),
+                    expected,
+                    "{threads} threads"
+                );
             }
-            assert_eq!(ahead(bytes), expected, "read ahead");
+            assert_eq!(shown(ahead(bytes)), expected, "read ahead");
         }
     }
 
@@ -660,32 +666,13 @@ mod tests {
         let mut r = reader(cut);
         while r.next_record().expect("read").is_some() {}
         let expected = r.into_summary().truncation.expect("cut");
-        for threads in [1, 3] {
-            let mut seen = Vec::new();
-            let summary = fold_records(
-                reader(cut),
-                threads,
-                4096,
-                &Vec::new,
-                &|v: &mut Vec<u64>, r| v.push(r.offset),
-                &mut |v| seen.extend(v),
-                &|_, _| {},
-            )
-            .expect("read");
+        let runs = [in_blocks(cut, 1), in_blocks(cut, 3), ahead(cut)];
+        for (seen, summary) in runs {
             assert_eq!(seen, offsets);
             let t = summary.truncation.expect("cut");
             assert_eq!((t.offset, t.declared), (expected.offset, expected.declared));
             assert!(t.cause.is_some_and(|c| c.contains("zstd")));
         }
-        let mut seen = Vec::new();
-        let summary = read_ahead(reader(cut), 4096, &mut |r| r.offset, &mut |_, offset| {
-            seen.push(offset);
-            Ok(true)
-        })
-        .expect("read");
-        assert_eq!(seen, offsets);
-        let t = summary.truncation.expect("cut");
-        assert_eq!((t.offset, t.declared), (expected.offset, expected.declared));
     }
 
     #[test]

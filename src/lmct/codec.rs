@@ -116,15 +116,7 @@ impl<'a> ObjectKeyRef<'a> {
             return Some(key);
         }
         *c = fast;
-        if c.map_len()? != 2
-            || c.str_bytes()? != b"__t__"
-            || c.str_bytes()? != TAG_OBJECT_KEY.as_bytes()
-        {
-            return None;
-        }
-        if c.str_bytes()? != b"v" {
-            return None;
-        }
+        read_tag(c, TAG_OBJECT_KEY)?;
         let (mut hash, mut model, mut rank, mut group, mut salt) = (None, None, None, None, None);
         // A repeated field keeps its first value, as every other lookup in kvtrace does.
         for _ in 0..c.map_len()? {
@@ -166,15 +158,29 @@ impl<'a> ObjectKeyRef<'a> {
     }
 }
 
-/// Decodes an array of tagged keys; `None` if any element is not a key.
-pub fn object_keys(v: RawValue<'_>) -> Option<Vec<ObjectKeyRef<'_>>> {
-    let mut c = Cursor::new(v);
+/// Reads `{"__t__": tag, "v": ...}` at the cursor up to the payload.
+pub(crate) fn read_tag(c: &mut Cursor<'_>, tag: &str) -> Option<()> {
+    let ok = c.map_len()? == 2
+        && c.str_bytes()? == b"__t__"
+        && c.str_bytes()? == tag.as_bytes()
+        && c.str_bytes()? == b"v";
+    ok.then_some(())
+}
+
+/// Reads an array of tagged keys at the cursor; `None` if any element is not a key.
+pub(crate) fn read_object_keys<'a>(c: &mut Cursor<'a>) -> Option<Vec<ObjectKeyRef<'a>>> {
     let n = c.array_len()?;
+    // The count is the record's claim: bounded by the frame's bytes, not trusted for size.
     let mut out = Vec::with_capacity(n.min(4096));
     for _ in 0..n {
-        out.push(ObjectKeyRef::read(&mut c)?);
+        out.push(ObjectKeyRef::read(c)?);
     }
     Some(out)
+}
+
+/// Decodes an array of tagged keys; `None` if any element is not a key.
+pub fn object_keys(v: RawValue<'_>) -> Option<Vec<ObjectKeyRef<'_>>> {
+    read_object_keys(&mut Cursor::new(v))
 }
 
 /// Bytes per element of a `str(torch.dtype)` name.

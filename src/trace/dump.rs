@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::lmct::blocks::fold_frames;
 use crate::lmct::json::to_display;
 use crate::lmct::msgpack::RawValue;
-use crate::lmct::{Frame, ReadSummary, TraceReader};
+use crate::lmct::{Frame, ReadOptions, ReadSummary, TraceReader};
 
 /// Bytes of frames each formatting thread takes at a time.
 const BLOCK_BYTES: usize = 1 << 20;
@@ -207,11 +207,11 @@ pub fn dump(
         }
         None => {
             let mut write_error = None;
-            let threads = if options.threads == 0 {
-                crate::lmct::ReadOptions::default().threads()
-            } else {
-                options.threads
-            };
+            let threads = ReadOptions {
+                threads: options.threads,
+                ..ReadOptions::default()
+            }
+            .threads();
             let summary = fold_frames(
                 reader,
                 threads,
@@ -247,7 +247,6 @@ pub fn dump(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lmct::ReadOptions;
     use crate::trace::synth::{write_to, SynthOptions};
     use crate::trace::QUIET;
 
