@@ -51,6 +51,7 @@ pub mod report;
 pub mod rng;
 pub mod simulate;
 pub mod storage;
+pub mod sweep;
 pub mod trace;
 
 pub use error::{Error, Result};

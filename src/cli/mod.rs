@@ -11,6 +11,7 @@ mod info;
 mod progress;
 mod replay;
 mod simulate;
+mod sweep;
 mod tiers;
 
 use std::io::{self, Write};
@@ -48,6 +49,7 @@ enum Command {
     Diff(diff::Args),
     Simulate(Box<simulate::Args>),
     Bench(Box<bench::Args>),
+    Sweep(Box<sweep::Args>),
     Completions(docs::CompletionsArgs),
     Man(docs::ManArgs),
 }
@@ -201,6 +203,7 @@ pub fn run() -> i32 {
         Command::Diff(args) => diff::run(args),
         Command::Simulate(args) => simulate::run(*args),
         Command::Bench(args) => bench::run(*args),
+        Command::Sweep(args) => sweep::run(*args),
         Command::Completions(args) => docs::completions(args),
         Command::Man(args) => docs::man(args),
     };

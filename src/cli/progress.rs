@@ -82,6 +82,21 @@ impl Progress {
         )
     }
 
+    /// Over the `total` points of a sweep.
+    pub fn points(total: u64, shown: bool) -> Progress {
+        Progress::drawn(
+            shown,
+            Some(total),
+            "{bar:40} {pos}/{len} points eta {eta}",
+            false,
+        )
+    }
+
+    /// One more item done.
+    pub fn inc(&self) {
+        self.bar.inc(1);
+    }
+
     /// Records done so far and the input's byte offset.
     pub fn set(&self, records: u64, offset: u64) {
         self.bar

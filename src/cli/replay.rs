@@ -120,8 +120,27 @@ fn phase(text: &str) -> Result<PhaseChoice, Error> {
     }
 }
 
-pub fn run(args: Args) -> Result<i32, Error> {
-    let shown = args.file.display().to_string();
+/// Checks `args` as [`plan`] would, without reading the trace (a sweep checks every point
+/// before it runs any), and returns the tiers they configure on top of the defaults.
+pub fn check(args: &Args) -> Result<StorageConfig, Error> {
+    pacing(args)?;
+    phase(&args.eviction_phase)?;
+    let mut config = StorageConfig::default();
+    if let Some(path) = &args.config {
+        apply_toml(&mut config, path)?;
+    }
+    args.tiers.apply(&mut config)?;
+    Ok(config)
+}
+
+/// How `args` read the trace.
+pub fn read_options(args: &Args) -> kvtrace::lmct::ReadOptions {
+    args.read.options()
+}
+
+/// The replay `args` describe; without `outputs`, one that writes no report files (a sweep's
+/// point).
+pub fn plan(args: &Args, outputs: bool) -> Result<Plan, Error> {
     let dir = || Target::Dir(args.output_dir.clone());
     let formats: [(bool, &'static dyn Exporter, &'static str); 3] = [
         (!args.no_csv, &Csv, ""),
@@ -130,7 +149,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
     ];
     let options = Options {
         replay: ReplayOptions {
-            pacing: pacing(&args)?,
+            pacing: pacing(args)?,
             keep_startup_gap: args.keep_startup_gap,
             read: args.read.options(),
             emulate_sessions: !args.no_session_emulation,
@@ -140,10 +159,10 @@ pub fn run(args: Args) -> Result<i32, Error> {
         phase: phase(&args.eviction_phase)?,
         outputs: formats
             .iter()
-            .filter(|f| f.0)
+            .filter(|f| outputs && f.0)
             .map(|&(_, exporter, name)| (exporter, dir(), name))
             .collect(),
-        jsonl: args.jsonl_out.clone(),
+        jsonl: args.jsonl_out.clone().filter(|_| outputs),
     };
     let overrides = |config: &mut StorageConfig| {
         if let Some(path) = &args.config {
@@ -156,7 +175,12 @@ pub fn run(args: Args) -> Result<i32, Error> {
         own_l2: args.tiers.gives_l2() || args.config.is_some(),
         complete: args.tiers.l1_size_gb.is_some() || args.config.is_some(),
     };
-    let plan = Plan::new(&args.file, storage, options)?;
+    Plan::new(&args.file, storage, options)
+}
+
+pub fn run(args: Args) -> Result<i32, Error> {
+    let shown = args.file.display().to_string();
+    let plan = plan(&args, true)?;
     for note in &plan.notes {
         warn(&shown, note);
     }

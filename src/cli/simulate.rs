@@ -193,7 +193,7 @@ impl Args {
         Ok(Some(config))
     }
 
-    fn options(&self) -> Result<Options, Error> {
+    pub fn options(&self) -> Result<Options, Error> {
         Ok(Options {
             trace: self.trace.clone(),
             online: matches!(self.replay_mode, ReplayMode::Online),
@@ -235,6 +235,7 @@ impl Args {
             report_jsonl: self.report_jsonl.clone(),
             report_csv: self.report_csv.clone(),
             report_xlsx: self.report_xlsx.clone(),
+            write_reports: true,
         })
     }
 }

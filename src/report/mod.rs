@@ -1,11 +1,14 @@
 //! The export layer every command shares. A command's typed report implements [`Report`]:
 //! its JSON document, its tables and its terminal text. One [`Exporter`] per format, one
-//! small file each — [`json`], [`jsonl`], [`csv`], [`xlsx`], [`terminal`] — turns any report
-//! into bytes, and [`write`] puts them where the user asked, through a temporary name.
+//! small file each — [`json`], [`jsonl`], [`csv`], [`xlsx`], [`svg`], [`terminal`] — turns
+//! any report into bytes, and [`write`] puts them where the user asked, through a temporary
+//! name.
 
+pub mod chart;
 pub mod csv;
 pub mod json;
 pub mod jsonl;
+pub mod svg;
 pub mod table;
 pub mod terminal;
 pub mod units;
@@ -17,6 +20,7 @@ use serde_json::Value as Json;
 
 use crate::error::{Error, Result};
 use crate::output::{check_writable, write_atomic};
+pub use chart::{Chart, Series};
 pub use table::{Cell, Table, Unit};
 
 /// How a report's JSON document is written: each command keeps the form its users' scripts
@@ -42,6 +46,10 @@ pub trait Report {
     fn tables(&self) -> Vec<Table>;
     /// One JSON value per line of the JSONL form.
     fn records(&self) -> Vec<Json> {
+        Vec::new()
+    }
+    /// The charts, main one first: native charts in XLSX, the main one in SVG.
+    fn charts(&self) -> Vec<Chart> {
         Vec::new()
     }
     /// What the terminal shows.

@@ -1,11 +1,12 @@
 //! XLSX: one sheet per table that names one. Numbers are stored as numbers with display
 //! formats, so spreadsheets can sort, filter and chart them; every table has a bold, frozen
 //! header row and an autofilter. Rows past Excel's limit are left out and counted in a last
-//! row.
+//! row. A report's charts become native Excel line charts on a Charts sheet, drawn from the
+//! numbers they plot, written on a Chart data sheet (two columns per line).
 
-use rust_xlsxwriter::{Format, Workbook, Worksheet, XlsxError};
+use rust_xlsxwriter::{Chart as XlsxChart, ChartType, Format, Workbook, Worksheet, XlsxError};
 
-use super::{Artifact, Cell, Exporter, Report, Table, Unit};
+use super::{Artifact, Cell, Chart, Exporter, Report, Table, Unit};
 use crate::error::{Error, Result};
 
 pub struct Xlsx;
@@ -112,14 +113,82 @@ fn sheet(ws: &mut Worksheet, f: &Formats, name: &str, table: &Table) -> Result<(
     Ok(())
 }
 
+/// Height of one chart on the Charts sheet, in rows (the default chart is 15 rows high).
+const CHART_ROWS: u32 = 22;
+
+/// The Charts sheet, the charts one below the other, and the Chart data sheet of their
+/// points.
+fn charts(f: &Formats, charts: &[Chart]) -> Result<(Worksheet, Worksheet), XlsxError> {
+    const DATA: &str = "Chart data";
+    let mut drawn = Vec::new();
+    let mut data = Worksheet::new();
+    data.set_name(DATA)?;
+    let mut col: u16 = 0;
+    for chart in charts {
+        let mut c = XlsxChart::new(ChartType::ScatterStraightWithMarkers);
+        c.title().set_name(&chart.title);
+        c.x_axis().set_name(&chart.x_title);
+        c.y_axis().set_name(&chart.y_title);
+        if chart.y_ratio {
+            c.y_axis().set_num_format("0%");
+        }
+        if chart.x_log {
+            c.x_axis().set_log_base(10);
+        }
+        c.set_width(720).set_height(CHART_ROWS * 20 - 20);
+        for series in &chart.series {
+            data.write_string_with_format(
+                0,
+                col,
+                format!("{}: {}", chart.title, series.name),
+                &f.header,
+            )?;
+            data.write_string_with_format(1, col, &chart.x_title, &f.header)?;
+            data.write_string_with_format(1, col + 1, &series.name, &f.header)?;
+            for (i, (x, y)) in series.points.iter().enumerate() {
+                data.write_number(i as u32 + 2, col, *x)?;
+                data.write_number(i as u32 + 2, col + 1, *y)?;
+            }
+            let last = series.points.len().max(1) as u32 + 1;
+            c.add_series()
+                .set_name(series.name.as_str())
+                .set_categories((DATA, 2, col, last, col))
+                .set_values((DATA, 2, col + 1, last, col + 1));
+            col += 3;
+        }
+        drawn.push(c);
+    }
+    let mut sheet = Worksheet::new();
+    sheet.set_name("Charts")?;
+    for (i, c) in drawn.iter().enumerate() {
+        sheet.insert_chart(i as u32 * CHART_ROWS, 0, c)?;
+    }
+    Ok((sheet, data))
+}
+
 impl Exporter for Xlsx {
     fn export(&self, report: &dyn Report) -> Result<Vec<Artifact>> {
         let f = Formats::new();
         let mut wb = Workbook::new();
+        let drawn = report.charts();
+        // The charts follow the first sheet; their data goes last.
+        let (mut chart_sheet, mut data) = match drawn.is_empty() {
+            true => (None, None),
+            false => {
+                let (c, d) = charts(&f, &drawn).map_err(xlsx_error)?;
+                (Some(c), Some(d))
+            }
+        };
         for t in report.tables() {
             if let Some(name) = &t.sheet {
                 sheet(wb.add_worksheet(), &f, name, &t).map_err(xlsx_error)?;
+                if let Some(c) = chart_sheet.take() {
+                    wb.push_worksheet(c);
+                }
             }
+        }
+        for last in [chart_sheet, data.take()].into_iter().flatten() {
+            wb.push_worksheet(last);
         }
         let bytes = wb.save_to_buffer().map_err(xlsx_error)?;
         Ok(vec![Artifact::single(bytes)])

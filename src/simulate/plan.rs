@@ -80,6 +80,8 @@ pub struct Options {
     /// A directory for `simulate_{summary,requests,tiers}.csv`.
     pub report_csv: Option<PathBuf>,
     pub report_xlsx: Option<PathBuf>,
+    /// Write the report files (off for a sweep's point, which reports through the sweep).
+    pub write_reports: bool,
 }
 
 impl Default for Options {
@@ -122,6 +124,7 @@ impl Default for Options {
             report_jsonl: None,
             report_csv: None,
             report_xlsx: None,
+            write_reports: true,
         }
     }
 }
@@ -205,6 +208,9 @@ impl Plan {
         }
         if let Some(path) = &o.report_xlsx {
             outputs.push((&Xlsx, Target::File(path.clone())));
+        }
+        if !o.write_reports {
+            outputs.clear();
         }
         for (_, target) in &outputs {
             target.check()?;

@@ -1,0 +1,482 @@
+//! `kvtrace sweep replay|simulate`: every flag of `replay` (or `simulate`) takes a list, and
+//! every combination runs. Each point's flags are parsed by the single command's own parser,
+//! so a point is exactly the single run with those flags; the library runs them in parallel
+//! and reports.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::builder::PossibleValue;
+use clap::{Arg, ArgAction, ArgMatches, Command, FromArgMatches, Parser, Subcommand};
+use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
+use kvtrace::report::{csv::Csv, json::Json, svg::Svg, xlsx::Xlsx, Exporter, Report, Target};
+use kvtrace::storage::config::BackendConfig;
+use kvtrace::sweep::{self, Axis, Point};
+
+use super::progress::Progress;
+use super::{one_line, print_stdout, replay, simulate, warn_line};
+
+/// Run one trace under many configurations: every flag of `replay` or `simulate` takes a
+/// comma-separated list, and every combination runs, in parallel
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Kind,
+}
+
+#[derive(Subcommand)]
+enum Kind {
+    Replay(ReplaySweep),
+    Simulate(SimulateSweep),
+}
+
+/// What a sweep writes, and how it runs.
+#[derive(clap::Args)]
+#[command(next_help_heading = "Sweep")]
+struct SweepArgs {
+    /// Named configurations from a TOML file ([[point]] tables of flag = value) instead of
+    /// the cross product of the lists
+    #[arg(long, value_name = "FILE")]
+    grid: Option<PathBuf>,
+    /// Points run at once [default: the machine's cores]
+    #[arg(long, value_name = "N")]
+    jobs: Option<usize>,
+    /// Workbook: a Points sheet, a sheet per family of figures and native charts
+    #[arg(long, value_name = "PATH")]
+    xlsx: Option<PathBuf>,
+    /// One CSV file per table into DIR
+    #[arg(long, value_name = "DIR")]
+    csv: Option<PathBuf>,
+    /// The whole sweep as JSON, each point with its full report
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// The main chart as an SVG picture
+    #[arg(long, value_name = "PATH.svg")]
+    plot: Option<PathBuf>,
+    /// No table and no progress bar
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+/// Replay one storage trace under every combination of the listed replay flags
+#[derive(clap::Args)]
+#[command(after_help = super::examples(&[
+    "kvtrace sweep replay trace.lct --l1-size-gb 0.5,1,2,4,8 --eviction-policy LRU,ARC,LFU,FIFO --xlsx sweep.xlsx --plot curve.svg",
+    "kvtrace sweep replay trace.lct --l1-size-gb 1 --l2-adapter 'none,{\"type\":\"memory\",\"capacity_gb\":8}'",
+    "kvtrace sweep replay trace.lct --grid configs.toml --json sweep.json",
+]) + "\nEvery `kvtrace replay` flag but its outputs takes a list; a switch takes true,false; a \
+repeatable flag takes none for not given. Points keep L1 sizes only (the counters are those of real \
+buffers) unless --l1-buffers is given. Exit status 1 if any point's calls failed.")]
+struct ReplaySweep {
+    /// Storage trace (.lct or .lct.zst; a file, as it is read once per point)
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+    /// Give every point real L1 buffers (memory for every point running at once)
+    #[arg(long, help_heading = "Sweep")]
+    l1_buffers: bool,
+    #[command(flatten)]
+    sweep: SweepArgs,
+    #[command(flatten)]
+    lists: Lists<ReplayFlags>,
+}
+
+/// Simulate serving one request trace under every combination of the listed simulate flags
+#[derive(clap::Args)]
+#[command(after_help = super::examples(&[
+    "kvtrace sweep simulate trace.jsonl --num-workers 2,4,8 --router-mode round_robin,kv_router --sla ttft_p90_ms=500,itl_p90_ms=30 --xlsx sweep.xlsx",
+    "kvtrace sweep simulate --input-tokens 4000 --output-tokens 200 --request-count 200 --request-rate 5,10,20",
+]) + "\nEvery `kvtrace simulate` flag but its outputs, --replay-mode and --record takes a list; \
+points run offline (virtual time, deterministic).")]
+struct SimulateSweep {
+    /// Mooncake-style JSONL request trace (or give the synthetic workload flags)
+    trace: Option<PathBuf>,
+    /// Which points meet a service-level target: metric=limit pairs, a latency (…_ms) at
+    /// most its limit, a rate at least its limit (ttft_p90_ms=500,itl_p90_ms=30)
+    #[arg(long, value_name = "LIST", help_heading = "Sweep")]
+    sla: Option<String>,
+    #[command(flatten)]
+    sweep: SweepArgs,
+    #[command(flatten)]
+    lists: Lists<SimulateFlags>,
+}
+
+/// The single command whose flags a sweep takes as lists.
+trait Single {
+    /// Its flags.
+    fn command() -> Command;
+    /// Flags a sweep does not take (its own outputs replace them).
+    const LEFT_OUT: &'static [&'static str];
+}
+
+struct ReplayFlags;
+struct SimulateFlags;
+
+#[derive(Parser)]
+#[command(name = "kvtrace replay")]
+struct OneReplay {
+    #[command(flatten)]
+    args: replay::Args,
+}
+
+#[derive(Parser)]
+#[command(name = "kvtrace simulate")]
+struct OneSimulate {
+    #[command(flatten)]
+    args: simulate::Args,
+}
+
+impl Single for ReplayFlags {
+    fn command() -> Command {
+        <OneReplay as clap::CommandFactory>::command()
+    }
+    const LEFT_OUT: &'static [&'static str] = &[
+        "output-dir",
+        "json",
+        "no-csv",
+        "xlsx",
+        "jsonl-out",
+        "verbose",
+        "quiet",
+    ];
+}
+
+impl Single for SimulateFlags {
+    fn command() -> Command {
+        <OneSimulate as clap::CommandFactory>::command()
+    }
+    const LEFT_OUT: &'static [&'static str] = &[
+        "report-json",
+        "report-jsonl",
+        "report-csv",
+        "report-xlsx",
+        "quiet",
+        "record",
+        "replay-mode",
+    ];
+}
+
+/// The lists given for a single command's flags, in the order given.
+struct Lists<S> {
+    axes: Vec<Axis>,
+    _single: std::marker::PhantomData<S>,
+}
+
+/// How a single command's flag is given on its command line.
+#[derive(Clone, Copy, PartialEq)]
+enum Shape {
+    /// `--flag value`.
+    Value,
+    /// `--flag` alone: a sweep takes `true`/`false`.
+    Switch,
+    /// `--flag value`, repeatable: a sweep takes `none` for "not given".
+    Repeatable,
+}
+
+/// The single command's flags a sweep mirrors: `(long name, shape)`.
+fn mirrored<S: Single>() -> Vec<(Arg, String, Shape)> {
+    S::command()
+        .get_arguments()
+        .filter(|a| !a.is_positional())
+        .filter_map(|a| {
+            let long = a.get_long()?.to_owned();
+            let shape = match a.get_action() {
+                ArgAction::SetTrue => Shape::Switch,
+                ArgAction::Append => Shape::Repeatable,
+                ArgAction::Set => Shape::Value,
+                _ => return None,
+            };
+            (!S::LEFT_OUT.contains(&long.as_str())).then(|| (a.clone(), long, shape))
+        })
+        .collect()
+}
+
+impl<S: Single> clap::Args for Lists<S> {
+    fn augment_args(cmd: Command) -> Command {
+        let mut cmd = cmd.next_help_heading("Swept flags (each takes a comma-separated list)");
+        for (arg, long, shape) in mirrored::<S>() {
+            let mut help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+            let mut list = Arg::new(format!("list-{long}"))
+                .long(long)
+                .value_name("LIST")
+                .action(ArgAction::Set)
+                .allow_hyphen_values(true);
+            if shape == Shape::Switch {
+                list = list
+                    .num_args(0..=1)
+                    .default_missing_value("true")
+                    .value_name("true,false");
+            }
+            let values: Vec<PossibleValue> = arg.get_possible_values();
+            if shape != Shape::Switch && !values.is_empty() {
+                let names: Vec<&str> = values.iter().map(PossibleValue::get_name).collect();
+                help = format!("{help} [{}]", names.join(", "));
+            }
+            cmd = cmd.arg(list.help(help));
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl<S: Single> FromArgMatches for Lists<S> {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut given = Vec::new();
+        for (_, long, shape) in mirrored::<S>() {
+            let id = format!("list-{long}");
+            let (Some(text), Some(at)) = (m.get_one::<String>(&id), m.index_of(&id)) else {
+                continue;
+            };
+            let axis = Axis::parse(&long, text)
+                .map_err(|e| clap::Error::raw(clap::error::ErrorKind::InvalidValue, e))?;
+            if shape == Shape::Switch {
+                if let Some(v) = axis.values.iter().find(|v| *v != "true" && *v != "false") {
+                    return Err(clap::Error::raw(
+                        clap::error::ErrorKind::InvalidValue,
+                        format!("--{long} {v}: a switch takes true or false"),
+                    ));
+                }
+            }
+            given.push((at, axis));
+        }
+        given.sort_by_key(|(at, _)| *at);
+        Ok(Lists {
+            axes: given.into_iter().map(|(_, a)| a).collect(),
+            _single: std::marker::PhantomData,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+/// The single command line of one point: `head` (the program and its positional), then each
+/// setting as `--flag=value` (so a value may start with a dash), a switch only when true, a
+/// repeatable flag not at all for `none`.
+fn point_argv<S: Single>(head: &[OsString], point: &Point) -> Result<Vec<OsString>, Error> {
+    let shapes = mirrored::<S>();
+    let mut argv = head.to_vec();
+    for (flag, value) in &point.settings {
+        let Some((_, _, shape)) = shapes.iter().find(|(_, long, _)| long == flag) else {
+            return Err(Error::usage(format!(
+                "point {:?}: --{flag}: not a flag a sweep takes",
+                point.name
+            )));
+        };
+        match (shape, value.as_str()) {
+            (Shape::Switch, "true") => argv.push(format!("--{flag}").into()),
+            (Shape::Switch, "false") | (Shape::Repeatable, "none") => {}
+            (Shape::Switch, other) => {
+                return Err(Error::usage(format!(
+                    "point {:?}: --{flag} {other}: a switch takes true or false",
+                    point.name
+                )))
+            }
+            _ => argv.push(format!("--{flag}={value}").into()),
+        }
+    }
+    Ok(argv)
+}
+
+/// Parses a point's command line with the single command's parser: its errors, one line.
+fn parse_point<P: Parser>(argv: Vec<OsString>, point: &Point) -> Result<P, Error> {
+    P::try_parse_from(argv).map_err(|e| {
+        let text = one_line(&e.to_string());
+        let text = text.strip_prefix("error: ").unwrap_or(&text).to_owned();
+        Error::usage(format!("point {:?}: {text}", point.name))
+    })
+}
+
+/// The points: the grid's, each with the lists' values as defaults, or the cross product.
+fn points(sweep: &SweepArgs, axes: &[Axis]) -> Result<Vec<Point>, Error> {
+    let Some(grid) = &sweep.grid else {
+        return Ok(sweep::cross(axes));
+    };
+    if let Some(a) = axes.iter().find(|a| a.values.len() > 1) {
+        return Err(Error::usage(format!(
+            "--{} takes one value with --grid (the grid names the configurations)",
+            a.flag
+        )));
+    }
+    let mut points = sweep::grid(grid)?;
+    for p in &mut points {
+        for a in axes {
+            if p.get(&a.flag).is_none() {
+                p.settings.insert(0, (a.flag.clone(), a.values[0].clone()));
+            }
+        }
+    }
+    Ok(points)
+}
+
+/// The outputs asked for, each checked before any point runs.
+fn outputs(sweep: &SweepArgs) -> Result<Vec<(&'static dyn Exporter, Target)>, Error> {
+    let mut out: Vec<(&'static dyn Exporter, Target)> = Vec::new();
+    if let Some(p) = &sweep.xlsx {
+        out.push((&Xlsx, Target::File(p.clone())));
+    }
+    if let Some(d) = &sweep.csv {
+        out.push((&Csv, Target::Dir(d.clone())));
+    }
+    if let Some(p) = &sweep.json {
+        out.push((&Json, Target::File(p.clone())));
+    }
+    if let Some(p) = &sweep.plot {
+        if p.extension().and_then(|e| e.to_str()) != Some("svg") {
+            return Err(Error::usage(format!(
+                "--plot {}: kvtrace draws SVG; name the file .svg",
+                p.display()
+            )));
+        }
+        out.push((&Svg, Target::File(p.clone())));
+    }
+    for (_, target) in &out {
+        target.check()?;
+    }
+    Ok(out)
+}
+
+/// Writes the outputs and, unless quiet, prints the table.
+fn finish(
+    report: &dyn Report,
+    outputs: &[(&'static dyn Exporter, Target)],
+    quiet: bool,
+) -> Result<(), Error> {
+    for (exporter, target) in outputs {
+        if matches!(target, Target::File(p) if p.extension().is_some_and(|e| e == "svg"))
+            && report.charts().is_empty()
+        {
+            warn_line("--plot: no chart to draw (no flag with numeric values varies)");
+            continue;
+        }
+        kvtrace::report::write(report, *exporter, target, "")?;
+    }
+    if !quiet {
+        print_stdout(&report.terminal())?;
+    }
+    Ok(())
+}
+
+fn jobs(sweep: &SweepArgs) -> Result<usize, Error> {
+    match sweep.jobs {
+        Some(0) => Err(Error::usage("--jobs must be at least 1")),
+        Some(n) => Ok(n),
+        None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+}
+
+fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
+    let points = points(&a.sweep, &a.lists.axes)?;
+    let head: Vec<OsString> = vec!["kvtrace replay".into(), a.file.clone().into()];
+    let mut parsed = Vec::with_capacity(points.len());
+    let mut external = false;
+    for p in &points {
+        let mut argv = point_argv::<ReplayFlags>(&head, p)?;
+        if !a.l1_buffers && p.get("l1-accounting-only").is_none() {
+            argv.push("--l1-accounting-only".into());
+        }
+        let one: OneReplay = parse_point(argv, p)?;
+        let config = replay::check(&one.args)
+            .map_err(|e| Error::usage(format!("point {:?}: {e}", p.name)))?;
+        external |= config.l2.iter().any(|t| {
+            matches!(
+                t.backend,
+                BackendConfig::File { .. } | BackendConfig::Redis { .. }
+            )
+        });
+        parsed.push(one.args);
+    }
+    let mut jobs = jobs(&a.sweep)?;
+    if external && jobs > 1 {
+        // Points at once would share the tier's directory or keys: one's eviction would
+        // delete another's object.
+        warn_line("points with a file or Redis tier run one at a time (--jobs 1)");
+        jobs = 1;
+    }
+    let outputs = outputs(&a.sweep)?;
+    let read = replay::read_options(&parsed[0]);
+    let sizes: std::collections::BTreeSet<&str> =
+        points.iter().filter_map(|p| p.get("l1-size-gb")).collect();
+    let bar = Progress::points(points.len() as u64, !a.sweep.quiet);
+    let plan = |p: &Point| -> Result<kvtrace::replay::plan::Plan, Error> {
+        let i = points.iter().position(|q| q == p).unwrap_or(0);
+        replay::plan(&parsed[i], false)
+    };
+    let result = sweep::replay::sweep(
+        &a.file,
+        &points,
+        jobs,
+        sizes.len() > 1,
+        read,
+        &plan,
+        &|_| bar.inc(),
+    );
+    bar.finish();
+    let report = result?;
+    finish(&report, &outputs, a.sweep.quiet)?;
+    let failed: Vec<&str> = report
+        .points
+        .iter()
+        .filter(|p| p.figures.failed > 0)
+        .map(|p| p.point.name.as_str())
+        .collect();
+    if !failed.is_empty() {
+        eprintln!("kvtrace: calls failed in point(s): {}", failed.join("; "));
+    }
+    if let Some(status) = kvtrace::interrupt::exit_status() {
+        return Ok(status);
+    }
+    Ok(if failed.is_empty() {
+        EXIT_OK
+    } else {
+        EXIT_DATA
+    })
+}
+
+fn run_simulate(a: SimulateSweep) -> Result<i32, Error> {
+    let points = points(&a.sweep, &a.lists.axes)?;
+    let mut head: Vec<OsString> = vec!["kvtrace simulate".into()];
+    head.extend(a.trace.iter().map(|t| t.clone().into_os_string()));
+    let mut options = Vec::with_capacity(points.len());
+    for p in &points {
+        let one: OneSimulate = parse_point(point_argv::<SimulateFlags>(&head, p)?, p)?;
+        let mut o = one
+            .args
+            .options()
+            .map_err(|e| Error::usage(format!("point {:?}: {e}", p.name)))?;
+        o.write_reports = false;
+        options.push(o);
+    }
+    let outputs = outputs(&a.sweep)?;
+    let bar = Progress::points(points.len() as u64, !a.sweep.quiet);
+    let plan = |p: &Point| -> Result<kvtrace::simulate::plan::Plan, Error> {
+        let i = points.iter().position(|q| q == p).unwrap_or(0);
+        kvtrace::simulate::plan::Plan::new(&options[i])
+    };
+    let shown = a.trace.as_deref().map_or_else(
+        || "synthetic workload".to_string(),
+        |t| t.display().to_string(),
+    );
+    let result = sweep::simulate::sweep(
+        &shown,
+        &points,
+        jobs(&a.sweep)?,
+        a.sla.as_deref(),
+        &plan,
+        &|_| bar.inc(),
+    );
+    bar.finish();
+    finish(&result?, &outputs, a.sweep.quiet)?;
+    Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK))
+}
+
+pub fn run(args: Args) -> Result<i32, Error> {
+    match args.command {
+        Kind::Replay(a) => run_replay(a),
+        Kind::Simulate(a) => run_simulate(a),
+    }
+}

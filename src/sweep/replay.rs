@@ -1,0 +1,180 @@
+//! `sweep replay`: one storage trace replayed under every configuration of a sweep.
+//!
+//! Each point is a whole [`crate::replay::plan::Plan`] built from the point's flags by the
+//! caller, exactly as `kvtrace replay` with those flags builds it, and run without report
+//! files; what the point keeps of its report is the replay's JSON summary less the live
+//! timings, so a point can be compared field for field with a single replay.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde_json::{json, Value as Json};
+
+use super::stack::{lru_curve, LruCurve};
+use super::{run_points, Point};
+use crate::error::{Error, Result};
+use crate::lmct::ReadOptions;
+use crate::replay::plan::Plan;
+use crate::replay::report::ReplayReport;
+use crate::report::Report;
+
+/// What one configuration did.
+#[derive(Clone, Debug)]
+pub struct ReplayPoint {
+    pub point: Point,
+    /// The single replay's JSON summary (`kvtrace` object) without `tier_io`, the one part
+    /// measured live.
+    pub summary: Json,
+    pub figures: Figures,
+    /// Wall-clock seconds of the replay (live, unlike everything else here).
+    pub replay_s: f64,
+}
+
+/// The figures a sweep compares, read from a replay report.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Figures {
+    pub l1_size_bytes: u64,
+    pub eviction_policy: String,
+    pub hit_rate: f64,
+    pub l1_hit_rate: f64,
+    pub l2_hit_rate: f64,
+    /// Per-request hit rates: 10th, 50th and 90th percentile (nearest rank).
+    pub request_hit_rate: [f64; 3],
+    pub requests: u64,
+    pub requested_chunks: u64,
+    pub hit_chunks: u64,
+    pub out_of_memory_calls: u64,
+    pub out_of_memory_keys: u64,
+    pub evictions: u64,
+    /// `(tier, bytes written, bytes read, peak resident bytes)`, L1 first.
+    pub tier_bytes: Vec<(String, u64, u64, u64)>,
+    pub fidelity_requests: u64,
+    pub fidelity_requests_matching: u64,
+    pub request_match_rate: f64,
+    pub stores_matching: u64,
+    pub stores: u64,
+    pub divergences: u64,
+    pub failed: u64,
+}
+
+/// Nearest-rank percentile of sorted values (0 when empty).
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+impl Figures {
+    pub fn of(report: &ReplayReport) -> Figures {
+        let mut rates: Vec<f64> = report.requests.iter().map(|r| r.hit_rate()).collect();
+        rates.sort_by(f64::total_cmp);
+        let config = &report.config;
+        let f = &report.fidelity;
+        Figures {
+            l1_size_bytes: config["l1_manager_config"]["memory_config"]["size_in_bytes"]
+                .as_u64()
+                .unwrap_or(0),
+            eviction_policy: config["eviction_config"]["eviction_policy"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned(),
+            hit_rate: report.hits.hit_rate,
+            l1_hit_rate: report.hits.l1_hit_rate,
+            l2_hit_rate: report.hits.l2_hit_rate,
+            request_hit_rate: [10.0, 50.0, 90.0].map(|p| percentile(&rates, p)),
+            requests: report.hits.requests,
+            requested_chunks: report.hits.requested_chunks,
+            hit_chunks: report.hits.hit_chunks,
+            out_of_memory_calls: report.calls.out_of_memory_calls,
+            out_of_memory_keys: report.calls.out_of_memory_keys,
+            evictions: report.tiers.iter().map(|t| t.evictions).sum(),
+            tier_bytes: report
+                .tiers
+                .iter()
+                .map(|t| (t.name.clone(), t.bytes_written, t.bytes_read, t.peak_bytes))
+                .collect(),
+            fidelity_requests: f.requests,
+            fidelity_requests_matching: f.requests_matching,
+            request_match_rate: f.request_match_rate(),
+            stores_matching: f.stores_matching,
+            stores: f.stores,
+            divergences: f.divergences,
+            failed: report.failed,
+        }
+    }
+}
+
+/// A finished replay sweep.
+#[derive(Clone, Debug)]
+pub struct ReplaySweep {
+    pub trace: String,
+    pub points: Vec<ReplayPoint>,
+    /// Every L1 capacity's LRU hit rate from one pass, when the sweep varies the L1 size and
+    /// the trace is one the stack-distance model describes.
+    pub curve: Option<LruCurve>,
+    /// Why there is no curve, when the sweep varies the L1 size.
+    pub curve_note: Option<String>,
+}
+
+/// The replay summary a point keeps: the `kvtrace` object less the live `tier_io`.
+pub fn comparable_summary(report: &ReplayReport) -> Result<Json> {
+    let mut doc = report.document()?;
+    let mut summary = doc
+        .get_mut("kvtrace")
+        .map(Json::take)
+        .unwrap_or_else(|| json!({}));
+    if let Some(map) = summary.as_object_mut() {
+        map.remove("tier_io");
+    }
+    Ok(summary)
+}
+
+/// Replays `trace` at every point, `jobs` at a time. `plan` builds a point's replay as
+/// `kvtrace replay` with its flags would; `done` hears each finished point. With
+/// `curve_wanted`, one more pass gives the stack-distance curve.
+pub fn sweep(
+    trace: &Path,
+    points: &[Point],
+    jobs: usize,
+    curve_wanted: bool,
+    read: ReadOptions,
+    plan: &(dyn Fn(&Point) -> Result<Plan> + Sync),
+    done: &(dyn Fn(usize) + Sync),
+) -> Result<ReplaySweep> {
+    if !trace.is_file() {
+        return Err(Error::usage(format!(
+            "{}: a sweep replays its trace once per point; give a file, not a pipe",
+            trace.display()
+        )));
+    }
+    let run = |i: usize| -> Result<ReplayPoint> {
+        let point = &points[i];
+        let start = Instant::now();
+        let finished = plan(point)?.run(|_| {})?;
+        let report = &finished.report;
+        Ok(ReplayPoint {
+            point: point.clone(),
+            summary: comparable_summary(report)?,
+            figures: Figures::of(report),
+            replay_s: start.elapsed().as_secs_f64(),
+        })
+    };
+    let results = run_points(points.len(), jobs, &run, done)?;
+    let (curve, curve_note) = if curve_wanted {
+        match lru_curve(trace, read) {
+            Ok(c) => (Some(c), None),
+            Err(e) if e.exit_code() == crate::error::EXIT_DATA => (None, Some(e.to_string())),
+            Err(e) => return Err(e),
+        }
+    } else {
+        (None, None)
+    };
+    Ok(ReplaySweep {
+        trace: trace.display().to_string(),
+        points: results,
+        curve,
+        curve_note,
+    })
+}

@@ -1,0 +1,477 @@
+//! `kvtrace sweep`: every point is the single run of its configuration, the stack-distance
+//! curve is the full replays' curve where its model holds, the workbook reads back with its
+//! charts, and bad lists fail in one line naming the flag.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use calamine::{open_workbook, Data, Reader, Xlsx};
+use common::{kvtrace, shared, text};
+use serde_json::Value;
+
+fn churn(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("testdata/lmcache/churn/{name}.lct"))
+}
+
+fn mooncake_head() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/mooncake/conversation_head300.jsonl")
+}
+
+fn json(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).expect("read json")).expect("json")
+}
+
+/// A sheet's header row as text.
+fn header(sheet: &calamine::Range<Data>) -> Vec<String> {
+    sheet
+        .rows()
+        .next()
+        .expect("header")
+        .iter()
+        .map(|c| c.to_string())
+        .collect()
+}
+
+fn ok(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status.code(),
+        text(&out.stderr)
+    );
+}
+
+/// The single replay's `kvtrace` summary less its live `tier_io`.
+fn single_replay(trace: &Path, flags: &[&str], dir: &Path) -> Value {
+    let mut args = vec![
+        "replay".to_string(),
+        trace.display().to_string(),
+        "-q".into(),
+        "--json".into(),
+        "--no-csv".into(),
+        "--output-dir".into(),
+        dir.display().to_string(),
+    ];
+    args.extend(flags.iter().map(|f| f.to_string()));
+    ok(&kvtrace(&args));
+    let mut doc = json(&dir.join("trace_replay_summary.json"));
+    let mut summary = doc["kvtrace"].take();
+    summary.as_object_mut().expect("object").remove("tier_io");
+    summary
+}
+
+#[test]
+fn every_replay_point_is_the_single_replay_of_its_flags() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = churn("lru_seed1");
+    let out_json = dir.path().join("sweep.json");
+    let out = kvtrace([
+        "sweep",
+        "replay",
+        trace.to_str().expect("path"),
+        "--l1-size-gb",
+        "0.004,0.02",
+        "--eviction-policy",
+        "LRU,ARC",
+        "--eviction-timing=periodic,immediate",
+        "--jobs",
+        "3",
+        "-q",
+        "--json",
+        out_json.to_str().expect("path"),
+    ]);
+    ok(&out);
+    let sweep = json(&out_json);
+    let points = sweep["points"].as_array().expect("points");
+    assert_eq!(points.len(), 8);
+    for p in points {
+        let s = &p["settings"];
+        let flags = [
+            format!("--l1-size-gb={}", s["l1-size-gb"].as_str().expect("size")),
+            format!(
+                "--eviction-policy={}",
+                s["eviction-policy"].as_str().expect("policy")
+            ),
+            format!(
+                "--eviction-timing={}",
+                s["eviction-timing"].as_str().expect("timing")
+            ),
+            "--l1-accounting-only".into(),
+        ];
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let single = single_replay(&trace, &flags, &dir.path().join("single"));
+        assert_eq!(p["replay"], single, "point {}", p["name"]);
+    }
+    // The points differ: the sweep did not run one configuration eight times.
+    let rates: std::collections::BTreeSet<String> = points
+        .iter()
+        .map(|p| p["figures"]["hit_rate"].to_string())
+        .collect();
+    assert!(rates.len() > 1, "{rates:?}");
+}
+
+#[test]
+fn a_grid_names_its_points_and_switches_and_repeatables_take_lists() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let grid = dir.path().join("grid.toml");
+    std::fs::write(
+        &grid,
+        "[[point]]\nname = \"small L1, memory L2\"\nl1-size-gb = 0.004\nl2-adapter = '{\"type\":\"memory\"}'\n\
+         [[point]]\nname = \"small L1 alone\"\nl1-size-gb = 0.004\n",
+    )
+    .expect("grid");
+    let out_json = dir.path().join("grid.json");
+    let trace = churn("lru_seed1");
+    ok(&kvtrace([
+        "sweep",
+        "replay",
+        trace.to_str().expect("path"),
+        "--grid",
+        grid.to_str().expect("path"),
+        "--eviction-policy",
+        "LRU",
+        "-q",
+        "--json",
+        out_json.to_str().expect("path"),
+    ]));
+    let sweep = json(&out_json);
+    let names: Vec<&str> = sweep["points"]
+        .as_array()
+        .expect("points")
+        .iter()
+        .map(|p| p["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(names, ["small L1, memory L2", "small L1 alone"]);
+    let l2 = |i: usize| {
+        sweep["points"][i]["figures"]["l2_hit_rate"]
+            .as_f64()
+            .expect("l2")
+    };
+    assert!(l2(0) > 0.0 && l2(1) == 0.0, "{} {}", l2(0), l2(1));
+
+    // The same pair as lists: `none` leaves the repeatable flag out.
+    let out_json = dir.path().join("lists.json");
+    ok(&kvtrace([
+        "sweep",
+        "replay",
+        trace.to_str().expect("path"),
+        "--l1-size-gb",
+        "0.004",
+        "--l2-adapter",
+        r#"{"type":"memory"},none"#,
+        "--no-session-emulation",
+        "false",
+        "-q",
+        "--json",
+        out_json.to_str().expect("path"),
+    ]));
+    let lists = json(&out_json);
+    for i in 0..2 {
+        assert_eq!(
+            lists["points"][i]["replay"]["hits"],
+            sweep["points"][i]["replay"]["hits"]
+        );
+    }
+}
+
+#[test]
+fn the_workbook_has_typed_points_family_sheets_and_native_charts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let xlsx = dir.path().join("sweep.xlsx");
+    let svg = dir.path().join("curve.svg");
+    let csv = dir.path().join("csv");
+    let trace = churn("lru_seed1");
+    let out = kvtrace([
+        "sweep",
+        "replay",
+        trace.to_str().expect("path"),
+        "--l1-size-gb",
+        "0.004,0.008,0.02",
+        "--eviction-policy",
+        "LRU,FIFO",
+        "--xlsx",
+        xlsx.to_str().expect("path"),
+        "--plot",
+        svg.to_str().expect("path"),
+        "--csv",
+        csv.to_str().expect("path"),
+    ]);
+    ok(&out);
+    let terminal = text(&out.stdout);
+    assert!(terminal.contains("Best per line"), "{terminal}");
+    assert!(terminal.contains("eviction-policy=FIFO:"), "{terminal}");
+
+    let mut wb: Xlsx<_> = open_workbook(&xlsx).expect("open workbook");
+    let sheets = wb.sheet_names();
+    for name in [
+        "Points",
+        "Charts",
+        "Hits",
+        "Capacity",
+        "Tiers",
+        "Fidelity",
+        "LRU curve",
+        "Chart data",
+    ] {
+        assert!(sheets.iter().any(|s| s == name), "{name} in {sheets:?}");
+    }
+    assert_eq!(sheets[0], "Points");
+    assert_eq!(sheets[1], "Charts");
+    let points = wb.worksheet_range("Points").expect("Points");
+    let head = header(&points);
+    assert_eq!(&head[..3], ["point", "l1-size-gb", "eviction-policy"]);
+    assert_eq!(points.rows().count(), 7);
+    let first = points.rows().nth(1).expect("row");
+    assert!(
+        matches!(first[1], Data::Float(v) if v == 0.004),
+        "{:?}",
+        first[1]
+    );
+    let hit = head.iter().position(|h| h == "hit_rate").expect("hit_rate");
+    assert!(
+        matches!(first[hit], Data::Float(v) if (0.0..=1.0).contains(&v)),
+        "{:?}",
+        first[hit]
+    );
+
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(&xlsx).expect("open")).expect("zip");
+    let charts: Vec<String> = zip
+        .file_names()
+        .filter(|n| n.starts_with("xl/charts/chart"))
+        .map(String::from)
+        .collect();
+    assert!(!charts.is_empty(), "no chart part");
+    let mut chart = String::new();
+    std::io::Read::read_to_string(&mut zip.by_name(&charts[0]).expect("chart"), &mut chart)
+        .expect("read chart");
+    assert!(chart.contains("<c:scatterChart>"), "not a line chart");
+    assert!(
+        chart.contains("'Chart data'!"),
+        "series not drawn from the data sheet"
+    );
+
+    let svg = std::fs::read_to_string(&svg).expect("svg");
+    assert!(
+        svg.starts_with("<svg") && svg.contains("Hit rate vs L1 size"),
+        "{}",
+        &svg[..200.min(svg.len())]
+    );
+    assert!(svg.contains("eviction-policy=LRU") && svg.contains("stack distances"));
+    for f in ["sweep_points.csv", "sweep_hits.csv", "sweep_lru_curve.csv"] {
+        assert!(csv.join(f).is_file(), "{f}");
+    }
+}
+
+/// Hit rates of the curve at the sizes the points replayed.
+fn curve_at_points(sweep: &Value) -> Vec<(f64, f64, f64)> {
+    let curve = sweep["lru_curve"]["points"].as_array().expect("curve");
+    sweep["points"]
+        .as_array()
+        .expect("points")
+        .iter()
+        .map(|p| {
+            let gib = p["figures"]["l1_size_bytes"].as_f64().expect("size") / (1u64 << 30) as f64;
+            let at = curve
+                .iter()
+                .find(|c| (c["l1_size_gb"].as_f64().expect("gb") - gib).abs() < 1e-12)
+                .unwrap_or_else(|| panic!("no curve point at {gib} GiB"));
+            (
+                gib,
+                p["figures"]["hit_rate"].as_f64().expect("rate"),
+                at["hit_rate"].as_f64().expect("rate"),
+            )
+        })
+        .collect()
+}
+
+fn sweep_immediate_lru(trace: &Path, sizes: &str, dir: &Path) -> Value {
+    let out_json = dir.join("curve.json");
+    ok(&kvtrace([
+        "sweep",
+        "replay",
+        trace.to_str().expect("path"),
+        "--l1-size-gb",
+        sizes,
+        "--eviction-policy",
+        "LRU",
+        "--eviction-timing",
+        "immediate",
+        "-q",
+        "--json",
+        out_json.to_str().expect("path"),
+    ]));
+    json(&out_json)
+}
+
+#[test]
+fn the_stack_distance_curve_equals_full_replays_of_a_generated_trace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = dir.path().join("mc.lct");
+    ok(&kvtrace([
+        "generate",
+        trace.to_str().expect("path"),
+        "--from-mooncake",
+        mooncake_head().to_str().expect("path"),
+        "--l1-chunks",
+        "256",
+    ]));
+    let sweep = sweep_immediate_lru(&trace, "0.25,0.5,1,1.5,2,4", dir.path());
+    let at = curve_at_points(&sweep);
+    for (gib, replay, curve) in &at {
+        assert_eq!(replay, curve, "at {gib} GiB");
+    }
+    assert!(at[0].1 < at[at.len() - 1].1, "the curve is flat: {at:?}");
+}
+
+#[test]
+fn the_stack_distance_curve_equals_full_replays_of_the_mooncake_synthetic_trace() {
+    let Some(shared) = shared() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = dir.path().join("syn.lct");
+    ok(&kvtrace([
+        "generate",
+        trace.to_str().expect("path"),
+        "--from-mooncake",
+        shared
+            .join("traces/mooncake/synthetic_trace.jsonl")
+            .to_str()
+            .expect("path"),
+        "--l1-chunks",
+        "4096",
+    ]));
+    let sweep = sweep_immediate_lru(&trace, "1,2,4,8,16,32", dir.path());
+    let at = curve_at_points(&sweep);
+    for (gib, replay, curve) in &at {
+        assert_eq!(replay, curve, "at {gib} GiB");
+    }
+    // From under 10 % to over 60 %: a whole curve, not one plateau.
+    assert!(at[0].1 < 0.1 && at[5].1 > 0.6, "{at:?}");
+}
+
+#[test]
+fn on_a_store_on_miss_recording_the_curve_meets_the_replays_once_nothing_is_evicted() {
+    let Some(shared) = shared() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = shared.join("lmcache/churn_lru.lct");
+    // 128 KiB objects: 0.02 GiB holds all 149 distinct keys.
+    let sweep = sweep_immediate_lru(&trace, "0.004,0.01,0.02,0.05", dir.path());
+    let at = curve_at_points(&sweep);
+    for (gib, replay, curve) in &at[2..] {
+        assert_eq!(replay, curve, "at {gib} GiB");
+    }
+    // Below that, the recording has no store for requests it hit and a smaller L1 misses:
+    // the replay cannot make them, the curve (a client storing its misses) does.
+    for (gib, replay, curve) in &at[..2] {
+        assert!(
+            replay >= curve,
+            "at {gib} GiB: replay {replay} < curve {curve}"
+        );
+    }
+}
+
+#[test]
+fn every_simulate_point_is_the_single_simulation_of_its_flags() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = mooncake_head();
+    let out_json = dir.path().join("sweep.json");
+    let xlsx = dir.path().join("sim.xlsx");
+    let out = kvtrace([
+        "sweep",
+        "simulate",
+        trace.to_str().expect("path"),
+        "--num-workers",
+        "1,2,4",
+        "--router-mode",
+        "round_robin,kv_router",
+        "--extra-engine-args",
+        r#"{"block_size":512}"#,
+        "--sla",
+        "ttft_p90_ms=2000,itl_p90_ms=100",
+        "--json",
+        out_json.to_str().expect("path"),
+        "--xlsx",
+        xlsx.to_str().expect("path"),
+    ]);
+    ok(&out);
+    let terminal = text(&out.stdout);
+    assert!(terminal.contains("router-mode=kv_router:"), "{terminal}");
+    let sweep = json(&out_json);
+    let points = sweep["points"].as_array().expect("points");
+    assert_eq!(points.len(), 6);
+    for p in points.iter().take(2).chain(points.iter().skip(5)) {
+        let s = &p["settings"];
+        let report = dir.path().join("single.json");
+        ok(&kvtrace([
+            "simulate",
+            trace.to_str().expect("path"),
+            "-q",
+            &format!("--num-workers={}", s["num-workers"].as_str().expect("n")),
+            &format!(
+                "--router-mode={}",
+                s["router-mode"].as_str().expect("router")
+            ),
+            r#"--extra-engine-args={"block_size":512}"#,
+            "--report-json",
+            report.to_str().expect("path"),
+        ]));
+        let mut single = json(&report);
+        // Measured on this machine's clock (how fast kvtrace ran), not simulated.
+        for live in [
+            "wall_time_ms",
+            "processed_tokens_per_s",
+            "processed_output_tokens_per_s",
+        ] {
+            single.as_object_mut().expect("object").remove(live);
+        }
+        assert_eq!(p["report"], single, "point {}", p["name"]);
+        let meets = p["report"]["p90_ttft_ms"].as_f64().expect("ttft") <= 2000.0
+            && p["report"]["p90_itl_ms"].as_f64().expect("itl") <= 100.0;
+        assert_eq!(p["meets_sla"], Value::Bool(meets));
+    }
+    let mut wb: Xlsx<_> = open_workbook(&xlsx).expect("open workbook");
+    for name in ["Points", "Charts", "Latency", "Throughput", "Cache"] {
+        assert!(wb.sheet_names().iter().any(|s| s == name), "{name}");
+    }
+    let points = wb.worksheet_range("Points").expect("Points");
+    let head = header(&points);
+    assert!(head.contains(&"meets_sla".to_string()), "{head:?}");
+}
+
+#[test]
+fn bad_lists_fail_in_one_line_naming_the_flag() {
+    let trace = churn("lru_seed1");
+    let trace = trace.to_str().expect("path");
+    for (flags, needle) in [
+        (vec!["--l1-size-gb", ""], "--l1-size-gb"),
+        (vec!["--l1-size-gb", "1,,2"], "--l1-size-gb"),
+        (vec!["--l1-size-gb", "1,-2"], "--l1-size-gb"),
+        (vec!["--eviction-policy", "LRU,MRU"], "--eviction-policy"),
+        (vec!["--l1-accounting-only", "yes"], "--l1-accounting-only"),
+        (vec!["--plot", "x.png", "--l1-size-gb", "1,2"], "--plot"),
+        (vec!["--jobs", "0"], "--jobs"),
+    ] {
+        let mut args = vec!["sweep", "replay", trace, "-q"];
+        args.extend(flags.iter().copied());
+        let out = kvtrace(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{flags:?}: {err}");
+        assert!(err.contains(needle), "{flags:?}: {err}");
+    }
+    let out = kvtrace([
+        "sweep",
+        "simulate",
+        mooncake_head().to_str().expect("path"),
+        "--num-workers",
+        "1",
+        "--sla",
+        "ttft_p91_ms=3",
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--sla") && err.trim_end().lines().count() == 1,
+        "{err}"
+    );
+}
