@@ -402,10 +402,7 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
     let sizes: std::collections::BTreeSet<&str> =
         points.iter().filter_map(|p| p.get("l1-size-gb")).collect();
     let bar = Progress::points(points.len() as u64, !a.sweep.quiet);
-    let plan = |p: &Point| -> Result<kvtrace::replay::plan::Plan, Error> {
-        let i = points.iter().position(|q| q == p).unwrap_or(0);
-        replay::plan(&parsed[i], false)
-    };
+    let plan = |i: usize| replay::plan(&parsed[i], false);
     let result = sweep::replay::sweep(
         &a.file,
         &points,
@@ -453,10 +450,7 @@ fn run_simulate(a: SimulateSweep) -> Result<i32, Error> {
     }
     let outputs = outputs(&a.sweep)?;
     let bar = Progress::points(points.len() as u64, !a.sweep.quiet);
-    let plan = |p: &Point| -> Result<kvtrace::simulate::plan::Plan, Error> {
-        let i = points.iter().position(|q| q == p).unwrap_or(0);
-        kvtrace::simulate::plan::Plan::new(&options[i])
-    };
+    let plan = |i: usize| kvtrace::simulate::plan::Plan::new(&options[i]);
     let shown = a.trace.as_deref().map_or_else(
         || "synthetic workload".to_string(),
         |t| t.display().to_string(),

@@ -4,7 +4,7 @@
 use crate::lmct::calls::short_name;
 
 use super::report::ReplayReport;
-use crate::report::units::bytes;
+use crate::report::units::{bytes, percent as pct};
 
 const WIDTH: usize = 64;
 
@@ -32,10 +32,6 @@ fn row(out: &mut String, label: &str, value: impl std::fmt::Display) {
 /// `a / b`, for the requested-versus-hit style rows.
 fn pair(a: impl std::fmt::Display, b: impl std::fmt::Display) -> String {
     format!("{a} / {b}")
-}
-
-fn pct(x: f64) -> String {
-    format!("{:.1}%", x * 100.0)
 }
 
 /// Renders the report for a terminal.

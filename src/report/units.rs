@@ -18,6 +18,11 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
+/// A share (0..1) as a percentage with one decimal: `0.4762` → `47.6%`.
+pub fn percent(share: f64) -> String {
+    format!("{:.1}%", share * 100.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::bytes;

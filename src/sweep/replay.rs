@@ -131,7 +131,7 @@ pub fn comparable_summary(report: &ReplayReport) -> Result<Json> {
     Ok(summary)
 }
 
-/// Replays `trace` at every point, `jobs` at a time. `plan` builds a point's replay as
+/// Replays `trace` at every point, `jobs` at a time. `plan` builds point `i`'s replay as
 /// `kvtrace replay` with its flags would; `done` hears each finished point. With
 /// `curve_wanted`, one more pass gives the stack-distance curve.
 pub fn sweep(
@@ -140,7 +140,7 @@ pub fn sweep(
     jobs: usize,
     curve_wanted: bool,
     read: ReadOptions,
-    plan: &(dyn Fn(&Point) -> Result<Plan> + Sync),
+    plan: &(dyn Fn(usize) -> Result<Plan> + Sync),
     done: &(dyn Fn(usize) + Sync),
 ) -> Result<ReplaySweep> {
     if !trace.is_file() {
@@ -152,7 +152,7 @@ pub fn sweep(
     let run = |i: usize| -> Result<ReplayPoint> {
         let point = &points[i];
         let start = Instant::now();
-        let finished = plan(point)?.run(|_| {})?;
+        let finished = plan(i)?.run(|_| {})?;
         let report = &finished.report;
         Ok(ReplayPoint {
             point: point.clone(),

@@ -11,7 +11,7 @@ use super::simulate::SimulateSweep;
 use super::Point;
 use crate::error::Result;
 use crate::report::table::Unit;
-use crate::report::units::bytes;
+use crate::report::units::{bytes, percent as pct};
 use crate::report::{Cell, Chart, JsonStyle, Report, Series, Table};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -145,10 +145,6 @@ fn settings_json(p: &Point) -> Json {
 
 fn ratio(v: f64) -> Cell {
     Cell::Measure(v, Unit::Ratio)
-}
-
-fn pct(v: f64) -> String {
-    format!("{:.1}%", v * 100.0)
 }
 
 /// Lays out rows of text in columns, the first left-aligned, the rest right-aligned.
@@ -545,19 +541,19 @@ impl Report for ReplaySweep {
     }
 }
 
-/// The figures the simulate sweep's Points sheet shows, by report key (`p50` read as Dynamo's
-/// `median`), with their short names.
+/// The figures the simulate sweep's Points sheet shows: its column and the report key it reads
+/// (Dynamo's report names the median `median_…`; the sheet says p50).
 const SIMULATE_FIGURES: [(&str, &str); 10] = [
-    ("p50_ttft_ms", "TTFT p50"),
-    ("p90_ttft_ms", "TTFT p90"),
-    ("p99_ttft_ms", "TTFT p99"),
-    ("p50_itl_ms", "ITL p50"),
-    ("p90_itl_ms", "ITL p90"),
-    ("p99_itl_ms", "ITL p99"),
-    ("p90_e2e_latency_ms", "E2E p90"),
-    ("request_throughput_rps", "req/s"),
-    ("output_throughput_tok_s", "out tok/s"),
-    ("prefix_cache_reused_ratio", "prefix reuse"),
+    ("p50_ttft_ms", "median_ttft_ms"),
+    ("p90_ttft_ms", "p90_ttft_ms"),
+    ("p99_ttft_ms", "p99_ttft_ms"),
+    ("p50_itl_ms", "median_itl_ms"),
+    ("p90_itl_ms", "p90_itl_ms"),
+    ("p99_itl_ms", "p99_itl_ms"),
+    ("p90_e2e_latency_ms", "p90_e2e_latency_ms"),
+    ("request_throughput_rps", "request_throughput_rps"),
+    ("output_throughput_tok_s", "output_throughput_tok_s"),
+    ("prefix_cache_reused_ratio", "prefix_cache_reused_ratio"),
 ];
 
 impl SimulateSweep {
@@ -566,9 +562,7 @@ impl SimulateSweep {
     }
 
     fn figure(&self, i: usize, key: &str) -> f64 {
-        // Dynamo's report names the median `median_…`; the table says p50.
-        let key = key.replace("p50_", "median_");
-        self.points[i].figure(&key)
+        self.points[i].figure(key)
     }
 
     fn has_offload(&self) -> bool {
@@ -656,7 +650,7 @@ impl Report for SimulateSweep {
 
     fn tables(&self) -> Vec<Table> {
         let refs = self.refs();
-        let mut head: Vec<&str> = SIMULATE_FIGURES.iter().map(|(k, _)| *k).collect();
+        let mut head: Vec<&str> = SIMULATE_FIGURES.iter().map(|(column, _)| *column).collect();
         if self.has_offload() {
             head.push("offload_hit_rate");
         }
@@ -720,9 +714,8 @@ impl Report for SimulateSweep {
             None => Cell::Empty,
         };
         for (i, p) in self.points.iter().enumerate() {
-            for (k, _) in SIMULATE_FIGURES {
-                let k = k.replace("p50_", "median_");
-                points.rows[i].push(value(&p.summary, &k));
+            for (_, key) in SIMULATE_FIGURES {
+                points.rows[i].push(value(&p.summary, key));
             }
             if self.has_offload() {
                 points.rows[i].push(value(&p.summary, "offload_hit_rate"));

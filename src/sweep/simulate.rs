@@ -158,14 +158,14 @@ pub fn comparable_summary(report: &dyn Report) -> Result<(Map<String, Json>, f64
     Ok((map, wall))
 }
 
-/// Simulates every point, `jobs` at a time; `plan` builds a point's simulation as `kvtrace
+/// Simulates every point, `jobs` at a time; `plan` builds point `i`'s simulation as `kvtrace
 /// simulate` with its flags would, without report files; `sla` is checked before any runs.
 pub fn sweep(
     trace: &str,
     points: &[Point],
     jobs: usize,
     sla: Option<&str>,
-    plan: &(dyn Fn(&Point) -> Result<Plan> + Sync),
+    plan: &(dyn Fn(usize) -> Result<Plan> + Sync),
     done: &(dyn Fn(usize) + Sync),
 ) -> Result<SimulateSweep> {
     // Checked against every figure a report can have, before any point runs.
@@ -179,7 +179,7 @@ pub fn sweep(
         .transpose()?
         .unwrap_or_default();
     let run = |i: usize| -> Result<SimulatePoint> {
-        let finished = plan(&points[i])?.run(&mut |_, _| {})?;
+        let finished = plan(i)?.run(&mut |_, _| {})?;
         let (summary, wall_time_ms) = comparable_summary(&finished.report)?;
         Ok(SimulatePoint {
             point: points[i].clone(),
