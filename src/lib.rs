@@ -38,6 +38,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod aggregate;
 pub mod bench;
 pub mod bus;
 pub mod clock;
@@ -46,6 +47,7 @@ pub mod interrupt;
 pub mod lmct;
 pub mod machine;
 pub mod output;
+pub mod rank;
 pub mod replay;
 pub mod report;
 pub mod rng;

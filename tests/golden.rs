@@ -72,7 +72,12 @@ fn mask_json(v: &mut Value) {
     match v {
         Value::Object(map) => {
             for (k, v) in map.iter_mut() {
-                if measured(k) && (v.is_number() || v.is_null()) {
+                if k == "latency_histograms" {
+                    // Encoded latencies: measured, one per call kind.
+                    if let Value::Object(h) = v {
+                        h.values_mut().for_each(|t| *t = Value::String(MASK.into()));
+                    }
+                } else if measured(k) && (v.is_number() || v.is_null()) {
                     *v = Value::String(MASK.into());
                 } else {
                     mask_json(v);

@@ -42,7 +42,7 @@ fn ok(out: &std::process::Output) {
     );
 }
 
-/// The single replay's `kvtrace` summary less its live `tier_io`.
+/// The single replay's `kvtrace` summary less its live `tier_io` and `latency_histograms`.
 fn single_replay(trace: &Path, flags: &[&str], dir: &Path) -> Value {
     let mut args = vec![
         "replay".to_string(),
@@ -57,7 +57,9 @@ fn single_replay(trace: &Path, flags: &[&str], dir: &Path) -> Value {
     ok(&kvtrace(&args));
     let mut doc = json(&dir.join("trace_replay_summary.json"));
     let mut summary = doc["kvtrace"].take();
-    summary.as_object_mut().expect("object").remove("tier_io");
+    let map = summary.as_object_mut().expect("object");
+    map.remove("tier_io");
+    map.remove("latency_histograms");
     summary
 }
 

@@ -1,6 +1,7 @@
 //! Command-line definitions and dispatch. Each subcommand lives in its own file and does no
 //! work beyond calling the library and printing.
 
+mod aggregate;
 mod bench;
 mod convert;
 mod diff;
@@ -9,6 +10,7 @@ mod dump;
 mod generate;
 mod info;
 mod progress;
+mod rank;
 mod replay;
 mod simulate;
 mod sweep;
@@ -50,6 +52,7 @@ enum Command {
     Simulate(Box<simulate::Args>),
     Bench(Box<bench::Args>),
     Sweep(Box<sweep::Args>),
+    Aggregate(aggregate::Args),
     Completions(docs::CompletionsArgs),
     Man(docs::ManArgs),
 }
@@ -204,6 +207,7 @@ pub fn run() -> i32 {
         Command::Simulate(args) => simulate::run(*args),
         Command::Bench(args) => bench::run(*args),
         Command::Sweep(args) => sweep::run(*args),
+        Command::Aggregate(args) => aggregate::run(args),
         Command::Completions(args) => docs::completions(args),
         Command::Man(args) => docs::man(args),
     };

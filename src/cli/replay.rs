@@ -1,18 +1,21 @@
 //! `kvtrace replay`.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
+use kvtrace::rank::Rank;
 use kvtrace::replay::dispatch::Outcome;
 use kvtrace::replay::phase::PhaseChoice;
 use kvtrace::replay::plan::{Options, Plan, Storage};
+use kvtrace::replay::shard::ShardMode;
 use kvtrace::replay::{Pacing, ReplayOptions};
 use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Exporter, Report, Target};
-use kvtrace::storage::config::StorageConfig;
+use kvtrace::storage::config::{BackendConfig, StorageConfig};
 
 use super::progress::{Progress, EVERY};
+use super::rank::RankArgs;
 use super::tiers::{apply_toml, positive, TierArgs};
 use super::{print_stdout, warn, ReadArgs};
 
@@ -36,9 +39,10 @@ enum Pace {
 given overrides it. LMCache's flag names and meanings are kept. Exit status 1 if any call failed."
 )]
 pub struct Args {
-    /// Storage trace (.lct or .lct.zst)
-    #[arg(value_name = "FILE")]
-    file: PathBuf,
+    /// Storage trace (.lct or .lct.zst); in rank mode, one per rank (rank i replays the
+    /// i-th) or one that --shard splits
+    #[arg(value_name = "FILE", required = true, num_args = 1..)]
+    files: Vec<PathBuf>,
     /// Pacing; afap unless --speedup is given
     #[arg(long, value_enum)]
     pace: Option<Pace>,
@@ -90,8 +94,80 @@ pub struct Args {
     /// Exit 1 when any request or store differs from the recording (regression pipelines)
     #[arg(long)]
     expect_fidelity: bool,
+    /// In rank mode, how the ranks split one trace: whole requests in turn (by-request),
+    /// by the hash of a session's first key (by-key), or each the whole trace (replicate)
+    #[arg(long, value_enum, help_heading = "Rank mode (many processes, one run)")]
+    shard: Option<Shard>,
+    #[command(flatten)]
+    ranks: RankArgs,
     #[command(flatten)]
     read: ReadArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Shard {
+    ByRequest,
+    ByKey,
+    Replicate,
+}
+
+impl Shard {
+    fn mode(self) -> ShardMode {
+        match self {
+            Shard::ByRequest => ShardMode::ByRequest,
+            Shard::ByKey => ShardMode::ByKey,
+            Shard::Replicate => ShardMode::Replicate,
+        }
+    }
+}
+
+/// What a rank replays: its trace, and how it takes its share of it (`None`: all of it).
+fn rank_trace<'a>(
+    args: &'a Args,
+    rank: Option<&Rank>,
+) -> Result<(&'a Path, Option<ShardMode>), Error> {
+    let shard = args.shard.map(Shard::mode);
+    let files = &args.files;
+    match rank {
+        None if files.len() > 1 => Err(Error::usage(format!(
+            "{} traces given: several traces are replayed one per rank (--rank/--world-size or a launcher)",
+            files.len()
+        ))),
+        None if shard.is_some() => Err(Error::usage(
+            "--shard splits a trace between ranks: give --rank/--world-size or start under a launcher",
+        )),
+        None => Ok((&files[0], None)),
+        Some(_) if files.len() == 1 => Ok((&files[0], Some(shard.unwrap_or(ShardMode::ByRequest)))),
+        Some(r) if files.len() != r.world_size as usize => Err(Error::usage(format!(
+            "{} traces for a world of {}: give one trace per rank, or one trace and --shard",
+            files.len(),
+            r.world_size
+        ))),
+        Some(_) if shard.is_some() => Err(Error::usage(
+            "--shard splits one trace; with one trace per rank each rank replays its own",
+        )),
+        Some(r) => Ok((&files[r.rank as usize], None)),
+    }
+}
+
+/// A rank's private copy of the tiers that would otherwise collide: file tiers get a
+/// sub-directory per rank (a shared tier — Redis, a cluster — stays shared).
+fn rank_tiers(config: &mut StorageConfig, rank: &Rank) {
+    for tier in &mut config.l2 {
+        if let BackendConfig::File { dir, .. } = &mut tier.backend {
+            *dir = dir.join(rank.dir_name());
+        }
+    }
+}
+
+/// A rank's name for a per-run file: `records.jsonl` becomes `records.rank-00002.jsonl`.
+fn rank_file(path: &Path, rank: &Rank) -> PathBuf {
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.{}.{}", rank.dir_name(), ext.to_string_lossy()),
+        None => format!("{stem}.{}", rank.dir_name()),
+    };
+    path.with_file_name(name)
 }
 
 fn pacing(args: &Args) -> Result<Pacing, Error> {
@@ -138,10 +214,19 @@ pub fn read_options(args: &Args) -> kvtrace::lmct::ReadOptions {
     args.read.options()
 }
 
-/// The replay `args` describe; without `outputs`, one that writes no report files (a sweep's
-/// point).
-pub fn plan(args: &Args, outputs: bool) -> Result<Plan, Error> {
-    let dir = || Target::Dir(args.output_dir.clone());
+/// The replay `args` describe, as rank `rank` of a run when given; without `outputs`, one
+/// that writes no report files (a sweep's point).
+pub fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Plan, Error> {
+    let (file, shard) = rank_trace(args, rank)?;
+    let output_dir = match rank {
+        Some(r) => args.output_dir.join(r.dir_name()),
+        None => args.output_dir.clone(),
+    };
+    let barrier = match rank {
+        Some(r) => args.ranks.barrier(r, &args.output_dir)?,
+        None => None,
+    };
+    let dir = || Target::Dir(output_dir.clone());
     let formats: [(bool, &'static dyn Exporter, &'static str); 3] = [
         (!args.no_csv, &Csv, ""),
         (args.json, &Json, "trace_replay_summary.json"),
@@ -154,6 +239,7 @@ pub fn plan(args: &Args, outputs: bool) -> Result<Plan, Error> {
             read: args.read.options(),
             emulate_sessions: !args.no_session_emulation,
             fail_fast: args.fail_fast,
+            rank: rank.map(|r| (r.clone(), shard)),
             ..ReplayOptions::default()
         },
         phase: phase(&args.eviction_phase)?,
@@ -162,25 +248,35 @@ pub fn plan(args: &Args, outputs: bool) -> Result<Plan, Error> {
             .filter(|f| outputs && f.0)
             .map(|&(_, exporter, name)| (exporter, dir(), name))
             .collect(),
-        jsonl: args.jsonl_out.clone().filter(|_| outputs),
+        jsonl: args
+            .jsonl_out
+            .as_deref()
+            .filter(|_| outputs)
+            .map(|p| rank.map_or_else(|| p.to_owned(), |r| rank_file(p, r))),
+        barrier,
     };
     let overrides = |config: &mut StorageConfig| {
         if let Some(path) = &args.config {
             apply_toml(config, path)?;
         }
-        args.tiers.apply(config)
+        args.tiers.apply(config)?;
+        if let Some(r) = rank {
+            rank_tiers(config, r);
+        }
+        Ok(())
     };
     let storage = Storage::Recorded {
         overrides: &overrides,
         own_l2: args.tiers.gives_l2() || args.config.is_some(),
         complete: args.tiers.l1_size_gb.is_some() || args.config.is_some(),
     };
-    Plan::new(&args.file, storage, options)
+    Plan::new(file, storage, options)
 }
 
 pub fn run(args: Args) -> Result<i32, Error> {
-    let shown = args.file.display().to_string();
-    let plan = plan(&args, true)?;
+    let rank = args.ranks.rank()?;
+    let plan = plan(&args, true, rank.as_ref())?;
+    let shown = rank_trace(&args, rank.as_ref())?.0.display().to_string();
     for note in &plan.notes {
         warn(&shown, note);
     }

@@ -137,6 +137,12 @@ impl Single for ReplayFlags {
         "jsonl-out",
         "verbose",
         "quiet",
+        "shard",
+        "rank",
+        "world-size",
+        "run-id",
+        "barrier-timeout",
+        "barrier-dir",
     ];
 }
 
@@ -385,7 +391,9 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
         external |= config.l2.iter().any(|t| {
             matches!(
                 t.backend,
-                BackendConfig::File { .. } | BackendConfig::Redis { .. }
+                BackendConfig::File { .. }
+                    | BackendConfig::Redis { .. }
+                    | BackendConfig::RespCluster { .. }
             )
         });
         parsed.push(one.args);
@@ -402,7 +410,7 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
     let sizes: std::collections::BTreeSet<&str> =
         points.iter().filter_map(|p| p.get("l1-size-gb")).collect();
     let bar = Progress::points(points.len() as u64, !a.sweep.quiet);
-    let plan = |i: usize| replay::plan(&parsed[i], false);
+    let plan = |i: usize| replay::plan(&parsed[i], false, None);
     let result = sweep::replay::sweep(
         &a.file,
         &points,

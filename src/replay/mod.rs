@@ -14,6 +14,7 @@ pub mod phase;
 pub mod plan;
 pub mod report;
 pub mod session;
+pub mod shard;
 pub mod spool;
 pub mod terminal;
 
@@ -26,12 +27,15 @@ use crate::error::{Error, Result};
 use crate::lmct::blocks::read_ahead;
 use crate::lmct::digest::{compare_configs, config_digest, python_json, DigestMatch};
 use crate::lmct::{ReadOptions, RecordRef, TraceReader};
+use crate::rank::Rank;
+use crate::report::histogram::LatencyHistogram;
 use crate::storage::config::EvictionTiming;
 use crate::storage::{CallStats, StorageManager};
 use dispatch::{Call, Decoder, Dispatcher, Outcome};
 use fidelity::Fidelity;
-use report::{DigestReport, HitSummary, OpStats, ReplayReport};
+use report::{DigestReport, HitSummary, OpStats, RankReport, ReplayReport};
 use session::{Closed, Position, Sessions};
+use shard::{ShardMode, Sharder};
 
 /// How records are spaced in time.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -67,6 +71,9 @@ pub struct ReplayOptions {
     /// Where each replayed call is republished, with the recorded argument bytes (a
     /// disabled tracer by default; a recorder on it records the replay).
     pub tracer: Tracer,
+    /// This process's rank in a run of many, and how it takes its share of the trace
+    /// (`None`: the whole trace is this rank's own, one server's file of several).
+    pub rank: Option<(Rank, Option<ShardMode>)>,
 }
 
 impl Default for ReplayOptions {
@@ -78,6 +85,7 @@ impl Default for ReplayOptions {
             emulate_sessions: true,
             fail_fast: false,
             tracer: Tracer::disabled(),
+            rank: None,
         }
     }
 }
@@ -156,6 +164,12 @@ pub fn replay(
             report.requests.push(r.outcome);
         }
     };
+    let mut sharder = options.rank.as_ref().map(|(rank, mode)| {
+        let mode = mode.unwrap_or(ShardMode::Replicate);
+        Sharder::new(mode, rank.rank, rank.world_size)
+    });
+    let mut other_ranks = 0u64;
+    let started_unix_s = crate::clock::wall_secs();
     let start = Instant::now();
     let mut origin: Option<f64> = None;
     let (mut first_t, mut last_t) = (f64::INFINITY, f64::NEG_INFINITY);
@@ -188,6 +202,16 @@ pub fn replay(
                     break;
                 }
                 std::thread::sleep(wait.min(Duration::from_millis(100)));
+            }
+        }
+        if let Some(sharder) = sharder.as_mut() {
+            let ours = match &decoded {
+                Ok(call) => sharder.owns(call),
+                Err(_) => sharder.owns_undecoded(),
+            };
+            if !ours {
+                other_ranks += 1;
+                return Ok(true);
             }
         }
         let at = Position {
@@ -235,9 +259,9 @@ pub fn replay(
             outcome: &outcome,
             latency_ms,
         });
-        if options.fail_fast && matches!(outcome, Outcome::Failed { .. }) {
+        if let (true, Outcome::Failed { reason }) = (options.fail_fast, &outcome) {
             report.warnings.push(format!(
-                "--fail-fast: stopped after record {} (byte {}), the first call that failed",
+                "--fail-fast: stopped after record {} (byte {}), the first call that failed: {reason}",
                 report.records, record.offset
             ));
             return Ok(false);
@@ -256,6 +280,21 @@ pub fn replay(
     }
     report.forced_exits = dispatcher.close_open_contexts(sm, &options.tracer);
     report.duration_s = start.elapsed().as_secs_f64();
+    report.rank = options.rank.as_ref().map(|(rank, mode)| RankReport {
+        rank: rank.clone(),
+        shard: mode.map_or("own trace", ShardMode::name).to_owned(),
+        records_of_other_ranks: other_ranks,
+        started_unix_s,
+        finished_unix_s: started_unix_s + report.duration_s,
+    });
+    report.latency_histograms = latencies
+        .iter()
+        .map(|(q, (ms, _))| {
+            let mut h = LatencyHistogram::new();
+            ms.iter().for_each(|&v| h.record_ms(v));
+            ((*q).to_owned(), h.encode())
+        })
+        .collect();
     report.ops = latencies
         .into_iter()
         .map(|(q, (ms, errors))| (q.to_owned(), OpStats::from_latencies(ms, errors)))

@@ -13,6 +13,7 @@ use super::spool::Spooled;
 use super::{replay, RecordEvent, ReplayOptions};
 use crate::error::{Error, Result};
 use crate::lmct::{Header, TraceReader};
+use crate::rank::barrier::Barrier;
 use crate::report::jsonl::JsonlWriter;
 use crate::report::{self, Exporter, Target};
 use crate::storage::config::StorageConfig;
@@ -43,6 +44,9 @@ pub struct Options {
     pub outputs: Vec<(&'static dyn Exporter, Target, &'static str)>,
     /// One JSON line per replayed record.
     pub jsonl: Option<PathBuf>,
+    /// Where the ranks of a run meet once their tiers are set up, so that their replays
+    /// begin together.
+    pub barrier: Option<Barrier>,
 }
 
 /// A replay ready to run.
@@ -115,6 +119,9 @@ impl Plan {
     /// Replays, calling `on_record` after each record, and writes the JSONL and the reports.
     pub fn run(mut self, mut on_record: impl FnMut(&RecordEvent<'_>)) -> Result<Finished> {
         let mut sm = StorageManager::new(self.config)?;
+        if let Some(barrier) = &self.options.barrier {
+            barrier.wait()?;
+        }
         let mut jsonl_error = None;
         let jsonl = &mut self.jsonl;
         let mut report = replay(self.input.path(), &mut sm, &self.options.replay, |event| {

@@ -15,6 +15,7 @@ use super::fidelity::FidelityReport;
 use super::phase::PhaseReport;
 use super::session::Completions;
 use crate::error::Result;
+use crate::rank::Rank;
 use crate::report::xlsx::MAX_DATA_ROWS;
 use crate::report::{Cell, JsonStyle, Report, Table, Unit};
 use crate::storage::{CallStats, PrefetchOutcome, TierIo, TierStats};
@@ -124,6 +125,21 @@ pub struct DigestReport {
     pub differing_paths: Vec<String>,
 }
 
+/// Which rank of a run a replay was, and what of the trace it took.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RankReport {
+    #[serde(flatten)]
+    pub rank: Rank,
+    /// `by-request`, `by-key`, `replicate`, or `own trace` (one file per rank).
+    pub shard: String,
+    /// Records of the trace other ranks replayed.
+    pub records_of_other_ranks: u64,
+    /// The measured phase, in seconds since the Unix epoch: what `kvtrace aggregate`
+    /// takes the run's common window from.
+    pub started_unix_s: f64,
+    pub finished_unix_s: f64,
+}
+
 /// Everything a replay measured.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ReplayReport {
@@ -161,6 +177,11 @@ pub struct ReplayReport {
     /// When the L1 eviction passes ran, and how that was chosen.
     pub eviction_phase: Option<PhaseReport>,
     pub warnings: Vec<String>,
+    /// This replay's rank, in a run of many.
+    pub rank: Option<RankReport>,
+    /// Per call kind, every latency as a mergeable HdrHistogram (see
+    /// [`crate::report::histogram`]).
+    pub latency_histograms: BTreeMap<String, String>,
 }
 
 /// Columns of the per-call-kind table (LMCache's `trace_replay_ops.csv`).
@@ -184,7 +205,7 @@ pub const REQUEST_COLUMNS: [&str; 11] = [
 ];
 
 /// Columns of the per-tier table.
-const TIER_COLUMNS: [&str; 15] = [
+const TIER_COLUMNS: [&str; 16] = [
     "name",
     "backend",
     "capacity_bytes",
@@ -200,6 +221,7 @@ const TIER_COLUMNS: [&str; 15] = [
     "write_errors",
     "read_errors",
     "delete_errors",
+    "cross_rank_hits",
 ];
 
 /// Columns of the divergence table.
@@ -243,6 +265,8 @@ impl ReplayReport {
                 "completions": self.completions,
                 "eviction_phase": self.eviction_phase,
                 "warnings": self.warnings,
+                "rank": self.rank,
+                "latency_histograms": self.latency_histograms,
             }
         })
     }
@@ -366,6 +390,7 @@ impl ReplayReport {
                     s.write_errors,
                     s.read_errors,
                     s.delete_errors,
+                    s.cross_rank_hits,
                 ]
                 .map(Cell::Count),
             );
@@ -484,7 +509,7 @@ impl Report for ReplayReport {
     fn tables(&self) -> Vec<Table> {
         let mut fidelity = self.divergences_table().sheet("Fidelity");
         fidelity.footer = self.fidelity_footer();
-        vec![
+        let tables = vec![
             self.summary_sheet(),
             self.ops_table(),
             self.requests_table(),
@@ -493,7 +518,17 @@ impl Report for ReplayReport {
             self.divergences_table().csv("trace_replay_divergences.csv"),
             fidelity,
             self.config_sheet(),
-        ]
+        ];
+        match &self.rank {
+            Some(r) => {
+                let rank = Cell::Count(u64::from(r.rank.rank));
+                tables
+                    .into_iter()
+                    .map(|t| t.with_first_column("rank", &rank))
+                    .collect()
+            }
+            None => tables,
+        }
     }
 
     fn terminal(&self) -> String {

@@ -39,6 +39,13 @@ pub fn render(report: &ReplayReport) -> String {
     let mut s = rule("Trace Replay Result", '=');
     s.push_str(&rule("Overall", '-'));
     row(&mut s, "Trace level", &report.level);
+    if let Some(r) = &report.rank {
+        row(
+            &mut s,
+            "Rank",
+            format!("{} of {} ({})", r.rank.rank, r.rank.world_size, r.shard),
+        );
+    }
     if report.interrupted {
         row(
             &mut s,
@@ -132,6 +139,13 @@ pub fn render(report: &ReplayReport) -> String {
             &format!("{} evictions", t.name),
             format!("{} ({})", t.evictions, bytes(t.bytes_evicted)),
         );
+        if t.cross_rank_hits > 0 {
+            row(
+                &mut s,
+                &format!("{} loads of other ranks' objects", t.name),
+                t.cross_rank_hits,
+            );
+        }
         if t.write_errors + t.read_errors + t.delete_errors > 0 {
             row(
                 &mut s,

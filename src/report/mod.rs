@@ -6,6 +6,7 @@
 
 pub mod chart;
 pub mod csv;
+pub mod histogram;
 pub mod json;
 pub mod jsonl;
 pub mod svg;

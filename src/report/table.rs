@@ -77,6 +77,16 @@ impl Table {
         }
     }
 
+    /// The same table with a first column `name` holding `value` in every row (and footer
+    /// row): which rank of a run the rows came from.
+    pub fn with_first_column(mut self, name: &str, value: &Cell) -> Table {
+        self.columns.insert(0, name.to_owned());
+        for row in self.rows.iter_mut().chain(self.footer.iter_mut()) {
+            row.insert(0, value.clone());
+        }
+        self
+    }
+
     /// The same table as an XLSX sheet named `name`.
     pub fn sheet(mut self, name: &str) -> Table {
         self.sheet = Some(name.into());

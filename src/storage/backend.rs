@@ -14,7 +14,28 @@ pub trait Backend: Send {
     /// Reads an object back; `false` if the backend does not hold it.
     fn get(&mut self, key: KeyId) -> io::Result<bool>;
     fn delete(&mut self, key: KeyId) -> io::Result<()>;
+    /// Whether the backend holds an object this process stored (a `null` backend keeps
+    /// nothing).
     fn contains(&self, key: KeyId) -> bool;
+    /// A tier every rank of a run shares (a cluster): other processes add objects to it, so
+    /// a lookup asks it ([`Backend::lookup`]) instead of trusting this process's records.
+    fn shared(&self) -> bool {
+        false
+    }
+    /// The length of each key's object where the backend holds it. Only a shared backend
+    /// is asked; the default answers from this process's own records, lengths unknown (0).
+    fn lookup(&mut self, keys: &[KeyId]) -> io::Result<Vec<Option<u64>>> {
+        Ok(keys
+            .iter()
+            .map(|&k| self.contains(k).then_some(0))
+            .collect())
+    }
+    /// Stores a batch of objects: one round trip per node where the backend is remote.
+    fn put_many(&mut self, objects: &[(KeyId, u64)]) -> io::Result<()> {
+        objects
+            .iter()
+            .try_for_each(|&(key, size)| self.put(key, size))
+    }
     /// Seconds one transfer of `size` bytes takes on a modelled device; `None` for backends
     /// whose time is measured.
     fn modelled_seconds(&self, _size: u64) -> Option<f64> {

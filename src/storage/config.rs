@@ -95,6 +95,13 @@ pub enum BackendConfig {
         url: String,
         prefix: String,
     },
+    /// A Redis Cluster or Valkey cluster every rank of a run shares; objects live under
+    /// `<prefix>:<key hash>`, spread over the cluster's slots. `nodes` are seed nodes: the
+    /// rest of the cluster is learnt from them.
+    RespCluster {
+        nodes: Vec<String>,
+        prefix: String,
+    },
     /// A GPU memory budget: holds no bytes, charges `size / bandwidth` per transfer.
     Gpu {
         bandwidth_gbps: f64,
@@ -336,6 +343,10 @@ impl StorageConfig {
                 BackendConfig::Redis { url, prefix } => {
                     format!("a redis tier at {url} under prefix {prefix:?}")
                 }
+                BackendConfig::RespCluster { nodes, prefix } => format!(
+                    "a resp-cluster tier at {} under prefix {prefix:?}",
+                    nodes.join(",")
+                ),
                 _ => return true,
             };
             notes.push(format!(
@@ -377,6 +388,15 @@ impl L2Config {
                 url: tier.get("url")?.as_str()?.to_owned(),
                 prefix: tier.get("prefix")?.as_str()?.to_owned(),
             },
+            "resp-cluster" => BackendConfig::RespCluster {
+                nodes: tier
+                    .get("nodes")?
+                    .as_array()?
+                    .iter()
+                    .map(|n| n.as_str().map(str::to_owned))
+                    .collect::<Option<_>>()?,
+                prefix: tier.get("prefix")?.as_str()?.to_owned(),
+            },
             "gpu" => BackendConfig::Gpu {
                 bandwidth_gbps: tier.get("bandwidth_gbps")?.as_f64()?,
             },
@@ -405,6 +425,9 @@ impl L2Config {
             BackendConfig::Redis { url, prefix } => {
                 json!({"type": "redis", "url": url, "prefix": prefix})
             }
+            BackendConfig::RespCluster { nodes, prefix } => {
+                json!({"type": "resp-cluster", "nodes": nodes, "prefix": prefix})
+            }
             BackendConfig::Gpu { bandwidth_gbps } => {
                 json!({"type": "gpu", "bandwidth_gbps": bandwidth_gbps})
             }
@@ -416,6 +439,22 @@ impl L2Config {
             "eviction_policy": self.policy.name(),
         })
     }
+}
+
+/// A cluster tier's seed nodes: a non-empty list of `redis://host:port` URLs.
+fn cluster_nodes(v: Option<&Json>) -> Result<Vec<String>, String> {
+    let list = v
+        .and_then(Json::as_array)
+        .filter(|l| !l.is_empty())
+        .ok_or("a resp-cluster tier needs \"nodes\": [\"redis://host:port\", ...]")?;
+    list.iter()
+        .map(|n| match n.as_str() {
+            Some(url) if url.starts_with("redis://") || url.starts_with("valkey://") => {
+                Ok(url.to_owned())
+            }
+            _ => Err(format!("nodes: {n} is not a redis://host:port URL")),
+        })
+        .collect()
 }
 
 /// GiB (LMCache's "GB") to bytes; refuses negative and non-finite sizes.
@@ -468,10 +507,20 @@ impl L2Config {
                     .unwrap_or("kvtrace")
                     .to_owned(),
             },
+            Some("resp-cluster" | "redis-cluster" | "valkey-cluster") => {
+                BackendConfig::RespCluster {
+                    nodes: cluster_nodes(v.get("nodes"))?,
+                    prefix: v
+                        .get("prefix")
+                        .and_then(|p| p.as_str())
+                        .unwrap_or("kvtrace")
+                        .to_owned(),
+                }
+            }
             Some(other) => {
                 return Err(format!(
-                    "tier type {other:?} is not available (memory, gpu, fs, redis, null)"
-                ))
+                "tier type {other:?} is not available (memory, gpu, fs, redis, resp-cluster, null)"
+            ))
             }
             None => return Err("missing \"type\"".into()),
         };
@@ -482,6 +531,9 @@ impl L2Config {
                     .map_err(|e| format!("capacity_gb {e}"))?,
             ),
         };
+        if matches!(backend, BackendConfig::RespCluster { .. }) && capacity_bytes.is_some() {
+            return Err("capacity_gb: a resp-cluster tier is shared by every rank, so its capacity is the cluster's maxmemory, not a per-process figure".into());
+        }
         let policy = match v.get("eviction_policy").and_then(|p| p.as_str()) {
             Some(p) => p.parse()?,
             None => PolicyKind::Lru,

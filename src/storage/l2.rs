@@ -26,10 +26,21 @@ fn build_backend(config: &BackendConfig) -> io::Result<Box<dyn Backend>> {
         BackendConfig::Redis { url, prefix } => {
             Box::new(super::redis::RedisTier::connect(url, prefix)?)
         }
+        #[cfg(feature = "redis")]
+        BackendConfig::RespCluster { nodes, prefix } => {
+            Box::new(super::cluster::ClusterTier::connect(nodes, prefix)?)
+        }
         #[cfg(not(feature = "redis"))]
         BackendConfig::Redis { url, .. } => {
             return Err(io::Error::other(format!(
                 "the redis tier at {url} needs a kvtrace built with the `redis` feature"
+            )))
+        }
+        #[cfg(not(feature = "redis"))]
+        BackendConfig::RespCluster { nodes, .. } => {
+            return Err(io::Error::other(format!(
+                "the resp-cluster tier at {} needs a kvtrace built with the `redis` feature",
+                nodes.join(",")
             )))
         }
         BackendConfig::Gpu { bandwidth_gbps } => Box::new(GpuBudget::new(*bandwidth_gbps)),
@@ -41,6 +52,9 @@ pub struct L2 {
     pub capacity: Option<u64>,
     pub used: u64,
     pub sizes: KeyMap<u64>,
+    /// Objects a shared tier's lookup found that this process did not store, with their
+    /// lengths: a load of one is a cross-rank hit.
+    foreign: KeyMap<u64>,
     pub policy: Box<dyn super::eviction::EvictionPolicy>,
     pub backend: Box<dyn Backend>,
     pub stats: TierStats,
@@ -55,6 +69,7 @@ impl L2 {
             capacity: config.capacity_bytes,
             used: 0,
             sizes: KeyMap::default(),
+            foreign: KeyMap::default(),
             policy: config.policy.build(),
             stats: TierStats {
                 name: format!("L2[{index}]"),
@@ -70,6 +85,31 @@ impl L2 {
 
     pub fn holds(&self, key: KeyId) -> bool {
         self.sizes.contains_key(&key)
+    }
+
+    /// Which of `keys` the tier holds: its own records, or — for a tier other processes
+    /// share — the backend's answer, one batch for the call.
+    pub fn lookup(&mut self, keys: &[KeyId]) -> io::Result<Vec<bool>> {
+        if !self.backend.shared() {
+            return Ok(keys.iter().map(|&k| self.holds(k)).collect());
+        }
+        let found = self
+            .backend
+            .lookup(keys)
+            .inspect_err(|_| self.stats.read_errors += 1)?;
+        Ok(keys
+            .iter()
+            .zip(found)
+            .map(|(&key, length)| match length {
+                Some(n) => {
+                    if !self.holds(key) {
+                        self.foreign.insert(key, n);
+                    }
+                    true
+                }
+                None => false,
+            })
+            .collect())
     }
 
     /// Drops the tier's least valuable object by policy; its size, or `None` when nothing
@@ -127,9 +167,47 @@ impl L2 {
         Ok(())
     }
 
+    /// Writes a batch through (a `finish_write`'s keys): one batch for a shared tier, whose
+    /// capacity is the cluster's own, skipping what it is known to hold already (stored by
+    /// this process or found there by a lookup); one object at a time otherwise. On a
+    /// refusal every object of the batch counts as refused.
+    pub fn store_many(&mut self, objects: &[(KeyId, u64)]) -> io::Result<()> {
+        if !self.backend.shared() {
+            let mut first_error = None;
+            for &(key, size) in objects {
+                if let Err(e) = self.store(key, size) {
+                    first_error.get_or_insert(e);
+                }
+            }
+            return first_error.map_or(Ok(()), Err);
+        }
+        let new: Vec<(KeyId, u64)> = objects
+            .iter()
+            .copied()
+            .filter(|(key, _)| !self.holds(*key) && !self.foreign.contains_key(key))
+            .collect();
+        let began = Instant::now();
+        if let Err(e) = self.backend.put_many(&new) {
+            self.stats.write_errors += new.len() as u64;
+            return Err(e);
+        }
+        self.write_time += began.elapsed();
+        for (key, size) in new {
+            self.sizes.insert(key, size);
+            self.policy.on_created(&[key]);
+            self.used += size;
+            self.stats.writes += 1;
+            self.stats.bytes_written += size;
+        }
+        self.stats.peak_bytes = self.stats.peak_bytes.max(self.used);
+        Ok(())
+    }
+
     /// Reads an object back for a load into L1; false when the backend no longer has it.
+    /// On a shared tier an object this process did not store is a cross-rank hit.
     pub fn load(&mut self, key: KeyId) -> io::Result<bool> {
-        let size = self.sizes.get(&key).copied().unwrap_or(0);
+        let own = self.sizes.get(&key).copied();
+        let size = own.or_else(|| self.foreign.get(&key).copied()).unwrap_or(0);
         let began = Instant::now();
         let found = self
             .backend
@@ -140,6 +218,9 @@ impl L2 {
             self.policy.on_touched(&[key]);
             self.stats.reads += 1;
             self.stats.bytes_read += size;
+            if own.is_none() && self.backend.shared() {
+                self.stats.cross_rank_hits += 1;
+            }
         }
         Ok(found)
     }

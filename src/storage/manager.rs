@@ -224,12 +224,13 @@ impl StorageManager {
             // Every key goes to every tier even after a refusal, so the tiers' error counts
             // say how many stores failed; the call fails with the first refusal.
             let mut first_error = None;
-            for &key in &admitted {
-                let size = self.l1.size_of(key).unwrap_or(0);
-                for tier in &mut self.l2 {
-                    if let Err(e) = tier.store(key, size) {
-                        first_error.get_or_insert(e);
-                    }
+            let objects: Vec<(KeyId, u64)> = admitted
+                .iter()
+                .map(|&key| (key, self.l1.size_of(key).unwrap_or(0)))
+                .collect();
+            for tier in &mut self.l2 {
+                if let Err(e) = tier.store_many(&objects) {
+                    first_error.get_or_insert(e);
                 }
             }
             if self.config.store_policy == StorePolicy::SkipL1 {
@@ -273,26 +274,28 @@ impl StorageManager {
             return Ok(outcome);
         }
 
+        // L2 lookup: what each tier holds. First, so that a shared tier that cannot be
+        // asked fails the call before it has locked anything.
+        let use_l2 = !request.skip_l2 && !self.l2.is_empty();
+        let mut l2_found: Vec<Grid> = Vec::new();
+        if use_l2 {
+            for tier in &mut self.l2 {
+                let mut g = Grid::new(rows, cols);
+                for (row, group) in groups.iter().enumerate() {
+                    let found = tier.lookup(&group.keys).map_err(io_error)?;
+                    for (col, held) in found.into_iter().enumerate() {
+                        g.set(row, col, held);
+                    }
+                }
+                l2_found.push(g);
+            }
+        }
         // Lock pass: read-lock every key L1 holds.
         let mut l1_locked = Grid::new(rows, cols);
         for (row, group) in groups.iter().enumerate() {
             let held = self.l1.reserve_read(&group.keys, readers, self.now);
             for (col, h) in held.into_iter().enumerate() {
                 l1_locked.set(row, col, h);
-            }
-        }
-        // L2 lookup: what each tier holds.
-        let use_l2 = !request.skip_l2 && !self.l2.is_empty();
-        let mut l2_found: Vec<Grid> = Vec::new();
-        if use_l2 {
-            for tier in &self.l2 {
-                let mut g = Grid::new(rows, cols);
-                for (row, group) in groups.iter().enumerate() {
-                    for (col, &key) in group.keys.iter().enumerate() {
-                        g.set(row, col, tier.holds(key));
-                    }
-                }
-                l2_found.push(g);
             }
         }
         let (mut l1_plan, mut l2_plan) = plan(&l1_locked, &l2_found, &windows, request);

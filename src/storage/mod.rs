@@ -11,6 +11,8 @@
 
 pub mod arena;
 pub mod backend;
+#[cfg(feature = "redis")]
+pub mod cluster;
 pub mod config;
 pub mod eviction;
 pub mod file;
@@ -145,6 +147,9 @@ pub struct TierStats {
     pub write_errors: u64,
     pub read_errors: u64,
     pub delete_errors: u64,
+    /// Loads of objects another process wrote: on a tier ranks share (`resp-cluster`), one
+    /// rank's stores are another's hits.
+    pub cross_rank_hits: u64,
 }
 
 /// Time a tier's backend spent storing and loading: measured live for real backends (so,

@@ -22,8 +22,8 @@ use crate::report::Report;
 #[derive(Clone, Debug)]
 pub struct ReplayPoint {
     pub point: Point,
-    /// The single replay's JSON summary (`kvtrace` object) without `tier_io`, the one part
-    /// measured live.
+    /// The single replay's JSON summary (`kvtrace` object) without `tier_io` and
+    /// `latency_histograms`, the parts measured live.
     pub summary: Json,
     pub figures: Figures,
     /// Wall-clock seconds of the replay (live, unlike everything else here).
@@ -118,7 +118,8 @@ pub struct ReplaySweep {
     pub curve_note: Option<String>,
 }
 
-/// The replay summary a point keeps: the `kvtrace` object less the live `tier_io`.
+/// The replay summary a point keeps: the `kvtrace` object less the live `tier_io` and
+/// `latency_histograms`.
 pub fn comparable_summary(report: &ReplayReport) -> Result<Json> {
     let mut doc = report.document()?;
     let mut summary = doc
@@ -127,6 +128,7 @@ pub fn comparable_summary(report: &ReplayReport) -> Result<Json> {
         .unwrap_or_else(|| json!({}));
     if let Some(map) = summary.as_object_mut() {
         map.remove("tier_io");
+        map.remove("latency_histograms");
     }
     Ok(summary)
 }

@@ -1,0 +1,71 @@
+//! `kvtrace aggregate`.
+
+use std::path::PathBuf;
+
+use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
+use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Exporter, Report, Target};
+
+use super::print_stdout;
+
+/// Merge the per-rank reports of one run (replay in rank mode) into one: summed counts,
+/// calls/s over the common window, percentiles from the ranks' merged histograms, the
+/// spread over ranks and MLPerf's cross-rank rules (mean of rank throughputs, max of rank
+/// P95)
+#[derive(clap::Args)]
+#[command(after_help = super::examples(&[
+    "mpirun -np 4 kvtrace replay trace.lct --json --output-dir run1 --l2-adapter '{\"type\":\"resp-cluster\",\"nodes\":[\"redis://10.0.0.5:7000\"]}'",
+    "kvtrace aggregate run1/rank-* --json run1/aggregate.json --xlsx run1/aggregate.xlsx",
+]))]
+pub struct Args {
+    /// Each rank's trace_replay_summary.json, or the rank directory holding it
+    #[arg(value_name = "RANK-OUTPUT", required = true, num_args = 1..)]
+    inputs: Vec<PathBuf>,
+    /// Write the merged report as JSON
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write aggregate_{summary,ops,ranks,tiers}.csv into this directory
+    #[arg(long, value_name = "DIR")]
+    csv: Option<PathBuf>,
+    /// Write the merged report as a workbook (Summary, Ops, Ranks, Tiers)
+    #[arg(long, value_name = "FILE")]
+    xlsx: Option<PathBuf>,
+    /// No terminal summary
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+pub fn run(args: Args) -> Result<i32, Error> {
+    let files: Vec<PathBuf> = args
+        .inputs
+        .iter()
+        .map(|p| {
+            if p.is_dir() {
+                p.join("trace_replay_summary.json")
+            } else {
+                p.clone()
+            }
+        })
+        .collect();
+    let mut outputs: Vec<(&'static dyn Exporter, Target)> = Vec::new();
+    if let Some(p) = &args.json {
+        outputs.push((&Json, Target::File(p.clone())));
+    }
+    if let Some(d) = &args.csv {
+        outputs.push((&Csv, Target::Dir(d.clone())));
+    }
+    if let Some(p) = &args.xlsx {
+        outputs.push((&Xlsx, Target::File(p.clone())));
+    }
+    for (_, target) in &outputs {
+        target.check()?;
+    }
+    let paths: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
+    let run = kvtrace::aggregate::aggregate(&paths)?;
+    for (exporter, target) in &outputs {
+        kvtrace::report::write(&run, *exporter, target, "")?;
+    }
+    if !args.quiet {
+        print_stdout(&run.terminal())?;
+    }
+    Ok(if run.failed > 0 { EXIT_DATA } else { EXIT_OK })
+}

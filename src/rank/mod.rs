@@ -1,0 +1,225 @@
+//! Rank mode: one kvtrace process of many, started by a launcher users already run —
+//! `mpirun` (Open MPI, MPICH), `srun`, a Kubernetes indexed Job — or by hand with
+//! `--rank/--world-size`. No MPI library is linked: the launcher's environment says which
+//! process this is, and the ranks meet at a [`barrier`] before the measured phase.
+//!
+//! Each rank derives what must differ between ranks from its number: its seed (base +
+//! rank), its output directory ([`Rank::dir_name`]) and its share of a trace
+//! ([`crate::replay::shard`]); every output carries the rank so per-rank files merge back
+//! (`kvtrace aggregate`).
+
+pub mod barrier;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// Where a rank learnt its number: the launcher's variables, in the order they are
+/// consulted. A Kubernetes indexed Job gives only the index; its size comes from
+/// `--world-size`.
+pub const LAUNCHERS: [(&str, &str, Option<&str>); 4] = [
+    (
+        "Open MPI",
+        "OMPI_COMM_WORLD_RANK",
+        Some("OMPI_COMM_WORLD_SIZE"),
+    ),
+    ("MPICH (PMI)", "PMI_RANK", Some("PMI_SIZE")),
+    ("Slurm", "SLURM_PROCID", Some("SLURM_NTASKS")),
+    ("Kubernetes indexed Job", "JOB_COMPLETION_INDEX", None),
+];
+
+/// This process's place in a run of many.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Rank {
+    pub rank: u32,
+    pub world_size: u32,
+    /// What said so: a launcher's variable or `--rank`.
+    pub source: String,
+}
+
+/// What the command line says about the rank.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RankFlags {
+    pub rank: Option<u32>,
+    pub world_size: Option<u32>,
+}
+
+fn number(name: &str, text: &str) -> Result<u32> {
+    text.trim().parse().map_err(|_| {
+        Error::usage(format!(
+            "{name}={text:?}: expected a rank number (0 or more)"
+        ))
+    })
+}
+
+impl Rank {
+    /// The rank from `flags`, else from the first launcher whose rank variable `env` has;
+    /// `None` for a process started on its own (no flag, no launcher). Flags win over the
+    /// environment, so a rank can be pinned under any launcher.
+    pub fn detect(flags: &RankFlags, env: impl Fn(&str) -> Option<String>) -> Result<Option<Rank>> {
+        let (rank, world_size, source) = match (flags.rank, flags.world_size) {
+            (Some(rank), world) => (rank, world, "--rank".to_owned()),
+            (None, world) => {
+                let Some((launcher, rank_var, size_var, text)) = LAUNCHERS
+                    .iter()
+                    .find_map(|&(l, r, s)| env(r).map(|text| (l, r, s, text)))
+                else {
+                    return match world {
+                        Some(n) if n > 1 => Err(Error::usage(format!(
+                            "--world-size {n} needs --rank or a launcher's rank variable ({})",
+                            LAUNCHERS.map(|l| l.1).join(", ")
+                        ))),
+                        _ => Ok(None),
+                    };
+                };
+                let rank = number(rank_var, &text)?;
+                let size = match (world, size_var.and_then(|v| env(v).map(|t| (v, t)))) {
+                    (Some(n), _) => Some(n),
+                    (None, Some((var, text))) => Some(number(var, &text)?),
+                    (None, None) => None,
+                };
+                (rank, size, format!("{rank_var} ({launcher})"))
+            }
+        };
+        let Some(world_size) = world_size else {
+            return Err(Error::usage(format!(
+                "rank {rank} from {source}: the world size is unknown; give --world-size"
+            )));
+        };
+        if world_size == 0 || rank >= world_size {
+            return Err(Error::usage(format!(
+                "rank {rank} from {source} is not below the world size {world_size}"
+            )));
+        }
+        Ok(Some(Rank {
+            rank,
+            world_size,
+            source,
+        }))
+    }
+
+    /// This rank's seed: the run's base seed plus the rank, so ranks draw different
+    /// workloads and a run is reproducible for a given world size.
+    pub fn seed(&self, base: u64) -> u64 {
+        base.wrapping_add(u64::from(self.rank))
+    }
+
+    /// The directory a rank's outputs (and its private cache files) go to, under the
+    /// directory the run was given: `rank-00003`. Five digits sort up to 100,000 ranks.
+    pub fn dir_name(&self) -> String {
+        format!("rank-{:05}", self.rank)
+    }
+}
+
+/// The launcher's identifier of this run, when it gives one: what makes a barrier's files
+/// this run's and not a previous one's.
+pub fn launcher_run_id(env: impl Fn(&str) -> Option<String>) -> Option<String> {
+    if let Some(job) = env("OMPI_MCA_ess_base_jobid") {
+        return Some(format!("ompi-{job}"));
+    }
+    if let Some(job) = env("SLURM_JOB_ID") {
+        let step = env("SLURM_STEP_ID").unwrap_or_default();
+        return Some(format!("slurm-{job}.{step}"));
+    }
+    env("PMI_KVSNAME").map(|kvs| format!("pmi-{kvs}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| pairs.iter().find(|p| p.0 == name).map(|p| p.1.to_owned())
+    }
+
+    fn detect(flags: RankFlags, pairs: &[(&str, &str)]) -> Result<Option<Rank>> {
+        Rank::detect(&flags, env(pairs))
+    }
+
+    #[test]
+    fn each_launcher_names_the_rank_and_the_world() {
+        for (vars, rank, size) in [
+            (
+                [("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "4")],
+                3,
+                4,
+            ),
+            ([("PMI_RANK", "1"), ("PMI_SIZE", "2")], 1, 2),
+            ([("SLURM_PROCID", "0"), ("SLURM_NTASKS", "8")], 0, 8),
+        ] {
+            let r = detect(RankFlags::default(), &vars).unwrap().unwrap();
+            assert_eq!((r.rank, r.world_size), (rank, size), "{vars:?}");
+            assert!(r.source.starts_with(vars[0].0), "{}", r.source);
+        }
+    }
+
+    #[test]
+    fn an_indexed_job_needs_the_size_flag() {
+        let vars = [("JOB_COMPLETION_INDEX", "2")];
+        let e = detect(RankFlags::default(), &vars).unwrap_err();
+        assert!(e.to_string().contains("--world-size"), "{e}");
+        let flags = RankFlags {
+            rank: None,
+            world_size: Some(5),
+        };
+        let r = detect(flags, &vars).unwrap().unwrap();
+        assert_eq!((r.rank, r.world_size), (2, 5));
+    }
+
+    #[test]
+    fn flags_win_and_are_checked() {
+        let vars = [("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "4")];
+        let flags = RankFlags {
+            rank: Some(1),
+            world_size: Some(2),
+        };
+        let r = detect(flags, &vars).unwrap().unwrap();
+        assert_eq!((r.rank, r.world_size, r.source.as_str()), (1, 2, "--rank"));
+        for (rank, world) in [(Some(2), Some(2)), (Some(0), Some(0)), (Some(0), None)] {
+            let flags = RankFlags {
+                rank,
+                world_size: world,
+            };
+            assert_eq!(
+                detect(flags, &[]).unwrap_err().kind,
+                crate::error::ErrorKind::Usage
+            );
+        }
+        let lonely = RankFlags {
+            rank: None,
+            world_size: Some(3),
+        };
+        assert!(detect(lonely, &[]).is_err());
+    }
+
+    #[test]
+    fn a_process_on_its_own_has_no_rank() {
+        assert_eq!(detect(RankFlags::default(), &[]).unwrap(), None);
+        let one = RankFlags {
+            rank: None,
+            world_size: Some(1),
+        };
+        assert_eq!(detect(one, &[]).unwrap(), None);
+    }
+
+    #[test]
+    fn a_bad_variable_is_named() {
+        let e = detect(RankFlags::default(), &[("SLURM_PROCID", "x")]).unwrap_err();
+        assert!(e.to_string().contains("SLURM_PROCID"), "{e}");
+    }
+
+    #[test]
+    fn seeds_and_directories_differ_per_rank() {
+        let r = Rank {
+            rank: 7,
+            world_size: 8,
+            source: "--rank".into(),
+        };
+        assert_eq!(r.seed(42), 49);
+        assert_eq!(r.dir_name(), "rank-00007");
+        assert_eq!(
+            launcher_run_id(env(&[("SLURM_JOB_ID", "9"), ("SLURM_STEP_ID", "0")])),
+            Some("slurm-9.0".into())
+        );
+    }
+}
