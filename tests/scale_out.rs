@@ -478,3 +478,73 @@ fn rank_flags_that_cannot_mean_anything_are_usage_errors() {
         assert_eq!(text(&out.stderr).lines().count(), 1, "{args:?}");
     }
 }
+
+#[test]
+fn aggregate_refuses_reports_that_are_not_one_run_with_one_line() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let trace = sample("basic_lru");
+    let trace = trace.to_str().expect("path");
+    let out = dir.path().to_str().expect("path");
+    ok(&kvtrace([
+        "replay",
+        trace,
+        "-q",
+        "--json",
+        "--rank",
+        "0",
+        "--world-size",
+        "1",
+        "--output-dir",
+        out,
+    ]));
+    let rank0 = summary(&dir.path().join("rank-00000"));
+    let write = |name: &str, edit: &dyn Fn(&mut Value)| {
+        let mut v = rank0.clone();
+        edit(&mut v);
+        let path = dir.path().join(name);
+        std::fs::write(&path, v.to_string()).expect("write");
+        path.to_str().expect("path").to_owned()
+    };
+    let good = write("good.json", &|_| {});
+    let no_rank = write("plain.json", &|v| v["kvtrace"]["rank"] = Value::Null);
+    let of_two = write("of-two.json", &|v| {
+        v["kvtrace"]["rank"]["world_size"] = 2.into()
+    });
+    let rank1_of_two = write("r1.json", &|v| {
+        v["kvtrace"]["rank"]["rank"] = 1.into();
+        v["kvtrace"]["rank"]["world_size"] = 2.into();
+    });
+    let bad_histogram = write("hist.json", &|v| {
+        let h = v["kvtrace"]["latency_histograms"]
+            .as_object_mut()
+            .expect("map");
+        let first = h.keys().next().expect("one").clone();
+        h.insert(first, "!!!".into());
+    });
+    let not_json = dir.path().join("broken.json");
+    std::fs::write(&not_json, "{\"kvtrace\": ").expect("write");
+    let not_json = not_json.to_str().expect("path").to_owned();
+    for (files, code, says) in [
+        (vec![&no_rank], 2, "not a kvtrace replay summary of a rank"),
+        (vec![&of_two], 2, "rank(s) 1 of 2 missing"),
+        (vec![&good, &good], 2, "are both rank 0"),
+        (vec![&good, &rank1_of_two], 2, "world size 2 differs"),
+        (vec![&bad_histogram], 2, "not base64"),
+        (vec![&not_json], 1, "broken.json"),
+    ] {
+        let mut args = vec!["aggregate", "-q"];
+        args.extend(files.iter().map(|f| f.as_str()));
+        let out = kvtrace(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{files:?}: {err}");
+        assert!(err.contains(says), "{files:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    let merged = kvtrace(["aggregate", good.as_str()]);
+    ok(&merged);
+    assert!(
+        text(&merged.stdout).starts_with("1 ranks, 41 calls"),
+        "{}",
+        text(&merged.stdout)
+    );
+}

@@ -22,6 +22,7 @@ use std::time::Duration;
 use redis::cluster::{cluster_pipe, ClusterClient, ClusterClientBuilder, ClusterConnection};
 
 use super::backend::Backend;
+use super::redis::one_line;
 use super::KeyId;
 
 /// How long connecting to one node may take.
@@ -44,11 +45,6 @@ pub struct ClusterTier {
     connection: ClusterConnection,
     prefix: String,
     payload: Vec<u8>,
-}
-
-/// One line, whatever the server or the library said.
-fn one_line(text: String) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 impl ClusterTier {

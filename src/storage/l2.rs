@@ -156,6 +156,13 @@ impl L2 {
             return Err(e);
         }
         self.write_time += transfer_time(&*self.backend, size, began.elapsed());
+        self.account_write(key, size);
+        Ok(())
+    }
+
+    /// Accounts for an object the backend took: resident where the backend keeps it, and
+    /// counted as a write either way.
+    fn account_write(&mut self, key: KeyId, size: u64) {
         if self.backend.contains(key) {
             self.sizes.insert(key, size);
             self.policy.on_created(&[key]);
@@ -164,7 +171,6 @@ impl L2 {
         self.stats.writes += 1;
         self.stats.bytes_written += size;
         self.stats.peak_bytes = self.stats.peak_bytes.max(self.used);
-        Ok(())
     }
 
     /// Writes a batch through (a `finish_write`'s keys): one batch for a shared tier, whose
@@ -193,13 +199,8 @@ impl L2 {
         }
         self.write_time += began.elapsed();
         for (key, size) in new {
-            self.sizes.insert(key, size);
-            self.policy.on_created(&[key]);
-            self.used += size;
-            self.stats.writes += 1;
-            self.stats.bytes_written += size;
+            self.account_write(key, size);
         }
-        self.stats.peak_bytes = self.stats.peak_bytes.max(self.used);
         Ok(())
     }
 

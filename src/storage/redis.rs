@@ -34,7 +34,7 @@ const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// One line, whatever the server or the library said: a non-RESP peer's reply can hold
 /// newlines.
-fn one_line(text: String) -> String {
+pub(super) fn one_line(text: String) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
