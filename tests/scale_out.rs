@@ -1,5 +1,5 @@
-//! Rank mode against a real 3-master Redis Cluster on loopback: `mpirun -np 4` replay ranks
-//! sharing the cluster, `kvtrace aggregate` over their reports, a resharding during a run,
+//! Rank mode against a real 3-master Redis Cluster on loopback: `mpirun -np 4` replay and
+//! bench ranks sharing the cluster, `kvtrace aggregate` over their reports, a resharding during a run,
 //! and a node killed during a run. Skips with a message where `redis-server`/`redis-cli` or
 //! `mpirun` are not installed (`.ci/run` installs them).
 #![cfg(feature = "redis")]
@@ -321,6 +321,159 @@ fn mpirun_ranks_share_the_cluster_and_aggregate_adds_them_up() {
     assert_eq!(n(tier, "cross_rank_hits"), cross);
 }
 
+fn json_file(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("json")
+}
+
+/// The storage tier's counters of a bench result.
+fn bench_storage(s: &Value) -> &Value {
+    &s["kvtrace"]["tiers"]
+        .as_array()
+        .expect("tiers")
+        .iter()
+        .find(|t| t["tier"] == "storage")
+        .expect("a storage tier")["counters"]
+}
+
+/// A small bench: two users of the smallest model, no CPU tier, no generation time.
+const BENCH: [&str; 11] = [
+    "bench",
+    "-q",
+    "--model",
+    "tiny-1b",
+    "--num-users",
+    "2",
+    "--cpu-mem-gb",
+    "0",
+    "--generation-mode",
+    "none",
+    "--seed",
+];
+
+#[test]
+fn mpirun_bench_ranks_share_the_cluster_storage_tier() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let output = dir.path().join("bench.json");
+    let csv = dir.path().join("bench.csv");
+    let tier = format!(
+        r#"{{"type":"resp-cluster","nodes":["redis://127.0.0.1:{}"],"prefix":"shared"}}"#,
+        cluster.ports()[1]
+    );
+    // Base seed 2: rank 0 (seed 2) looks up shared system prompts in its first requests.
+    let mut args: Vec<&str> = BENCH.to_vec();
+    args.extend([
+        "2",
+        "--duration",
+        "3",
+        "--output",
+        output.to_str().expect("path"),
+        "--csv",
+        csv.to_str().expect("path"),
+        "--storage-tier",
+        &tier,
+    ]);
+    let Some(out) = mpirun(4, &args) else {
+        return;
+    };
+    ok(&out);
+    let reports: Vec<Value> = (0..4)
+        .map(|r| json_file(&dir.path().join(format!("bench.rank-{r:05}.json"))))
+        .collect();
+    for (r, s) in reports.iter().enumerate() {
+        assert_eq!(n(s, "kvtrace.rank.rank"), r as u64);
+        assert_eq!(n(s, "kvtrace.rank.world_size"), 4);
+        assert_eq!(n(s, "seed"), 2 + r as u64, "seed = base + rank");
+        assert_eq!(
+            n(s, "kvtrace.io_errors"),
+            0,
+            "{}",
+            s["kvtrace"]["first_io_error"]
+        );
+        assert!(
+            n(bench_storage(s), "writes") > 0,
+            "rank {r} wrote to the cluster"
+        );
+        let row = std::fs::read_to_string(dir.path().join(format!("bench.rank-{r:05}.csv")))
+            .expect("csv");
+        assert!(row.starts_with("rank,"), "{row}");
+        assert!(row
+            .lines()
+            .nth(1)
+            .expect("row")
+            .starts_with(&format!("{r},")));
+    }
+    let sp_lookups = n(&reports[0], "summary.prefix_cache_stats.prefix_hits")
+        + n(&reports[0], "summary.prefix_cache_stats.prefix_misses");
+    assert!(sp_lookups > 0, "rank 0 (seed 2) looked up a system prompt");
+    // Every entry is a header and its 256 KiB values in the cluster.
+    assert!(
+        cluster.keys()
+            > reports
+                .iter()
+                .map(|s| n(bench_storage(s), "writes"))
+                .sum::<u64>()
+    );
+
+    // A process with rank 0's seed draws rank 0's requests: its system-prompt lookups find
+    // the entries the ranks wrote, reads of another process's writes.
+    let reader = dir.path().join("reader.json");
+    let mut args: Vec<&str> = BENCH.to_vec();
+    args.extend([
+        "2",
+        "--duration",
+        "2",
+        "--output",
+        reader.to_str().expect("path"),
+        "--storage-tier",
+        &tier,
+    ]);
+    ok(&kvtrace(&args));
+    let reader = json_file(&reader);
+    assert!(n(bench_storage(&reader), "cross_rank_hits") > 0, "{reader}");
+    assert!(n(&reader, "summary.prefix_cache_stats.prefix_hits") > 0);
+
+    // The aggregate is the ranks' sums; percentiles from every request of the run.
+    let merged = dir.path().join("aggregate.json");
+    let mut args = vec!["aggregate".to_owned(), "-q".into(), "--json".into()];
+    args.push(merged.to_str().expect("path").into());
+    args.extend((0..4).map(|r| {
+        dir.path()
+            .join(format!("bench.rank-{r:05}.json"))
+            .to_str()
+            .expect("path")
+            .to_owned()
+    }));
+    ok(&kvtrace(&args));
+    let merged = json_file(&merged);
+    let sum = |path: &str| reports.iter().map(|s| n(s, path)).sum::<u64>();
+    assert_eq!(n(&merged, "world_size"), 4);
+    assert_eq!(n(&merged, "requests_completed"), sum("requests_completed"));
+    assert_eq!(n(&merged, "total_tokens"), sum("total_tokens_generated"));
+    assert_eq!(
+        n(&merged, "cache_hits"),
+        sum("summary.cache_stats.cache_hits")
+    );
+    let storage = merged["tiers"]
+        .as_array()
+        .expect("tiers")
+        .iter()
+        .find(|t| t["tier"] == "storage")
+        .expect("storage");
+    assert_eq!(
+        n(storage, "writes"),
+        reports
+            .iter()
+            .map(|s| n(bench_storage(s), "writes"))
+            .sum::<u64>()
+    );
+    let reads: u64 = reports.iter().map(|s| n(bench_storage(s), "reads")).sum();
+    assert_eq!(n(&merged, "ops.storage_read.count"), reads);
+}
+
 /// The generated trace the longer runs replay: 3,000 records over about 5 s of trace time,
 /// small objects.
 fn paced_trace(dir: &Path) -> PathBuf {
@@ -467,6 +620,20 @@ fn rank_flags_that_cannot_mean_anything_are_usage_errors() {
             "--run-id",
             "../x",
         ],
+        vec!["bench", "--suite", "--rank", "0", "--world-size", "2"],
+        vec!["bench", "--storage-tier", r#"{"type":"fs","path":"/tmp"}"#],
+        vec![
+            "bench",
+            "--storage-tier",
+            r#"{"type":"resp-cluster","nodes":["redis://127.0.0.1:1"],"capacity_gb":1}"#,
+        ],
+        vec![
+            "bench",
+            "--storage-capacity-gb",
+            "1",
+            "--storage-tier",
+            r#"{"type":"resp-cluster","nodes":["redis://127.0.0.1:1"]}"#,
+        ],
     ] {
         let out = kvtrace(&args);
         assert_eq!(
@@ -477,6 +644,19 @@ fn rank_flags_that_cannot_mean_anything_are_usage_errors() {
         );
         assert_eq!(text(&out.stderr).lines().count(), 1, "{args:?}");
     }
+    // A cluster that does not answer: one line naming it, exit 1, before any time is spent.
+    let out = kvtrace([
+        "bench",
+        "--storage-tier",
+        r#"{"type":"resp-cluster","nodes":["redis://127.0.0.1:1"]}"#,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("resp-cluster redis://127.0.0.1:1"),
+        "{stderr}"
+    );
 }
 
 #[test]

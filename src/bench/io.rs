@@ -91,6 +91,21 @@ impl IoBuffer {
     fn chunk(&mut self) -> &mut [u8] {
         self.buf.slice(CHUNK)
     }
+
+    /// The `len` bytes (at most [`CHUNK`]) of the entry stamped `stamp` that start at byte
+    /// `offset` (a multiple of 4 KiB): noise, each 4 KiB block marked with the entry and
+    /// its number.
+    pub fn fill(&mut self, len: usize, stamp: u64, offset: u64) -> &[u8] {
+        let chunk = &mut self.chunk()[..len];
+        chunk.copy_from_slice(&noise()[..len]);
+        for (i, block) in chunk.chunks_mut(BLOCK).enumerate() {
+            let n = offset / BLOCK as u64 + i as u64;
+            let mark = (stamp.rotate_left(17) ^ n).to_le_bytes();
+            let k = block.len().min(8);
+            block[..k].copy_from_slice(&mark[..k]);
+        }
+        chunk
+    }
 }
 
 /// How a tier's files are opened.
@@ -123,15 +138,7 @@ pub fn write_entry(
     while written < total {
         buf.check()?;
         let len = (total - written).min(CHUNK as u64) as usize;
-        let chunk = buf.chunk();
-        chunk[..len].copy_from_slice(&noise()[..len]);
-        for (i, block) in chunk[..len].chunks_mut(BLOCK).enumerate() {
-            let n = written / BLOCK as u64 + i as u64;
-            let mark = (stamp.rotate_left(17) ^ n).to_le_bytes();
-            let k = block.len().min(8);
-            block[..k].copy_from_slice(&mark[..k]);
-        }
-        file.write_all(&chunk[..len])
+        file.write_all(buf.fill(len, stamp, written))
             .map_err(|e| with_path(e, path))?;
         written += len as u64;
     }

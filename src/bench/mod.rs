@@ -5,6 +5,8 @@
 pub mod autoscale;
 pub mod burst;
 pub mod calls;
+#[cfg(feature = "redis")]
+pub mod cluster;
 pub mod io;
 pub mod iolog;
 pub mod metrics;

@@ -14,7 +14,7 @@ use super::io::FileMode;
 use super::iolog::IoLog;
 use super::models::model;
 use super::rag::Corpus;
-use super::report::{BenchReport, Profile, ReportInput};
+use super::report::{BenchReport, Profile, RankWindow, ReportInput};
 use super::run::{run, BenchConfig, DecodeReads, MultiTurn, MAX_WORKERS};
 use super::sharegpt::{self, Dataset};
 use super::sheets::RunParameters;
@@ -25,8 +25,11 @@ use crate::bus::{EventBus, SubscriberReport, Tracer};
 use crate::clock::local_stamp;
 use crate::error::{Error, Result};
 use crate::machine::{available_memory, free_bytes};
+use crate::rank::Rank;
 use crate::report::{self, csv::Csv, json::Json, xlsx::Xlsx, Exporter, Target};
-use crate::storage::config::{EvictionConfig, EvictionTiming, L2Config, Placement, StorageConfig};
+use crate::storage::config::{
+    BackendConfig, EvictionConfig, EvictionTiming, L2Config, Placement, StorageConfig,
+};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -110,6 +113,42 @@ pub struct Options {
     pub output: Option<PathBuf>,
     pub xlsx_output: Option<PathBuf>,
     pub csv: Option<PathBuf>,
+    /// The storage tier in a cluster every rank shares, instead of files under `cache_dir`.
+    pub storage_cluster: Option<ClusterSpec>,
+    /// This process's place in a run of many: its seed is `seed` + rank, its files and
+    /// cache directory carry the rank, its users' entries are its own.
+    pub rank: Option<Rank>,
+    /// Names the run (a launcher's job id or `--run-id`): the default key prefix of a
+    /// cluster storage tier, so ranks of one run share keys and runs do not.
+    pub run_id: Option<String>,
+}
+
+/// `--storage-tier`: a `resp-cluster` tier, written as replay's `--l2-adapter` is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterSpec {
+    pub nodes: Vec<String>,
+    /// `None`: `kvtrace-bench-<run id>`.
+    pub prefix: Option<String>,
+}
+
+impl ClusterSpec {
+    /// Reads `{"type":"resp-cluster","nodes":[...],"prefix":...}`; any other tier type is
+    /// a usage error (files under `--cache-dir` are the default storage tier).
+    pub fn parse(text: &str) -> Result<ClusterSpec> {
+        let flag = |e: String| Error::usage(format!("--storage-tier: {e}"));
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| flag(crate::error::json_reason(&e)))?;
+        let l2 = L2Config::from_adapter(&v).map_err(flag)?;
+        match l2.backend {
+            BackendConfig::RespCluster { nodes, .. } => Ok(ClusterSpec {
+                nodes,
+                prefix: v.get("prefix").and_then(|p| p.as_str()).map(str::to_owned),
+            }),
+            _ => Err(flag(
+                "bench's storage tier is files under --cache-dir or a \"resp-cluster\"".into(),
+            )),
+        }
+    }
 }
 
 impl Default for Options {
@@ -155,6 +194,9 @@ impl Default for Options {
             output: None,
             xlsx_output: None,
             csv: None,
+            storage_cluster: None,
+            rank: None,
+            run_id: None,
         }
     }
 }
@@ -184,9 +226,13 @@ impl Drop for RunDir {
 
 /// A fresh directory for this run's `tier` under `parent`. One per tier, even when both
 /// flags name the same parent: two tiers in one directory would hold an entry under one
-/// path, and a demotion's delete of the source would remove the copy it just wrote.
-fn run_dir(parent: &Path, tier: &str) -> Result<RunDir> {
-    let dir = parent.join(format!("kvtrace-bench-{}-{tier}", std::process::id()));
+/// path, and a demotion's delete of the source would remove the copy it just wrote. A rank
+/// names itself too: ranks on many hosts may share `parent`, and process ids repeat there.
+fn run_dir(parent: &Path, tier: &str, rank: Option<&Rank>) -> Result<RunDir> {
+    let rank = rank
+        .map(|r| format!("{}-", r.dir_name()))
+        .unwrap_or_default();
+    let dir = parent.join(format!("kvtrace-bench-{rank}{}-{tier}", std::process::id()));
     std::fs::create_dir_all(&dir)
         .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
     Ok(RunDir(dir))
@@ -240,6 +286,9 @@ pub struct Plan {
     outputs: Vec<(&'static dyn Exporter, Target)>,
     parameters: RunParameters,
     profile: Profile,
+    rank: Option<Rank>,
+    /// The seed before the rank was added.
+    base_seed: u64,
     /// Dropped after the run, removing the tiers' files.
     _dirs: Vec<RunDir>,
     /// What the user should know before the run starts.
@@ -297,17 +346,23 @@ impl Plan {
         if !(o.gpu_bandwidth_gbps.is_finite() && o.gpu_bandwidth_gbps > 0.0) {
             return Err(Error::usage("--gpu-bandwidth-gbps must be positive"));
         }
-        let output = o
-            .output
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(format!("benchmark_results_{}.json", local_stamp())));
+        let per_rank = |p: &Path| {
+            o.rank
+                .as_ref()
+                .map_or_else(|| p.to_owned(), |r| r.file_name(p))
+        };
+        let output = per_rank(
+            &o.output
+                .clone()
+                .unwrap_or_else(|| format!("benchmark_results_{}.json", local_stamp()).into()),
+        );
         let mut outputs: Vec<(&'static dyn Exporter, Target)> =
             vec![(&Json, Target::File(output.clone()))];
         if let Some(path) = &o.xlsx_output {
-            outputs.push((&Xlsx, Target::File(path.clone())));
+            outputs.push((&Xlsx, Target::File(per_rank(path))));
         }
         if let Some(path) = &o.csv {
-            outputs.push((&Csv, Target::File(path.clone())));
+            outputs.push((&Csv, Target::File(per_rank(path))));
         }
         for (_, target) in &outputs {
             target.check()?;
@@ -317,11 +372,33 @@ impl Plan {
         let burst = burst(o)?;
         let mut warnings = dataset.1;
         let parent = cache_parent(o)?;
-        let storage_dir = run_dir(&parent, "cache")?;
-        let capacity = if storage_bytes > 0 {
-            storage_bytes
-        } else {
-            free_bytes(&storage_dir.0).map_or(u64::MAX, |b| b / 20 * 19)
+        let storage_dir = run_dir(&parent, "cache", o.rank.as_ref())?;
+        let storage = match &o.storage_cluster {
+            Some(cluster) => {
+                if storage_bytes > 0 {
+                    return Err(Error::usage("--storage-capacity-gb: a resp-cluster storage tier is shared by every rank, so its capacity is the cluster's maxmemory"));
+                }
+                let prefix = cluster.prefix.clone().unwrap_or_else(|| {
+                    let run = o.run_id.clone().unwrap_or_else(|| {
+                        format!(
+                            "{}-{}",
+                            std::process::id(),
+                            crate::clock::wall_secs() as u64
+                        )
+                    });
+                    format!("kvtrace-bench-{run}")
+                });
+                Storage::Cluster {
+                    store: cluster_store(&cluster.nodes, &prefix)?,
+                    nodes: cluster.nodes.clone(),
+                    prefix,
+                }
+            }
+            None => Storage::Files(if storage_bytes > 0 {
+                storage_bytes
+            } else {
+                free_bytes(&storage_dir.0).map_or(u64::MAX, |b| b / 20 * 19)
+            }),
         };
         let mut specs = Vec::new();
         if o.gpu_tier {
@@ -335,7 +412,7 @@ impl Plan {
         }
         let mut dirs = vec![];
         if cpu_bytes > 0 {
-            let d = run_dir(&o.cpu_tier_dir, "cpu-tier")?;
+            let d = run_dir(&o.cpu_tier_dir, "cpu-tier", o.rank.as_ref())?;
             let room = free_bytes(&d.0).into_iter().chain(available_memory()).min();
             if let Some(room) = room.filter(|&r| cpu_bytes > r) {
                 warnings.push(format!(
@@ -361,14 +438,17 @@ impl Plan {
         }
         specs.push(TierSpec {
             kind: TierKind::Storage,
-            capacity: Some(capacity),
-            store: TierStore::Files {
-                dir: storage_dir.0.clone(),
-                mode: FileMode {
-                    direct: o.direct_io,
-                    fsync: o.fsync,
-                    drop_cache_before_read: true,
+            capacity: storage.capacity(),
+            store: match &storage {
+                Storage::Files(_) => TierStore::Files {
+                    dir: storage_dir.0.clone(),
+                    mode: FileMode {
+                        direct: o.direct_io,
+                        fsync: o.fsync,
+                        drop_cache_before_read: true,
+                    },
                 },
+                Storage::Cluster { store, .. } => store.clone(),
             },
         });
         if o.io_trace_log.is_some() {
@@ -380,19 +460,21 @@ impl Plan {
             TierCache::new(specs).map_err(|e| Error::io("cannot set up the tiers", e))?;
         let io_log = match &o.io_trace_log {
             Some(path) => {
-                let log = Arc::new(IoLog::create(path)?);
+                let path = per_rank(path);
+                let log = Arc::new(IoLog::create(&path)?);
                 cache = cache.with_log(Arc::clone(&log));
-                Some((log, path.clone()))
+                Some((log, path))
             }
             None => None,
         };
+        let seed = o.rank.as_ref().map_or(o.seed, |r| r.seed(o.seed));
         let config = BenchConfig {
             model,
             users,
             workers: o.workers.unwrap_or(users.min(500)).max(1),
             duration: Duration::from_secs_f64(o.duration_s),
             max_requests: o.max_requests as u64,
-            seed: o.seed,
+            seed,
             personas: o.personas,
             multi_turn: o.multi_turn,
             prefix_caching: o.prefix_caching,
@@ -410,13 +492,18 @@ impl Plan {
             }),
             replay_cycles: o.replay_cycles,
             request_rate: o.request_rate,
+            user_scope: o
+                .rank
+                .as_ref()
+                .map(|r| format!("{}/", r.dir_name()))
+                .unwrap_or_default(),
         };
         let record = o
             .record
             .as_ref()
             .map(|path| {
-                recorded_config(&config, cpu_bytes, capacity, &storage_dir.0)
-                    .map(|c| (path.clone(), c))
+                recorded_config(&config, cpu_bytes, &storage.adapter(&storage_dir.0))
+                    .map(|c| (per_rank(path), c))
             })
             .transpose()?;
         let parameters = RunParameters {
@@ -444,8 +531,11 @@ impl Plan {
             request_rate: config.request_rate,
             max_requests: config.max_requests,
             dataset_path: o.dataset_path.as_ref().map(|p| p.display().to_string()),
-            cache_dir: parent.display().to_string(),
-            storage_capacity_gib: capacity.min(u64::MAX / 2) as f64 / GIB,
+            cache_dir: match &storage {
+                Storage::Files(_) => parent.display().to_string(),
+                Storage::Cluster { nodes, .. } => format!("resp-cluster {}", nodes.join(",")),
+            },
+            storage_capacity_gib: storage.capacity().unwrap_or(0).min(u64::MAX / 2) as f64 / GIB,
             trace_speedup: config.burst.as_ref().map_or(1.0, |b| b.speedup),
             replay_cycles: config.replay_cycles,
         };
@@ -459,6 +549,8 @@ impl Plan {
             outputs,
             parameters,
             profile: o.profile,
+            rank: o.rank.clone(),
+            base_seed: o.seed,
             _dirs: dirs,
             warnings,
         })
@@ -482,7 +574,9 @@ impl Plan {
             self.config.model.name,
             per_token,
         );
+        let started_unix_s = crate::clock::wall_secs();
         let outcome = run(&self.config, &self.cache, &calls, progress)?;
+        let finished_unix_s = crate::clock::wall_secs();
         drop(calls);
         let recordings = match bus {
             Some(bus) => bus.close()?,
@@ -493,12 +587,18 @@ impl Plan {
                 .map_err(|e| Error::io("cannot write", e).in_file(path.display()))?;
         }
         let tiers = self.cache.counters();
-        let report = BenchReport::build(ReportInput {
+        let mut report = BenchReport::build(ReportInput {
             config: &self.config,
             outcome: &outcome,
             tiers: &tiers,
             profile: self.profile,
             parameters: self.parameters.clone(),
+        });
+        report.kvtrace.rank = self.rank.clone().map(|rank| RankWindow {
+            rank,
+            base_seed: self.base_seed,
+            started_unix_s,
+            finished_unix_s,
         });
         for (exporter, target) in &self.outputs {
             report::write(&report, *exporter, target, "")?;
@@ -517,15 +617,9 @@ impl Plan {
 fn recorded_config(
     config: &BenchConfig,
     cpu_bytes: u64,
-    storage_bytes: u64,
-    storage_dir: &Path,
+    l2: &serde_json::Value,
 ) -> Result<StorageConfig> {
     let per_token = config.model.bytes_per_token() / u64::from(config.tensor_parallel);
-    let l2 = serde_json::json!({
-        "type": "fs",
-        "path": storage_dir.display().to_string(),
-        "capacity_gb": storage_bytes.min(1 << 60) as f64 / GIB,
-    });
     Ok(StorageConfig {
         l1_size_bytes: cpu_bytes.max(per_token * config.personas.max_context_tokens()),
         l1_buffers: false,
@@ -534,9 +628,60 @@ fn recorded_config(
             timing: EvictionTiming::Immediate,
             ..EvictionConfig::default()
         },
-        l2: vec![L2Config::from_adapter(&l2).map_err(Error::usage)?],
+        l2: vec![L2Config::from_adapter(l2).map_err(Error::usage)?],
         ..StorageConfig::default()
     })
+}
+
+/// The storage tier: files of a capacity, or a shared cluster.
+enum Storage {
+    Files(u64),
+    Cluster {
+        store: TierStore,
+        nodes: Vec<String>,
+        prefix: String,
+    },
+}
+
+impl Storage {
+    /// The tier's capacity; a cluster's is its own maxmemory, not this process's to hold.
+    fn capacity(&self) -> Option<u64> {
+        match self {
+            Storage::Files(bytes) => Some(*bytes),
+            Storage::Cluster { .. } => None,
+        }
+    }
+
+    /// The tier as a replay `--l2-adapter` (what a recording's header says).
+    fn adapter(&self, dir: &Path) -> serde_json::Value {
+        match self {
+            Storage::Files(bytes) => serde_json::json!({
+                "type": "fs",
+                "path": dir.display().to_string(),
+                "capacity_gb": (*bytes).min(1 << 60) as f64 / GIB,
+            }),
+            Storage::Cluster { nodes, prefix, .. } => serde_json::json!({
+                "type": "resp-cluster",
+                "nodes": nodes,
+                "prefix": prefix,
+            }),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+fn cluster_store(nodes: &[String], prefix: &str) -> Result<TierStore> {
+    super::cluster::ClusterStore::connect(nodes, prefix)
+        .map(|c| TierStore::Cluster(Arc::new(c)))
+        .map_err(|e| Error::io("--storage-tier", e))
+}
+
+#[cfg(not(feature = "redis"))]
+fn cluster_store(nodes: &[String], _: &str) -> Result<TierStore> {
+    Err(Error::usage(format!(
+        "--storage-tier: the resp-cluster tier at {} needs a kvtrace built with the `redis` feature",
+        nodes.join(",")
+    )))
 }
 
 /// The BurstGPT log, when one is given.

@@ -4,6 +4,8 @@
 //! deadline. As a [`Report`] it is also kv-cache.py's workbook ([`super::sheets`]) and the
 //! console summary.
 
+use std::collections::BTreeMap;
+
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use serde_json::Value as Json;
@@ -15,6 +17,8 @@ use super::sheets::{self, RunParameters};
 use super::tiers::{TierCounters, TierKind};
 use super::users::QosLevel;
 use crate::error::{Error, Result};
+use crate::rank::Rank;
+use crate::report::histogram::LatencyHistogram;
 use crate::report::{JsonStyle, Report, Table};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -428,6 +432,19 @@ pub struct TierReport {
     pub counters: TierCounters,
 }
 
+/// A rank's place in a run of many, and its measured window: what `kvtrace aggregate`
+/// merges ranks by.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RankWindow {
+    #[serde(flatten)]
+    pub rank: Rank,
+    /// The run's seed; this rank's is `base_seed` + rank.
+    pub base_seed: u64,
+    /// Start and end of the run, in seconds since the Unix epoch.
+    pub started_unix_s: f64,
+    pub finished_unix_s: f64,
+}
+
 /// kvtrace's additions.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct Extras {
@@ -444,6 +461,12 @@ pub struct Extras {
     pub interrupted: bool,
     pub assessments: Assessments,
     pub tiers: Vec<TierReport>,
+    /// In rank mode, which rank this is.
+    pub rank: Option<RankWindow>,
+    /// Every latency the report gives percentiles of, as a mergeable HdrHistogram (see
+    /// [`crate::report::histogram`]): `end_to_end`, `storage_io`, `generation`, and
+    /// `<tier>_read` / `<tier>_write` per tier that served one.
+    pub latency_histograms: BTreeMap<String, String>,
 }
 
 /// Everything a bench run measured.
@@ -670,6 +693,18 @@ impl BenchReport {
                 hit_rate: rate(mt_hits, mt_misses),
             },
         };
+        let latency_histograms = histograms(
+            [
+                ("end_to_end".to_owned(), &e2e),
+                ("storage_io".to_owned(), &storage),
+                ("generation".to_owned(), &generation),
+            ]
+            .into_iter()
+            .chain(c.ops.iter().map(|((kind, write), o)| {
+                let dir = if *write { "write" } else { "read" };
+                (format!("{}_{dir}", kind.name()), &o.total_s)
+            })),
+        );
         BenchReport {
             requests_completed: c.requests.len(),
             total_tokens_generated: tokens,
@@ -713,6 +748,8 @@ impl BenchReport {
                         counters: t.clone(),
                     })
                     .collect(),
+                rank: None,
+                latency_histograms,
             },
             parameters: input.parameters,
             profile: input.profile,
@@ -724,6 +761,18 @@ impl BenchReport {
         let s = &self.summary;
         let c = &s.cache_stats;
         let mut out = String::from("kvtrace bench\n");
+        if let Some(r) = &self.kvtrace.rank {
+            let cross: u64 = self
+                .kvtrace
+                .tiers
+                .iter()
+                .map(|t| t.counters.cross_rank_hits)
+                .sum();
+            out += &format!(
+                "  rank {} of {} ({}), seed {}; reads of other ranks' entries: {cross}\n",
+                r.rank.rank, r.rank.world_size, r.rank.source, self.seed
+            );
+        }
         if self.kvtrace.interrupted {
             out += "  stopped by a signal: partial results, marked \"interrupted\": true in the report\n";
         }
@@ -789,13 +838,40 @@ impl Report for BenchReport {
         JsonStyle::Pretty
     }
 
+    /// kv-cache.py's tables; in rank mode each with a first column `rank`.
     fn tables(&self) -> Vec<Table> {
-        sheets::tables(self)
+        let tables = sheets::tables(self);
+        match &self.kvtrace.rank {
+            Some(r) => {
+                let rank = crate::report::Cell::Count(u64::from(r.rank.rank));
+                tables
+                    .into_iter()
+                    .map(|t| t.with_first_column("rank", &rank))
+                    .collect()
+            }
+            None => tables,
+        }
     }
 
     fn terminal(&self) -> String {
         self.console()
     }
+}
+
+/// Each named series of seconds as an encoded HdrHistogram of milliseconds.
+fn histograms<'a>(
+    series: impl Iterator<Item = (String, &'a Vec<f64>)>,
+) -> BTreeMap<String, String> {
+    series
+        .filter(|(_, seconds)| !seconds.is_empty())
+        .map(|(name, seconds)| {
+            let mut h = LatencyHistogram::new();
+            for s in seconds {
+                h.record_ms(s * 1e3);
+            }
+            (name, h.encode())
+        })
+        .collect()
 }
 
 /// The latency profile: storage write and read P95 (device time), CPU P95, hit rate.

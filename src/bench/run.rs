@@ -83,6 +83,10 @@ pub struct BenchConfig {
     pub request_rate: f64,
     /// Documents ingested at the start and retrieved by one request in ten.
     pub rag: Option<Corpus>,
+    /// Put before the names of users' entries (and request ids): in rank mode
+    /// `rank-00003/`, so ranks sharing a tier never take each other's conversations for
+    /// their own; system prompts and documents stay unscoped, shared by every rank.
+    pub user_scope: String,
 }
 
 /// Where a user's requests come from.
@@ -601,8 +605,8 @@ impl Shared<'_> {
     }
 }
 
-fn turn_name(r: &Request, turn: u32) -> String {
-    format!("conv_{}_{}_turn_{}", r.user, r.conversation, turn)
+fn turn_name(scope: &str, r: &Request, turn: u32) -> String {
+    format!("{scope}conv_{}_{}_turn_{}", r.user, r.conversation, turn)
 }
 
 /// Serves one request: shared prefix, earlier turns, the prompt's KV, decode reads, then
@@ -612,7 +616,10 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
     let c = shared.config;
     let r = &q.request;
     let mut spent = Spent::default();
-    let request = format!("user{}-conv{}-turn{}", r.user, r.conversation, r.turn);
+    let request = format!(
+        "{}user{}-conv{}-turn{}",
+        c.user_scope, r.user, r.conversation, r.turn
+    );
     let mut context = r.context_tokens;
     if let (true, Some(p)) = (c.prefix_caching, r.system_prompt) {
         let tokens = c.system_prompt_tokens[usize::from(p) % 3];
@@ -638,7 +645,12 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
             if shared.stopped() {
                 return None;
             }
-            if let Some(t) = shared.read(&turn_name(r, turn), Category::MultiTurn, &request, buf) {
+            if let Some(t) = shared.read(
+                &turn_name(&c.user_scope, r, turn),
+                Category::MultiTurn,
+                &request,
+                buf,
+            ) {
                 spent.prefill_s += t.total_s();
             }
         }
@@ -660,7 +672,7 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
             }
         }
     }
-    let own = turn_name(r, r.turn);
+    let own = turn_name(&c.user_scope, r, r.turn);
     if shared.stopped() {
         return None;
     }
@@ -727,6 +739,7 @@ mod tests {
             replay_cycles: 0,
             request_rate: 0.0,
             rag: None,
+            user_scope: String::new(),
         }
     }
 

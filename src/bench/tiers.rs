@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+#[cfg(feature = "redis")]
+use super::cluster::ClusterStore;
 use super::io::{read_entry, write_entry, FileMode, IoBuffer, IoTime};
 use super::iolog::{IoLog, IoOp};
 use crate::storage::file::{object_path, remove_object};
@@ -50,6 +52,9 @@ pub enum TierStore {
     Files { dir: PathBuf, mode: FileMode },
     /// Keeps nothing and takes no time: for logging the I/O a run would do.
     Null,
+    /// A Redis Cluster every rank of the run shares (the last tier only).
+    #[cfg(feature = "redis")]
+    Cluster(Arc<ClusterStore>),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -81,6 +86,8 @@ pub struct TierCounters {
     /// Moves cut short because the run reached its deadline (the entry is dropped; not a
     /// failure of the storage).
     pub move_cancels: u64,
+    /// Reads of entries this process did not write: another rank's, found in a shared tier.
+    pub cross_rank_hits: u64,
     /// Seconds spent writing and reading (moves included).
     pub write_s: f64,
     pub read_s: f64,
@@ -192,9 +199,12 @@ fn store_write(
             write_entry(&object_path(dir, key), size, stamp, *mode, buf)
         }
         TierStore::Null => Ok(IoTime::default()),
+        #[cfg(feature = "redis")]
+        TierStore::Cluster(cluster) => cluster.write(key, size, stamp, buf),
     }
 }
 
+/// Reads an entry; `NotFound` when a shared tier no longer holds it (its own eviction).
 fn store_read(spec: &TierSpec, key: KeyId, size: u64, buf: &mut IoBuffer) -> io::Result<IoTime> {
     match &spec.store {
         TierStore::Modelled { gbps } => Ok(IoTime {
@@ -203,12 +213,24 @@ fn store_read(spec: &TierSpec, key: KeyId, size: u64, buf: &mut IoBuffer) -> io:
         }),
         TierStore::Files { dir, mode } => read_entry(&object_path(dir, key), size, *mode, buf),
         TierStore::Null => Ok(IoTime::default()),
+        #[cfg(feature = "redis")]
+        TierStore::Cluster(cluster) => match cluster.read(key, buf)? {
+            Some((_, time)) => Ok(time),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("resp-cluster {}: entry evicted", cluster.nodes()),
+            )),
+        },
     }
 }
 
-fn store_delete(spec: &TierSpec, key: KeyId) -> io::Result<()> {
+/// Removes an entry of `size` bytes (a cluster removes its values one by one).
+#[cfg_attr(not(feature = "redis"), allow(unused_variables))]
+fn store_delete(spec: &TierSpec, key: KeyId, size: u64) -> io::Result<()> {
     match &spec.store {
         TierStore::Files { dir, .. } => remove_object(&object_path(dir, key)),
+        #[cfg(feature = "redis")]
+        TierStore::Cluster(cluster) => cluster.delete(key, size),
         _ => Ok(()),
     }
 }
@@ -243,6 +265,16 @@ impl State {
         t.used -= size;
         t.counters.entries -= 1;
         t.lru.remove(&tick);
+    }
+
+    /// The last tier, when it is a cluster every rank shares.
+    #[cfg(feature = "redis")]
+    fn shared(&self) -> Option<(usize, TierKind, Arc<ClusterStore>)> {
+        let last = self.tiers.len().checked_sub(1)?;
+        match &self.tiers[last].spec.store {
+            TierStore::Cluster(c) => Some((last, self.tiers[last].spec.kind, Arc::clone(c))),
+            _ => None,
+        }
     }
 
     /// The oldest entry of a tier that nobody is using.
@@ -296,7 +328,7 @@ impl State {
         self.remove_from(tier, size, tick);
         self.log(IoOp::Evict, size, tier, key);
         if !moved {
-            let _ = store_delete(&self.tiers[tier].spec, key);
+            let _ = store_delete(&self.tiers[tier].spec, key, size);
             self.tiers[tier].counters.deletions += 1;
             self.entries.remove(&key);
             return;
@@ -304,7 +336,7 @@ impl State {
         let result = store_read(&self.tiers[tier].spec, key, size, buf).and_then(|r| {
             store_write(&self.tiers[below].spec, key, size, stamp, buf).map(|w| (r, w))
         });
-        let _ = store_delete(&self.tiers[tier].spec, key);
+        let _ = store_delete(&self.tiers[tier].spec, key, size);
         let src = &mut self.tiers[tier].counters;
         src.demotions += 1;
         match result {
@@ -429,17 +461,23 @@ impl TierCache {
                 if let Some(entry) = s.entries.remove(&key) {
                     s.remove_from(tier, size, entry.tick);
                 }
-                let _ = store_delete(&spec, key);
+                let _ = store_delete(&spec, key, size);
                 Err(e)
             }
         }
     }
 
-    /// Reads a whole entry where it lives.
+    /// Reads a whole entry where it lives. One this process does not hold may be in a
+    /// shared last tier, written by another rank: a cross-rank hit.
     pub fn access(&self, key: KeyId, buf: &mut IoBuffer) -> io::Result<Access> {
         let (tier, size, spec) = {
             let mut s = self.lock();
             let Some(e) = s.entries.get_mut(&key).filter(|e| e.ready) else {
+                #[cfg(feature = "redis")]
+                if let Some(shared) = s.shared().filter(|_| !s.entries.contains_key(&key)) {
+                    drop(s);
+                    return self.access_shared(shared, key, buf);
+                }
                 return Ok(Access::Miss);
             };
             e.pins += 1;
@@ -452,11 +490,44 @@ impl TierCache {
         if let Some(e) = s.entries.get_mut(&key) {
             e.pins -= 1;
         }
+        #[cfg(feature = "redis")]
+        if matches!(&read, Err(e) if e.kind() == io::ErrorKind::NotFound)
+            && s.shared().is_some_and(|(t, ..)| t == tier)
+        {
+            // The cluster's own eviction took it: a miss, as for any evicted entry.
+            if let Some(e) = s.entries.remove(&key) {
+                s.remove_from(tier, size, e.tick);
+            }
+            return Ok(Access::Miss);
+        }
         let time = read?;
         s.tiers[tier].counters.record_read(size, time);
         s.log(IoOp::Read, size, tier, key);
         Ok(Access::Hit {
             tier: spec.kind,
+            size,
+            time,
+        })
+    }
+
+    /// An entry another rank wrote to the shared last tier, read there.
+    #[cfg(feature = "redis")]
+    fn access_shared(
+        &self,
+        (tier, kind, cluster): (usize, TierKind, Arc<ClusterStore>),
+        key: KeyId,
+        buf: &mut IoBuffer,
+    ) -> io::Result<Access> {
+        let Some((size, time)) = cluster.read(key, buf)? else {
+            return Ok(Access::Miss);
+        };
+        let mut s = self.lock();
+        let counters = &mut s.tiers[tier].counters;
+        counters.record_read(size, time);
+        counters.cross_rank_hits += 1;
+        s.log(IoOp::Read, size, tier, key);
+        Ok(Access::Hit {
+            tier: kind,
             size,
             time,
         })

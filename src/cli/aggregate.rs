@@ -7,17 +7,19 @@ use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Exporter, Report, Target
 
 use super::print_stdout;
 
-/// Merge the per-rank reports of one run (replay in rank mode) into one: summed counts,
-/// calls/s over the common window, percentiles from the ranks' merged histograms, the
-/// spread over ranks and MLPerf's cross-rank rules (mean of rank throughputs, max of rank
-/// P95)
+/// Merge the per-rank reports of one run (replay or bench in rank mode) into one: summed
+/// counts, throughput over the common window, percentiles from the ranks' merged
+/// histograms, the spread over ranks and MLPerf's cross-rank rules (mean of rank
+/// throughputs, max of rank P95)
 #[derive(clap::Args)]
 #[command(after_help = super::examples(&[
     "mpirun -np 4 kvtrace replay trace.lct --json --output-dir run1 --l2-adapter '{\"type\":\"resp-cluster\",\"nodes\":[\"redis://10.0.0.5:7000\"]}'",
     "kvtrace aggregate run1/rank-* --json run1/aggregate.json --xlsx run1/aggregate.xlsx",
+    "kvtrace aggregate bench.rank-*.json --csv bench-aggregate",
 ]))]
 pub struct Args {
-    /// Each rank's trace_replay_summary.json, or the rank directory holding it
+    /// Each rank's trace_replay_summary.json (or the rank directory holding it), or each
+    /// rank's bench results JSON
     #[arg(value_name = "RANK-OUTPUT", required = true, num_args = 1..)]
     inputs: Vec<PathBuf>,
     /// Write the merged report as JSON
@@ -67,5 +69,5 @@ pub fn run(args: Args) -> Result<i32, Error> {
     if !args.quiet {
         print_stdout(&run.terminal())?;
     }
-    Ok(if run.failed > 0 { EXIT_DATA } else { EXIT_OK })
+    Ok(if run.failed() { EXIT_DATA } else { EXIT_OK })
 }

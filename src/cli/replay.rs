@@ -160,16 +160,6 @@ fn rank_tiers(config: &mut StorageConfig, rank: &Rank) {
     }
 }
 
-/// A rank's name for a per-run file: `records.jsonl` becomes `records.rank-00002.jsonl`.
-fn rank_file(path: &Path, rank: &Rank) -> PathBuf {
-    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
-    let name = match path.extension() {
-        Some(ext) => format!("{stem}.{}.{}", rank.dir_name(), ext.to_string_lossy()),
-        None => format!("{stem}.{}", rank.dir_name()),
-    };
-    path.with_file_name(name)
-}
-
 fn pacing(args: &Args) -> Result<Pacing, Error> {
     match (args.pace, args.speedup) {
         (Some(Pace::Afap), Some(_)) => {
@@ -252,7 +242,7 @@ pub fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Plan, Err
             .jsonl_out
             .as_deref()
             .filter(|_| outputs)
-            .map(|p| rank.map_or_else(|| p.to_owned(), |r| rank_file(p, r))),
+            .map(|p| rank.map_or_else(|| p.to_owned(), |r| r.file_name(p))),
         barrier,
     };
     let overrides = |config: &mut StorageConfig| {

@@ -10,6 +10,8 @@
 
 pub mod barrier;
 
+use std::path::{Path, PathBuf};
+
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -108,6 +110,16 @@ impl Rank {
     /// directory the run was given: `rank-00003`. Five digits sort up to 100,000 ranks.
     pub fn dir_name(&self) -> String {
         format!("rank-{:05}", self.rank)
+    }
+
+    /// A rank's name for a per-run file: `records.jsonl` becomes `records.rank-00002.jsonl`.
+    pub fn file_name(&self, path: &Path) -> PathBuf {
+        let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+        let name = match path.extension() {
+            Some(ext) => format!("{stem}.{}.{}", self.dir_name(), ext.to_string_lossy()),
+            None => format!("{stem}.{}", self.dir_name()),
+        };
+        path.with_file_name(name)
     }
 }
 

@@ -47,27 +47,62 @@ pub struct ClusterTier {
     payload: Vec<u8>,
 }
 
+/// A client of the cluster whose seed nodes are `nodes` (shown as `shown` in errors), with
+/// this module's timeouts and retries.
+pub fn client(nodes: &[String], shown: &str) -> io::Result<ClusterClient> {
+    ClusterClientBuilder::new(nodes.to_vec())
+        .connection_timeout(CONNECT_TIMEOUT)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .retries(RETRIES)
+        .min_retry_wait(MIN_RETRY_WAIT_MS)
+        .max_retry_wait(MAX_RETRY_WAIT_MS)
+        .build()
+        .map_err(|e| error(shown, "bad node list", e))
+}
+
+/// A connection of `client` that answered `PING`.
+pub fn connect(client: &ClusterClient, shown: &str) -> io::Result<ClusterConnection> {
+    let mut connection = client
+        .get_connection()
+        .map_err(|e| error(shown, "cannot connect", e))?;
+    redis::cmd("PING")
+        .query::<String>(&mut connection)
+        .map_err(|e| error(shown, "no answer to PING", e))?;
+    Ok(connection)
+}
+
+/// One line naming the cluster, what failed and why.
+pub fn error(shown: &str, what: &str, e: redis::RedisError) -> io::Error {
+    io::Error::other(one_line(format!("resp-cluster {shown}: {what}: {e}")))
+}
+
+/// Sends idempotent `commands` as one pipeline (one batch per node). The client follows
+/// redirections of single commands but hands a pipeline's `MOVED`/`ASK` answers back as
+/// errors; so when a resharding moved a slot under the batch, the batch is sent again one
+/// command at a time, each following its redirection (and refreshing the slot map), and the
+/// next batch is routed right. A lost connection is not retried here: the client already
+/// did.
+pub fn batch<T: redis::FromRedisValue>(
+    connection: &mut ClusterConnection,
+    commands: &[redis::Cmd],
+) -> redis::RedisResult<Vec<T>> {
+    let mut pipe = cluster_pipe();
+    for c in commands {
+        pipe.add_command(c.clone());
+    }
+    match pipe.query::<Vec<T>>(connection) {
+        Err(e) if !(e.is_io_error() || e.is_connection_dropped() || e.is_timeout()) => {
+            commands.iter().map(|c| c.query::<T>(connection)).collect()
+        }
+        result => result,
+    }
+}
+
 impl ClusterTier {
     /// Connects to the cluster through `nodes` and checks it answers.
     pub fn connect(nodes: &[String], prefix: &str) -> io::Result<ClusterTier> {
         let shown = nodes.join(",");
-        let error = |what: &str, e: redis::RedisError| {
-            io::Error::other(one_line(format!("resp-cluster {shown}: {what}: {e}")))
-        };
-        let client: ClusterClient = ClusterClientBuilder::new(nodes.to_vec())
-            .connection_timeout(CONNECT_TIMEOUT)
-            .response_timeout(RESPONSE_TIMEOUT)
-            .retries(RETRIES)
-            .min_retry_wait(MIN_RETRY_WAIT_MS)
-            .max_retry_wait(MAX_RETRY_WAIT_MS)
-            .build()
-            .map_err(|e| error("bad node list", e))?;
-        let mut connection = client
-            .get_connection()
-            .map_err(|e| error("cannot connect", e))?;
-        redis::cmd("PING")
-            .query::<String>(&mut connection)
-            .map_err(|e| error("no answer to PING", e))?;
+        let connection = connect(&client(nodes, &shown)?, &shown)?;
         Ok(ClusterTier {
             shown,
             connection,
@@ -81,34 +116,8 @@ impl ClusterTier {
         format!("{}:{}", self.prefix, key.hex())
     }
 
-    /// Sends idempotent `commands` as one pipeline (one batch per node). The client
-    /// follows redirections of single commands but hands a pipeline's `MOVED`/`ASK` answers
-    /// back as errors; so when a resharding moved a slot under the batch, the batch is sent
-    /// again one command at a time, each following its redirection (and refreshing the slot
-    /// map), and the next batch is routed right. A lost connection is not retried here: the
-    /// client already did.
-    fn batch<T: redis::FromRedisValue>(
-        &mut self,
-        commands: &[redis::Cmd],
-    ) -> redis::RedisResult<Vec<T>> {
-        let mut pipe = cluster_pipe();
-        for c in commands {
-            pipe.add_command(c.clone());
-        }
-        match pipe.query::<Vec<T>>(&mut self.connection) {
-            Err(e) if !(e.is_io_error() || e.is_connection_dropped() || e.is_timeout()) => commands
-                .iter()
-                .map(|c| c.query::<T>(&mut self.connection))
-                .collect(),
-            result => result,
-        }
-    }
-
     fn error(&self, what: &str, e: redis::RedisError) -> io::Error {
-        io::Error::other(one_line(format!(
-            "resp-cluster {}: {what}: {e}",
-            self.shown
-        )))
+        error(&self.shown, what, e)
     }
 }
 
@@ -143,7 +152,7 @@ impl Backend for ClusterTier {
                 c
             })
             .collect();
-        self.batch::<()>(&commands)
+        batch::<()>(&mut self.connection, &commands)
             .map(drop)
             .map_err(|e| self.error(&format!("SET of {} object(s)", objects.len()), e))
     }
@@ -169,8 +178,7 @@ impl Backend for ClusterTier {
                 c
             })
             .collect();
-        let lengths: Vec<u64> = self
-            .batch(&commands)
+        let lengths: Vec<u64> = batch(&mut self.connection, &commands)
             .map_err(|e| self.error(&format!("STRLEN of {} key(s)", keys.len()), e))?;
         // A zero-length object is never written (an object has at least one byte), so 0
         // means absent.

@@ -5,10 +5,14 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 use kvtrace::bench::autoscale::AutoscaleMode;
-use kvtrace::bench::plan::{Generation, Options};
+use kvtrace::bench::plan::{ClusterSpec, Generation, Options};
 use kvtrace::bench::report::Profile as ProfileKind;
 use kvtrace::bench::run::{DecodeReads, MultiTurn};
 use kvtrace::bench::users::PersonaSet;
+use kvtrace::error::Error;
+use kvtrace::rank::launcher_run_id;
+
+use crate::cli::rank::RankArgs;
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 enum GenerationMode {
@@ -77,6 +81,7 @@ enum Personas {
     "kvtrace bench --model llama3.1-8b --num-users 20 --duration 30 --cpu-mem-gb 4 --cache-dir /mnt/nvme",
     "kvtrace bench --cpu-mem-gb 0 --gpu-mem-gb 0 --generation-mode none --duration 60 --xlsx-output run.xlsx",
     "kvtrace bench --suite --duration 20 --output suite-reports",
+    "mpirun -np 4 kvtrace bench --num-users 10 --duration 60 --output run.json --storage-tier '{\"type\":\"resp-cluster\",\"nodes\":[\"redis://10.0.0.5:7000\"]}'",
 ]))]
 pub struct Args {
     /// Model whose KV geometry sizes the entries
@@ -103,6 +108,12 @@ pub struct Args {
     /// Directory of the storage tier (default: a temporary directory)
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
+    /// The storage tier in a Redis Cluster or Valkey cluster instead of files:
+    /// '{"type":"resp-cluster","nodes":["redis://127.0.0.1:7000",...],"prefix":"P"}'. Every
+    /// rank of a run shares it (the default prefix names the run); its capacity is the
+    /// cluster's maxmemory; entries stay there after the run
+    #[arg(long, value_name = "JSON")]
+    storage_tier: Option<String>,
     /// Time spent generating each output token
     #[arg(long, value_enum, default_value = "realistic")]
     generation_mode: GenerationMode,
@@ -227,11 +238,14 @@ pub struct Args {
     /// No console summary and no progress bar
     #[arg(short, long)]
     pub quiet: bool,
+    #[command(flatten)]
+    pub ranks: RankArgs,
 }
 
 impl Args {
-    pub fn options(&self) -> Options {
-        Options {
+    /// The options, the rank included (from the flags or the launcher's environment).
+    pub fn options(&self) -> Result<Options, Error> {
+        Ok(Options {
             model: self.model.clone(),
             num_users: self.num_users,
             duration_s: self.duration,
@@ -294,6 +308,17 @@ impl Args {
             output: self.output.clone(),
             xlsx_output: self.xlsx_output.clone(),
             csv: self.csv.clone(),
-        }
+            storage_cluster: self
+                .storage_tier
+                .as_deref()
+                .map(ClusterSpec::parse)
+                .transpose()?,
+            rank: self.ranks.rank()?,
+            run_id: self
+                .ranks
+                .run_id
+                .clone()
+                .or_else(|| launcher_run_id(|name| std::env::var(name).ok())),
+        })
     }
 }

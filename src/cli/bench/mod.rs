@@ -6,11 +6,14 @@ mod args;
 
 use std::io::IsTerminal;
 
+use std::path::Path;
+
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvtrace::bench::plan::{Options, Plan};
 use kvtrace::bench::report::BenchReport;
 use kvtrace::bench::suite::{Suite, SCENARIOS};
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
+use kvtrace::rank::barrier::Barrier;
 
 pub use args::Args;
 
@@ -30,11 +33,19 @@ fn progress_bar(quiet: bool, duration_s: f64) -> ProgressBar {
     bar
 }
 
-/// Plans and runs once; prints the summary unless quiet.
-fn run_once(options: &Options, quiet: bool) -> Result<BenchReport, Error> {
+/// Plans and runs once; prints the summary unless quiet. With a barrier, the run starts
+/// once every rank has set up its tiers.
+fn run_once(
+    options: &Options,
+    quiet: bool,
+    barrier: Option<&Barrier>,
+) -> Result<BenchReport, Error> {
     let plan = Plan::new(options)?;
     for w in &plan.warnings {
         warn_line(w);
+    }
+    if let Some(b) = barrier {
+        b.wait()?;
     }
     let duration = plan.duration_s();
     let bar = progress_bar(quiet, duration);
@@ -55,11 +66,33 @@ fn run_once(options: &Options, quiet: bool) -> Result<BenchReport, Error> {
 }
 
 pub fn run(args: Args) -> Result<i32, Error> {
-    let options = args.options();
+    let options = args.options()?;
     if args.suite {
+        if let Some(r) = &options.rank {
+            return Err(Error::usage(format!(
+                "--suite runs its scenarios one after another; as rank {} of {} ({}) run one bench per rank",
+                r.rank, r.world_size, r.source
+            )));
+        }
         return suite(&options);
     }
-    Ok(exit_status(&run_once(&options, args.quiet)?))
+    let barrier = match &options.rank {
+        Some(r) => {
+            let dir = options
+                .output
+                .as_deref()
+                .and_then(Path::parent)
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            args.ranks.barrier(r, dir)?
+        }
+        None => None,
+    };
+    Ok(exit_status(&run_once(
+        &options,
+        args.quiet,
+        barrier.as_ref(),
+    )?))
 }
 
 /// 128 + the signal after an interrupt; 1 when storage I/O failed (said on stderr even with
@@ -85,7 +118,7 @@ fn suite(options: &Options) -> Result<i32, Error> {
     let mut status = EXIT_OK;
     for scenario in &SCENARIOS {
         eprintln!("kvtrace: {}: {}", scenario.name, scenario.what);
-        let report = run_once(&suite.options(scenario), true)?;
+        let report = run_once(&suite.options(scenario), true, None)?;
         table += &Suite::row(scenario.name, &report);
         status = status.max(exit_status(&report));
         if kvtrace::interrupt::requested().is_some() {

@@ -1,0 +1,294 @@
+//! Replay summaries of ranks merged: records, calls, hit chunks, tier bytes and cross-rank
+//! hits add up; hit rates come from the summed chunks; the rate is calls over the window.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::{json, Value as Json};
+
+use super::{
+    count_at, field, histograms, merge_ops, one_run, ops_table, per_s, rate, sum_tiers,
+    tiers_table, OpSummary, RankId, Spread,
+};
+use crate::error::Result;
+use crate::report::histogram::LatencyHistogram;
+use crate::report::{Cell, JsonStyle, Report, Table, Unit};
+
+/// One rank's report, as much as the run's needs.
+#[derive(Clone, Debug)]
+struct RankInput {
+    id: RankId,
+    replayed: u64,
+    failed: u64,
+    hits: BTreeMap<String, u64>,
+    calls: BTreeMap<String, u64>,
+    tiers: Vec<BTreeMap<String, Json>>,
+    histograms: BTreeMap<String, LatencyHistogram>,
+    errors: BTreeMap<String, u64>,
+}
+
+/// One rank's line in the run.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RankLine {
+    pub rank: u32,
+    pub file: String,
+    pub replayed: u64,
+    pub failed: u64,
+    pub hit_rate: f64,
+    pub duration_s: f64,
+    pub calls_per_s: f64,
+    pub cross_rank_hits: u64,
+}
+
+/// The run, merged.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    pub world_size: u32,
+    /// The common measured window: first start to last end, seconds.
+    pub window_s: f64,
+    pub replayed: u64,
+    pub failed: u64,
+    /// Calls per second over the window.
+    pub calls_per_s: f64,
+    /// MLPerf's rule: the mean of the ranks' own calls per second.
+    pub mean_rank_calls_per_s: f64,
+    pub hits: BTreeMap<String, Json>,
+    pub calls: BTreeMap<String, u64>,
+    pub tiers: Vec<BTreeMap<String, Json>>,
+    pub ops: BTreeMap<String, OpSummary>,
+    pub spread: BTreeMap<String, Spread>,
+    pub ranks: Vec<RankLine>,
+}
+
+const WHAT: &str =
+    "a kvtrace replay summary of a rank (trace_replay_summary.json written in rank mode)";
+
+fn counts(v: &Json) -> BTreeMap<String, u64> {
+    v.as_object()
+        .map(|o| {
+            o.iter()
+                .filter_map(|(k, v)| v.as_u64().map(|n| (k.clone(), n)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn read_rank((file, doc): &(String, Json)) -> Result<RankInput> {
+    let k = field(doc, "kvtrace", file, WHAT)?;
+    let id = RankId::read(field(k, "rank", file, WHAT)?, file, WHAT)?;
+    let histograms = histograms(
+        k.get("latency_histograms"),
+        file,
+        "kvtrace.latency_histograms",
+    )?;
+    let errors = doc
+        .get("ops")
+        .and_then(Json::as_object)
+        .map(|o| {
+            o.iter()
+                .map(|(q, s)| {
+                    (
+                        q.clone(),
+                        s.get("errors").and_then(Json::as_u64).unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(RankInput {
+        id,
+        replayed: count_at(k, "replayed", file, WHAT)?,
+        failed: count_at(k, "failed", file, WHAT)?,
+        hits: counts(field(k, "hits", file, WHAT)?),
+        calls: counts(field(k, "calls", file, WHAT)?),
+        tiers: field(k, "tiers", file, WHAT)?
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|t| t.as_object())
+                    .map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        histograms,
+        errors,
+    })
+}
+
+/// Merges the replay summaries of one run's ranks.
+pub fn aggregate(docs: &[(String, Json)]) -> Result<RunReport> {
+    let mut ranks = docs.iter().map(read_rank).collect::<Result<Vec<_>>>()?;
+    ranks.sort_by_key(|r| r.id.rank);
+    let (world_size, window_s) = one_run(&ranks.iter().map(|r| &r.id).collect::<Vec<_>>())?;
+    let sum = |maps: &mut dyn Iterator<Item = &BTreeMap<String, u64>>| {
+        let mut out: BTreeMap<String, u64> = BTreeMap::new();
+        for m in maps {
+            for (k, v) in m {
+                *out.entry(k.clone()).or_default() += v;
+            }
+        }
+        out
+    };
+    let hit_counts = sum(&mut ranks.iter().map(|r| &r.hits));
+    let mut hits: BTreeMap<String, Json> = hit_counts
+        .iter()
+        .filter(|(k, _)| k.as_str() != "hit_rate_histogram")
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect();
+    let requested = hit_counts.get("requested_chunks").copied().unwrap_or(0);
+    for (name, chunks) in [
+        ("hit_rate", "hit_chunks"),
+        ("l1_hit_rate", "l1_hit_chunks"),
+        ("l2_hit_rate", "l2_hit_chunks"),
+    ] {
+        let n = hit_counts.get(chunks).copied().unwrap_or(0);
+        hits.insert(name.into(), json!(rate(n, requested)));
+    }
+    let tiers = sum_tiers(
+        &ranks.iter().map(|r| r.tiers.as_slice()).collect::<Vec<_>>(),
+        "name",
+    );
+    let ops = merge_ops(ranks.iter().map(|r| (&r.histograms, &r.errors)));
+    let lines: Vec<RankLine> = ranks
+        .iter()
+        .map(|r| {
+            let duration_s = r.id.duration_s();
+            RankLine {
+                rank: r.id.rank,
+                file: r.id.file.clone(),
+                replayed: r.replayed,
+                failed: r.failed,
+                hit_rate: rate(
+                    r.hits.get("hit_chunks").copied().unwrap_or(0),
+                    r.hits.get("requested_chunks").copied().unwrap_or(0),
+                ),
+                duration_s,
+                calls_per_s: per_s(r.replayed as f64, duration_s),
+                cross_rank_hits: r
+                    .tiers
+                    .iter()
+                    .filter_map(|t| t.get("cross_rank_hits").and_then(Json::as_u64))
+                    .sum(),
+            }
+        })
+        .collect();
+    let spread_of = |f: &dyn Fn(&RankLine) -> f64| Spread::of(lines.iter().map(f).collect());
+    let spread = BTreeMap::from([
+        ("calls_per_s".to_owned(), spread_of(&|l| l.calls_per_s)),
+        ("duration_s".to_owned(), spread_of(&|l| l.duration_s)),
+        ("hit_rate".to_owned(), spread_of(&|l| l.hit_rate)),
+        ("replayed".to_owned(), spread_of(&|l| l.replayed as f64)),
+    ]);
+    let replayed = ranks.iter().map(|r| r.replayed).sum();
+    Ok(RunReport {
+        world_size,
+        window_s,
+        replayed,
+        failed: ranks.iter().map(|r| r.failed).sum(),
+        calls_per_s: per_s(replayed as f64, window_s),
+        mean_rank_calls_per_s: lines.iter().map(|l| l.calls_per_s).sum::<f64>()
+            / lines.len() as f64,
+        hits,
+        calls: sum(&mut ranks.iter().map(|r| &r.calls)),
+        tiers,
+        ops,
+        spread,
+        ranks: lines,
+    })
+}
+
+impl Report for RunReport {
+    fn document(&self) -> Result<Json> {
+        super::document(self)
+    }
+
+    fn json_style(&self) -> JsonStyle {
+        JsonStyle::Pretty
+    }
+
+    fn tables(&self) -> Vec<Table> {
+        let mut summary = Table::new(&["metric", "value"])
+            .sheet("Summary")
+            .csv("aggregate_summary.csv");
+        let mut put = |k: &str, c: Cell| summary.rows.push(vec![Cell::text(k), c]);
+        put("world size", Cell::Count(u64::from(self.world_size)));
+        put("window (s)", Cell::Measure(self.window_s, Unit::Seconds));
+        put("replayed", Cell::Count(self.replayed));
+        put("failed", Cell::Count(self.failed));
+        put("calls/s over the window", Cell::Number(self.calls_per_s));
+        put(
+            "mean of rank calls/s (MLPerf)",
+            Cell::Number(self.mean_rank_calls_per_s),
+        );
+        for (k, v) in &self.hits {
+            put(k, Cell::of(v));
+        }
+        for (k, s) in &self.spread {
+            for (what, v) in [("min", s.min), ("median", s.median), ("max", s.max)] {
+                put(&format!("{k} ({what} over ranks)"), Cell::Number(v));
+            }
+        }
+        let ops = ops_table(&self.ops, "qualname");
+        let mut ranks = Table::new(&[
+            "rank",
+            "file",
+            "replayed",
+            "failed",
+            "hit_rate",
+            "duration_s",
+            "calls_per_s",
+            "cross_rank_hits",
+        ])
+        .sheet("Ranks")
+        .csv("aggregate_ranks.csv");
+        for l in &self.ranks {
+            ranks.rows.push(vec![
+                Cell::Count(u64::from(l.rank)),
+                Cell::text(&l.file),
+                Cell::Count(l.replayed),
+                Cell::Count(l.failed),
+                Cell::Measure(l.hit_rate, Unit::Ratio),
+                Cell::Measure(l.duration_s, Unit::Seconds),
+                Cell::Number(l.calls_per_s),
+                Cell::Count(l.cross_rank_hits),
+            ]);
+        }
+        let tiers = tiers_table(&self.tiers);
+        vec![summary, ops, ranks, tiers]
+    }
+
+    fn terminal(&self) -> String {
+        let mut s = format!(
+            "{} ranks, {} calls in {:.3} s: {:.0} calls/s (mean of ranks {:.0}, MLPerf's rule); hit rate {}\n",
+            self.world_size,
+            self.replayed,
+            self.window_s,
+            self.calls_per_s,
+            self.mean_rank_calls_per_s,
+            self.hits.get("hit_rate").and_then(Json::as_f64).map_or("-".into(), crate::report::units::percent)
+        );
+        if self.failed > 0 {
+            s.push_str(&format!("{} call(s) failed\n", self.failed));
+        }
+        s.push_str(&format!(
+            "{:<32} {:>9} {:>10} {:>10} {:>10} {:>14}\n",
+            "call", "count", "p50 ms", "p95 ms", "p99 ms", "max rank p95"
+        ));
+        for (q, o) in &self.ops {
+            s.push_str(&format!(
+                "{:<32} {:>9} {:>10.4} {:>10.4} {:>10.4} {:>14.4}\n",
+                crate::lmct::calls::short_name(q),
+                o.count,
+                o.p50_ms,
+                o.p95_ms,
+                o.p99_ms,
+                o.max_rank_p95_ms
+            ));
+        }
+        let cross: u64 = self.ranks.iter().map(|l| l.cross_rank_hits).sum();
+        if cross > 0 {
+            s.push_str(&format!("loads of other ranks' objects: {cross}\n"));
+        }
+        s
+    }
+}
