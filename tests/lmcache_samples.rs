@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{sample, sample_text, shared, SAMPLES};
+use common::{kvtrace, sample, sample_text, shared, SAMPLES};
 use kvtrace::lmct::digest::{config_digest, python_json};
 use kvtrace::lmct::json::to_lossless;
 use kvtrace::lmct::msgpack::{encode_to_vec, RawValue};
@@ -217,5 +217,56 @@ fn repository_samples_are_the_shared_ones() {
         let ours = std::fs::read(sample(name)).expect("ours");
         let theirs = std::fs::read(shared.join(format!("lmcache/{name}.lct"))).expect("shared");
         assert_eq!(ours, theirs, "{name}");
+    }
+}
+
+/// An events-level recording: `kvtrace info` prints LMCache's own summary of it — header,
+/// ops and the `events:` block (instances and incarnations, batches by type/tier/backend/
+/// scope, entries, store bytes, lifecycle) — line for line, with one thread or several.
+#[test]
+fn events_info_is_lmcache_s_summary_line_for_line() {
+    let Some(shared) = shared() else { return };
+    let dir = shared.join("lmcache");
+    let expected = std::fs::read_to_string(dir.join("events_churn.info.txt")).expect("info");
+    for threads in [1, 3] {
+        let options = ReadOptions {
+            threads,
+            ..ReadOptions::default()
+        };
+        let info = inspect(&dir.join("events_churn.lct"), options, QUIET).expect("inspect");
+        let text = info.render();
+        let (lmcache, ours) = text.split_once("  kvtrace:\n").expect("kvtrace block");
+        let (_, lmcache) = lmcache.split_once('\n').expect("file line");
+        let (_, expected) = expected.split_once('\n').expect("file line");
+        assert_eq!(lmcache, expected, "{threads} thread(s)");
+        assert!(ours.contains("store bytes l1:"), "{ours}");
+        let events = info.events.expect("events summary");
+        assert_eq!(events.store_bytes, 7_602_176);
+        assert_eq!(events.store_bytes_per_tier["l1"], events.store_bytes);
+    }
+}
+
+/// An events-level recording converts to JSON lines and back, and through zstd, byte for
+/// byte.
+#[test]
+fn events_traces_convert_byte_for_byte() {
+    let Some(shared) = shared() else { return };
+    let original = shared.join("lmcache/events_churn.lct");
+    let dir = tempfile::tempdir().expect("tmp");
+    for via in ["events.jsonl", "events.lct.zst"] {
+        let (mid, back) = (dir.path().join(via), dir.path().join(format!("{via}.lct")));
+        for (from, to) in [(&original, &mid), (&mid, &back)] {
+            let out = kvtrace([
+                "convert",
+                from.to_str().expect("path"),
+                to.to_str().expect("path"),
+            ]);
+            assert!(out.status.success(), "{via}: {:?}", out);
+        }
+        assert_eq!(
+            std::fs::read(&back).expect("back"),
+            std::fs::read(&original).expect("original"),
+            "{via}"
+        );
     }
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use super::events::EventsSummary;
 use super::Progress;
 use crate::error::Result;
 use crate::lmct::args::{CallArgs, Keys};
@@ -71,6 +72,8 @@ pub struct TraceInfo {
     /// Arguments of kvtrace's trailer record, when the recorder wrote one.
     pub trailer: Option<serde_json::Value>,
     pub bytes_read: u64,
+    /// The cache-event summary of an events-level trace.
+    pub events: Option<EventsSummary>,
 }
 
 /// Bytes of records each decoding thread takes at a time.
@@ -104,6 +107,7 @@ struct Tally {
     payload: PayloadBytes,
     evidence: SchemaEvidence,
     trailer: Option<serde_json::Value>,
+    events: EventsSummary,
     max_t_mono: f64,
     first: Option<f64>,
     last: Option<f64>,
@@ -120,6 +124,7 @@ impl Default for Tally {
             payload: PayloadBytes::default(),
             evidence: SchemaEvidence::default(),
             trailer: None,
+            events: EventsSummary::default(),
             max_t_mono: 0.0,
             first: None,
             last: None,
@@ -195,6 +200,10 @@ impl Tally {
         self.max_t_mono = self.max_t_mono.max(r.t_mono);
         self.first.get_or_insert(r.t_mono);
         self.last = Some(r.t_mono);
+        if r.qualname.starts_with("events.") {
+            self.events.add(r.qualname, r.args);
+            return;
+        }
         let Some(args) = CallArgs::read(r.args) else {
             return;
         };
@@ -256,6 +265,7 @@ impl Tally {
         p.prefetch_requested += q.prefetch_requested;
         p.read += q.read;
         self.evidence.merge(&next.evidence);
+        self.events.merge(next.events);
         self.trailer = next.trailer.or(self.trailer.take());
         self.max_t_mono = self.max_t_mono.max(next.max_t_mono);
         self.first = self.first.or(next.first);
@@ -322,6 +332,7 @@ pub fn inspect(path: &Path, options: ReadOptions, progress: Progress<'_>) -> Res
         warnings,
         trailer: tally.trailer,
         bytes_read: summary.bytes,
+        events: (header.level == "events").then_some(tally.events),
     })
 }
 
@@ -333,8 +344,13 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
+/// One `label: value` row, labels in LMCache's 28-wide column.
+fn row(out: &mut String, indent: usize, key: &str, value: &dyn std::fmt::Display) {
+    out.push_str(&format!("{:indent$}{:<28}{value}\n", "", format!("{key}:")));
+}
+
 fn field(out: &mut String, key: &str, value: impl std::fmt::Display) {
-    out.push_str(&format!("  {:<28}{value}\n", format!("{key}:")));
+    row(out, 2, key, &value);
 }
 
 fn secs(v: Option<f64>) -> String {
@@ -355,8 +371,13 @@ impl TraceInfo {
         field(&mut s, "duration", format!("{:.3}s", self.duration_s));
         field(&mut s, "sm_config_digest", &self.sm_config_digest);
         if let Some(serde_json::Value::Object(meta)) = &self.level_meta {
-            for (k, v) in meta {
-                field(&mut s, k, v);
+            // Sorted, strings bare: as LMCache prints them.
+            let sorted: BTreeMap<&String, &serde_json::Value> = meta.iter().collect();
+            for (k, v) in sorted {
+                match v {
+                    serde_json::Value::String(text) => field(&mut s, k, text),
+                    v => field(&mut s, k, v),
+                }
             }
         }
         field(&mut s, "total_records", self.total_records);
@@ -367,6 +388,9 @@ impl TraceInfo {
             for (q, n) in &self.ops {
                 s.push_str(&format!("    {q}: {n}\n"));
             }
+        }
+        if let Some(events) = &self.events {
+            s.push_str(&events.render(&row));
         }
         s.push_str("  kvtrace:\n");
         field(&mut s, "schema variant", &self.schema_variant);
@@ -397,28 +421,13 @@ impl TraceInfo {
         if let Some(d) = &self.semantic_digest {
             field(&mut s, "semantic digest", d);
         }
-        field(&mut s, "distinct keys", self.distinct_keys);
-        let p = &self.payload;
-        let sizes: Vec<String> = p.object_sizes.iter().map(|b| human_bytes(*b)).collect();
-        let sizes = if sizes.is_empty() {
-            "-".into()
-        } else {
-            sizes.join(", ")
-        };
-        field(&mut s, "object size", sizes);
-        if let Some(t) = p.chunk_tokens {
-            field(&mut s, "chunk tokens", t);
-        }
-        field(&mut s, "bytes reserved", human_bytes(p.reserved));
-        field(&mut s, "bytes written", human_bytes(p.written));
-        field(
-            &mut s,
-            "bytes prefetch-requested",
-            human_bytes(p.prefetch_requested),
-        );
-        field(&mut s, "bytes read", human_bytes(p.read));
-        if p.keys_of_unknown_size > 0 {
-            field(&mut s, "keys of unknown size", p.keys_of_unknown_size);
+        match &self.events {
+            Some(events) => {
+                for (tier, bytes) in &events.store_bytes_per_tier {
+                    field(&mut s, &format!("store bytes {tier}"), human_bytes(*bytes));
+                }
+            }
+            None => self.render_payload(&mut s),
         }
         field(&mut s, "undecodable records", self.undecodable_records);
         match &self.truncated {
@@ -430,6 +439,33 @@ impl TraceInfo {
             field(&mut s, "recorder trailer", parts.join(" "));
         }
         s
+    }
+
+    /// What a storage-level trace's calls imply: keys and bytes.
+    fn render_payload(&self, s: &mut String) {
+        field(s, "distinct keys", self.distinct_keys);
+        let p = &self.payload;
+        let sizes: Vec<String> = p.object_sizes.iter().map(|b| human_bytes(*b)).collect();
+        let sizes = if sizes.is_empty() {
+            "-".into()
+        } else {
+            sizes.join(", ")
+        };
+        field(s, "object size", sizes);
+        if let Some(t) = p.chunk_tokens {
+            field(s, "chunk tokens", t);
+        }
+        field(s, "bytes reserved", human_bytes(p.reserved));
+        field(s, "bytes written", human_bytes(p.written));
+        field(
+            s,
+            "bytes prefetch-requested",
+            human_bytes(p.prefetch_requested),
+        );
+        field(s, "bytes read", human_bytes(p.read));
+        if p.keys_of_unknown_size > 0 {
+            field(s, "keys of unknown size", p.keys_of_unknown_size);
+        }
     }
 }
 
