@@ -213,3 +213,111 @@ impl EventsSummary {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lmct::msgpack::encode_to_vec;
+    use crate::lmct::value::Value;
+
+    fn s(text: &str) -> Value {
+        Value::Str(text.into(), None)
+    }
+
+    fn map(pairs: Vec<(&str, Value)>) -> Value {
+        Value::Map(pairs.into_iter().map(|(k, v)| (s(k), v)).collect(), None)
+    }
+
+    fn int(n: i128) -> Value {
+        Value::Int(n, None)
+    }
+
+    fn entry(size: i128, tokens: usize) -> Value {
+        map(vec![
+            ("size_bytes", int(size)),
+            (
+                "token_ids",
+                Value::Array((0..tokens as i128).map(int).collect(), None),
+            ),
+        ])
+    }
+
+    fn batch(kind: &str, incarnation: i128, shared: Value, entries: Vec<Value>) -> Vec<u8> {
+        encode_to_vec(&map(vec![
+            ("instance_id", s("a")),
+            ("incarnation", int(incarnation)),
+            ("event_type", s(kind)),
+            ("tier", s("l2")),
+            ("backend", s("")),
+            ("shared", shared),
+            ("entries", Value::Array(entries, None)),
+        ]))
+    }
+
+    fn add(summary: &mut EventsSummary, qualname: &str, bytes: &[u8]) {
+        summary.add(qualname, RawValue::parse(bytes).expect("msgpack"));
+    }
+
+    /// Fields are read as Python's `str()`/`bool()` read them; a summary of blocks merged
+    /// equals the summary of all records in one pass.
+    #[test]
+    fn batches_fold_as_lmcache_reads_them_and_merge_exactly() {
+        let records = [
+            (
+                "events.batch",
+                batch(
+                    "store",
+                    1,
+                    Value::Bool(false),
+                    vec![entry(100, 2), entry(50, 0)],
+                ),
+            ),
+            ("events.batch", batch("store", 2, int(1), vec![entry(7, 0)])),
+            (
+                "events.batch",
+                batch("access", 2, Value::Nil, vec![entry(0, 0)]),
+            ),
+            (
+                "events.lifecycle",
+                encode_to_vec(&map(vec![("phase", s("start"))])),
+            ),
+            ("events.lifecycle", encode_to_vec(&map(vec![]))),
+            ("events.batch", encode_to_vec(&map(vec![]))),
+        ];
+        let mut whole = EventsSummary::default();
+        let (mut first, mut second) = (EventsSummary::default(), EventsSummary::default());
+        for (i, (q, bytes)) in records.iter().enumerate() {
+            add(&mut whole, q, bytes);
+            add(if i < 3 { &mut first } else { &mut second }, q, bytes);
+        }
+        first.merge(second);
+        assert_eq!(first, whole);
+        assert_eq!(
+            whole.incarnations["a"].iter().copied().collect::<Vec<_>>(),
+            [1, 2]
+        );
+        assert_eq!(
+            whole.incarnations["?"].len(),
+            1,
+            "a batch without instance_id"
+        );
+        assert_eq!(whole.store_bytes, 157);
+        assert_eq!(whole.entries_with_tokens, 1);
+        assert_eq!(whole.lifecycle["start"], 1);
+        assert_eq!(whole.lifecycle["?"], 1);
+        let text = whole.render(&|out, indent, key, value| {
+            out.push_str(&format!("{:indent$}{key}: {value}\n", ""));
+        });
+        assert!(text.contains("      store/l2/-/local: 1\n"), "{text}");
+        assert!(text.contains("      store/l2/-/shared: 1\n"), "1 is true");
+        assert!(
+            text.contains("      access/l2/-/local: 1\n"),
+            "None is false"
+        );
+        assert!(text.contains("      ?/?/-/local: 1\n"), "{text}");
+        assert!(
+            text.contains("      a: incarnations=[1, 2] restarts=1\n"),
+            "{text}"
+        );
+    }
+}
