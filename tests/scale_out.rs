@@ -622,6 +622,7 @@ fn rank_flags_that_cannot_mean_anything_are_usage_errors() {
         ],
         vec!["bench", "--suite", "--rank", "0", "--world-size", "2"],
         vec!["bench", "--storage-tier", r#"{"type":"fs","path":"/tmp"}"#],
+        vec!["bench", "--storage-tier", "{not json"],
         vec![
             "bench",
             "--storage-tier",
@@ -704,6 +705,13 @@ fn aggregate_refuses_reports_that_are_not_one_run_with_one_line() {
     let not_json = dir.path().join("broken.json");
     std::fs::write(&not_json, "{\"kvtrace\": ").expect("write");
     let not_json = not_json.to_str().expect("path").to_owned();
+    let bench = dir.path().join("bench.json");
+    std::fs::write(
+        &bench,
+        r#"{"requests_completed": 1, "kvtrace": {"rank": null}}"#,
+    )
+    .expect("write");
+    let bench = bench.to_str().expect("path").to_owned();
     for (files, code, says) in [
         (vec![&no_rank], 2, "not a kvtrace replay summary of a rank"),
         (vec![&of_two], 2, "rank(s) 1 of 2 missing"),
@@ -711,6 +719,8 @@ fn aggregate_refuses_reports_that_are_not_one_run_with_one_line() {
         (vec![&good, &rank1_of_two], 2, "world size 2 differs"),
         (vec![&bad_histogram], 2, "not base64"),
         (vec![&not_json], 1, "broken.json"),
+        (vec![&bench], 2, "not a kvtrace bench result of a rank"),
+        (vec![&bench, &good], 2, "is a bench result and"),
     ] {
         let mut args = vec!["aggregate", "-q"];
         args.extend(files.iter().map(|f| f.as_str()));

@@ -10,7 +10,7 @@ use serde_json::Value as Json;
 
 use super::{
     count_at, field, histograms, merge_ops, one_run, ops_table, per_s, rate, sum_tiers,
-    tiers_table, OpSummary, RankId, Spread,
+    summary_table, tiers_table, OpSummary, RankId, Spread,
 };
 use crate::error::{Error, Result};
 use crate::report::histogram::LatencyHistogram;
@@ -202,41 +202,33 @@ impl Report for BenchRun {
     }
 
     fn tables(&self) -> Vec<Table> {
-        let mut summary = Table::new(&["metric", "value"])
-            .sheet("Summary")
-            .csv("aggregate_summary.csv");
-        let mut put = |k: &str, c: Cell| summary.rows.push(vec![Cell::text(k), c]);
-        put("world size", Cell::Count(u64::from(self.world_size)));
-        put("window (s)", Cell::Measure(self.window_s, Unit::Seconds));
-        put("requests completed", Cell::Count(self.requests_completed));
-        put("tokens", Cell::Count(self.total_tokens));
-        put(
-            "requests/s over the window",
-            Cell::Number(self.requests_per_s),
-        );
-        put("tokens/s over the window", Cell::Number(self.tokens_per_s));
-        put(
-            "mean of rank tokens/s (MLPerf)",
-            Cell::Number(self.mean_rank_tokens_per_s),
-        );
-        put("storage I/O GiB/s", Cell::Number(self.storage_io_gib_per_s));
-        put("cache hits", Cell::Count(self.cache_hits));
-        put("cache misses", Cell::Count(self.cache_misses));
-        put(
-            "cache hit rate",
-            Cell::Measure(self.cache_hit_rate, Unit::Ratio),
-        );
-        put("cross-rank hits", Cell::Count(self.cross_rank_hits));
-        put("I/O errors", Cell::Count(self.io_errors));
-        put(
-            "requests after the deadline",
-            Cell::Count(self.requests_after_deadline),
-        );
-        for (k, s) in &self.spread {
-            for (what, v) in [("min", s.min), ("median", s.median), ("max", s.max)] {
-                put(&format!("{k} ({what} over ranks)"), Cell::Number(v));
-            }
-        }
+        let figures = vec![
+            ("requests completed", Cell::Count(self.requests_completed)),
+            ("tokens", Cell::Count(self.total_tokens)),
+            (
+                "requests/s over the window",
+                Cell::Number(self.requests_per_s),
+            ),
+            ("tokens/s over the window", Cell::Number(self.tokens_per_s)),
+            (
+                "mean of rank tokens/s (MLPerf)",
+                Cell::Number(self.mean_rank_tokens_per_s),
+            ),
+            ("storage I/O GiB/s", Cell::Number(self.storage_io_gib_per_s)),
+            ("cache hits", Cell::Count(self.cache_hits)),
+            ("cache misses", Cell::Count(self.cache_misses)),
+            (
+                "cache hit rate",
+                Cell::Measure(self.cache_hit_rate, Unit::Ratio),
+            ),
+            ("cross-rank hits", Cell::Count(self.cross_rank_hits)),
+            ("I/O errors", Cell::Count(self.io_errors)),
+            (
+                "requests after the deadline",
+                Cell::Count(self.requests_after_deadline),
+            ),
+        ];
+        let summary = summary_table(self.world_size, self.window_s, figures, &self.spread);
         let mut ranks = Table::new(&[
             "rank",
             "file",

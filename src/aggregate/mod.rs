@@ -354,6 +354,32 @@ fn tiers_table(tiers: &[BTreeMap<String, Json>]) -> Table {
     table
 }
 
+/// The Summary sheet: world size and window, the run's own `figures`, then each figure's
+/// spread over the ranks as min / median / max rows.
+fn summary_table(
+    world_size: u32,
+    window_s: f64,
+    figures: Vec<(&str, crate::report::Cell)>,
+    spread: &BTreeMap<String, Spread>,
+) -> Table {
+    use crate::report::{Cell, Unit};
+    let mut table = Table::new(&["metric", "value"])
+        .sheet("Summary")
+        .csv("aggregate_summary.csv");
+    let mut put = |k: &str, c: Cell| table.rows.push(vec![Cell::text(k), c]);
+    put("world size", Cell::Count(u64::from(world_size)));
+    put("window (s)", Cell::Measure(window_s, Unit::Seconds));
+    for (k, c) in figures {
+        put(k, c);
+    }
+    for (k, s) in spread {
+        for (what, v) in [("min", s.min), ("median", s.median), ("max", s.max)] {
+            put(&format!("{k} ({what} over ranks)"), Cell::Number(v));
+        }
+    }
+    table
+}
+
 /// The per-operation table.
 fn ops_table(ops: &BTreeMap<String, OpSummary>, name: &str) -> Table {
     use crate::report::{Cell, Unit};

@@ -8,7 +8,7 @@ use serde_json::{json, Value as Json};
 
 use super::{
     count_at, field, histograms, merge_ops, one_run, ops_table, per_s, rate, sum_tiers,
-    tiers_table, OpSummary, RankId, Spread,
+    summary_table, tiers_table, OpSummary, RankId, Spread,
 };
 use crate::error::Result;
 use crate::report::histogram::LatencyHistogram;
@@ -207,27 +207,17 @@ impl Report for RunReport {
     }
 
     fn tables(&self) -> Vec<Table> {
-        let mut summary = Table::new(&["metric", "value"])
-            .sheet("Summary")
-            .csv("aggregate_summary.csv");
-        let mut put = |k: &str, c: Cell| summary.rows.push(vec![Cell::text(k), c]);
-        put("world size", Cell::Count(u64::from(self.world_size)));
-        put("window (s)", Cell::Measure(self.window_s, Unit::Seconds));
-        put("replayed", Cell::Count(self.replayed));
-        put("failed", Cell::Count(self.failed));
-        put("calls/s over the window", Cell::Number(self.calls_per_s));
-        put(
-            "mean of rank calls/s (MLPerf)",
-            Cell::Number(self.mean_rank_calls_per_s),
-        );
-        for (k, v) in &self.hits {
-            put(k, Cell::of(v));
-        }
-        for (k, s) in &self.spread {
-            for (what, v) in [("min", s.min), ("median", s.median), ("max", s.max)] {
-                put(&format!("{k} ({what} over ranks)"), Cell::Number(v));
-            }
-        }
+        let mut figures = vec![
+            ("replayed", Cell::Count(self.replayed)),
+            ("failed", Cell::Count(self.failed)),
+            ("calls/s over the window", Cell::Number(self.calls_per_s)),
+            (
+                "mean of rank calls/s (MLPerf)",
+                Cell::Number(self.mean_rank_calls_per_s),
+            ),
+        ];
+        figures.extend(self.hits.iter().map(|(k, v)| (k.as_str(), Cell::of(v))));
+        let summary = summary_table(self.world_size, self.window_s, figures, &self.spread);
         let ops = ops_table(&self.ops, "qualname");
         let mut ranks = Table::new(&[
             "rank",

@@ -356,17 +356,14 @@ impl Plan {
                 .clone()
                 .unwrap_or_else(|| format!("benchmark_results_{}.json", local_stamp()).into()),
         );
-        let mut outputs: Vec<(&'static dyn Exporter, Target)> =
-            vec![(&Json, Target::File(output.clone()))];
-        if let Some(path) = &o.xlsx_output {
-            outputs.push((&Xlsx, Target::File(per_rank(path))));
-        }
-        if let Some(path) = &o.csv {
-            outputs.push((&Csv, Target::File(per_rank(path))));
-        }
-        for (_, target) in &outputs {
-            target.check()?;
-        }
+        let outputs = report::outputs([
+            (&Json, Some(Target::File(output.clone()))),
+            (
+                &Xlsx,
+                o.xlsx_output.as_deref().map(|p| Target::File(per_rank(p))),
+            ),
+            (&Csv, o.csv.as_deref().map(|p| Target::File(per_rank(p)))),
+        ])?;
         let autoscale = autoscale(o, users)?;
         let dataset = dataset(o)?;
         let burst = burst(o)?;

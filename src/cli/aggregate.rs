@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
-use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Exporter, Report, Target};
+use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Report, Target};
 
 use super::print_stdout;
 
@@ -48,19 +48,11 @@ pub fn run(args: Args) -> Result<i32, Error> {
             }
         })
         .collect();
-    let mut outputs: Vec<(&'static dyn Exporter, Target)> = Vec::new();
-    if let Some(p) = &args.json {
-        outputs.push((&Json, Target::File(p.clone())));
-    }
-    if let Some(d) = &args.csv {
-        outputs.push((&Csv, Target::Dir(d.clone())));
-    }
-    if let Some(p) = &args.xlsx {
-        outputs.push((&Xlsx, Target::File(p.clone())));
-    }
-    for (_, target) in &outputs {
-        target.check()?;
-    }
+    let outputs = kvtrace::report::outputs([
+        (&Json, args.json.clone().map(Target::File)),
+        (&Csv, args.csv.clone().map(Target::Dir)),
+        (&Xlsx, args.xlsx.clone().map(Target::File)),
+    ])?;
     let paths: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
     let run = kvtrace::aggregate::aggregate(&paths)?;
     for (exporter, target) in &outputs {

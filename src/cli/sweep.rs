@@ -321,16 +321,6 @@ fn points(sweep: &SweepArgs, axes: &[Axis]) -> Result<Vec<Point>, Error> {
 
 /// The outputs asked for, each checked before any point runs.
 fn outputs(sweep: &SweepArgs) -> Result<Vec<(&'static dyn Exporter, Target)>, Error> {
-    let mut out: Vec<(&'static dyn Exporter, Target)> = Vec::new();
-    if let Some(p) = &sweep.xlsx {
-        out.push((&Xlsx, Target::File(p.clone())));
-    }
-    if let Some(d) = &sweep.csv {
-        out.push((&Csv, Target::Dir(d.clone())));
-    }
-    if let Some(p) = &sweep.json {
-        out.push((&Json, Target::File(p.clone())));
-    }
     if let Some(p) = &sweep.plot {
         if p.extension().and_then(|e| e.to_str()) != Some("svg") {
             return Err(Error::usage(format!(
@@ -338,12 +328,13 @@ fn outputs(sweep: &SweepArgs) -> Result<Vec<(&'static dyn Exporter, Target)>, Er
                 p.display()
             )));
         }
-        out.push((&Svg, Target::File(p.clone())));
     }
-    for (_, target) in &out {
-        target.check()?;
-    }
-    Ok(out)
+    kvtrace::report::outputs([
+        (&Xlsx, sweep.xlsx.clone().map(Target::File)),
+        (&Csv, sweep.csv.clone().map(Target::Dir)),
+        (&Json, sweep.json.clone().map(Target::File)),
+        (&Svg, sweep.plot.clone().map(Target::File)),
+    ])
 }
 
 /// Writes the outputs and, unless quiet, prints the table.

@@ -98,6 +98,21 @@ impl Target {
     }
 }
 
+/// The outputs a command was asked for — each exporter whose target was given, in the order
+/// listed — every target checked now, so a finished run is not lost to a bad path.
+pub fn outputs<const N: usize>(
+    asked: [(&'static dyn Exporter, Option<Target>); N],
+) -> Result<Vec<(&'static dyn Exporter, Target)>> {
+    let outputs: Vec<(&'static dyn Exporter, Target)> = asked
+        .into_iter()
+        .filter_map(|(exporter, target)| Some((exporter, target?)))
+        .collect();
+    for (_, target) in &outputs {
+        target.check()?;
+    }
+    Ok(outputs)
+}
+
 /// Exports `report` and writes what comes out to `target`. A single-file format goes to a
 /// [`Target::File`] or under `default_name` in a [`Target::Dir`]; a several-file format
 /// goes into a directory, or, when it made exactly one file, to a [`Target::File`].

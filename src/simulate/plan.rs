@@ -198,23 +198,13 @@ impl Plan {
         let report_path = o.report_json.clone().unwrap_or_else(|| {
             PathBuf::from(format!("kvtrace_simulate_report_{}.json", local_stamp()))
         });
-        let mut outputs: Vec<(&'static dyn Exporter, Target)> =
-            vec![(&Json, Target::File(report_path.clone()))];
-        if let Some(path) = &o.report_jsonl {
-            outputs.push((&Jsonl, Target::File(path.clone())));
-        }
-        if let Some(dir) = &o.report_csv {
-            outputs.push((&Csv, Target::Dir(dir.clone())));
-        }
-        if let Some(path) = &o.report_xlsx {
-            outputs.push((&Xlsx, Target::File(path.clone())));
-        }
-        if !o.write_reports {
-            outputs.clear();
-        }
-        for (_, target) in &outputs {
-            target.check()?;
-        }
+        let asked = |target: Option<Target>| target.filter(|_| o.write_reports);
+        let outputs = report::outputs([
+            (&Json, asked(Some(Target::File(report_path.clone())))),
+            (&Jsonl, asked(o.report_jsonl.clone().map(Target::File))),
+            (&Csv, asked(o.report_csv.clone().map(Target::Dir))),
+            (&Xlsx, asked(o.report_xlsx.clone().map(Target::File))),
+        ])?;
         let offload = match &o.storage {
             Some(storage) => {
                 if pools.engine.engine_type == EngineType::Sglang {
