@@ -258,14 +258,11 @@ fn mpirun_ranks_share_the_cluster_and_aggregate_adds_them_up() {
         .as_u64()
         .expect("L2 objects");
     assert_eq!(cluster.keys(), stored);
-    let cross: u64 = reports
-        .iter()
-        .map(|s| n(cluster_tier(s), "cross_rank_hits"))
-        .sum();
-    assert!(cross > 0, "no rank loaded another's object");
 
-    // A process that stored nothing finds every rank's objects: each of its L2 loads is a
-    // cross-rank hit.
+    // Whether one of the concurrent ranks loads an object before or after another rank stored
+    // it is a race of the launcher's scheduling, so cross-rank hits are checked where they are
+    // certain: a process that stored nothing finds every rank's objects, and each of its L2
+    // loads is a cross-rank hit.
     let reader = dir.path().join("reader");
     ok(&kvtrace([
         "replay",
