@@ -46,6 +46,7 @@ pub mod error;
 pub mod interrupt;
 pub mod lmct;
 pub mod machine;
+pub mod otel;
 pub mod output;
 pub mod rank;
 pub mod replay;

@@ -1028,3 +1028,20 @@ fn completions_and_man_pages_come_from_the_command_definitions() {
         text(&out.stderr)
     );
 }
+
+/// A build without the `otel` feature says so in one line instead of replaying silently.
+#[cfg(not(feature = "otel"))]
+#[test]
+fn otlp_flags_without_the_otel_feature_are_a_usage_error() {
+    let out = kvtrace([
+        "replay".as_ref(),
+        sample("basic_lru").as_os_str(),
+        "-q".as_ref(),
+        "--otlp-file".as_ref(),
+        "spans.jsonl".as_ref(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("otel"), "{stderr}");
+}

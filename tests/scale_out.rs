@@ -315,6 +315,10 @@ fn mpirun_ranks_share_the_cluster_and_aggregate_adds_them_up() {
         .iter()
         .find(|t| t["backend"] == "resp-cluster")
         .expect("cluster tier");
+    let cross: u64 = reports
+        .iter()
+        .map(|s| n(cluster_tier(s), "cross_rank_hits"))
+        .sum();
     assert_eq!(n(tier, "cross_rank_hits"), cross);
 }
 

@@ -9,6 +9,7 @@ mod docs;
 mod dump;
 mod generate;
 mod info;
+mod otlp;
 mod progress;
 mod rank;
 mod replay;

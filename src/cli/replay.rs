@@ -14,6 +14,7 @@ use kvtrace::replay::{Pacing, ReplayOptions};
 use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Exporter, Report, Target};
 use kvtrace::storage::config::{BackendConfig, StorageConfig};
 
+use super::otlp::{self, OtlpArgs};
 use super::progress::{Progress, EVERY};
 use super::rank::RankArgs;
 use super::tiers::{apply_toml, positive, TierArgs};
@@ -100,6 +101,8 @@ pub struct Args {
     shard: Option<Shard>,
     #[command(flatten)]
     ranks: RankArgs,
+    #[command(flatten)]
+    otlp: OtlpArgs,
     #[command(flatten)]
     read: ReadArgs,
 }
@@ -265,7 +268,11 @@ pub fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Plan, Err
 
 pub fn run(args: Args) -> Result<i32, Error> {
     let rank = args.ranks.rank()?;
-    let plan = plan(&args, true, rank.as_ref())?;
+    let mut plan = plan(&args, true, rank.as_ref())?;
+    let export = args.otlp.start(plan.span_resource())?;
+    if let Some(export) = &export {
+        plan.export_spans(export.clone());
+    }
     let shown = rank_trace(&args, rank.as_ref())?.0.display().to_string();
     for note in &plan.notes {
         warn(&shown, note);
@@ -291,6 +298,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
     });
     bar.finish();
     drop(out);
+    let exported = otlp::finish(export, args.quiet);
     let finished = finished?;
     if let Some(e) = io_error {
         return Err(Error::io("cannot write per-record output", e));
@@ -310,7 +318,10 @@ pub fn run(args: Args) -> Result<i32, Error> {
         return Ok(status);
     }
     Ok(
-        if report.failed > 0 || (args.expect_fidelity && !report.fidelity.exact()) {
+        if exported.is_some()
+            || report.failed > 0
+            || (args.expect_fidelity && !report.fidelity.exact())
+        {
             EXIT_DATA
         } else {
             EXIT_OK

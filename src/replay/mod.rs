@@ -15,6 +15,7 @@ pub mod plan;
 pub mod report;
 pub mod session;
 pub mod shard;
+pub mod spans;
 pub mod spool;
 pub mod terminal;
 
@@ -36,6 +37,7 @@ use fidelity::Fidelity;
 use report::{DigestReport, HitSummary, OpStats, RankReport, ReplayReport};
 use session::{Closed, Position, Sessions};
 use shard::{ShardMode, Sharder};
+use spans::RequestSpans;
 
 /// How records are spaced in time.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -74,6 +76,8 @@ pub struct ReplayOptions {
     /// This process's rank in a run of many, and how it takes its share of the trace
     /// (`None`: the whole trace is this rank's own, one server's file of several).
     pub rank: Option<(Rank, Option<ShardMode>)>,
+    /// Where each replayed request goes as a `request` span tree (see [`spans`]).
+    pub spans: Option<std::sync::Arc<dyn crate::otel::SpanSink>>,
 }
 
 impl Default for ReplayOptions {
@@ -86,6 +90,7 @@ impl Default for ReplayOptions {
             fail_fast: false,
             tracer: Tracer::disabled(),
             rank: None,
+            spans: None,
         }
     }
 }
@@ -158,8 +163,15 @@ pub fn replay(
     let mut dispatcher = Dispatcher::default();
     let mut sessions = Sessions::new(options.emulate_sessions);
     let mut fidelity = Fidelity::default();
+    let mut spans = options
+        .spans
+        .clone()
+        .map(|sink| RequestSpans::new(sink, header.t_mono_start, header.t_wall_start));
     let mut absorb = |sm: &StorageManager, closed: Closed, report: &mut ReplayReport| {
         fidelity.add(sm, &closed);
+        if let Some(spans) = spans.as_mut() {
+            spans.closed(&closed);
+        }
         if let Closed::Retrieve(r) = closed {
             report.requests.push(r.outcome);
         }
@@ -230,7 +242,7 @@ pub fn replay(
                 let (outcome, effect) =
                     dispatcher.apply(sm, &options.tracer, &call, record.args.bytes());
                 let latency_ms = began.elapsed().as_secs_f64() * 1e3;
-                sessions.after(&call, &effect, at);
+                sessions.after(&call, &effect, at, latency_ms / 1e3);
                 (outcome, latency_ms, call.qualname())
             }
         };
@@ -277,6 +289,9 @@ pub fn replay(
     .map_err(|e| e.in_file(&shown))?;
     if let Some(closed) = sessions.close(sm, f64::INFINITY) {
         absorb(sm, closed, &mut report);
+    }
+    if let Some(spans) = spans.as_mut() {
+        spans.flush();
     }
     report.forced_exits = dispatcher.close_open_contexts(sm, &options.tracer);
     report.duration_s = start.elapsed().as_secs_f64();

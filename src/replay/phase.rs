@@ -107,7 +107,7 @@ fn score(calls: &[(Position, Call)], config: &StorageConfig, emulate: bool) -> (
         }
         sm.advance_to(at.t);
         let (_, effect) = dispatcher.apply(&mut sm, &tracer, call, &[]);
-        sessions.after(call, &effect, *at);
+        sessions.after(call, &effect, *at, 0.0);
     }
     if let Some(closed) = sessions.close(&mut sm, f64::INFINITY) {
         fidelity.add(&sm, &closed);

@@ -5,6 +5,7 @@
 //! its per-record JSONL, and the report files.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::dispatch::Outcome;
 use super::phase::{settle, PhaseChoice, PhaseReport};
@@ -12,7 +13,9 @@ use super::report::ReplayReport;
 use super::spool::Spooled;
 use super::{replay, RecordEvent, ReplayOptions};
 use crate::error::{Error, Result};
+use crate::lmct::digest::{config_digest, python_json};
 use crate::lmct::{Header, TraceReader};
+use crate::otel::SpanSink;
 use crate::rank::barrier::Barrier;
 use crate::report::jsonl::JsonlWriter;
 use crate::report::{self, Exporter, Target};
@@ -57,6 +60,8 @@ pub struct Plan {
     phase: Option<PhaseReport>,
     options: Options,
     jsonl: Option<JsonlWriter>,
+    /// The digest of the storage configuration the trace recorded.
+    recorded_digest: String,
     /// What the caller should hear before the run (recorded tiers that cannot be rebuilt).
     pub notes: Vec<String>,
 }
@@ -102,6 +107,7 @@ impl Plan {
             phase,
             options,
             jsonl,
+            recorded_digest: header.sm_config_digest,
             notes,
         })
     }
@@ -114,6 +120,35 @@ impl Plan {
     /// The configuration the replay runs.
     pub fn config(&self) -> &StorageConfig {
         &self.config
+    }
+
+    /// Sends each replayed request to `sink` as a span tree.
+    pub fn export_spans(&mut self, sink: Arc<dyn SpanSink>) {
+        self.options.replay.spans = Some(sink);
+    }
+
+    /// The resource attributes that say which replay spans come from: the command, the
+    /// trace and its recorded configuration digest, the configuration replayed, the pacing.
+    pub fn span_resource(&self) -> Vec<(String, String)> {
+        let config = python_json(&self.config.to_lmcache_json());
+        let mut attributes = vec![
+            ("kvtrace.command", "replay".to_owned()),
+            ("kvtrace.trace", self.shown.clone()),
+            (
+                "kvtrace.trace.sm_config_digest",
+                self.recorded_digest.clone(),
+            ),
+            ("kvtrace.config.digest", config_digest(&config)),
+            ("kvtrace.pacing", self.options.replay.pacing.describe()),
+        ];
+        if let Some((rank, _)) = &self.options.replay.rank {
+            attributes.push(("kvtrace.rank", rank.rank.to_string()));
+            attributes.push(("kvtrace.world_size", rank.world_size.to_string()));
+        }
+        attributes
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect()
     }
 
     /// Replays, calling `on_record` after each record, and writes the JSONL and the reports.

@@ -45,6 +45,11 @@ pub struct Retrieve {
     /// What the replay's prefetch found; `recorded_hit_chunks` is what the recording's was:
     /// the keys of its read, 0 when the trace has none.
     pub outcome: PrefetchOutcome,
+    /// When the lookup returned: its record's time plus the call's replay latency.
+    pub lookup_end: f64,
+    /// The read (`read_prefetched_results` entry to the end of the session's last read
+    /// call), when the session had one.
+    pub read: Option<(f64, f64)>,
 }
 
 /// A finished store: what the recording and the replay reserved.
@@ -56,6 +61,8 @@ pub struct Store {
     pub replayed: Vec<KeyId>,
     /// Keys the recording admitted (its `finish_write`), i.e. the ones its server reserved.
     pub recorded: Vec<KeyId>,
+    /// When the session's last call returned (its record's time plus its replay latency).
+    pub end: f64,
 }
 
 /// A session that ended.
@@ -135,8 +142,10 @@ impl Sessions {
     }
 
     /// After `call` was applied with `effect`: opens a session or records its progress.
-    pub fn after(&mut self, call: &Call, effect: &Effect, at: Position) {
+    /// Follows the session `call` (applied at `at`, taking `latency_s`) belongs to.
+    pub fn after(&mut self, call: &Call, effect: &Effect, at: Position, latency_s: f64) {
         let t = at.t;
+        let end = t + latency_s;
         match (call, effect) {
             (
                 Call::Prefetch {
@@ -151,6 +160,8 @@ impl Sessions {
                     at,
                     keys: groups.first().map(|g| g.keys.clone()).unwrap_or_default(),
                     outcome,
+                    lookup_end: end,
+                    read: None,
                 };
                 self.open = Some((
                     Open::Retrieve {
@@ -171,6 +182,7 @@ impl Sessions {
                     keys: keys.clone(),
                     replayed: r.reserved.clone(),
                     recorded: Vec::new(),
+                    end,
                 };
                 self.open = Some((
                     Open::Store {
@@ -185,6 +197,16 @@ impl Sessions {
                     return;
                 };
                 *last = t;
+                match &mut *open {
+                    Open::Retrieve { session, .. } => {
+                        if let Some(read) = &mut session.read {
+                            read.1 = end;
+                        } else if matches!(call, Call::ReadEnter { .. }) {
+                            session.read = Some((t, end));
+                        }
+                    }
+                    Open::Store { session, .. } => session.end = end,
+                }
                 match (open, call) {
                     (
                         Open::Retrieve {

@@ -1,0 +1,52 @@
+//! `--otlp-file`: the spans as OTLP JSON, one `ExportTraceServiceRequest` per line (the
+//! layout of the OpenTelemetry Collector's file exporter), for offline tools.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
+use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
+use opentelemetry_sdk::trace::SpanData;
+use opentelemetry_sdk::Resource;
+
+use crate::error::{Error, Result};
+
+pub struct JsonLines {
+    path: PathBuf,
+    out: BufWriter<File>,
+    resource: ResourceAttributesWithSchema,
+}
+
+impl JsonLines {
+    pub fn create(path: &Path, resource: &Resource) -> Result<JsonLines> {
+        let file = File::create(path)
+            .map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
+        Ok(JsonLines {
+            path: path.to_owned(),
+            out: BufWriter::new(file),
+            resource: resource.into(),
+        })
+    }
+
+    /// Appends one line for `batch`; the error is one line naming the file.
+    pub fn write(&mut self, batch: &[SpanData]) -> std::result::Result<(), String> {
+        let request = ExportTraceServiceRequest {
+            resource_spans: group_spans_by_resource_and_scope(batch.to_vec(), &self.resource),
+        };
+        let mut line = serde_json::to_vec(&request).map_err(|e| self.failed(e.to_string()))?;
+        line.push(b'\n');
+        self.out
+            .write_all(&line)
+            .map_err(|e| self.failed(e.to_string()))
+    }
+
+    pub fn finish(mut self) -> std::result::Result<(), String> {
+        self.out.flush().map_err(|e| self.failed(e.to_string()))
+    }
+
+    fn failed(&self, why: String) -> String {
+        format!("cannot write {}: {why}", self.path.display())
+    }
+}

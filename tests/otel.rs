@@ -1,0 +1,395 @@
+//! OTLP export of replayed requests, received by in-test collectors (protobuf over HTTP decoded
+//! with prost, gRPC served by tonic) and compared with the replay's own per-request report.
+#![cfg(feature = "otel")]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use common::{kvtrace, sample, shared, text};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+
+type Received = Arc<Mutex<Vec<ExportTraceServiceRequest>>>;
+
+/// An OTLP/HTTP collector on a loopback port: every POST body decoded, answered 200.
+fn http_collector() -> (String, Received) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let received: Received = Arc::default();
+    let sink = received.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let sink = sink.clone();
+            std::thread::spawn(move || serve_http(stream, &sink));
+        }
+    });
+    (url, received)
+}
+
+fn serve_http(stream: TcpStream, sink: &Received) {
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    let mut out = stream;
+    loop {
+        let mut length = None;
+        let mut path = String::new();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some(rest) = l.strip_prefix("POST ") {
+                path = rest.split(' ').next().unwrap_or_default().to_owned();
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    length = v.trim().parse::<usize>().ok();
+                }
+            }
+        }
+        let mut body = vec![0; length.expect("content-length")];
+        reader.read_exact(&mut body).expect("body");
+        assert_eq!(path, "/v1/traces", "a bare endpoint gets the traces path");
+        let request = ExportTraceServiceRequest::decode(&body[..]).expect("protobuf");
+        sink.lock().expect("lock").push(request);
+        let reply = ExportTraceServiceResponse::default().encode_to_vec();
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\n\r\n",
+            reply.len()
+        );
+        out.write_all(head.as_bytes()).expect("reply");
+        out.write_all(&reply).expect("reply");
+    }
+}
+
+struct Collector(Received);
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.0.lock().expect("lock").push(request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+/// An OTLP/gRPC collector on a loopback port, served while the runtime lives.
+fn grpc_collector() -> (String, Received, tokio::runtime::Runtime) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let received: Received = Arc::default();
+    let incoming = {
+        let _entered = rt.enter();
+        tonic::transport::server::TcpIncoming::bind("127.0.0.1:0".parse().expect("addr"))
+            .expect("bind")
+    };
+    let url = format!("http://{}", incoming.local_addr().expect("addr"));
+    let service = TraceServiceServer::new(Collector(received.clone()));
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming),
+    );
+    (url, received, rt)
+}
+
+fn attr<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a AnyValue> {
+    attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref())
+        .and_then(|v| v.value.as_ref())
+}
+
+fn int(span: &Span, key: &str) -> i64 {
+    match attr(&span.attributes, key) {
+        Some(AnyValue::IntValue(i)) => *i,
+        other => panic!("{}: {key} is {other:?}, not an int", span.name),
+    }
+}
+
+fn string(attributes: &[KeyValue], key: &str) -> String {
+    match attr(attributes, key) {
+        Some(AnyValue::StringValue(s)) => s.clone(),
+        other => panic!("{key} is {other:?}, not a string"),
+    }
+}
+
+/// Every span received, with its resource's attributes checked to say kvtrace and the trace.
+fn spans(received: &Received, trace: &Path) -> Vec<Span> {
+    let requests = received.lock().expect("lock");
+    let mut out = Vec::new();
+    for request in requests.iter() {
+        for rs in &request.resource_spans {
+            let resource = &rs.resource.as_ref().expect("resource").attributes;
+            assert_eq!(string(resource, "service.name"), "kvtrace");
+            assert_eq!(string(resource, "kvtrace.command"), "replay");
+            assert_eq!(
+                string(resource, "kvtrace.trace"),
+                trace.display().to_string()
+            );
+            assert_eq!(string(resource, "kvtrace.config.digest").len(), 64);
+            for ss in &rs.scope_spans {
+                out.extend(ss.spans.iter().cloned());
+            }
+        }
+    }
+    out
+}
+
+/// The header's clock: (t_mono_start, t_wall_start).
+fn clock(trace: &Path) -> (f64, f64) {
+    let out = kvtrace(["dump".as_ref(), trace.as_os_str()]);
+    let header: serde_json::Value =
+        serde_json::from_str(text(&out.stdout).lines().next().expect("header")).expect("json");
+    (
+        header["t_mono_start"].as_f64().expect("t_mono_start"),
+        header["t_wall_start"].as_f64().expect("t_wall_start"),
+    )
+}
+
+/// Replays `trace` exporting to `url` and checks that the collector got one `request` span
+/// per request of the replay's report, with LMCache's attributes equal to the report's
+/// figures, its children nested under it, and its time the request's trace time on the
+/// recording's wall clock.
+fn replay_and_compare(trace: &Path, url: &str, protocol: &str, received: &Received) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = kvtrace([
+        "replay".as_ref(),
+        trace.as_os_str(),
+        "-q".as_ref(),
+        "--output-dir".as_ref(),
+        dir.path().as_os_str(),
+        "--otlp-endpoint".as_ref(),
+        url.as_ref(),
+        "--otlp-protocol".as_ref(),
+        protocol.as_ref(),
+    ]);
+    assert!(
+        out.status.code() == Some(0),
+        "{:?}: {}",
+        out.status,
+        text(&out.stderr)
+    );
+    let spans = spans(received, trace);
+    let roots: BTreeMap<Vec<u8>, &Span> = spans
+        .iter()
+        .filter(|s| s.name == "request")
+        .map(|s| (s.span_id.clone(), s))
+        .collect();
+    for child in spans.iter().filter(|s| s.name != "request") {
+        assert!(
+            ["mp.lookup_prefetch", "mp.retrieve", "mp.store"].contains(&child.name.as_str()),
+            "{}",
+            child.name
+        );
+        let root = roots
+            .get(&child.parent_span_id)
+            .expect("every child under a request span");
+        assert_eq!(child.trace_id, root.trace_id);
+        assert!(child.start_time_unix_nano >= root.start_time_unix_nano);
+        assert!(child.end_time_unix_nano <= root.end_time_unix_nano);
+    }
+    let mut looked_up: Vec<&Span> = roots
+        .values()
+        .copied()
+        .filter(|s| attr(&s.attributes, "requested_tokens").is_some())
+        .collect();
+    looked_up.sort_by_key(|s| s.start_time_unix_nano);
+
+    let csv = std::fs::read_to_string(dir.path().join("trace_replay_requests.csv")).expect("csv");
+    let mut rows = csv.lines();
+    let columns: Vec<&str> = rows.next().expect("header").split(',').collect();
+    let col = |name: &str| columns.iter().position(|c| *c == name).expect(name);
+    let rows: Vec<Vec<&str>> = rows.map(|l| l.split(',').collect()).collect();
+    assert!(!rows.is_empty());
+    assert_eq!(looked_up.len(), rows.len(), "one request span per request");
+    let (t_mono_start, t_wall_start) = clock(trace);
+    for (span, row) in looked_up.iter().zip(&rows) {
+        let field = |name: &str| row[col(name)];
+        assert_eq!(
+            string(&span.attributes, "session_id"),
+            field("external_request_id")
+        );
+        assert_eq!(
+            int(span, "hit_tokens").to_string(),
+            field("hit_tokens"),
+            "{row:?}"
+        );
+        assert_eq!(
+            int(span, "requested_tokens").to_string(),
+            field("requested_tokens")
+        );
+        let Some(AnyValue::DoubleValue(rate)) = attr(&span.attributes, "hit_rate") else {
+            panic!("hit_rate is not a float");
+        };
+        let reported: f64 = field("hit_rate").parse().expect("hit_rate");
+        // The CSV prints rates to 6 decimals.
+        assert!((rate - reported).abs() <= 5e-7, "{rate} {reported}");
+        assert_eq!(
+            int(span, "l1_hit_keys") + int(span, "l2_hit_keys"),
+            field("hit_chunks").parse::<i64>().expect("hit_chunks")
+        );
+        let t: f64 = field("t_mono").parse().expect("t_mono");
+        let wall_ns = (t_wall_start + (t - t_mono_start)) * 1e9;
+        assert!(
+            (span.start_time_unix_nano as f64 - wall_ns).abs() < 2_000.0,
+            "{} against {wall_ns}",
+            span.start_time_unix_nano
+        );
+    }
+    assert!(
+        spans.iter().any(|s| s.name == "mp.lookup_prefetch"),
+        "lookups are spans"
+    );
+    assert!(
+        spans.iter().any(|s| s.name == "mp.store"),
+        "stores are spans"
+    );
+}
+
+#[test]
+fn http_protobuf_export_carries_one_request_span_per_replayed_request() {
+    let (url, received) = http_collector();
+    replay_and_compare(&sample("basic_lru"), &url, "http-protobuf", &received);
+}
+
+#[test]
+fn grpc_export_of_a_churn_trace_matches_the_replay_report() {
+    let Some(shared) = shared() else {
+        return;
+    };
+    let (url, received, _rt) = grpc_collector();
+    replay_and_compare(
+        &shared.join("lmcache/churn_arc.lct"),
+        &url,
+        "grpc",
+        &received,
+    );
+}
+
+#[test]
+fn the_otlp_file_holds_the_spans_the_endpoint_got() {
+    let (url, received) = http_collector();
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("spans.jsonl");
+    let trace = sample("basic_lru");
+    let out = kvtrace([
+        "replay".as_ref(),
+        trace.as_os_str(),
+        "-q".as_ref(),
+        "--output-dir".as_ref(),
+        dir.path().as_os_str(),
+        "--otlp-endpoint".as_ref(),
+        url.as_ref(),
+        "--otlp-protocol".as_ref(),
+        "http-protobuf".as_ref(),
+        "--otlp-file".as_ref(),
+        file.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let from_file: Vec<(String, String)> = std::fs::read_to_string(&file)
+        .expect("spans file")
+        .lines()
+        .flat_map(|line| {
+            let request: serde_json::Value = serde_json::from_str(line).expect("OTLP JSON");
+            let mut found = Vec::new();
+            for rs in request["resourceSpans"].as_array().expect("resourceSpans") {
+                for ss in rs["scopeSpans"].as_array().expect("scopeSpans") {
+                    for s in ss["spans"].as_array().expect("spans") {
+                        found.push((
+                            s["spanId"].as_str().expect("hex id").to_owned(),
+                            s["name"].as_str().expect("name").to_owned(),
+                        ));
+                    }
+                }
+            }
+            found
+        })
+        .collect();
+    let mut from_endpoint: Vec<(String, String)> = spans(&received, &trace)
+        .iter()
+        .map(|s| (hex(&s.span_id), s.name.clone()))
+        .collect();
+    let mut from_file = from_file;
+    from_file.sort();
+    from_endpoint.sort();
+    assert!(!from_file.is_empty());
+    assert_eq!(from_file, from_endpoint);
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn an_endpoint_that_is_down_is_one_line_and_exit_1_with_the_reports_written() {
+    // A port nothing listens on: bound, then released.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let dir = tempfile::tempdir().expect("tmp");
+    let trace = sample("basic_lru");
+    let url = format!("http://127.0.0.1:{port}");
+    for protocol in ["grpc", "http-protobuf"] {
+        let out = kvtrace([
+            "replay".as_ref(),
+            trace.as_os_str(),
+            "-q".as_ref(),
+            "--json".as_ref(),
+            "--output-dir".as_ref(),
+            dir.path().as_os_str(),
+            "--otlp-endpoint".as_ref(),
+            url.as_ref(),
+            "--otlp-protocol".as_ref(),
+            protocol.as_ref(),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{protocol}");
+        let stderr = text(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains(&url) && stderr.contains("failed"),
+            "{stderr}"
+        );
+        for report in ["trace_replay_requests.csv", "trace_replay_summary.json"] {
+            assert!(dir.path().join(report).is_file(), "{report} written");
+        }
+    }
+}
+
+#[test]
+fn an_endpoint_that_is_not_a_url_is_a_usage_error() {
+    let out = kvtrace([
+        "replay".as_ref(),
+        sample("basic_lru").as_os_str(),
+        "-q".as_ref(),
+        "--otlp-endpoint".as_ref(),
+        "localhost:4317".as_ref(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(text(&out.stderr).lines().count(), 1);
+}
