@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::lmct::ReadOptions;
+use kvtrace::trace::fleet::{summarise, FleetStream};
 use kvtrace::trace::inspect::inspect;
 
 use super::progress::Progress;
@@ -25,6 +26,11 @@ pub struct Args {
     /// Print a JSON array with one object per file
     #[arg(long)]
     json: bool,
+    /// Also summarise a single events trace as a fleet (two or more events traces always
+    /// are): merged by wall clock, per server and together, occupancy over time, access hit
+    /// ratio, store bytes per tier
+    #[arg(long)]
+    fleet: bool,
     /// Threads that decode the records (0: one per core); the figures do not depend on it
     #[arg(long, value_name = "N", default_value_t = 0)]
     threads: usize,
@@ -57,10 +63,41 @@ pub fn run(args: Args) -> Result<i32, Error> {
             Err(e) => code = code.max(report(&e)),
         }
     }
+    let events: Vec<&std::path::Path> = args
+        .files
+        .iter()
+        .zip(&infos)
+        .filter(|(_, info)| info.level == "events")
+        .map(|(file, _)| file.as_path())
+        .collect();
+    let fleet = if events.len() >= 2 || (args.fleet && !events.is_empty()) {
+        match FleetStream::load(&events, args.read.options()) {
+            Ok(stream) => Some(summarise(&stream)),
+            Err(e) => {
+                code = code.max(report(&e));
+                None
+            }
+        }
+    } else {
+        None
+    };
     if args.json {
-        let text = serde_json::to_string_pretty(&infos)
+        // The fleet, when there is one, is the array's last element: `{"fleet": {...}}`.
+        let entries: Vec<serde_json::Value> = infos
+            .iter()
+            .map(serde_json::to_value)
+            .chain(
+                fleet
+                    .iter()
+                    .map(|f| serde_json::to_value(f).map(|f| serde_json::json!({ "fleet": f }))),
+            )
+            .collect::<Result<_, _>>()
+            .map_err(|e| Error::io("cannot encode JSON", e.into()))?;
+        let text = serde_json::to_string_pretty(&entries)
             .map_err(|e| Error::io("cannot encode JSON", e.into()))?;
         print_stdout(&format!("{text}\n"))?;
+    } else if let Some(fleet) = &fleet {
+        print_stdout(&format!("\n{}", fleet.render()))?;
     }
     Ok(code)
 }

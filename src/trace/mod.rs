@@ -7,6 +7,7 @@
 pub mod convert;
 pub mod dump;
 pub mod events;
+pub mod fleet;
 pub mod inspect;
 pub mod mooncake;
 pub mod synth;
