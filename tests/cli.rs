@@ -555,15 +555,15 @@ fn replay_misses_exit_zero_unless_fidelity_is_expected_and_events_traces_are_ref
         "every recorded hit is a replayed miss"
     );
 
-    let events = dir.path().join("events.lct");
+    let metrics = dir.path().join("metrics.lct");
     let mut header = kvtrace::lmct::Header::storage(1.0, 2.0);
-    header.level = "events".into();
+    header.level = "metrics".into();
     let w =
-        kvtrace::lmct::TraceWriter::new(std::fs::File::create(&events).expect("create"), header);
+        kvtrace::lmct::TraceWriter::new(std::fs::File::create(&metrics).expect("create"), header);
     w.finish().expect("finish");
     let out = kvtrace([
         "replay",
-        &events.display().to_string(),
+        &metrics.display().to_string(),
         "--l1-size-gb",
         "1",
         "--no-csv",
@@ -571,7 +571,7 @@ fn replay_misses_exit_zero_unless_fidelity_is_expected_and_events_traces_are_ref
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("level: trace level is \"events\""),
+        text(&out.stderr).contains("level: trace level is \"metrics\""),
         "{}",
         text(&out.stderr)
     );

@@ -281,36 +281,7 @@ fn two_events_traces_merge_into_one_fleet_summary() {
     let Some(shared) = shared() else { return };
     let dir = tempfile::tempdir().expect("tmp");
     let original = shared.join("lmcache/events_churn.lct");
-    let jsonl = dir.path().join("a.jsonl");
-    let out = kvtrace([
-        "convert",
-        original.to_str().expect("path"),
-        jsonl.to_str().expect("path"),
-    ]);
-    assert!(out.status.success(), "{out:?}");
-    const ID: &str = "c7a60394-2eac-4335-9739-8937f231c47a";
-    let shifted: Vec<String> = std::fs::read_to_string(&jsonl)
-        .expect("jsonl")
-        .replace(ID, "second-server")
-        .lines()
-        .map(|line| {
-            let mut v: serde_json::Value = serde_json::from_str(line).expect("line");
-            if let Some(t) = v.get("t_wall").and_then(|t| t.as_f64()) {
-                v["t_wall"] = serde_json::json!(t + 0.25);
-            }
-            v.to_string()
-        })
-        .collect();
-    let second_jsonl = dir.path().join("b.jsonl");
-    std::fs::write(&second_jsonl, shifted.join("\n") + "\n").expect("write");
-    let second = dir.path().join("b.lct");
-    let out = kvtrace([
-        "convert",
-        second_jsonl.to_str().expect("path"),
-        second.to_str().expect("path"),
-    ]);
-    assert!(out.status.success(), "{out:?}");
-
+    let second = second_server(&original, dir.path());
     let info = |files: &[&std::path::Path]| -> serde_json::Value {
         let mut args = vec!["info", "--json", "--fleet"];
         args.extend(files.iter().map(|f| f.to_str().expect("path")));
@@ -343,7 +314,7 @@ fn two_events_traces_merge_into_one_fleet_summary() {
     assert!((duration - one["duration_s"].as_f64().expect("duration") - 0.25).abs() < 1e-6);
     let instances = both["instances"].as_array().expect("instances");
     assert_eq!(instances.len(), 2);
-    assert_eq!(instances[0][0], ID);
+    assert_eq!(instances[0][0], RECORDED_ID);
     assert_eq!(instances[1][0], "second-server");
     for (_, per) in instances.iter().map(|i| (&i[0], &i[1])) {
         assert_eq!(per, &one["fleet"], "each server alone is the recording");
@@ -379,4 +350,110 @@ fn two_events_traces_merge_into_one_fleet_summary() {
         "{text}"
     );
     assert!(text.contains("hit ratio 0.5207"), "{text}");
+}
+
+/// The instance id of the server that recorded `events_churn.lct`.
+const RECORDED_ID: &str = "c7a60394-2eac-4335-9739-8937f231c47a";
+
+/// A second server for a fleet: `original` under the id `second-server`, its wall clock a
+/// quarter second later, written into `dir`.
+fn second_server(original: &std::path::Path, dir: &std::path::Path) -> std::path::PathBuf {
+    let jsonl = dir.join("a.jsonl");
+    let out = kvtrace([
+        "convert",
+        original.to_str().expect("path"),
+        jsonl.to_str().expect("path"),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let shifted: Vec<String> = std::fs::read_to_string(&jsonl)
+        .expect("jsonl")
+        .replace(RECORDED_ID, "second-server")
+        .lines()
+        .map(|line| {
+            let mut v: serde_json::Value = serde_json::from_str(line).expect("line");
+            if let Some(t) = v.get("t_wall").and_then(|t| t.as_f64()) {
+                v["t_wall"] = serde_json::json!(t + 0.25);
+            }
+            v.to_string()
+        })
+        .collect();
+    let second_jsonl = dir.join("b.jsonl");
+    std::fs::write(&second_jsonl, shifted.join("\n") + "\n").expect("write");
+    let second = dir.join("b.lct");
+    let out = kvtrace([
+        "convert",
+        second_jsonl.to_str().expect("path"),
+        second.to_str().expect("path"),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    second
+}
+
+/// An events trace replays against a tier configuration: with the recorded one, the share
+/// of accesses that hit is the recording's within 1 % and L1 evicts what the recording
+/// deleted; a larger L1 hits more and evicts nothing; a smaller one hits less, and an L2
+/// behind it serves some of what L1 lost. Two servers replay on a manager each, and the run
+/// is deterministic.
+#[test]
+fn an_events_trace_replays_against_a_tier_configuration() {
+    let Some(shared) = shared() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let original = shared.join("lmcache/events_churn.lct");
+    let second = second_server(&original, dir.path());
+    let replay = |name: &str, files: &[&std::path::Path], flags: &[&str]| -> serde_json::Value {
+        let out_dir = dir.path().join(name);
+        let mut args = vec!["replay".to_owned()];
+        args.extend(files.iter().map(|f| f.to_str().expect("path").to_owned()));
+        args.extend(["-q", "--json", "--output-dir"].map(String::from));
+        args.push(out_dir.to_str().expect("path").to_owned());
+        args.extend(flags.iter().map(|f| f.to_string()));
+        let out = kvtrace(&args);
+        assert_eq!(out.status.code(), Some(0), "{name}: {out:?}");
+        assert!(out_dir.join("events_replay_servers.csv").is_file());
+        let text =
+            std::fs::read_to_string(out_dir.join("events_replay_summary.json")).expect("summary");
+        let mut v: serde_json::Value = serde_json::from_str(&text).expect("json");
+        v["duration_s"] = serde_json::Value::Null;
+        v["fleet"].clone()
+    };
+    let n = |v: &serde_json::Value, key: &str| v[key].as_u64().unwrap_or_else(|| panic!("{key}"));
+    let recorded = replay("recorded", &[&original], &[]);
+    assert_eq!(n(&recorded, "lookups"), 580);
+    assert_eq!(n(&recorded, "recorded_hits"), 302);
+    assert!(n(&recorded, "hits").abs_diff(302) <= 5, "{recorded}");
+    assert_eq!(n(&recorded, "evictions"), n(&recorded, "recorded_deletes"));
+    assert_eq!(
+        recorded,
+        replay("again", &[&original], &[]),
+        "deterministic"
+    );
+
+    let large = replay("large", &[&original], &["--l1-size-gb", "1"]);
+    assert!(n(&large, "hits") >= n(&recorded, "hits"));
+    assert_eq!(n(&large, "evictions"), 0);
+    let small = replay("small", &[&original], &["--l1-size-gb", "0.002"]);
+    assert!(n(&small, "hits") < n(&recorded, "hits"), "{small}");
+    let backed = replay(
+        "backed",
+        &[&original],
+        &[
+            "--l1-size-gb",
+            "0.002",
+            "--l2-adapter",
+            r#"{"type":"memory"}"#,
+        ],
+    );
+    // (Its loads take L1 room that stores then lack, so the total need not rise.)
+    assert!(n(&backed, "l2_hits") > 0, "{backed}");
+
+    let fleet = replay("fleet", &[&original, &second], &[]);
+    for key in [
+        "lookups",
+        "recorded_hits",
+        "hits",
+        "evictions",
+        "stores_written",
+    ] {
+        assert_eq!(n(&fleet, key), 2 * n(&recorded, key), "{key}");
+    }
 }

@@ -46,9 +46,14 @@ pub struct OtlpArgs {
 }
 
 impl OtlpArgs {
+    /// Whether any export was asked for.
+    pub fn asked(&self) -> bool {
+        self.otlp_endpoint.is_some() || self.otlp_file.is_some()
+    }
+
     /// The export these flags ask for, labelled with `resource`; `None` when none is asked.
     pub fn start(&self, resource: Vec<(String, String)>) -> Result<Option<Arc<SpanExport>>, Error> {
-        if self.otlp_endpoint.is_none() && self.otlp_file.is_none() {
+        if !self.asked() {
             return Ok(None);
         }
         if !(self.otlp_timeout.is_finite() && self.otlp_timeout > 0.0) {

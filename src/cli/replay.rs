@@ -7,12 +7,14 @@ use clap::ValueEnum;
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::rank::Rank;
 use kvtrace::replay::dispatch::Outcome;
+use kvtrace::replay::events::replay_events;
 use kvtrace::replay::phase::PhaseChoice;
 use kvtrace::replay::plan::{Options, Plan, Storage};
 use kvtrace::replay::shard::ShardMode;
 use kvtrace::replay::{Pacing, ReplayOptions};
 use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Exporter, Report, Target};
 use kvtrace::storage::config::{BackendConfig, StorageConfig};
+use kvtrace::trace::fleet::FleetStream;
 
 use super::otlp::{self, OtlpArgs};
 use super::progress::{Progress, EVERY};
@@ -266,7 +268,88 @@ pub fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Plan, Err
     Plan::new(file, storage, options)
 }
 
+/// Whether `path` is an events-level trace (an unreadable one is left to the replay's own
+/// error).
+fn is_events(path: &Path, args: &Args) -> bool {
+    kvtrace::lmct::TraceReader::open(path, args.read.options())
+        .is_ok_and(|r| r.header().level == "events")
+}
+
+/// `kvtrace replay` of events traces: the fleet's stores and accesses against the tiers
+/// (see [`kvtrace::replay::events`]).
+fn run_events(args: &Args) -> Result<i32, Error> {
+    if args.ranks.rank()?.is_some() || args.shard.is_some() {
+        return Err(Error::usage(
+            "an events replay runs the whole fleet in one process: give no rank or --shard",
+        ));
+    }
+    if args.otlp.asked() {
+        return Err(Error::usage(
+            "request spans come from storage traces: an events trace has no requests to export",
+        ));
+    }
+    let files: Vec<&Path> = args.files.iter().map(PathBuf::as_path).collect();
+    let stream = FleetStream::load(&files, args.read.options())?;
+    let recorded = kvtrace::lmct::TraceReader::open(files[0], args.read.options())
+        .map_err(|e| e.in_file(files[0].display()))?
+        .header()
+        .sm_config_json
+        .clone();
+    let mut base = match StorageConfig::from_lmcache_json(&recorded) {
+        Some((config, _)) => config,
+        None if args.tiers.l1_size_gb.is_some() || args.config.is_some() => {
+            StorageConfig::default()
+        }
+        None => {
+            return Err(Error::usage(
+                "the trace records no storage configuration kvtrace can read; give one with --l1-size-gb or --config",
+            ))
+        }
+    };
+    if let Some(path) = &args.config {
+        apply_toml(&mut base, path)?;
+    }
+    args.tiers.apply(&mut base)?;
+    let outputs = kvtrace::report::outputs([
+        (
+            &Csv as &dyn Exporter,
+            (!args.no_csv).then(|| Target::Dir(args.output_dir.clone())),
+        ),
+        (
+            &Json,
+            args.json
+                .then(|| Target::File(args.output_dir.join("events_replay_summary.json"))),
+        ),
+        (
+            &Xlsx,
+            args.xlsx
+                .then(|| Target::File(args.output_dir.join("events_replay.xlsx"))),
+        ),
+    ])?;
+    // Each server's file tier is its own directory, as each server had its own disk.
+    let config_for = |server: usize| {
+        let mut config = base.clone();
+        for tier in &mut config.l2 {
+            if let BackendConfig::File { dir, .. } = &mut tier.backend {
+                *dir = dir.join(format!("server-{server:05}"));
+            }
+        }
+        config
+    };
+    let report = replay_events(&stream, &config_for)?;
+    for (exporter, target) in &outputs {
+        kvtrace::report::write(&report, *exporter, target, "events_replay_summary.json")?;
+    }
+    if !args.quiet {
+        print_stdout(&report.terminal())?;
+    }
+    Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK))
+}
+
 pub fn run(args: Args) -> Result<i32, Error> {
+    if is_events(&args.files[0], &args) {
+        return run_events(&args);
+    }
     let rank = args.ranks.rank()?;
     let mut plan = plan(&args, true, rank.as_ref())?;
     let export = args.otlp.start(plan.span_resource())?;

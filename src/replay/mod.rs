@@ -9,6 +9,7 @@
 
 pub mod diff;
 pub mod dispatch;
+pub mod events;
 pub mod fidelity;
 pub mod phase;
 pub mod plan;
@@ -142,7 +143,7 @@ pub fn replay(
             0,
             "level",
             format!(
-                "trace level is {:?}; replay needs a \"storage\" trace",
+                "trace level is {:?}; replay needs a \"storage\" trace (or an \"events\" one, see replay::events)",
                 header.level
             ),
         )

@@ -184,6 +184,9 @@ pub struct FleetTotals {
     /// Accesses that found their key resident in their tier.
     pub access_hits: u64,
     pub access_hit_ratio: f64,
+    /// Accesses and those that found their key resident, per tier.
+    pub accesses_per_tier: BTreeMap<String, u64>,
+    pub access_hits_per_tier: BTreeMap<String, u64>,
     pub deletes: u64,
     /// Deletes of keys the stream had not stored (or had already deleted).
     pub deletes_not_resident: u64,
@@ -349,8 +352,10 @@ pub fn summarise(stream: &FleetStream) -> FleetSummary {
                         }
                         EventKind::Access => {
                             t.accesses += 1;
+                            *t.accesses_per_tier.entry(name.clone()).or_default() += 1;
                             if store.objects.contains_key(&key) {
                                 t.access_hits += 1;
+                                *t.access_hits_per_tier.entry(name.clone()).or_default() += 1;
                             }
                         }
                         EventKind::Delete => {
@@ -392,6 +397,12 @@ pub fn summarise(stream: &FleetStream) -> FleetSummary {
         }
         fleet.accesses += t.accesses;
         fleet.access_hits += t.access_hits;
+        for (tier, n) in &t.accesses_per_tier {
+            *fleet.accesses_per_tier.entry(tier.clone()).or_default() += n;
+        }
+        for (tier, n) in &t.access_hits_per_tier {
+            *fleet.access_hits_per_tier.entry(tier.clone()).or_default() += n;
+        }
         fleet.deletes += t.deletes;
         fleet.deletes_not_resident += t.deletes_not_resident;
     }
