@@ -123,6 +123,26 @@ fn attr<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a AnyValue> {
         .and_then(|v| v.value.as_ref())
 }
 
+/// The `request` roots by span id, after checking that every other span is one of
+/// `children` and lies inside its root, in its trace.
+fn nested<'a>(spans: &'a [Span], children: &[&str]) -> BTreeMap<Vec<u8>, &'a Span> {
+    let roots: BTreeMap<Vec<u8>, &Span> = spans
+        .iter()
+        .filter(|s| s.name == "request")
+        .map(|s| (s.span_id.clone(), s))
+        .collect();
+    for child in spans.iter().filter(|s| s.name != "request") {
+        assert!(children.contains(&child.name.as_str()), "{}", child.name);
+        let root = roots
+            .get(&child.parent_span_id)
+            .expect("every child under a request span");
+        assert_eq!(child.trace_id, root.trace_id);
+        assert!(child.start_time_unix_nano >= root.start_time_unix_nano);
+        assert!(child.end_time_unix_nano <= root.end_time_unix_nano);
+    }
+    roots
+}
+
 fn int(span: &Span, key: &str) -> i64 {
     match attr(&span.attributes, key) {
         Some(AnyValue::IntValue(i)) => *i,
@@ -139,18 +159,28 @@ fn string(attributes: &[KeyValue], key: &str) -> String {
 
 /// Every span received, with its resource's attributes checked to say kvtrace and the trace.
 fn spans(received: &Received, trace: &Path) -> Vec<Span> {
+    let spans = spans_of(received, "replay");
+    let requests = received.lock().expect("lock");
+    for rs in requests.iter().flat_map(|r| &r.resource_spans) {
+        let resource = &rs.resource.as_ref().expect("resource").attributes;
+        assert_eq!(
+            string(resource, "kvtrace.trace"),
+            trace.display().to_string()
+        );
+        assert_eq!(string(resource, "kvtrace.config.digest").len(), 64);
+    }
+    spans
+}
+
+/// Every span received from `command`, the root of each tree holding its children.
+fn spans_of(received: &Received, command: &str) -> Vec<Span> {
     let requests = received.lock().expect("lock");
     let mut out = Vec::new();
     for request in requests.iter() {
         for rs in &request.resource_spans {
             let resource = &rs.resource.as_ref().expect("resource").attributes;
             assert_eq!(string(resource, "service.name"), "kvtrace");
-            assert_eq!(string(resource, "kvtrace.command"), "replay");
-            assert_eq!(
-                string(resource, "kvtrace.trace"),
-                trace.display().to_string()
-            );
-            assert_eq!(string(resource, "kvtrace.config.digest").len(), 64);
+            assert_eq!(string(resource, "kvtrace.command"), command);
             for ss in &rs.scope_spans {
                 out.extend(ss.spans.iter().cloned());
             }
@@ -194,24 +224,7 @@ fn replay_and_compare(trace: &Path, url: &str, protocol: &str, received: &Receiv
         text(&out.stderr)
     );
     let spans = spans(received, trace);
-    let roots: BTreeMap<Vec<u8>, &Span> = spans
-        .iter()
-        .filter(|s| s.name == "request")
-        .map(|s| (s.span_id.clone(), s))
-        .collect();
-    for child in spans.iter().filter(|s| s.name != "request") {
-        assert!(
-            ["mp.lookup_prefetch", "mp.retrieve", "mp.store"].contains(&child.name.as_str()),
-            "{}",
-            child.name
-        );
-        let root = roots
-            .get(&child.parent_span_id)
-            .expect("every child under a request span");
-        assert_eq!(child.trace_id, root.trace_id);
-        assert!(child.start_time_unix_nano >= root.start_time_unix_nano);
-        assert!(child.end_time_unix_nano <= root.end_time_unix_nano);
-    }
+    let roots = nested(&spans, &["mp.lookup_prefetch", "mp.retrieve", "mp.store"]);
     let mut looked_up: Vec<&Span> = roots
         .values()
         .copied()
@@ -392,4 +405,117 @@ fn an_endpoint_that_is_not_a_url_is_a_usage_error() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(text(&out.stderr).lines().count(), 1);
+}
+
+/// A simulation exports one `request` span per simulated request, its hit the engine's
+/// prefix-cache reuse as the report's per-request lines give it.
+#[test]
+fn simulate_exports_one_request_span_per_simulated_request() {
+    let (url, received) = http_collector();
+    let dir = tempfile::tempdir().expect("tmp");
+    let lines = dir.path().join("requests.jsonl");
+    let trace =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/mooncake/conversation_head300.jsonl");
+    let out = kvtrace([
+        "simulate".as_ref(),
+        trace.as_os_str(),
+        "-q".as_ref(),
+        "--report-json".as_ref(),
+        dir.path().join("report.json").as_os_str(),
+        "--report-jsonl".as_ref(),
+        lines.as_os_str(),
+        "--otlp-endpoint".as_ref(),
+        url.as_ref(),
+        "--otlp-protocol".as_ref(),
+        "http-protobuf".as_ref(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let spans = spans_of(&received, "simulate");
+    let roots = nested(
+        &spans,
+        &[
+            "mp.lookup_prefetch",
+            "kvtrace.queue",
+            "kvtrace.prefill",
+            "kvtrace.decode",
+        ],
+    );
+    let by_id: BTreeMap<String, &Span> = roots
+        .values()
+        .map(|s| (string(&s.attributes, "session_id"), *s))
+        .collect();
+    let requests: Vec<serde_json::Value> = std::fs::read_to_string(&lines)
+        .expect("jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("line"))
+        .collect();
+    assert_eq!(requests.len(), 300);
+    assert_eq!(by_id.len(), requests.len(), "one request span per request");
+    let mut reused = 0;
+    for r in &requests {
+        let id = format!(
+            "{}/{}",
+            r["session_id"].as_str().expect("id"),
+            r["turn_index"]
+        );
+        let span = by_id.get(&id).unwrap_or_else(|| panic!("{id}"));
+        let hit = r["reused_input_tokens"].as_i64().expect("reused");
+        assert_eq!(int(span, "hit_tokens"), hit);
+        assert_eq!(
+            int(span, "requested_tokens"),
+            r["input_length"].as_i64().expect("input")
+        );
+        reused += hit;
+    }
+    assert!(reused > 0, "the slice reuses prefixes");
+}
+
+/// A benchmark run exports one `request` span per completed request, each read and write a
+/// child, the hit the prefix its reads found.
+#[test]
+fn bench_exports_one_request_span_per_completed_request() {
+    let (url, received) = http_collector();
+    let dir = tempfile::tempdir().expect("tmp");
+    let results = dir.path().join("results.json");
+    let out = kvtrace([
+        "bench".as_ref(),
+        "--model".as_ref(),
+        "tiny-1b".as_ref(),
+        "--num-users".as_ref(),
+        "3".as_ref(),
+        "--duration".as_ref(),
+        "3".as_ref(),
+        "--cpu-mem-gb".as_ref(),
+        "0.5".as_ref(),
+        "--generation-mode".as_ref(),
+        "none".as_ref(),
+        "--cache-dir".as_ref(),
+        dir.path().as_os_str(),
+        "-q".as_ref(),
+        "--output".as_ref(),
+        results.as_os_str(),
+        "--otlp-endpoint".as_ref(),
+        url.as_ref(),
+        "--otlp-protocol".as_ref(),
+        "http-protobuf".as_ref(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&results).expect("results")).expect("json");
+    let spans = spans_of(&received, "bench");
+    let roots = nested(&spans, &["mp.retrieve", "mp.store", "kvtrace.generation"]);
+    assert_eq!(
+        roots.len() as u64,
+        report["requests_completed"].as_u64().expect("completed")
+    );
+    assert!(!roots.is_empty());
+    for root in roots.values() {
+        let (hit, requested) = (int(root, "hit_tokens"), int(root, "requested_tokens"));
+        assert!(hit <= requested && requested > 0, "{hit} of {requested}");
+        let Some(AnyValue::DoubleValue(rate)) = attr(&root.attributes, "hit_rate") else {
+            panic!("hit_rate");
+        };
+        assert!((rate - hit as f64 / requested as f64).abs() < 1e-12);
+    }
+    assert!(spans.iter().any(|s| s.name == "mp.store"));
 }

@@ -5,9 +5,12 @@
 //! `read_prefetched_results` and `finish_read_prefetched` — so `kvtrace replay` can re-run
 //! the run's traffic against any tier configuration.
 
+use std::sync::Arc;
+
 use crate::bus::Tracer;
 use crate::lmct::calls::StorageCall;
 use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
+use crate::otel::SpanSink;
 use crate::rng::hash32;
 use crate::storage::KeyId;
 
@@ -16,6 +19,8 @@ pub struct CallTrace {
     model_name: String,
     /// Bytes one token of one tensor-parallel rank's share takes.
     rank_bytes_per_token: u64,
+    /// Where each served request goes as a span tree (see [`super::spans`]).
+    spans: Option<Arc<dyn SpanSink>>,
 }
 
 impl CallTrace {
@@ -24,7 +29,23 @@ impl CallTrace {
             tracer,
             model_name: model_name.into(),
             rank_bytes_per_token: rank_bytes_per_token.max(1),
+            spans: None,
         }
+    }
+
+    /// Sends each served request to `sink` as a span tree.
+    pub fn with_spans(mut self, sink: Option<Arc<dyn SpanSink>>) -> CallTrace {
+        self.spans = sink;
+        self
+    }
+
+    pub fn spans(&self) -> Option<&Arc<dyn SpanSink>> {
+        self.spans.as_ref()
+    }
+
+    /// Tokens of an entry of `bytes` bytes.
+    pub fn tokens(&self, bytes: u64) -> u64 {
+        bytes / self.rank_bytes_per_token
     }
 
     /// An entry's object key, from its name only.

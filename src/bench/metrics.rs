@@ -34,6 +34,17 @@ pub enum Category {
     Rag,
 }
 
+impl Category {
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::SystemPrompt => "system_prompt",
+            Category::MultiTurn => "multi_turn",
+            Category::User => "user",
+            Category::Rag => "rag",
+        }
+    }
+}
+
 /// Host and device seconds of the operations on one tier in one direction.
 #[derive(Clone, Debug, Default)]
 pub struct OpTimes {

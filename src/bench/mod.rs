@@ -17,6 +17,7 @@ pub mod report;
 pub mod run;
 pub mod sharegpt;
 pub mod sheets;
+pub mod spans;
 pub mod suite;
 pub mod tiers;
 pub mod users;

@@ -25,6 +25,7 @@ use crate::bus::{EventBus, SubscriberReport, Tracer};
 use crate::clock::local_stamp;
 use crate::error::{Error, Result};
 use crate::machine::{available_memory, free_bytes};
+use crate::otel::SpanSink;
 use crate::rank::Rank;
 use crate::report::{self, csv::Csv, json::Json, xlsx::Xlsx, Exporter, Target};
 use crate::storage::config::{
@@ -291,6 +292,8 @@ pub struct Plan {
     base_seed: u64,
     /// Dropped after the run, removing the tiers' files.
     _dirs: Vec<RunDir>,
+    /// Where each served request goes as a span tree.
+    spans: Option<Arc<dyn SpanSink>>,
     /// What the user should know before the run starts.
     pub warnings: Vec<String>,
 }
@@ -550,7 +553,31 @@ impl Plan {
             base_seed: o.seed,
             _dirs: dirs,
             warnings,
+            spans: None,
         })
+    }
+
+    /// Sends each served request to `sink` as a span tree.
+    pub fn export_spans(&mut self, sink: Arc<dyn SpanSink>) {
+        self.spans = Some(sink);
+    }
+
+    /// The resource attributes that say which run spans come from.
+    pub fn span_resource(&self) -> Vec<(String, String)> {
+        let mut attributes = vec![
+            ("kvtrace.command".to_owned(), "bench".to_owned()),
+            (
+                "kvtrace.model".to_owned(),
+                self.config.model.name.to_owned(),
+            ),
+            ("kvtrace.seed".to_owned(), self.config.seed.to_string()),
+            ("kvtrace.users".to_owned(), self.config.users.to_string()),
+        ];
+        if let Some(rank) = &self.rank {
+            attributes.push(("kvtrace.rank".to_owned(), rank.rank.to_string()));
+            attributes.push(("kvtrace.world_size".to_owned(), rank.world_size.to_string()));
+        }
+        attributes
     }
 
     pub fn duration_s(&self) -> f64 {
@@ -570,7 +597,8 @@ impl Plan {
             bus.as_ref().map_or_else(Tracer::disabled, EventBus::tracer),
             self.config.model.name,
             per_token,
-        );
+        )
+        .with_spans(self.spans.clone());
         let started_unix_s = crate::clock::wall_secs();
         let outcome = run(&self.config, &self.cache, &calls, progress)?;
         let finished_unix_s = crate::clock::wall_secs();

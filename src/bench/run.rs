@@ -21,6 +21,7 @@ use super::metrics::{percentile, Category, Collected, Metrics, RequestSample};
 use super::models::ModelConfig;
 use super::rag::Corpus;
 use super::sharegpt::{Dataset, DatasetStream};
+use super::spans::Trail;
 use super::tiers::{Access, Allocation, TierCache};
 use super::users::{PersonaSet, Phase, Request, UserStream};
 
@@ -334,7 +335,9 @@ pub fn run(
                         if shared.stopped() {
                             return;
                         }
-                        shared.write(&format!("rag_{doc}_chunk_{chunk}"), tokens, &mut buf);
+                        let mut untraced = Trail::new(false, Instant::now());
+                        let name = format!("rag_{doc}_chunk_{chunk}");
+                        shared.write(&name, tokens, &mut buf, &mut untraced);
                     }
                 })
                 .map(drop);
@@ -555,28 +558,36 @@ impl Shared<'_> {
         category: Category,
         request: &str,
         buf: &mut IoBuffer,
+        trail: &mut Trail,
     ) -> Option<IoTime> {
+        let began = trail.now();
         match self.cache.access(self.calls.key_id(name), buf) {
             Ok(Access::Hit { tier, time, size }) => {
                 self.calls.read(name, request, Some(size));
                 self.metrics.lookup(category, true);
                 self.metrics.op(tier, false, time);
+                let prefill = category != Category::User;
+                let found = Some((tier, self.calls.tokens(size)));
+                trail.read(began, category.name(), found, prefill);
                 Some(time)
             }
             Ok(Access::Miss) => {
                 self.calls.read(name, request, None);
                 self.metrics.lookup(category, false);
+                trail.read(began, category.name(), None, false);
                 None
             }
             Err(e) => {
                 self.io_failed(&e);
+                trail.read(began, category.name(), None, false);
                 None
             }
         }
     }
 
     /// Writes a new entry (nothing if it exists); the write time.
-    fn write(&self, name: &str, tokens: u64, buf: &mut IoBuffer) -> f64 {
+    fn write(&self, name: &str, tokens: u64, buf: &mut IoBuffer, trail: &mut Trail) -> f64 {
+        let began = trail.now();
         let key = self.calls.key_id(name);
         let bytes = self.calls.entry_bytes(tokens);
         self.permits.acquire();
@@ -587,6 +598,11 @@ impl Shared<'_> {
         if !matches!(result, Ok(Allocation::Written { .. })) {
             self.calls.write(name, tokens, false);
         }
+        let landed = match &result {
+            Ok(Allocation::Written { tier, .. }) => Some(*tier),
+            _ => None,
+        };
+        trail.write(began, tokens, landed);
         match result {
             Ok(Allocation::Written { tier, time }) => {
                 self.metrics.op(tier, true, time);
@@ -620,18 +636,20 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
         "{}user{}-conv{}-turn{}",
         c.user_scope, r.user, r.conversation, r.turn
     );
+    let spans = shared.calls.spans();
+    let mut trail = Trail::new(spans.is_some(), q.submitted);
     let mut context = r.context_tokens;
     if let (true, Some(p)) = (c.prefix_caching, r.system_prompt) {
         let tokens = c.system_prompt_tokens[usize::from(p) % 3];
         let name = format!("system_prompt_{p}");
-        match shared.read(&name, Category::SystemPrompt, &request, buf) {
+        match shared.read(&name, Category::SystemPrompt, &request, buf, &mut trail) {
             Some(t) => {
                 spent.prefill_s += t.total_s();
                 shared
                     .metrics
                     .prefix_saved(shared.calls.entry_bytes(tokens));
             }
-            None => spent.prefill_s += shared.write(&name, tokens, buf),
+            None => spent.prefill_s += shared.write(&name, tokens, buf, &mut trail),
         }
         context = context.saturating_sub(tokens).max(1);
     }
@@ -650,6 +668,7 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
                 Category::MultiTurn,
                 &request,
                 buf,
+                &mut trail,
             ) {
                 spent.prefill_s += t.total_s();
             }
@@ -667,7 +686,7 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
                 return None;
             }
             let name = format!("rag_{doc}_chunk_{chunk}");
-            if let Some(t) = shared.read(&name, Category::Rag, &request, buf) {
+            if let Some(t) = shared.read(&name, Category::Rag, &request, buf, &mut trail) {
                 spent.prefill_s += t.total_s();
             }
         }
@@ -676,9 +695,9 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
     if shared.stopped() {
         return None;
     }
-    spent.prefill_s += shared.write(&own, context, buf);
+    spent.prefill_s += shared.write(&own, context, buf, &mut trail);
     if r.phase == Phase::PrefillDecode {
-        match shared.read(&own, Category::User, &request, buf) {
+        match shared.read(&own, Category::User, &request, buf, &mut trail) {
             Some(t) => {
                 spent.decode_s += t.total_s();
                 if c.decode_reads == DecodeReads::Amplified {
@@ -686,18 +705,25 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
                         if shared.stopped() {
                             return None;
                         }
-                        if let Some(t) = shared.read(&own, Category::User, &request, buf) {
+                        if let Some(t) =
+                            shared.read(&own, Category::User, &request, buf, &mut trail)
+                        {
                             spent.decode_s += t.total_s();
                         }
                     }
                 }
             }
-            None => spent.decode_s += shared.write(&own, context, buf),
+            None => spent.decode_s += shared.write(&own, context, buf, &mut trail),
         }
     }
     let generation_s = r.generation_tokens as f64 * c.generation_ms_per_token / 1e3;
+    let began = trail.now();
     if !sleep_unless_stopped(shared, Duration::from_secs_f64(generation_s)) {
         return None;
+    }
+    if let Some(sink) = spans {
+        trail.generation(began);
+        sink.request(trail.finish(&request, context));
     }
     Some(RequestSample {
         qos: r.qos,

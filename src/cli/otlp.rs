@@ -17,7 +17,7 @@ enum OtlpProtocol {
     HttpProtobuf,
 }
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct OtlpArgs {
     /// Export each request as LMCache's `request` span tree (hit_tokens, requested_tokens,
     /// hit_rate; mp.lookup_prefetch, mp.retrieve, mp.store) to this OTLP collector, e.g.

@@ -7,12 +7,15 @@ use std::path::PathBuf;
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::otel::SpanSink;
 use kvtrace::report::Report;
 use kvtrace::simulate::offload::DEFAULT_CHUNK_TOKENS;
 use kvtrace::simulate::plan::{Options, Plan, Router};
+use kvtrace::simulate::spans::request_span;
 use kvtrace::simulate::workload::DEFAULT_TRACE_BLOCK_SIZE;
 use kvtrace::storage::config::StorageConfig;
 
+use super::otlp::{self, OtlpArgs};
 use super::tiers::{apply_toml, TierArgs};
 use super::{print_stdout, say_recorded, warn_line};
 
@@ -169,6 +172,8 @@ pub struct Args {
     record: Option<PathBuf>,
     #[command(flatten)]
     tiers: TierArgs,
+    #[command(flatten)]
+    otlp: OtlpArgs,
 }
 
 impl Args {
@@ -262,6 +267,15 @@ pub fn run(args: Args) -> Result<i32, Error> {
     for w in &plan.warnings {
         warn_line(w);
     }
+    let mut resource = vec![
+        ("kvtrace.command".to_owned(), "simulate".to_owned()),
+        ("kvtrace.seed".to_owned(), args.seed.to_string()),
+    ];
+    if let Some(trace) = &args.trace {
+        resource.push(("kvtrace.trace".to_owned(), trace.display().to_string()));
+    }
+    let export = args.otlp.start(resource)?;
+    let wall_start = kvtrace::clock::wall_secs();
     let bar = progress_bar(args.quiet);
     let total = plan.request_count();
     let clock = if plan.online() {
@@ -276,6 +290,12 @@ pub fn run(args: Args) -> Result<i32, Error> {
         ));
     })?;
     bar.finish_and_clear();
+    if let Some(export) = &export {
+        for r in &finished.report.requests {
+            export.request(request_span(r, wall_start));
+        }
+    }
+    let exported = otlp::finish(export, args.quiet);
     if !args.quiet {
         say_recorded(&finished.recordings);
         print_stdout(&format!(
@@ -284,5 +304,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
             finished.report_path.display()
         ))?;
     }
-    Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK))
+    Ok(kvtrace::interrupt::exit_status()
+        .or(exported)
+        .unwrap_or(EXIT_OK))
 }

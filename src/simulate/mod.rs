@@ -21,6 +21,7 @@ pub mod report;
 pub mod router;
 pub mod sglang;
 pub mod sketch;
+pub mod spans;
 pub mod summary;
 pub mod vllm;
 pub mod workload;

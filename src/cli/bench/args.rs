@@ -12,6 +12,7 @@ use kvtrace::bench::users::PersonaSet;
 use kvtrace::error::Error;
 use kvtrace::rank::launcher_run_id;
 
+use crate::cli::otlp::OtlpArgs;
 use crate::cli::rank::RankArgs;
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -240,6 +241,8 @@ pub struct Args {
     pub quiet: bool,
     #[command(flatten)]
     pub ranks: RankArgs,
+    #[command(flatten)]
+    pub otlp: OtlpArgs,
 }
 
 impl Args {

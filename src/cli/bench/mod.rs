@@ -17,6 +17,7 @@ use kvtrace::rank::barrier::Barrier;
 
 pub use args::Args;
 
+use super::otlp::{self, OtlpArgs};
 use super::{print_stdout, say_recorded, warn_line};
 
 fn progress_bar(quiet: bool, duration_s: f64) -> ProgressBar {
@@ -35,14 +36,24 @@ fn progress_bar(quiet: bool, duration_s: f64) -> ProgressBar {
 
 /// Plans and runs once; prints the summary unless quiet. With a barrier, the run starts
 /// once every rank has set up its tiers.
+/// One run, its requests exported as spans when `otlp` asks; the report, and the exit status
+/// the export calls for (1 when it failed).
 fn run_once(
     options: &Options,
     quiet: bool,
     barrier: Option<&Barrier>,
-) -> Result<BenchReport, Error> {
-    let plan = Plan::new(options)?;
+    otlp: Option<&OtlpArgs>,
+) -> Result<(BenchReport, Option<i32>), Error> {
+    let mut plan = Plan::new(options)?;
     for w in &plan.warnings {
         warn_line(w);
+    }
+    let export = match otlp {
+        Some(otlp) => otlp.start(plan.span_resource())?,
+        None => None,
+    };
+    if let Some(export) = &export {
+        plan.export_spans(export.clone());
     }
     if let Some(b) = barrier {
         b.wait()?;
@@ -54,6 +65,7 @@ fn run_once(
         bar.set_message(format!("{elapsed:.0}/{duration:.0} s, {done} requests"));
     })?;
     bar.finish_and_clear();
+    let exported = otlp::finish(export, quiet);
     if !quiet {
         say_recorded(&finished.recordings);
         print_stdout(&format!(
@@ -62,12 +74,17 @@ fn run_once(
             finished.results.display()
         ))?;
     }
-    Ok(finished.report)
+    Ok((finished.report, exported))
 }
 
 pub fn run(args: Args) -> Result<i32, Error> {
     let options = args.options()?;
     if args.suite {
+        if args.otlp.asked() {
+            return Err(Error::usage(
+                "--suite runs many scenarios: export spans from one bench run at a time",
+            ));
+        }
         if let Some(r) = &options.rank {
             return Err(Error::usage(format!(
                 "--suite runs its scenarios one after another; as rank {} of {} ({}) run one bench per rank",
@@ -88,11 +105,8 @@ pub fn run(args: Args) -> Result<i32, Error> {
         }
         None => None,
     };
-    Ok(exit_status(&run_once(
-        &options,
-        args.quiet,
-        barrier.as_ref(),
-    )?))
+    let (report, exported) = run_once(&options, args.quiet, barrier.as_ref(), Some(&args.otlp))?;
+    Ok(exit_status(&report).max(exported.unwrap_or(EXIT_OK)))
 }
 
 /// 128 + the signal after an interrupt; 1 when storage I/O failed (said on stderr even with
@@ -118,7 +132,7 @@ fn suite(options: &Options) -> Result<i32, Error> {
     let mut status = EXIT_OK;
     for scenario in &SCENARIOS {
         eprintln!("kvtrace: {}: {}", scenario.name, scenario.what);
-        let report = run_once(&suite.options(scenario), true, None)?;
+        let (report, _) = run_once(&suite.options(scenario), true, None, None)?;
         table += &Suite::row(scenario.name, &report);
         status = status.max(exit_status(&report));
         if kvtrace::interrupt::requested().is_some() {
