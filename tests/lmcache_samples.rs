@@ -456,4 +456,27 @@ fn an_events_trace_replays_against_a_tier_configuration() {
     ] {
         assert_eq!(n(&fleet, key), 2 * n(&recorded, key), "{key}");
     }
+
+    // A sweep's points are these replays.
+    let swept = dir.path().join("sweep.json");
+    let out = kvtrace([
+        "sweep",
+        "replay",
+        original.to_str().expect("path"),
+        "--l1-size-gb",
+        "0.002,1",
+        "-q",
+        "--json",
+        swept.to_str().expect("path"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let swept: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&swept).expect("sweep")).expect("json");
+    let points = swept["points"].as_array().expect("points");
+    assert_eq!(points.len(), 2);
+    for (point, single) in points.iter().zip([&small, &large]) {
+        assert_eq!(point["replay"]["fleet"], *single, "{}", point["name"]);
+        let rate = point["figures"]["hit_rate"].as_f64().expect("hit_rate");
+        assert_eq!(rate, single["hit_ratio"].as_f64().expect("hit_ratio"));
+    }
 }

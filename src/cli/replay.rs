@@ -7,7 +7,7 @@ use clap::ValueEnum;
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::rank::Rank;
 use kvtrace::replay::dispatch::Outcome;
-use kvtrace::replay::events::replay_events;
+use kvtrace::replay::events::{replay_events, server_config};
 use kvtrace::replay::phase::PhaseChoice;
 use kvtrace::replay::plan::{Options, Plan, Storage};
 use kvtrace::replay::shard::ShardMode;
@@ -270,9 +270,35 @@ pub fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Plan, Err
 
 /// Whether `path` is an events-level trace (an unreadable one is left to the replay's own
 /// error).
-fn is_events(path: &Path, args: &Args) -> bool {
+pub fn is_events(path: &Path, args: &Args) -> bool {
     kvtrace::lmct::TraceReader::open(path, args.read.options())
         .is_ok_and(|r| r.header().level == "events")
+}
+
+/// The configuration an events replay runs: the first file's recorded one (or the defaults,
+/// when the flags give a whole one), then `--config` and the storage flags.
+pub fn events_config(args: &Args) -> Result<StorageConfig, Error> {
+    let recorded = kvtrace::lmct::TraceReader::open(&args.files[0], args.read.options())
+        .map_err(|e| e.in_file(args.files[0].display()))?
+        .header()
+        .sm_config_json
+        .clone();
+    let mut config = match StorageConfig::from_lmcache_json(&recorded) {
+        Some((config, _)) => config,
+        None if args.tiers.l1_size_gb.is_some() || args.config.is_some() => {
+            StorageConfig::default()
+        }
+        None => {
+            return Err(Error::usage(
+                "the trace records no storage configuration kvtrace can read; give one with --l1-size-gb or --config",
+            ))
+        }
+    };
+    if let Some(path) = &args.config {
+        apply_toml(&mut config, path)?;
+    }
+    args.tiers.apply(&mut config)?;
+    Ok(config)
 }
 
 /// `kvtrace replay` of events traces: the fleet's stores and accesses against the tiers
@@ -290,26 +316,7 @@ fn run_events(args: &Args) -> Result<i32, Error> {
     }
     let files: Vec<&Path> = args.files.iter().map(PathBuf::as_path).collect();
     let stream = FleetStream::load(&files, args.read.options())?;
-    let recorded = kvtrace::lmct::TraceReader::open(files[0], args.read.options())
-        .map_err(|e| e.in_file(files[0].display()))?
-        .header()
-        .sm_config_json
-        .clone();
-    let mut base = match StorageConfig::from_lmcache_json(&recorded) {
-        Some((config, _)) => config,
-        None if args.tiers.l1_size_gb.is_some() || args.config.is_some() => {
-            StorageConfig::default()
-        }
-        None => {
-            return Err(Error::usage(
-                "the trace records no storage configuration kvtrace can read; give one with --l1-size-gb or --config",
-            ))
-        }
-    };
-    if let Some(path) = &args.config {
-        apply_toml(&mut base, path)?;
-    }
-    args.tiers.apply(&mut base)?;
+    let base = events_config(args)?;
     let outputs = kvtrace::report::outputs([
         (
             &Csv as &dyn Exporter,
@@ -326,16 +333,7 @@ fn run_events(args: &Args) -> Result<i32, Error> {
                 .then(|| Target::File(args.output_dir.join("events_replay.xlsx"))),
         ),
     ])?;
-    // Each server's file tier is its own directory, as each server had its own disk.
-    let config_for = |server: usize| {
-        let mut config = base.clone();
-        for tier in &mut config.l2 {
-            if let BackendConfig::File { dir, .. } = &mut tier.backend {
-                *dir = dir.join(format!("server-{server:05}"));
-            }
-        }
-        config
-    };
+    let config_for = |server: usize| server_config(&base, server);
     let report = replay_events(&stream, &config_for)?;
     for (exporter, target) in &outputs {
         kvtrace::report::write(&report, *exporter, target, "events_replay_summary.json")?;

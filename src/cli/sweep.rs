@@ -398,6 +398,15 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
     }
     let outputs = outputs(&a.sweep)?;
     let read = replay::read_options(&parsed[0]);
+    if replay::is_events(&a.file, &parsed[0]) {
+        let bar = Progress::points(points.len() as u64, !a.sweep.quiet);
+        let config = |i: usize| replay::events_config(&parsed[i]);
+        let result =
+            sweep::replay::sweep_events(&a.file, &points, jobs, read, &config, &|_| bar.inc());
+        bar.finish();
+        finish(&result?, &outputs, a.sweep.quiet)?;
+        return Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK));
+    }
     let sizes: std::collections::BTreeSet<&str> =
         points.iter().filter_map(|p| p.get("l1-size-gb")).collect();
     let bar = Progress::points(points.len() as u64, !a.sweep.quiet);

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::report::{JsonStyle, Report, Table};
-use crate::storage::config::StorageConfig;
+use crate::storage::config::{BackendConfig, StorageConfig};
 use crate::storage::{KeyId, PrefetchGroup, PrefetchRequest, StorageManager};
 use crate::trace::fleet::{summarise, EventKind, FleetEvent, FleetStream};
 
@@ -42,6 +42,8 @@ pub struct ServerReplay {
     pub stores: u64,
     pub stores_written: u64,
     pub stores_refused: u64,
+    /// Reservations refused with OUT_OF_MEMORY (one per batch and object size).
+    pub reservations_refused: u64,
     /// Recorded evictions (delete entries) and L2 accesses: counted, not replayed.
     pub recorded_deletes: u64,
     pub recorded_l2_accesses: u64,
@@ -61,6 +63,7 @@ impl ServerReplay {
         self.stores += other.stores;
         self.stores_written += other.stores_written;
         self.stores_refused += other.stores_refused;
+        self.reservations_refused += other.reservations_refused;
         self.recorded_deletes += other.recorded_deletes;
         self.recorded_l2_accesses += other.recorded_l2_accesses;
         self.evictions += other.evictions;
@@ -99,6 +102,18 @@ pub struct EventsReplayReport {
     pub servers: Vec<ServerReplay>,
     pub fleet: ServerReplay,
     pub duration_s: f64,
+}
+
+/// Server `server`'s copy of `base`: a file tier gets a directory per server, as each server
+/// had its own disk (a shared Redis stays shared).
+pub fn server_config(base: &StorageConfig, server: usize) -> StorageConfig {
+    let mut config = base.clone();
+    for tier in &mut config.l2 {
+        if let BackendConfig::File { dir, .. } = &mut tier.backend {
+            *dir = dir.join(format!("server-{server:05}"));
+        }
+    }
+    config
 }
 
 /// Replays `stream`, each server on a manager of `config_for(server index)`.
@@ -212,6 +227,7 @@ fn store(sm: &mut StorageManager, server: &mut ServerReplay, entries: &[(KeyId, 
         let reservation = sm.reserve_write(&keys, size);
         if reservation.out_of_memory {
             server.stores_refused += keys.len() as u64;
+            server.reservations_refused += 1;
             continue;
         }
         // A refused L2 store is counted by its tier; the object is still in L1.

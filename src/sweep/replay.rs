@@ -14,9 +14,12 @@ use super::stack::{lru_curve, LruCurve};
 use super::{run_points, Point};
 use crate::error::{Error, Result};
 use crate::lmct::ReadOptions;
+use crate::replay::events::{replay_events, server_config, EventsReplayReport};
 use crate::replay::plan::Plan;
 use crate::replay::report::ReplayReport;
 use crate::report::Report;
+use crate::storage::config::StorageConfig;
+use crate::trace::fleet::FleetStream;
 
 /// What one configuration did.
 #[derive(Clone, Debug)]
@@ -104,6 +107,78 @@ impl Figures {
             failed: report.failed,
         }
     }
+}
+
+impl Figures {
+    /// The figures of an events replay (see [`crate::replay::events`]): a lookup is a request
+    /// of one chunk, the per-request percentiles are the servers' hit ratios, and the
+    /// fidelity counts stay 0, since an events trace records no request outcomes to match.
+    pub fn of_events(report: &EventsReplayReport) -> Figures {
+        let fleet = &report.fleet;
+        let mut rates: Vec<f64> = report.servers.iter().map(|s| s.hit_ratio).collect();
+        rates.sort_by(f64::total_cmp);
+        let share = |n: u64| {
+            if fleet.lookups == 0 {
+                0.0
+            } else {
+                n as f64 / fleet.lookups as f64
+            }
+        };
+        Figures {
+            l1_size_bytes: report.config["l1_manager_config"]["memory_config"]["size_in_bytes"]
+                .as_u64()
+                .unwrap_or(0),
+            eviction_policy: report.config["eviction_config"]["eviction_policy"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned(),
+            hit_rate: fleet.hit_ratio,
+            l1_hit_rate: share(fleet.l1_hits),
+            l2_hit_rate: share(fleet.l2_hits),
+            request_hit_rate: [10.0, 50.0, 90.0].map(|p| percentile(&rates, p)),
+            requests: fleet.lookups,
+            requested_chunks: fleet.lookups,
+            hit_chunks: fleet.hits,
+            out_of_memory_calls: fleet.reservations_refused,
+            out_of_memory_keys: fleet.stores_refused,
+            evictions: fleet.evictions,
+            tier_bytes: vec![("l1".into(), 0, 0, fleet.peak_l1_bytes)],
+            ..Figures::default()
+        }
+    }
+}
+
+/// Replays the events trace `trace` at every point, `jobs` at a time: `config` gives point
+/// `i`'s configuration, each server of the fleet a copy of it.
+pub fn sweep_events(
+    trace: &Path,
+    points: &[Point],
+    jobs: usize,
+    read: ReadOptions,
+    config: &(dyn Fn(usize) -> Result<StorageConfig> + Sync),
+    done: &(dyn Fn(usize) + Sync),
+) -> Result<ReplaySweep> {
+    let stream = FleetStream::load(&[trace], read)?;
+    let run = |i: usize| -> Result<ReplayPoint> {
+        let start = Instant::now();
+        let base = config(i)?;
+        let mut report = replay_events(&stream, &|server| server_config(&base, server))?;
+        report.duration_s = 0.0;
+        Ok(ReplayPoint {
+            point: points[i].clone(),
+            summary: serde_json::to_value(&report)
+                .map_err(|e| Error::io("cannot encode JSON", e.into()))?,
+            figures: Figures::of_events(&report),
+            replay_s: start.elapsed().as_secs_f64(),
+        })
+    };
+    let results = run_points(points.len(), jobs, &run, done)?;
+    Ok(ReplaySweep {
+        trace: trace.display().to_string(),
+        points: results,
+        curve: None,
+        curve_note: None,
+    })
 }
 
 /// A finished replay sweep.

@@ -502,7 +502,11 @@ impl Report for ReplaySweep {
                 pct(f.request_hit_rate[1]),
                 f.out_of_memory_calls.to_string(),
                 f.evictions.to_string(),
-                pct(f.request_match_rate),
+                if f.fidelity_requests == 0 {
+                    "-".to_owned()
+                } else {
+                    pct(f.request_match_rate)
+                },
                 format!("{:.3}s", p.replay_s),
             ]);
         }
