@@ -25,18 +25,18 @@ use crate::error::{Error, Result};
 
 /// Spans a batch carries at most (the SDK's own default).
 const BATCH_SPANS: usize = 512;
-/// Spans waiting for the exporter thread before a replay is held back.
-const QUEUE_SPANS: usize = 64 * 1024;
+/// Requests waiting for the exporter thread before the caller is held back.
+const QUEUE_REQUESTS: usize = 16 * 1024;
 /// How long a partial batch waits for more spans.
 const BATCH_DELAY: Duration = Duration::from_millis(200);
 
 /// Sends request spans to an OTLP endpoint and/or file (see the module docs of
-/// [`crate::otel`]). Dropping it without [`SpanExport::finish`] still flushes.
+/// [`crate::otel`]). The caller only queues each [`RequestSpan`]; the exporter thread builds
+/// the SDK spans, batches and sends them. Dropping it without [`SpanExport::finish`] still
+/// flushes.
 pub struct SpanExport {
-    provider: SdkTracerProvider,
-    tracer: SdkTracer,
-    result: Arc<Mutex<Option<ExportSummary>>>,
-    built: std::sync::atomic::AtomicU64,
+    queue: Option<Sender<RequestSpan>>,
+    thread: Option<JoinHandle<ExportSummary>>,
 }
 
 impl std::fmt::Debug for SpanExport {
@@ -102,36 +102,90 @@ impl SpanExport {
             file,
             summary: ExportSummary::default(),
         };
-        let result = Arc::new(Mutex::new(None));
-        let processor = QueueProcessor::start(sinks, result.clone());
+        let ended = Arc::new(Mutex::new(Vec::new()));
         let provider = SdkTracerProvider::builder()
             .with_resource(resource)
-            .with_span_processor(processor)
+            .with_span_processor(Collect(ended.clone()))
             .build();
-        let tracer = provider.tracer("kvtrace");
+        let (tx, rx) = bounded(QUEUE_REQUESTS);
+        let thread = std::thread::Builder::new()
+            .name("kvtrace-otlp".into())
+            .spawn(move || {
+                yield_to_the_run();
+                let builder = Builder {
+                    tracer: provider.tracer("kvtrace"),
+                    ended,
+                };
+                let summary = drain(rx, &builder, sinks);
+                let _ = provider.shutdown();
+                summary
+            })
+            .map_err(|e| Error::io("cannot start the OTLP export thread", e))?;
         Ok(SpanExport {
-            provider,
-            tracer,
-            result,
-            built: Default::default(),
+            queue: Some(tx),
+            thread: Some(thread),
         })
     }
 
-    /// Sends what is queued and stops the exporter thread; what was delivered, written and
-    /// the first failure.
-    pub fn finish(self) -> ExportSummary {
-        // The processor's shutdown waits for the thread, whatever the SDK says of it.
-        let _ = self.provider.shutdown();
-        let mut summary = self
-            .result
-            .lock()
-            .map(|mut r| r.take().unwrap_or_default())
-            .unwrap_or_default();
-        summary.spans = self.built.load(std::sync::atomic::Ordering::Relaxed);
-        summary
+    /// Sends what is queued and stops the exporter thread; what was built, delivered,
+    /// written, and the first failure.
+    pub fn finish(mut self) -> ExportSummary {
+        self.stop()
     }
 
-    fn start_span(&self, span: &Span, parent: &Context) -> opentelemetry_sdk::trace::Span {
+    fn stop(&mut self) -> ExportSummary {
+        self.queue.take();
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for SpanExport {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl SpanSink for SpanExport {
+    fn request(&self, span: RequestSpan) {
+        if let Some(queue) = &self.queue {
+            let _ = queue.send(span);
+        }
+    }
+}
+
+/// Lowers this thread's scheduling priority to the lowest (nice 19), so that on a machine
+/// with fewer cores than busy threads the export waits for the replay, not the other way
+/// round; the bounded queue still holds the replay back if the export falls too far behind.
+fn yield_to_the_run() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority on this thread's own id changes nothing but its nice value.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+    }
+}
+
+/// Turns request trees into SDK spans on the exporter thread; [`Collect`] hands the ended
+/// ones back.
+struct Builder {
+    tracer: SdkTracer,
+    ended: Arc<Mutex<Vec<SpanData>>>,
+}
+
+impl Builder {
+    fn build(&self, span: &RequestSpan) {
+        let root = self.start(&span.root, &Context::new());
+        let cx = Context::new().with_span(root);
+        for child in &span.children {
+            let mut s = self.start(child, &cx);
+            s.end_with_timestamp(wall(child.end_s));
+        }
+        cx.span().end_with_timestamp(wall(span.root.end_s));
+    }
+
+    fn start(&self, span: &Span, parent: &Context) -> opentelemetry_sdk::trace::Span {
         let kind = if span.name == "request" {
             SpanKind::Server
         } else {
@@ -148,19 +202,58 @@ impl SpanExport {
             )
             .start_with_context(&self.tracer, parent)
     }
+
+    fn take(&self) -> Vec<SpanData> {
+        self.ended
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
+    }
+
+    fn pending(&self) -> usize {
+        self.ended.lock().map_or(0, |v| v.len())
+    }
 }
 
-impl SpanSink for SpanExport {
-    fn request(&self, span: RequestSpan) {
-        let root = self.start_span(&span.root, &Context::new());
-        let cx = Context::new().with_span(root);
-        for child in &span.children {
-            let mut s = self.start_span(child, &cx);
-            s.end_with_timestamp(wall(child.end_s));
+/// The exporter thread: builds each request's spans, sends a batch once [`BATCH_SPANS`] have
+/// ended or [`BATCH_DELAY`] passed without a request, until the queue closes.
+fn drain(rx: Receiver<RequestSpan>, builder: &Builder, mut sinks: Sinks) -> ExportSummary {
+    loop {
+        match rx.recv_timeout(BATCH_DELAY) {
+            Ok(span) => {
+                sinks.summary.spans += span.span_count();
+                builder.build(&span);
+                if builder.pending() >= BATCH_SPANS {
+                    sinks.export(builder.take());
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => sinks.export(builder.take()),
+            Err(RecvTimeoutError::Disconnected) => break,
         }
-        cx.span().end_with_timestamp(wall(span.root.end_s));
-        self.built
-            .fetch_add(span.span_count(), std::sync::atomic::Ordering::Relaxed);
+    }
+    sinks.export(builder.take());
+    sinks.finish()
+}
+
+/// The span processor: every ended span, kept for the exporter thread's next batch.
+#[derive(Debug)]
+struct Collect(Arc<Mutex<Vec<SpanData>>>);
+
+impl SpanProcessor for Collect {
+    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        if let Ok(mut ended) = self.0.lock() {
+            ended.push(span);
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
     }
 }
 
@@ -294,81 +387,6 @@ impl Sinks {
 
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// A span processor that hands every finished span to the exporter thread through a bounded
-/// queue: a full queue holds the replay back instead of dropping spans, as the SDK's batch
-/// processor would.
-#[derive(Debug)]
-struct QueueProcessor {
-    queue: Mutex<Option<Sender<SpanData>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl QueueProcessor {
-    fn start(sinks: Sinks, result: Arc<Mutex<Option<ExportSummary>>>) -> QueueProcessor {
-        let (tx, rx) = bounded(QUEUE_SPANS);
-        let thread = std::thread::Builder::new()
-            .name("kvtrace-otlp".into())
-            .spawn(move || {
-                let summary = drain(rx, sinks);
-                if let Ok(mut r) = result.lock() {
-                    *r = Some(summary);
-                }
-            })
-            .ok();
-        QueueProcessor {
-            queue: Mutex::new(Some(tx)),
-            thread: Mutex::new(thread),
-        }
-    }
-}
-
-/// The exporter thread: batches of up to [`BATCH_SPANS`], a partial one after
-/// [`BATCH_DELAY`] without a new span, until the queue closes.
-fn drain(rx: Receiver<SpanData>, mut sinks: Sinks) -> ExportSummary {
-    let mut batch = Vec::with_capacity(BATCH_SPANS);
-    loop {
-        match rx.recv_timeout(BATCH_DELAY) {
-            Ok(span) => {
-                batch.push(span);
-                if batch.len() >= BATCH_SPANS {
-                    sinks.export(std::mem::take(&mut batch));
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => sinks.export(std::mem::take(&mut batch)),
-            Err(RecvTimeoutError::Disconnected) => break,
-        }
-    }
-    sinks.export(batch);
-    sinks.finish()
-}
-
-impl SpanProcessor for QueueProcessor {
-    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &Context) {}
-
-    fn on_end(&self, span: SpanData) {
-        if let Ok(queue) = self.queue.lock() {
-            if let Some(tx) = queue.as_ref() {
-                let _ = tx.send(span);
-            }
-        }
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        if let Ok(mut queue) = self.queue.lock() {
-            queue.take();
-        }
-        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
-        if let Some(thread) = thread {
-            let _ = thread.join();
-        }
-        Ok(())
-    }
 }
 
 /// Runs a future to completion on this thread. The HTTP exporter's blocking client must not

@@ -9,8 +9,9 @@
 //! [`SpanSink`]; [`SpanExport`] is the sink that sends the spans over OTLP (HTTP/protobuf or
 //! gRPC) and/or writes them as OTLP JSON lines.
 //!
-//! The export runs on its own thread behind a bounded queue: a replay only pays for building
-//! the spans, and a slow collector holds it back (the queue is full) rather than losing spans.
+//! The export runs on its own thread behind a bounded queue: a replay only queues each request
+//! tree (the thread builds the SDK spans, batches and sends them), and a slow collector holds
+//! it back (the queue is full) rather than losing spans.
 //! After the first failed export to the endpoint, the rest are not sent (no run waits out one
 //! timeout per batch); the failure is one line at the end, after every report is written.
 
