@@ -269,10 +269,12 @@ pub fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Plan, Err
 }
 
 /// Whether `path` is an events-level trace (an unreadable one is left to the replay's own
-/// error).
+/// error). Only a regular file is looked at: reading a pipe's header here would take it from
+/// the replay that spools the pipe.
 pub fn is_events(path: &Path, args: &Args) -> bool {
-    kvtrace::lmct::TraceReader::open(path, args.read.options())
-        .is_ok_and(|r| r.header().level == "events")
+    path.is_file()
+        && kvtrace::lmct::TraceReader::open(path, args.read.options())
+            .is_ok_and(|r| r.header().level == "events")
 }
 
 /// The configuration an events replay runs: the first file's recorded one (or the defaults,
