@@ -200,23 +200,36 @@ fn clock(trace: &Path) -> (f64, f64) {
     )
 }
 
+/// `kvtrace replay TRACE -q --output-dir DIR --otlp-endpoint URL --otlp-protocol P EXTRA...`.
+fn replay_exporting(
+    trace: &Path,
+    dir: &Path,
+    url: &str,
+    protocol: &str,
+    extra: &[&std::ffi::OsStr],
+) -> std::process::Output {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "replay".as_ref(),
+        trace.as_os_str(),
+        "-q".as_ref(),
+        "--output-dir".as_ref(),
+        dir.as_os_str(),
+        "--otlp-endpoint".as_ref(),
+        url.as_ref(),
+        "--otlp-protocol".as_ref(),
+        protocol.as_ref(),
+    ];
+    args.extend_from_slice(extra);
+    kvtrace(args)
+}
+
 /// Replays `trace` exporting to `url` and checks that the collector got one `request` span
 /// per request of the replay's report, with LMCache's attributes equal to the report's
 /// figures, its children nested under it, and its time the request's trace time on the
 /// recording's wall clock.
 fn replay_and_compare(trace: &Path, url: &str, protocol: &str, received: &Received) {
     let dir = tempfile::tempdir().expect("tmp");
-    let out = kvtrace([
-        "replay".as_ref(),
-        trace.as_os_str(),
-        "-q".as_ref(),
-        "--output-dir".as_ref(),
-        dir.path().as_os_str(),
-        "--otlp-endpoint".as_ref(),
-        url.as_ref(),
-        "--otlp-protocol".as_ref(),
-        protocol.as_ref(),
-    ]);
+    let out = replay_exporting(trace, dir.path(), url, protocol, &[]);
     assert!(
         out.status.code() == Some(0),
         "{:?}: {}",
@@ -309,19 +322,13 @@ fn the_otlp_file_holds_the_spans_the_endpoint_got() {
     let dir = tempfile::tempdir().expect("tmp");
     let file = dir.path().join("spans.jsonl");
     let trace = sample("basic_lru");
-    let out = kvtrace([
-        "replay".as_ref(),
-        trace.as_os_str(),
-        "-q".as_ref(),
-        "--output-dir".as_ref(),
-        dir.path().as_os_str(),
-        "--otlp-endpoint".as_ref(),
-        url.as_ref(),
-        "--otlp-protocol".as_ref(),
-        "http-protobuf".as_ref(),
-        "--otlp-file".as_ref(),
-        file.as_os_str(),
-    ]);
+    let out = replay_exporting(
+        &trace,
+        dir.path(),
+        &url,
+        "http-protobuf",
+        &["--otlp-file".as_ref(), file.as_os_str()],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let from_file: Vec<(String, String)> = std::fs::read_to_string(&file)
         .expect("spans file")
@@ -369,18 +376,7 @@ fn an_endpoint_that_is_down_is_one_line_and_exit_1_with_the_reports_written() {
     let trace = sample("basic_lru");
     let url = format!("http://127.0.0.1:{port}");
     for protocol in ["grpc", "http-protobuf"] {
-        let out = kvtrace([
-            "replay".as_ref(),
-            trace.as_os_str(),
-            "-q".as_ref(),
-            "--json".as_ref(),
-            "--output-dir".as_ref(),
-            dir.path().as_os_str(),
-            "--otlp-endpoint".as_ref(),
-            url.as_ref(),
-            "--otlp-protocol".as_ref(),
-            protocol.as_ref(),
-        ]);
+        let out = replay_exporting(&trace, dir.path(), &url, protocol, &["--json".as_ref()]);
         assert_eq!(out.status.code(), Some(1), "{protocol}");
         let stderr = text(&out.stderr);
         assert_eq!(stderr.lines().count(), 1, "{stderr}");

@@ -12,6 +12,7 @@ use std::time::Instant;
 use super::tiers::TierKind;
 use crate::clock::wall_secs;
 use crate::otel::{Attr, RequestSpan, Span};
+use crate::report::units::fraction;
 
 /// What one request did, gathered while it is served; does nothing when spans are off.
 pub struct Trail {
@@ -102,11 +103,7 @@ impl Trail {
     pub fn finish(self, id: &str, computed: u64) -> RequestSpan {
         let hit = self.hit_tokens;
         let requested = hit + computed;
-        let rate = if requested > 0 {
-            hit as f64 / requested as f64
-        } else {
-            0.0
-        };
+        let rate = fraction(hit, requested);
         let tiers: Vec<&str> = self.tiers.into_iter().collect();
         let tier = if tiers.is_empty() {
             "none".to_owned()

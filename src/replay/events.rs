@@ -16,6 +16,7 @@
 use serde::Serialize;
 
 use crate::error::Result;
+use crate::report::units::fraction;
 use crate::report::{JsonStyle, Report, Table};
 use crate::storage::config::{BackendConfig, StorageConfig};
 use crate::storage::{KeyId, PrefetchGroup, PrefetchRequest, StorageManager};
@@ -71,15 +72,8 @@ impl ServerReplay {
     }
 
     fn settle(&mut self) {
-        let ratio = |n: u64| {
-            if self.lookups == 0 {
-                0.0
-            } else {
-                n as f64 / self.lookups as f64
-            }
-        };
-        self.recorded_hit_ratio = ratio(self.recorded_hits);
-        self.hit_ratio = ratio(self.hits);
+        self.recorded_hit_ratio = fraction(self.recorded_hits, self.lookups);
+        self.hit_ratio = fraction(self.hits, self.lookups);
     }
 
     /// A manager's eviction and peak figures, when its incarnation ends.

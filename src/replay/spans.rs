@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use crate::otel::{Attr, RequestSpan, Span, SpanSink};
+use crate::report::units::fraction;
 
 use super::session::{Closed, Retrieve, Store};
 
@@ -75,13 +76,7 @@ impl RequestSpans {
         let o = &r.outcome;
         let tokens = o.chunk_tokens.unwrap_or(0);
         let requested = o.requested_chunks * tokens;
-        let rate = |hit: u64| {
-            if requested == 0 {
-                0.0
-            } else {
-                (hit * tokens) as f64 / requested as f64
-            }
-        };
+        let rate = |hit: u64| fraction(hit * tokens, requested);
         let tier = match (o.l1_hit_chunks > 0, o.l2_hit_chunks > 0) {
             (false, false) => "none",
             (true, false) => "l1",

@@ -23,6 +23,16 @@ pub fn percent(share: f64) -> String {
     format!("{:.1}%", share * 100.0)
 }
 
+/// `n` of `of` as a fraction; 0 when `of` is 0 (a rate over nothing is reported as none, as
+/// LMCache reports `hit_rate` 0.0 when nothing was requested).
+pub fn fraction(n: u64, of: u64) -> f64 {
+    if of == 0 {
+        0.0
+    } else {
+        n as f64 / of as f64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::bytes;

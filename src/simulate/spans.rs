@@ -9,6 +9,7 @@
 //! first token) and `kvtrace.decode` (first to last token) show where the time went.
 
 use crate::otel::{Attr, RequestSpan, Span};
+use crate::report::units::fraction;
 
 use super::collector::RequestRecord;
 
@@ -17,13 +18,9 @@ pub fn request_span(r: &RequestRecord, wall_start: f64) -> RequestSpan {
     let at = |ms: f64| wall_start + ms / 1e3;
     let arrival = at(r.arrival_time_ms);
     let end = r.terminal_time_ms.or(r.last_token_ms).map_or(arrival, at);
+    let rate = fraction(u64::from(r.reused_input_tokens), u64::from(r.input_length));
     let hit = i64::from(r.reused_input_tokens);
     let requested = i64::from(r.input_length);
-    let rate = if requested > 0 {
-        hit as f64 / requested as f64
-    } else {
-        0.0
-    };
     let tier = if hit > 0 { "gpu" } else { "none" };
     let id = Attr::Str(format!("{}/{}", r.session_id, r.turn_index));
     let mut root = Span::new("request", arrival, end)

@@ -17,6 +17,7 @@ use crate::lmct::ReadOptions;
 use crate::replay::events::{replay_events, server_config, EventsReplayReport};
 use crate::replay::plan::Plan;
 use crate::replay::report::ReplayReport;
+use crate::report::units::fraction;
 use crate::report::Report;
 use crate::storage::config::StorageConfig;
 use crate::trace::fleet::FleetStream;
@@ -117,13 +118,6 @@ impl Figures {
         let fleet = &report.fleet;
         let mut rates: Vec<f64> = report.servers.iter().map(|s| s.hit_ratio).collect();
         rates.sort_by(f64::total_cmp);
-        let share = |n: u64| {
-            if fleet.lookups == 0 {
-                0.0
-            } else {
-                n as f64 / fleet.lookups as f64
-            }
-        };
         Figures {
             l1_size_bytes: report.config["l1_manager_config"]["memory_config"]["size_in_bytes"]
                 .as_u64()
@@ -133,8 +127,8 @@ impl Figures {
                 .unwrap_or("")
                 .to_owned(),
             hit_rate: fleet.hit_ratio,
-            l1_hit_rate: share(fleet.l1_hits),
-            l2_hit_rate: share(fleet.l2_hits),
+            l1_hit_rate: fraction(fleet.l1_hits, fleet.lookups),
+            l2_hit_rate: fraction(fleet.l2_hits, fleet.lookups),
             request_hit_rate: [10.0, 50.0, 90.0].map(|p| percentile(&rates, p)),
             requests: fleet.lookups,
             requested_chunks: fleet.lookups,

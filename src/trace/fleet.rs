@@ -22,6 +22,7 @@ use xxhash_rust::xxh3::xxh3_128;
 use crate::error::{Error, Result};
 use crate::lmct::msgpack::RawValue;
 use crate::lmct::{ReadOptions, TraceReader};
+use crate::report::units::fraction;
 use crate::storage::{KeyId, KeyMap};
 
 /// Occupancy samples a summary keeps, evenly spaced over the merged stream's wall time.
@@ -387,7 +388,7 @@ pub fn summarise(stream: &FleetStream) -> FleetSummary {
         let own = Owner::Server(s);
         t.resident_bytes_per_tier = residency.bytes_per_tier(Some(&own));
         t.resident_objects_per_tier = residency.objects_per_tier(Some(&own));
-        t.access_hit_ratio = ratio(t.access_hits, t.accesses);
+        t.access_hit_ratio = fraction(t.access_hits, t.accesses);
         fleet.batches += t.batches;
         fleet.incarnations += t.incarnations;
         fleet.restarts += t.restarts;
@@ -406,7 +407,7 @@ pub fn summarise(stream: &FleetStream) -> FleetSummary {
         fleet.deletes += t.deletes;
         fleet.deletes_not_resident += t.deletes_not_resident;
     }
-    fleet.access_hit_ratio = ratio(fleet.access_hits, fleet.accesses);
+    fleet.access_hit_ratio = fraction(fleet.access_hits, fleet.accesses);
     fleet.resident_bytes_per_tier = residency.bytes_per_tier(None);
     fleet.resident_objects_per_tier = residency.objects_per_tier(None);
     FleetSummary {
@@ -416,14 +417,6 @@ pub fn summarise(stream: &FleetStream) -> FleetSummary {
         instances: stream.instances.iter().cloned().zip(totals).collect(),
         fleet,
         occupancy,
-    }
-}
-
-fn ratio(n: u64, of: u64) -> f64 {
-    if of == 0 {
-        0.0
-    } else {
-        n as f64 / of as f64
     }
 }
 
