@@ -350,6 +350,21 @@ fn two_events_traces_merge_into_one_fleet_summary() {
         "{text}"
     );
     assert!(text.contains("hit ratio 0.5207"), "{text}");
+
+    // A file that cannot be read is reported, and the others still make the fleet.
+    let missing = dir.path().join("missing.lct");
+    let out = kvtrace([
+        "info",
+        missing.to_str().expect("path"),
+        original.to_str().expect("path"),
+        second.to_str().expect("path"),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Fleet: 2 events traces merged by wall clock"),
+        "{text}"
+    );
 }
 
 /// The instance id of the server that recorded `events_churn.lct`.

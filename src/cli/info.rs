@@ -41,6 +41,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<i32, Error> {
     let mut code = EXIT_OK;
     let mut infos = Vec::new();
+    let mut events: Vec<&std::path::Path> = Vec::new();
     for (i, file) in args.files.iter().enumerate() {
         let bar = Progress::reading(file, true);
         let options = ReadOptions {
@@ -58,18 +59,14 @@ pub fn run(args: Args) -> Result<i32, Error> {
                     let sep = if i > 0 { "\n" } else { "" };
                     print_stdout(&format!("{sep}{}", info.render()))?;
                 }
+                if info.level == "events" {
+                    events.push(file);
+                }
                 infos.push(info);
             }
             Err(e) => code = code.max(report(&e)),
         }
     }
-    let events: Vec<&std::path::Path> = args
-        .files
-        .iter()
-        .zip(&infos)
-        .filter(|(_, info)| info.level == "events")
-        .map(|(file, _)| file.as_path())
-        .collect();
     let fleet = if events.len() >= 2 || (args.fleet && !events.is_empty()) {
         match FleetStream::load(&events, args.read.options()) {
             Ok(stream) => Some(summarise(&stream)),
