@@ -458,8 +458,11 @@ fn an_events_trace_replays_against_a_tier_configuration() {
             r#"{"type":"memory"}"#,
         ],
     );
-    // (Its loads take L1 room that stores then lack, so the total need not rise.)
     assert!(n(&backed, "l2_hits") > 0, "{backed}");
+    assert!(
+        n(&backed, "evictions") > n(&small, "evictions"),
+        "a load from L2 takes its stored size in L1: {backed}"
+    );
 
     let fleet = replay("fleet", &[&original, &second], &[]);
     for key in [

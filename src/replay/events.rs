@@ -6,7 +6,7 @@
 //! incarnation, starts a cold one; a stop mark ends it). A `store` entry the server's
 //! manager does not hold is written (`reserve_write` + `finish_write` of its recorded size);
 //! an L1 `access` entry is a lookup of that key (a `full`, unlocked prefetch: an L1 hit, or an
-//! L2 hit loaded into L1). LMCache records an access for the keys a request touched, stores
+//! L2 hit loaded into L1 at the size the key was stored with, as access entries carry none). LMCache records an access for the keys a request touched, stores
 //! included, so the replayed ratio compares with the recorded one (the share of accesses
 //! whose key the recording held at that moment), not with a request hit rate. The recorded
 //! `delete` entries are the recorded cache's evictions, and L2 `access` entries its L2
@@ -19,7 +19,7 @@ use crate::error::Result;
 use crate::report::units::fraction;
 use crate::report::{JsonStyle, Report, Table};
 use crate::storage::config::{BackendConfig, StorageConfig};
-use crate::storage::{KeyId, PrefetchGroup, PrefetchRequest, StorageManager};
+use crate::storage::{KeyId, KeyMap, PrefetchGroup, PrefetchRequest, StorageManager};
 use crate::trace::fleet::{summarise, EventKind, FleetEvent, FleetStream};
 
 /// What one server (or the fleet) would have hit.
@@ -129,6 +129,8 @@ pub fn replay_events(
     for (s, (_, totals)) in recorded.instances.iter().enumerate() {
         out[s].recorded_hits = totals.access_hits_per_tier.get("l1").copied().unwrap_or(0);
     }
+    // Access entries carry no size: a lookup loads an object at the size it was stored with.
+    let mut sizes: KeyMap<u64> = KeyMap::default();
     let mut managers: Vec<Option<(Option<i64>, StorageManager)>> =
         (0..servers).map(|_| None).collect();
     let first = stream.records.first().map_or(0.0, |r| r.t_wall);
@@ -165,8 +167,17 @@ pub fn replay_events(
                 entries,
                 ..
             } => match kind {
-                EventKind::Store => store(sm, server, entries),
-                EventKind::Access if tier == "l1" => lookup(sm, server, entries)?,
+                EventKind::Store => {
+                    sizes.extend(entries.iter().copied());
+                    store(sm, server, entries);
+                }
+                EventKind::Access if tier == "l1" => {
+                    let sized: Vec<(KeyId, u64)> = entries
+                        .iter()
+                        .map(|&(key, _)| (key, sizes.get(&key).copied().unwrap_or(0)))
+                        .collect();
+                    lookup(sm, server, &sized)?;
+                }
                 EventKind::Access => server.recorded_l2_accesses += entries.len() as u64,
                 EventKind::Delete => server.recorded_deletes += entries.len() as u64,
                 EventKind::Other => {}
