@@ -339,20 +339,26 @@ impl Endpoint {
 }
 
 impl Sinks {
-    fn export(&mut self, batch: Vec<SpanData>) {
+    fn export(&mut self, mut batch: Vec<SpanData>) {
         if batch.is_empty() {
             return;
         }
         let n = batch.len() as u64;
+        let endpoint = self.otlp.as_mut().filter(|e| !e.failed);
         if let Some(file) = &mut self.file {
-            match file.write(&batch) {
+            // The file takes the batch itself unless the endpoint needs it too.
+            let spans = match endpoint {
+                Some(_) => batch.clone(),
+                None => std::mem::take(&mut batch),
+            };
+            match file.write(spans) {
                 Ok(()) => self.summary.written += n,
                 Err(e) => {
                     self.summary.error.get_or_insert(e);
                 }
             }
         }
-        let Some(endpoint) = self.otlp.as_mut().filter(|e| !e.failed) else {
+        let Some(endpoint) = endpoint else {
             return;
         };
         match endpoint.export(batch) {

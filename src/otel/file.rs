@@ -31,9 +31,9 @@ impl JsonLines {
     }
 
     /// Appends one line for `batch`; the error is one line naming the file.
-    pub fn write(&mut self, batch: &[SpanData]) -> std::result::Result<(), String> {
+    pub fn write(&mut self, batch: Vec<SpanData>) -> std::result::Result<(), String> {
         let request = ExportTraceServiceRequest {
-            resource_spans: group_spans_by_resource_and_scope(batch.to_vec(), &self.resource),
+            resource_spans: group_spans_by_resource_and_scope(batch, &self.resource),
         };
         let mut line = serde_json::to_vec(&request).map_err(|e| self.failed(e.to_string()))?;
         line.push(b'\n');
