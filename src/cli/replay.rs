@@ -14,7 +14,7 @@ use kvtrace::replay::shard::ShardMode;
 use kvtrace::replay::{Pacing, ReplayOptions};
 use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Exporter, Report, Target};
 use kvtrace::storage::config::{BackendConfig, StorageConfig};
-use kvtrace::trace::fleet::FleetStream;
+use kvtrace::trace::fleet::{summarise, FleetStream};
 
 use super::otlp::{self, OtlpArgs};
 use super::progress::{Progress, EVERY};
@@ -277,15 +277,10 @@ pub fn is_events(path: &Path, args: &Args) -> bool {
             .is_ok_and(|r| r.header().level == "events")
 }
 
-/// The configuration an events replay runs: the first file's recorded one (or the defaults,
+/// The configuration an events replay runs: `recorded`, the first file's (or the defaults,
 /// when the flags give a whole one), then `--config` and the storage flags.
-pub fn events_config(args: &Args) -> Result<StorageConfig, Error> {
-    let recorded = kvtrace::lmct::TraceReader::open(&args.files[0], args.read.options())
-        .map_err(|e| e.in_file(args.files[0].display()))?
-        .header()
-        .sm_config_json
-        .clone();
-    let mut config = match StorageConfig::from_lmcache_json(&recorded) {
+pub fn events_config(args: &Args, recorded: &str) -> Result<StorageConfig, Error> {
+    let mut config = match StorageConfig::from_lmcache_json(recorded) {
         Some((config, _)) => config,
         None if args.tiers.l1_size_gb.is_some() || args.config.is_some() => {
             StorageConfig::default()
@@ -318,7 +313,7 @@ fn run_events(args: &Args) -> Result<i32, Error> {
     }
     let files: Vec<&Path> = args.files.iter().map(PathBuf::as_path).collect();
     let stream = FleetStream::load(&files, args.read.options())?;
-    let base = events_config(args)?;
+    let base = events_config(args, &stream.sm_config_json)?;
     let outputs = kvtrace::report::outputs([
         (
             &Csv as &dyn Exporter,
@@ -336,7 +331,7 @@ fn run_events(args: &Args) -> Result<i32, Error> {
         ),
     ])?;
     let config_for = |server: usize| server_config(&base, server);
-    let report = replay_events(&stream, &config_for)?;
+    let report = replay_events(&stream, &summarise(&stream), &config_for)?;
     for (exporter, target) in &outputs {
         kvtrace::report::write(&report, *exporter, target, "events_replay_summary.json")?;
     }

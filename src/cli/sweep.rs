@@ -400,7 +400,7 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
     let read = replay::read_options(&parsed[0]);
     if replay::is_events(&a.file, &parsed[0]) {
         let bar = Progress::points(points.len() as u64, !a.sweep.quiet);
-        let config = |i: usize| replay::events_config(&parsed[i]);
+        let config = |i: usize, recorded: &str| replay::events_config(&parsed[i], recorded);
         let result =
             sweep::replay::sweep_events(&a.file, &points, jobs, read, &config, &|_| bar.inc());
         bar.finish();

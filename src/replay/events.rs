@@ -20,7 +20,7 @@ use crate::report::units::fraction;
 use crate::report::{JsonStyle, Report, Table};
 use crate::storage::config::{BackendConfig, StorageConfig};
 use crate::storage::{KeyId, KeyMap, PrefetchGroup, PrefetchRequest, StorageManager};
-use crate::trace::fleet::{summarise, EventKind, FleetEvent, FleetStream};
+use crate::trace::fleet::{EventKind, FleetEvent, FleetStream, FleetSummary};
 
 /// What one server (or the fleet) would have hit.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -110,13 +110,15 @@ pub fn server_config(base: &StorageConfig, server: usize) -> StorageConfig {
     config
 }
 
-/// Replays `stream`, each server on a manager of `config_for(server index)`.
+/// Replays `stream`, each server on a manager of `config_for(server index)`; `recorded` is the
+/// stream's own summary ([`crate::trace::fleet::summarise`]), whose L1 accesses the replay's
+/// are set beside (a sweep summarises once for all its points).
 pub fn replay_events(
     stream: &FleetStream,
+    recorded: &FleetSummary,
     config_for: &dyn Fn(usize) -> StorageConfig,
 ) -> Result<EventsReplayReport> {
     let started = std::time::Instant::now();
-    let recorded = summarise(stream);
     let servers = stream.instances.len();
     let mut out: Vec<ServerReplay> = stream
         .instances

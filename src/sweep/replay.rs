@@ -20,7 +20,7 @@ use crate::replay::report::ReplayReport;
 use crate::report::units::fraction;
 use crate::report::Report;
 use crate::storage::config::StorageConfig;
-use crate::trace::fleet::FleetStream;
+use crate::trace::fleet::{summarise, FleetStream};
 
 /// What one configuration did.
 #[derive(Clone, Debug)]
@@ -143,20 +143,21 @@ impl Figures {
 }
 
 /// Replays the events trace `trace` at every point, `jobs` at a time: `config` gives point
-/// `i`'s configuration, each server of the fleet a copy of it.
+/// `i`'s configuration from the one the trace records, each server of the fleet a copy of it.
 pub fn sweep_events(
     trace: &Path,
     points: &[Point],
     jobs: usize,
     read: ReadOptions,
-    config: &(dyn Fn(usize) -> Result<StorageConfig> + Sync),
+    config: &(dyn Fn(usize, &str) -> Result<StorageConfig> + Sync),
     done: &(dyn Fn(usize) + Sync),
 ) -> Result<ReplaySweep> {
     let stream = FleetStream::load(&[trace], read)?;
+    let recorded = summarise(&stream);
     let run = |i: usize| -> Result<ReplayPoint> {
         let start = Instant::now();
-        let base = config(i)?;
-        let mut report = replay_events(&stream, &|server| server_config(&base, server))?;
+        let base = config(i, &stream.sm_config_json)?;
+        let mut report = replay_events(&stream, &recorded, &|server| server_config(&base, server))?;
         report.duration_s = 0.0;
         Ok(ReplayPoint {
             point: points[i].clone(),

@@ -57,7 +57,7 @@ fn batches_as_list<S: serde::Serializer>(
 }
 
 /// Python's `str()` of a field, `default` when the field is missing.
-fn py_str(v: Option<RawValue<'_>>, default: &str) -> String {
+pub(super) fn py_str(v: Option<RawValue<'_>>, default: &str) -> String {
     let Some(v) = v else {
         return default.to_owned();
     };
@@ -79,7 +79,7 @@ fn py_str(v: Option<RawValue<'_>>, default: &str) -> String {
 }
 
 /// Python's truth of a field: what `bool(x)` says of it.
-fn py_truth(v: Option<RawValue<'_>>) -> bool {
+pub(super) fn py_truth(v: Option<RawValue<'_>>) -> bool {
     let Some(v) = v else {
         return false;
     };

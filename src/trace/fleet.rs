@@ -19,6 +19,7 @@ use std::path::Path;
 use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_128;
 
+use super::events::{py_str, py_truth};
 use crate::error::{Error, Result};
 use crate::lmct::msgpack::RawValue;
 use crate::lmct::{ReadOptions, TraceReader};
@@ -67,6 +68,8 @@ pub enum FleetEvent {
 #[derive(Clone, Debug, Default)]
 pub struct FleetStream {
     pub files: Vec<String>,
+    /// The storage configuration the first file's header records.
+    pub sm_config_json: String,
     /// Server instances in first-appearance order.
     pub instances: Vec<String>,
     pub records: Vec<FleetRecord>,
@@ -91,6 +94,9 @@ impl FleetStream {
                     ),
                 )
                 .in_file(&shown));
+            }
+            if file == 0 {
+                stream.sm_config_json = reader.header().sm_config_json.clone();
             }
             let mut n = 0;
             while let Some(r) = reader.next_record().map_err(|e| e.in_file(&shown))? {
@@ -125,13 +131,10 @@ impl FleetStream {
 
 /// A record's server, incarnation and event; `None` for records that are not events.
 fn decode(qualname: &str, args: RawValue<'_>) -> Option<(String, Option<i64>, FleetEvent)> {
-    let text = |name: &str| {
-        args.get(name)
-            .and_then(|v| v.as_str())
-            .unwrap_or_default()
-            .to_owned()
-    };
-    let instance = text("instance_id");
+    // Fields read as the events summary reads them (Python's `str()`), so a server is named
+    // alike in both blocks.
+    let text = |name: &str| py_str(args.get(name), "");
+    let instance = py_str(args.get("instance_id"), "?");
     let incarnation = args.get("incarnation").and_then(|v| v.as_i64());
     let event = match qualname {
         "events.lifecycle" => FleetEvent::Lifecycle {
@@ -144,10 +147,7 @@ fn decode(qualname: &str, args: RawValue<'_>) -> Option<(String, Option<i64>, Fl
                 "delete" => EventKind::Delete,
                 _ => EventKind::Other,
             };
-            let shared = args
-                .get("shared")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(false);
+            let shared = py_truth(args.get("shared"));
             let entries = args
                 .get("entries")
                 .and_then(|e| e.array())
