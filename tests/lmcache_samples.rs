@@ -475,6 +475,18 @@ fn an_events_trace_replays_against_a_tier_configuration() {
         assert_eq!(n(&fleet, key), 2 * n(&recorded, key), "{key}");
     }
 
+    // An events replay is one process for the whole fleet, and has no requests to export.
+    for flags in [
+        &["--rank", "0", "--world-size", "2"][..],
+        &["--otlp-file", "spans.jsonl"][..],
+    ] {
+        let mut args = vec!["replay", original.to_str().expect("path"), "-q"];
+        args.extend(flags);
+        let out = kvtrace(args);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+    }
+
     // A sweep's points are these replays.
     let swept = dir.path().join("sweep.json");
     let out = kvtrace([

@@ -515,3 +515,43 @@ fn bench_exports_one_request_span_per_completed_request() {
     }
     assert!(spans.iter().any(|s| s.name == "mp.store"));
 }
+
+/// Flags that cannot mean anything together are usage errors: one line, exit 2.
+#[test]
+fn otlp_flags_that_cannot_apply_are_usage_errors() {
+    let trace = sample("basic_lru");
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("spans.jsonl");
+    let cases: [Vec<&std::ffi::OsStr>; 3] = [
+        vec![
+            "replay".as_ref(),
+            trace.as_os_str(),
+            "-q".as_ref(),
+            "--otlp-file".as_ref(),
+            file.as_os_str(),
+            "--otlp-timeout".as_ref(),
+            "0".as_ref(),
+        ],
+        vec![
+            "replay".as_ref(),
+            trace.as_os_str(),
+            "-q".as_ref(),
+            "--otlp-file".as_ref(),
+            file.as_os_str(),
+            "--otlp-timeout".as_ref(),
+            "nan".as_ref(),
+        ],
+        vec![
+            "bench".as_ref(),
+            "--suite".as_ref(),
+            "--otlp-file".as_ref(),
+            file.as_os_str(),
+        ],
+    ];
+    for args in cases {
+        let out = kvtrace(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let stderr = text(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+    }
+}
