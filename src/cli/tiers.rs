@@ -65,8 +65,12 @@ pub struct TierArgs {
     #[arg(long, value_name = "SECONDS")]
     l1_read_ttl_seconds: Option<f64>,
     /// Keep only object sizes in L1, no buffers (traces bigger than RAM)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "l1_touch_pages")]
     l1_accounting_only: bool,
+    /// Write each object's pages as it is placed in L1's buffers, as a server's copy of its
+    /// KV data would, so that the pool becomes resident (LMCache's replay does not)
+    #[arg(long)]
+    l1_touch_pages: bool,
     /// An L2 tier as JSON, repeatable: {"type":"memory"|"fs"|"redis"|"null", "capacity_gb": G,
     /// "eviction_policy": P}; fs takes "path", "direct" (O_DIRECT) and "fsync"
     /// (never|every_write); redis takes "url" and "prefix"
@@ -129,6 +133,7 @@ impl TierArgs {
             || self.l1_write_ttl_seconds.is_some()
             || self.l1_read_ttl_seconds.is_some()
             || self.l1_accounting_only
+            || self.l1_touch_pages
             || !self.l2_adapter.is_empty()
             || self.placement.is_some()
             || self.l2_store_policy.is_some()
@@ -183,6 +188,10 @@ impl TierArgs {
         }
         if self.l1_accounting_only {
             config.l1_buffers = false;
+        }
+        if self.l1_touch_pages {
+            config.l1_buffers = true;
+            config.l1_touch_pages = true;
         }
         if let Some(available) = kvtrace::machine::available_memory() {
             let host_buffers = config.l1_buffers && config.l1_gpu_bandwidth_gbps.is_none();

@@ -65,19 +65,26 @@ impl ObjectKey {
     /// Appends the tagged key as LMCache 0.5.6 writes it: without `cache_salt`. The constant
     /// parts are copied as whole byte strings: this runs on the traced call's thread.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        // {"__t__": "ObjectKey", "v": {"chunk_hash": <bin follows>
-        const PREFIX: &[u8] = b"\x82\xa5__t__\xa9ObjectKey\xa1v\x84\xaachunk_hash";
-        out.reserve(PREFIX.len() + self.chunk_hash.len() + self.model_name.len() + 48);
-        out.extend_from_slice(PREFIX);
+        out.reserve(KEY_HEAD.len() + self.chunk_hash.len() + self.model_name.len() + 48);
+        out.extend_from_slice(KEY_HEAD);
         msgpack::put_bin(out, &self.chunk_hash);
-        out.extend_from_slice(b"\xaamodel_name");
+        out.extend_from_slice(KEY_MODEL);
         msgpack::put_str(out, &self.model_name);
-        out.extend_from_slice(b"\xa7kv_rank");
+        out.extend_from_slice(KEY_RANK);
         msgpack::put_int(out, self.kv_rank);
-        out.extend_from_slice(b"\xafobject_group_id");
+        out.extend_from_slice(KEY_GROUP);
         msgpack::put_int(out, self.object_group_id);
     }
 }
+
+/// How LMCache 0.5.6 writes every key, `{"__t__": "ObjectKey", "v": {"chunk_hash": <bin>,
+/// "model_name": <str>, "kv_rank": <int>, "object_group_id": <int>}}`: the constant runs
+/// before each field's value. Encoding copies them whole, and the validator and the key reader
+/// compare them whole.
+pub(crate) const KEY_HEAD: &[u8; 31] = b"\x82\xa5__t__\xa9ObjectKey\xa1v\x84\xaachunk_hash";
+pub(crate) const KEY_MODEL: &[u8; 11] = b"\xaamodel_name";
+pub(crate) const KEY_RANK: &[u8; 8] = b"\xa7kv_rank";
+pub(crate) const KEY_GROUP: &[u8; 16] = b"\xafobject_group_id";
 
 /// Borrowed view of a tagged `ObjectKey`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -140,14 +147,13 @@ impl<'a> ObjectKeyRef<'a> {
 
     /// A key in exactly the shape [`ObjectKey::encode`] writes.
     fn read_canonical(c: &mut Cursor<'a>) -> Option<Self> {
-        const HEAD: &[u8] = b"\x82\xa5__t__\xa9ObjectKey\xa1v\x84\xaachunk_hash";
-        if !c.eat(HEAD) {
+        if !c.eat(KEY_HEAD) {
             return None;
         }
         let chunk_hash = c.bin()?;
-        let model_name = c.eat(b"\xaamodel_name").then(|| c.str())??;
-        let kv_rank = c.eat(b"\xa7kv_rank").then(|| c.int())??;
-        let object_group_id = c.eat(b"\xafobject_group_id").then(|| c.int())??;
+        let model_name = c.eat(KEY_MODEL).then(|| c.str())??;
+        let kv_rank = c.eat(KEY_RANK).then(|| c.int())??;
+        let object_group_id = c.eat(KEY_GROUP).then(|| c.int())??;
         Some(ObjectKeyRef {
             chunk_hash,
             model_name,

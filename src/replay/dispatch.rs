@@ -20,19 +20,73 @@ use crate::lmct::codec::MemoryLayoutDesc;
 use crate::lmct::msgpack::RawValue;
 use crate::lmct::RecordRef;
 use crate::storage::{
-    KeyId, PrefetchGroup, PrefetchOutcome, PrefetchRequest, Reservation, StorageManager,
+    CallError, KeyId, PrefetchGroup, PrefetchOutcome, PrefetchRequest, Reservation, StorageManager,
 };
 
 /// What happened to one record.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
     /// The call ran; `detail` says what it did (e.g. `reserved 3, not writable 2`).
-    Ok { detail: String },
+    Ok { detail: Detail },
     /// The call raised (a tier's I/O failed): LMCache's "failed".
     Failed { reason: String },
     /// No call was made: unknown qualname, undecodable arguments, unpaired exit, or
     /// kvtrace's own trailer.
     Skipped { reason: String },
+}
+
+/// What a call that ran did. Kept as figures and written out only where a per-record line
+/// asks for it: formatting a sentence for each of a trace's calls cost more than many of the
+/// calls themselves.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Detail {
+    Reserved {
+        reserved: usize,
+        not_writable: u64,
+        out_of_memory: bool,
+    },
+    Admitted(usize),
+    Prefetched {
+        hit: u64,
+        requested: u64,
+        l1: u64,
+        l2: u64,
+    },
+    Closed,
+    Read,
+    /// A miss, as LMCache's "Failed to read prefetched object": the reader gets nothing, the
+    /// call itself does not raise.
+    Missed(CallError),
+    Released(i64),
+}
+
+impl std::fmt::Display for Detail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Detail::Reserved {
+                reserved,
+                not_writable,
+                out_of_memory,
+            } => {
+                write!(f, "reserved {reserved}, not writable {not_writable}")?;
+                if *out_of_memory {
+                    f.write_str(", OUT_OF_MEMORY")?;
+                }
+                Ok(())
+            }
+            Detail::Admitted(n) => write!(f, "admitted {n}"),
+            Detail::Prefetched {
+                hit,
+                requested,
+                l1,
+                l2,
+            } => write!(f, "hit {hit}/{requested} chunks (L1 {l1}, L2 {l2})"),
+            Detail::Closed => f.write_str("closed"),
+            Detail::Read => f.write_str("read"),
+            Detail::Missed(e) => write!(f, "miss: {e}"),
+            Detail::Released(n) => write!(f, "released {n} lock(s) per key"),
+        }
+    }
 }
 
 /// A record's StorageManager call, decoded.
@@ -199,15 +253,13 @@ impl Decoder {
         }
         let args = CallArgs::read(record.args).ok_or(Some("args: not a map".to_string()))?;
         let bad = |name: &str| Some(format!("{name}: unexpected value"));
-        let keys = match &args.keys {
+        let mut keys = match &args.keys {
             Arg::Valid(keys) => Some(key_ids(keys)),
             Arg::Malformed => return Err(Some("keys: not a list of ObjectKey".into())),
             Arg::Absent => None,
         };
-        let keys = || {
-            keys.clone()
-                .ok_or(Some("missing argument keys".to_string()))
-        };
+        // Each call takes the list at most once.
+        let mut keys = || keys.take().ok_or(Some("missing argument keys".to_string()));
         let spec = match &args.spec {
             Arg::Valid(spec) => Some(spec),
             Arg::Malformed => return Err(Some("spec: not a PrefetchTaskSpec".into())),
@@ -281,13 +333,13 @@ impl Dispatcher {
         args: &[u8],
     ) -> (Outcome, Effect) {
         let republish = || tracer.publish_call(call.qualname(), |buf| buf.extend_from_slice(args));
-        let ok = |detail: String| Outcome::Ok { detail };
+        let ok = |detail: Detail| Outcome::Ok { detail };
         if let Call::ReadExit { keys } = call {
             return match self.open.get_mut(keys).and_then(VecDeque::pop_front) {
                 Some((_, entered)) => {
                     republish();
                     sm.read_prefetched_exit(keys, entered);
-                    (ok("closed".into()), Effect::None)
+                    (ok(Detail::Closed), Effect::None)
                 }
                 None => (
                     skipped("read_prefetched_results exit without a matching entry"),
@@ -299,19 +351,16 @@ impl Dispatcher {
         match call {
             Call::ReserveWrite { keys, object_bytes } => {
                 let r = sm.reserve_write(keys, *object_bytes);
-                let mut detail = format!(
-                    "reserved {}, not writable {}",
-                    r.reserved.len(),
-                    r.not_writable
-                );
-                if r.out_of_memory {
-                    detail.push_str(", OUT_OF_MEMORY");
-                }
+                let detail = Detail::Reserved {
+                    reserved: r.reserved.len(),
+                    not_writable: r.not_writable,
+                    out_of_memory: r.out_of_memory,
+                };
                 (ok(detail), Effect::Reserved(r))
             }
             Call::FinishWrite { keys } => match sm.finish_write(keys) {
                 Ok(admitted) => (
-                    ok(format!("admitted {}", admitted.len())),
+                    ok(Detail::Admitted(admitted.len())),
                     Effect::Admitted(admitted),
                 ),
                 Err(e) => (
@@ -338,10 +387,12 @@ impl Dispatcher {
                 };
                 match sm.submit_prefetch(&request, request_id) {
                     Ok(o) => (
-                        ok(format!(
-                            "hit {}/{} chunks (L1 {}, L2 {})",
-                            o.hit_chunks, o.requested_chunks, o.l1_hit_chunks, o.l2_hit_chunks
-                        )),
+                        ok(Detail::Prefetched {
+                            hit: o.hit_chunks,
+                            requested: o.requested_chunks,
+                            l1: o.l1_hit_chunks,
+                            l2: o.l2_hit_chunks,
+                        }),
                         Effect::Prefetched(o),
                     ),
                     Err(e) => (
@@ -358,20 +409,16 @@ impl Dispatcher {
                     .entry(keys.clone())
                     .or_default()
                     .push_back((args.to_vec(), result.is_ok()));
-                let detail = match &result {
-                    Ok(()) => "read".to_string(),
-                    // A miss, as LMCache's "Failed to read prefetched object": the reader
-                    // gets nothing, the call itself does not raise.
-                    Err(e) => format!("miss: {e}"),
+                let ok_read = result.is_ok();
+                let detail = match result {
+                    Ok(()) => Detail::Read,
+                    Err(e) => Detail::Missed(e),
                 };
-                (ok(detail), Effect::Read { ok: result.is_ok() })
+                (ok(detail), Effect::Read { ok: ok_read })
             }
             Call::FinishRead { keys, read_locks } => {
                 sm.finish_read_prefetched(keys, *read_locks);
-                (
-                    ok(format!("released {read_locks} lock(s) per key")),
-                    Effect::None,
-                )
+                (ok(Detail::Released(*read_locks)), Effect::None)
             }
             Call::ReadExit { .. } => unreachable!("handled above"),
         }

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::storage::{Departure, KeyId, KeyMap, StorageManager};
 
-use super::session::{Closed, Retrieve, Store};
+use super::session::{membership, Closed, Retrieve, Store};
 
 /// How many divergences the report lists in full (all are counted).
 pub const LISTED_DIVERGENCES: usize = 20;
@@ -146,8 +146,8 @@ impl Fidelity {
     }
 
     fn store(&mut self, s: &Store) {
-        for key in s.keys.iter().filter(|k| !s.recorded.contains(k)) {
-            self.refused_on_server.insert(*key, s.at.t);
+        for (key, _) in membership(&s.keys, &s.recorded).filter(|&(_, admitted)| !admitted) {
+            self.refused_on_server.insert(key, s.at.t);
         }
         for key in &s.recorded {
             self.refused_on_server.remove(key);
@@ -157,7 +157,8 @@ impl Fidelity {
         rep.stores += 1;
         rep.recorded_reserved_keys += recorded;
         rep.replayed_reserved_keys += replayed;
-        let same = recorded == replayed && s.recorded.iter().all(|k| s.replayed.contains(k));
+        let same =
+            recorded == replayed && membership(&s.recorded, &s.replayed).all(|(_, held)| held);
         if same {
             rep.stores_matching += 1;
             return;

@@ -187,7 +187,7 @@ pub fn replay(
     let mut origin: Option<f64> = None;
     let (mut first_t, mut last_t) = (f64::INFINITY, f64::NEG_INFINITY);
     let mut decoder = Decoder::default();
-    let mut consume = |record: &RecordRef<'_>, decoded: std::result::Result<Call, Outcome>| {
+    let mut consume = |record: &RecordRef<'_>, decoded: &mut std::result::Result<Call, Outcome>| {
         if crate::interrupt::requested().is_some() {
             report.interrupted = true;
             return Ok(false);
@@ -218,7 +218,7 @@ pub fn replay(
             }
         }
         if let Some(sharder) = sharder.as_mut() {
-            let ours = match &decoded {
+            let ours = match decoded {
                 Ok(call) => sharder.owns(call),
                 Err(_) => sharder.owns_undecoded(),
             };
@@ -233,17 +233,17 @@ pub fn replay(
             t: record.t_mono,
         };
         let (outcome, latency_ms, qualname) = match decoded {
-            Err(skip) => (skip, 0.0, ""),
+            Err(skip) => (skip.clone(), 0.0, ""),
             Ok(call) => {
-                if let Some(closed) = sessions.before(sm, &call, at) {
+                if let Some(closed) = sessions.before(sm, call, at) {
                     absorb(sm, closed, &mut report);
                 }
                 sm.advance_to(record.t_mono);
                 let began = Instant::now();
                 let (outcome, effect) =
-                    dispatcher.apply(sm, &options.tracer, &call, record.args.bytes());
+                    dispatcher.apply(sm, &options.tracer, call, record.args.bytes());
                 let latency_ms = began.elapsed().as_secs_f64() * 1e3;
-                sessions.after(&call, &effect, at, latency_ms / 1e3);
+                sessions.after(call, &effect, at, latency_ms / 1e3);
                 (outcome, latency_ms, call.qualname())
             }
         };

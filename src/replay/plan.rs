@@ -203,9 +203,9 @@ impl Finished {
 /// The per-record JSONL line.
 fn record_line(event: &RecordEvent<'_>) -> serde_json::Value {
     let (kind, detail) = match event.outcome {
-        Outcome::Ok { detail } => ("ok", detail),
-        Outcome::Failed { reason } => ("failed", reason),
-        Outcome::Skipped { reason } => ("skipped", reason),
+        Outcome::Ok { detail } => ("ok", detail.to_string()),
+        Outcome::Failed { reason } => ("failed", reason.clone()),
+        Outcome::Skipped { reason } => ("skipped", reason.clone()),
     };
     serde_json::json!({
         "qualname": event.record.qualname,

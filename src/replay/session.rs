@@ -108,8 +108,30 @@ pub struct Sessions {
     pub completions: Completions,
 }
 
+/// Each of `keys` with whether `of` holds it. A session's lists are in chunk order (a read
+/// names a prefix of its lookup's keys, a `finish_write` a subsequence of its reservation's),
+/// so each search starts just after the last match and wraps around: linear in the usual
+/// case, where a search from the start each time was quadratic, and exact in any case.
+pub(crate) fn membership<'a>(
+    keys: &'a [KeyId],
+    of: &'a [KeyId],
+) -> impl Iterator<Item = (KeyId, bool)> + 'a {
+    let mut from = 0;
+    keys.iter().map(move |&key| {
+        let (head, tail) = of.split_at(from);
+        let found = match tail.iter().position(|&k| k == key) {
+            Some(i) => Some(from + i),
+            None => head.iter().position(|&k| k == key),
+        };
+        if let Some(i) = found {
+            from = i + 1;
+        }
+        (key, found.is_some())
+    })
+}
+
 fn subset(keys: &[KeyId], of: &[KeyId]) -> bool {
-    keys.iter().all(|k| of.contains(k))
+    membership(keys, of).all(|(_, held)| held)
 }
 
 impl Sessions {
@@ -220,7 +242,9 @@ impl Sessions {
                         *entered_ok = matches!(effect, Effect::Read { ok: true });
                         if !*read_seen {
                             *read_seen = true;
-                            let hit = keys.iter().filter(|k| session.keys.contains(k)).count();
+                            let hit = membership(keys, &session.keys)
+                                .filter(|&(_, held)| held)
+                                .count();
                             session.outcome.recorded_hit_chunks = Some(hit as u64);
                         }
                     }
@@ -228,8 +252,8 @@ impl Sessions {
                         Open::Retrieve { held, released, .. },
                         Call::FinishRead { keys, read_locks },
                     ) => {
-                        for k in keys.iter().filter(|k| held.contains(k)) {
-                            *released.entry(*k).or_default() += (*read_locks).max(1) as u64;
+                        for (k, _) in membership(keys, held).filter(|&(_, held)| held) {
+                            *released.entry(k).or_default() += (*read_locks).max(1) as u64;
                         }
                     }
                     (
@@ -242,8 +266,8 @@ impl Sessions {
                         Call::ReadExit { keys },
                     ) => {
                         // The exit of a failed read released one lock of each readable key.
-                        for k in keys.iter().filter(|k| held.contains(k)) {
-                            *released.entry(*k).or_default() += 1;
+                        for (k, _) in membership(keys, held).filter(|&(_, held)| held) {
+                            *released.entry(k).or_default() += 1;
                         }
                     }
                     (Open::Store { session, finished }, Call::FinishWrite { keys }) => {
@@ -286,11 +310,8 @@ impl Sessions {
             }
             Open::Store { session, .. } => {
                 if self.emulate {
-                    let unfinished: Vec<KeyId> = session
-                        .replayed
-                        .iter()
-                        .copied()
-                        .filter(|k| !session.recorded.contains(k))
+                    let unfinished: Vec<KeyId> = membership(&session.replayed, &session.recorded)
+                        .filter_map(|(k, finished)| (!finished).then_some(k))
                         .collect();
                     if !unfinished.is_empty() {
                         if let Ok(admitted) = sm.finish_write(&unfinished) {
@@ -307,5 +328,35 @@ impl Sessions {
     fn touch(&mut self, sm: &mut StorageManager, keys: &[KeyId]) {
         sm.touch_keys(keys);
         self.completions.touches += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn membership_is_contains_whatever_the_order() {
+        // Every ordered pair of small lists over four keys, repeats included.
+        let lists: Vec<Vec<KeyId>> = (0..256u32)
+            .flat_map(|code| {
+                (0..=4).map(move |len| {
+                    (0..len)
+                        .map(|i| KeyId(((code >> (2 * i)) & 3).into()))
+                        .collect()
+                })
+            })
+            .collect();
+        for keys in lists.iter().step_by(3) {
+            for of in lists.iter().step_by(7) {
+                let expected: Vec<(KeyId, bool)> =
+                    keys.iter().map(|k| (*k, of.contains(k))).collect();
+                assert_eq!(
+                    membership(keys, of).collect::<Vec<_>>(),
+                    expected,
+                    "{keys:?} in {of:?}"
+                );
+            }
+        }
     }
 }

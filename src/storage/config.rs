@@ -138,6 +138,11 @@ pub struct StorageConfig {
     pub l1_align_bytes: u64,
     /// Keep real L1 buffers; off for traces bigger than RAM.
     pub l1_buffers: bool,
+    /// Write each object's pages as it is placed in the real buffers, as a server's copy of
+    /// its KV data would, so that the pool becomes resident; off by default, as in LMCache's
+    /// replay, which allocates its pool and never writes it (a storage trace carries no KV
+    /// bytes).
+    pub l1_touch_pages: bool,
     /// L1 is a GPU budget with this host-to-device bandwidth (GB/s) instead of host memory:
     /// the top tier of a GPU → CPU → disk waterfall on a machine without a GPU.
     pub l1_gpu_bandwidth_gbps: Option<f64>,
@@ -157,6 +162,7 @@ impl Default for StorageConfig {
             l1_size_bytes: 1 << 30,
             l1_align_bytes: 4096,
             l1_buffers: true,
+            l1_touch_pages: false,
             l1_gpu_bandwidth_gbps: None,
             eviction: EvictionConfig::default(),
             l2: Vec::new(),
@@ -225,6 +231,8 @@ impl StorageConfig {
         }
         if !self.l1_buffers {
             config["kvtrace_l1_accounting_only"] = json!(true);
+        } else if self.l1_touch_pages {
+            config["kvtrace_l1_touch_pages"] = json!(true);
         }
         match self.eviction.timing {
             EvictionTiming::Immediate => config["kvtrace_eviction_timing"] = json!("immediate"),
@@ -300,6 +308,7 @@ impl StorageConfig {
             .get("kvtrace_l1_gpu_bandwidth_gbps")
             .and_then(Json::as_f64);
         config.l1_buffers = v.get("kvtrace_l1_accounting_only") != Some(&Json::Bool(true));
+        config.l1_touch_pages = v.get("kvtrace_l1_touch_pages") == Some(&Json::Bool(true));
         if v.get("kvtrace_eviction_timing").and_then(Json::as_str) == Some("immediate") {
             config.eviction.timing = EvictionTiming::Immediate;
         } else if let Some(i) = v.get("kvtrace_eviction_interval_s").and_then(Json::as_f64) {
@@ -571,6 +580,7 @@ struct TomlL1 {
     write_ttl_s: Option<f64>,
     read_ttl_s: Option<f64>,
     accounting_only: Option<bool>,
+    touch_pages: Option<bool>,
     device: Option<String>,
     bandwidth_gbps: Option<f64>,
 }
@@ -638,6 +648,9 @@ impl StorageConfig {
             }
             if let Some(a) = l1.accounting_only {
                 self.l1_buffers = !a;
+            }
+            if let Some(t) = l1.touch_pages {
+                self.l1_touch_pages = t;
             }
             match l1.device.as_deref() {
                 None | Some("cpu") if l1.bandwidth_gbps.is_none() => {}

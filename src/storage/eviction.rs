@@ -112,6 +112,11 @@ pub trait EvictionPolicy: Send {
     /// Up to `count` victims for which `eligible` holds, in eviction order. The caller removes
     /// them and reports that with [`EvictionPolicy::on_removed`].
     fn select(&mut self, count: usize, eligible: &mut dyn FnMut(KeyId) -> bool) -> Vec<KeyId>;
+    /// The first victim [`EvictionPolicy::select`] would give, without a list: immediate
+    /// eviction asks for one at a time, once per object it makes room for.
+    fn select_one(&mut self, eligible: &mut dyn FnMut(KeyId) -> bool) -> Option<KeyId> {
+        self.select(1, eligible).pop()
+    }
     /// Keys the policy tracks: what an eviction pass's ratio is taken of.
     fn tracked(&self) -> usize;
 }
@@ -160,6 +165,10 @@ impl EvictionPolicy for Linked {
             .filter(|k| eligible(*k))
             .take(count)
             .collect()
+    }
+
+    fn select_one(&mut self, eligible: &mut dyn FnMut(KeyId) -> bool) -> Option<KeyId> {
+        self.order.oldest_first().find(|&k| eligible(k))
     }
 
     fn tracked(&self) -> usize {
@@ -219,6 +228,10 @@ impl EvictionPolicy for Frequency {
             .filter(|k| eligible(*k))
             .take(count)
             .collect()
+    }
+
+    fn select_one(&mut self, eligible: &mut dyn FnMut(KeyId) -> bool) -> Option<KeyId> {
+        self.order.values().copied().find(|&k| eligible(k))
     }
 
     fn tracked(&self) -> usize {
@@ -482,7 +495,7 @@ mod tests {
 
     /// Selects everything eligible, then removes it, as an eviction pass does.
     fn drain(p: &mut dyn EvictionPolicy, locked: &[u128]) -> Vec<u128> {
-        let victims = p.select(usize::MAX, &mut |key| !locked.contains(&key.0));
+        let victims = p.select(usize::MAX, &mut |key| !locked.contains(&{ key.0 }));
         p.on_removed(&victims);
         ids(&victims)
     }

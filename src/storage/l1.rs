@@ -84,6 +84,7 @@ pub enum L1Store {
 impl L1Store {
     fn name(&self) -> &'static str {
         match self {
+            L1Store::Host(buf) if buf.touch => "memory (pages touched)",
             L1Store::Host(_) => "memory",
             L1Store::Accounting => "memory (accounting only)",
             L1Store::Gpu { .. } => "gpu (budget)",
@@ -100,10 +101,14 @@ impl L1Store {
 
 /// An anonymous private mapping: zero pages are only materialised when touched, so an 8 GiB
 /// L1 costs memory in proportion to what the replay stores, and a mapping the system cannot
-/// give is an error instead of an abort.
+/// give is an error instead of an abort. Objects are placed at their arena addresses in it;
+/// their pages are written only when asked (`touch`), because the kernel's zeroing of each
+/// new page is then most of a replay's time (0.3 s for 2 GiB here) and LMCache's own replay
+/// never writes its pool.
 pub struct HostBuffer {
     ptr: *mut u8,
     len: usize,
+    touch: bool,
     /// Every page below this address has been touched. First fit hands out the lowest free
     /// addresses, so everything below it was part of an object once.
     touched: usize,
@@ -116,7 +121,7 @@ const PAGE: usize = 4096;
 unsafe impl Send for HostBuffer {}
 
 impl HostBuffer {
-    pub fn map(len: u64) -> io::Result<HostBuffer> {
+    pub fn map(len: u64, touch: bool) -> io::Result<HostBuffer> {
         let len = usize::try_from(len.max(1)).map_err(io::Error::other)?;
         // SAFETY: an anonymous, private, read-write mapping; the result is checked.
         let ptr = unsafe {
@@ -141,6 +146,7 @@ impl HostBuffer {
         Ok(HostBuffer {
             ptr: ptr.cast(),
             len,
+            touch,
             touched: 0,
         })
     }
@@ -152,8 +158,12 @@ impl HostBuffer {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), end - start) }
     }
 
-    /// Makes an object's pages resident: writes one byte in each page not touched before.
+    /// Makes an object's pages resident when the buffer touches pages: writes one byte in
+    /// each page not touched before.
     fn place(&mut self, address: u64, size: u64) {
+        if !self.touch {
+            return;
+        }
         let end = (address.saturating_add(size) as usize).min(self.len);
         let start = (address as usize).max(self.touched);
         if start < end {
@@ -230,12 +240,24 @@ pub struct L1 {
     pub locks: LockStats,
     /// Modelled transfer seconds (write, read) of a GPU budget.
     pub modelled: [f64; 2],
+    /// The keys of the call [`L1::plan_write`] is planning, kept between calls so that a
+    /// call allocates no set of its own.
+    planned: KeySet,
 }
 
 /// An object that left L1 by eviction, for a waterfall to move down.
 pub struct Evicted {
     pub key: KeyId,
     pub size: u64,
+}
+
+/// LMCache's `is_key_evictable`: resident and not read-locked, or staged with a lapsed write
+/// lock.
+fn evictable(resident: &KeyMap<Resident>, staging: &KeyMap<Staged>, key: KeyId, now: f64) -> bool {
+    match resident.get(&key) {
+        Some(r) if !r.read_lock.held(now) => true,
+        _ => staging.get(&key).is_some_and(|s| !s.write_lock.held(now)),
+    }
 }
 
 impl L1 {
@@ -263,6 +285,7 @@ impl L1 {
             stats,
             locks: LockStats::default(),
             modelled: [0.0; 2],
+            planned: KeySet::default(),
         }
     }
 
@@ -312,7 +335,8 @@ impl L1 {
     /// if that eviction takes it, as in LMCache, where the check precedes the allocation.
     pub fn plan_write(&mut self, keys: &[KeyId], now: f64) -> WritePlan {
         let mut plan = WritePlan::default();
-        let mut seen = KeySet::default();
+        let seen = &mut self.planned;
+        seen.clear();
         for &key in keys {
             if self.resident.contains_key(&key) || !seen.insert(key) {
                 plan.reservation.not_writable += 1;
@@ -567,31 +591,39 @@ impl L1 {
         let mut removed = Vec::new();
         let mut gone = Vec::new();
         for &key in keys {
-            if let Some(s) = self.staging.get(&key) {
-                if s.write_lock.held(now) {
-                    continue;
-                }
-                let s = self.staging.remove(&key).expect("present");
-                self.arena.free(s.address, s.size);
-                self.locks.write_reservations_expired += 1;
-                if !self.resident.contains_key(&key) {
-                    gone.push(key);
-                    continue;
-                }
+            let (left, evicted) = self.delete_key(key, now);
+            if left {
+                gone.push(key);
             }
-            match self.resident.get(&key) {
-                Some(r) if !r.read_lock.held(now) => {
-                    let size = self.remove_resident(key).unwrap_or(0);
-                    removed.push(Evicted { key, size });
-                    gone.push(key);
-                }
-                _ => {}
-            }
+            removed.extend(evicted);
         }
         if !gone.is_empty() {
             self.policy.on_removed(&gone);
         }
         removed
+    }
+
+    /// [`L1::delete`] of one key, without telling the policy: whether the key left the tier,
+    /// and the resident object removed, if it was one.
+    fn delete_key(&mut self, key: KeyId, now: f64) -> (bool, Option<Evicted>) {
+        if let Some(s) = self.staging.get(&key) {
+            if s.write_lock.held(now) {
+                return (false, None);
+            }
+            let s = self.staging.remove(&key).expect("present");
+            self.arena.free(s.address, s.size);
+            self.locks.write_reservations_expired += 1;
+            if !self.resident.contains_key(&key) {
+                return (true, None);
+            }
+        }
+        match self.resident.get(&key) {
+            Some(r) if !r.read_lock.held(now) => {
+                let size = self.remove_resident(key).unwrap_or(0);
+                (true, Some(Evicted { key, size }))
+            }
+            _ => (false, None),
+        }
     }
 
     /// LMCache's untraced `touch_keys`: tells the policy the keys were used.
@@ -607,16 +639,34 @@ impl L1 {
         let (resident, staging) = (&self.resident, &self.staging);
         let victims = self
             .policy
-            .select(count, &mut |key| match resident.get(&key) {
-                Some(r) if !r.read_lock.held(now) => true,
-                _ => staging.get(&key).is_some_and(|s| !s.write_lock.held(now)),
-            });
+            .select(count, &mut |key| evictable(resident, staging, key, now));
         let removed = self.delete(&victims, now);
         for e in &removed {
-            self.stats.evictions += 1;
-            self.stats.bytes_evicted += e.size;
+            self.count_eviction(e);
         }
         removed
+    }
+
+    /// [`L1::evict_count`] of one victim, without a list at any step: `Some(None)` when the
+    /// victim was a lapsed reservation (it left, but held no resident object).
+    fn evict_one(&mut self, now: f64) -> Option<Option<Evicted>> {
+        let (resident, staging) = (&self.resident, &self.staging);
+        let victim = self
+            .policy
+            .select_one(&mut |key| evictable(resident, staging, key, now))?;
+        let (left, evicted) = self.delete_key(victim, now);
+        if left {
+            self.policy.on_removed(&[victim]);
+        }
+        if let Some(e) = &evicted {
+            self.count_eviction(e);
+        }
+        Some(evicted)
+    }
+
+    fn count_eviction(&mut self, e: &Evicted) {
+        self.stats.evictions += 1;
+        self.stats.bytes_evicted += e.size;
     }
 
     /// One pass of LMCache's L1 eviction controller: when usage has reached the watermark,
@@ -635,11 +685,11 @@ impl L1 {
         let mut out = Vec::new();
         while !self.arena.fits(size, count) {
             let victims = self.policy.tracked();
-            let evicted = self.evict_count(1, now);
-            if evicted.is_empty() && self.policy.tracked() == victims {
-                break;
+            match self.evict_one(now) {
+                Some(Some(evicted)) => out.push(evicted),
+                _ if self.policy.tracked() == victims => break,
+                _ => {}
             }
-            out.extend(evicted);
         }
         out
     }
@@ -780,7 +830,7 @@ mod tests {
             8192,
             4096,
             PolicyKind::Lru.build(),
-            L1Store::Host(HostBuffer::map(8192).unwrap()),
+            L1Store::Host(HostBuffer::map(8192, true).unwrap()),
             (300.0, 600.0),
         );
         reserve(&mut l, &ks(&[1]), 4096, 0.0);
@@ -797,5 +847,25 @@ mod tests {
             0,
             "the free page was never touched"
         );
+    }
+
+    #[test]
+    fn an_untouched_pool_places_objects_without_writing_them() {
+        let mut l = L1::new(
+            8192,
+            4096,
+            PolicyKind::Lru.build(),
+            L1Store::Host(HostBuffer::map(8192, false).unwrap()),
+            (300.0, 600.0),
+        );
+        reserve(&mut l, &ks(&[1, 2]), 4096, 0.0);
+        l.finish_write(&ks(&[1, 2]), 0.0);
+        assert!(l.is_resident(KeyId(2)));
+        assert_eq!(l.tier_stats().backend, "memory");
+        let L1Store::Host(buf) = &mut l.store else {
+            unreachable!()
+        };
+        assert_eq!(buf.touched, 0);
+        assert_eq!(buf.range(0, 8192).iter().filter(|&&b| b != 0).count(), 0);
     }
 }

@@ -75,7 +75,7 @@ impl StorageManager {
                 bytes_per_s: bw * 1e9,
             },
             (None, true) => L1Store::Host(
-                HostBuffer::map(config.l1_size_bytes)
+                HostBuffer::map(config.l1_size_bytes, config.l1_touch_pages)
                     .map_err(|e| crate::Error::io("L1 host buffer", e))?,
             ),
             (None, false) => L1Store::Accounting,

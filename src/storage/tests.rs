@@ -385,3 +385,43 @@ fn a_gpu_budget_tier_charges_modelled_transfer_time() {
     );
     assert_eq!(run().1, io, "modelled time is reproducible");
 }
+
+#[test]
+fn a_key_id_stands_for_every_field_whatever_keys_came_before() {
+    let base = ObjectKey::single_rank(vec![1; 32], "model");
+    let variants = {
+        let mut v = vec![base.clone()];
+        let mut k = base.clone();
+        k.chunk_hash[31] = 2;
+        v.push(k);
+        let mut k = base.clone();
+        k.model_name = "model2".into();
+        v.push(k);
+        let mut k = base.clone();
+        k.cache_salt = "salt".into();
+        v.push(k);
+        // The fields' boundaries count: the name's last byte moved into the salt.
+        let mut k = base.clone();
+        k.model_name = "mode".into();
+        k.cache_salt = "l".into();
+        v.push(k);
+        let mut k = base.clone();
+        k.kv_rank = 1;
+        v.push(k);
+        let mut k = base.clone();
+        k.object_group_id = 1;
+        v.push(k);
+        v
+    };
+    let ids: Vec<KeyId> = variants.iter().map(KeyId::of).collect();
+    for (i, a) in ids.iter().enumerate() {
+        for b in &ids[i + 1..] {
+            assert_ne!(a, b);
+        }
+    }
+    // The same key gives the same id in any order and on any thread.
+    let reversed: Vec<KeyId> = variants.iter().rev().map(KeyId::of).collect();
+    assert_eq!(ids, reversed.into_iter().rev().collect::<Vec<_>>());
+    let elsewhere = std::thread::spawn(move || KeyId::of(&variants[3])).join();
+    assert_eq!(elsewhere.unwrap(), ids[3]);
+}

@@ -5,6 +5,7 @@ use rmp::Marker;
 
 use super::write::{canonical_int_form, canonical_len_form};
 use super::{MsgpackError, MAX_DEPTH, MAX_ITEMS};
+use crate::lmct::codec::{KEY_GROUP, KEY_HEAD, KEY_MODEL, KEY_RANK};
 use crate::lmct::value::{Form, Value};
 
 /// What kind of item a [`RawValue`] holds.
@@ -202,9 +203,63 @@ fn step(bytes: &[u8], pos: usize) -> Result<Step, MsgpackError> {
     }
 }
 
+/// The items of one key in [`KEY_HEAD`]'s shape: the tag map, its four children, and the payload map's eight.
+const KEY_ITEMS: u64 = 13;
+
+/// The end of the int at `at`, or `None` for anything else or a short one.
+#[inline(always)]
+fn int_end(bytes: &[u8], at: usize) -> Option<usize> {
+    let end = at
+        + match *bytes.get(at)? {
+            0x00..=0x7f | 0xe0..=0xff => 1,
+            0xcc | 0xd0 => 2,
+            0xcd | 0xd1 => 3,
+            0xce | 0xd2 => 5,
+            0xcf | 0xd3 => 9,
+            _ => return None,
+        };
+    (end <= bytes.len()).then_some(end)
+}
+
+/// `at` plus the length of `run` when the bytes there are exactly `run`. The length is a
+/// constant, so the comparison is a few vector compares rather than a call to `memcmp`.
+#[inline(always)]
+fn eat<const N: usize>(bytes: &[u8], at: usize, run: &[u8; N]) -> Option<usize> {
+    let here: &[u8; N] = bytes.get(at..at.checked_add(N)?)?.try_into().ok()?;
+    (here == run).then_some(at + N)
+}
+
+/// Validates a key in exactly the shape LMCache 0.5.6 writes it, the bulk of every trace: the
+/// constant runs are compared whole and only the hash's length, the model name's UTF-8 and the
+/// two ints are looked at. `None` for anything else, valid or not, which the general walk then
+/// judges (and places any error exactly as it always has).
+#[inline(always)]
+fn canonical_key(bytes: &[u8], pos: usize) -> Option<usize> {
+    let mut at = eat(bytes, pos, KEY_HEAD)?;
+    if *bytes.get(at)? != 0xc4 {
+        return None;
+    }
+    at += 2 + *bytes.get(at + 1)? as usize;
+    at = eat(bytes, at, KEY_MODEL)?;
+    let (start, len) = match *bytes.get(at)? {
+        b @ 0xa0..=0xbf => (at + 1, (b & 0x1f) as usize),
+        0xd9 => (at + 2, *bytes.get(at + 1)? as usize),
+        _ => return None,
+    };
+    let name = bytes.get(start..start + len)?;
+    if !name.is_ascii() && std::str::from_utf8(name).is_err() {
+        return None;
+    }
+    at = eat(bytes, start + len, KEY_RANK)?;
+    at = int_end(bytes, at)?;
+    at = eat(bytes, at, KEY_GROUP)?;
+    int_end(bytes, at)
+}
+
 /// Validates `children` items starting at `pos`, nested `depth` levels deep, counting every
-/// item against `budget`.
-fn children(
+/// item against `budget`. `KEYS` takes LMCache's keys by [`canonical_key`]; the general walk
+/// alone (`false`) is what tests compare it with.
+fn children<const KEYS: bool>(
     bytes: &[u8],
     children: u64,
     mut pos: usize,
@@ -218,13 +273,22 @@ fn children(
         });
     }
     for _ in 0..children {
+        if KEYS && bytes.get(pos) == Some(&0x82) && *budget >= KEY_ITEMS && depth + 2 <= MAX_DEPTH {
+            if let Some(end) = canonical_key(bytes, pos) {
+                *budget -= KEY_ITEMS;
+                pos = end;
+                continue;
+            }
+        }
         *budget = budget.checked_sub(1).ok_or(MsgpackError {
             at: pos,
             what: "more than 4194304 items in one value",
         })?;
         pos = match step(bytes, pos)? {
             Step::Done(end) => end,
-            Step::Open { children: n, data } => self::children(bytes, n, data, depth + 1, budget)?,
+            Step::Open { children: n, data } => {
+                self::children::<KEYS>(bytes, n, data, depth + 1, budget)?
+            }
         };
     }
     Ok(pos)
@@ -237,7 +301,14 @@ fn children(
 /// as soon as the bytes run out.
 pub(crate) fn validate(bytes: &[u8], at: usize) -> Result<usize, MsgpackError> {
     let mut budget = MAX_ITEMS;
-    children(bytes, 1, at, 0, &mut budget)
+    children::<true>(bytes, 1, at, 0, &mut budget)
+}
+
+/// [`validate`] by the general walk alone, for tests of the keys' shortcut.
+#[cfg(test)]
+pub(crate) fn validate_general(bytes: &[u8], at: usize) -> Result<usize, MsgpackError> {
+    let mut budget = MAX_ITEMS;
+    children::<false>(bytes, 1, at, 0, &mut budget)
 }
 
 /// Checks only the marker and length fields of the item at `at`: `Some((entries, data))`
@@ -586,7 +657,13 @@ impl<'a> Cursor<'a> {
     }
 
     pub fn str(&mut self) -> Option<&'a str> {
-        std::str::from_utf8(self.payload(Kind::Str)?).ok()
+        let bytes = self.payload(Kind::Str)?;
+        if bytes.is_ascii() {
+            // SAFETY: ASCII is valid UTF-8; the general check costs more on the short names
+            // every key carries.
+            return Some(unsafe { std::str::from_utf8_unchecked(bytes) });
+        }
+        std::str::from_utf8(bytes).ok()
     }
 
     pub fn bin(&mut self) -> Option<&'a [u8]> {
@@ -619,12 +696,14 @@ impl<'a> Cursor<'a> {
     /// Steps over `items` when the bytes at the cursor are exactly those: a constant run of
     /// whole items (a tag and its field names) checked in one comparison. The cursor does
     /// not move otherwise.
-    pub fn eat(&mut self, items: &[u8]) -> bool {
-        let hit = self.bytes[self.pos.min(self.bytes.len())..].starts_with(items);
-        if hit {
-            self.pos += items.len();
+    pub fn eat<const N: usize>(&mut self, items: &[u8; N]) -> bool {
+        match eat(self.bytes, self.pos, items) {
+            Some(end) => {
+                self.pos = end;
+                true
+            }
+            None => false,
         }
-        hit
     }
 
     /// Steps over one item of any kind.
@@ -698,3 +777,94 @@ impl<'a> Iterator for Entries<'a> {
 }
 
 impl ExactSizeIterator for Entries<'_> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lmct::codec::ObjectKey;
+
+    /// An array of keys as LMCache writes them, with the int forms and name lengths the
+    /// shortcut has branches for.
+    fn keys() -> Vec<u8> {
+        let names = [
+            "meta-llama/Llama-3.1-8B",
+            "",
+            "m",
+            &"x".repeat(40),
+            "modèle",
+        ];
+        let ints = [
+            0,
+            1,
+            127,
+            128,
+            300,
+            70_000,
+            1 << 40,
+            -1,
+            -100,
+            -40_000,
+            -(1 << 40),
+        ];
+        let mut out = vec![0x90 | 10];
+        for i in 0..10 {
+            let mut key = ObjectKey::single_rank(vec![i as u8; 32 - i], names[i % names.len()]);
+            key.kv_rank = ints[i];
+            key.object_group_id = ints[ints.len() - 1 - i];
+            key.encode(&mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn the_keys_shortcut_judges_every_input_as_the_general_walk() {
+        let good = keys();
+        assert_eq!(validate(&good, 0), Ok(good.len()));
+        assert_eq!(validate_general(&good, 0), Ok(good.len()));
+        for cut in 0..good.len() {
+            assert_eq!(
+                validate(&good[..cut], 0),
+                validate_general(&good[..cut], 0),
+                "cut at {cut}"
+            );
+        }
+        for at in 0..good.len() {
+            for b in [0x00, 0x7f, 0x80, 0x82, 0xa0, 0xc1, 0xc4, 0xd9, 0xdc, 0xff] {
+                let mut bad = good.clone();
+                bad[at] = b;
+                assert_eq!(
+                    validate(&bad, 0),
+                    validate_general(&bad, 0),
+                    "{b:#x} at {at}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_keys_shortcut_keeps_the_item_budget_and_the_depth_limit() {
+        let mut key = Vec::new();
+        ObjectKey::single_rank(vec![7; 32], "m").encode(&mut key);
+        // Exactly MAX_ITEMS items pass and one more fails, at the same byte on both paths.
+        let per_key = KEY_ITEMS;
+        let fits = (MAX_ITEMS - 1) / per_key;
+        for n in [fits, fits + 1] {
+            let mut array = vec![0xdd];
+            array.extend_from_slice(&(n as u32).to_be_bytes());
+            for _ in 0..n {
+                array.extend_from_slice(&key);
+            }
+            assert_eq!(validate(&array, 0), validate_general(&array, 0), "{n} keys");
+        }
+        // A key nested at the depth limit is refused alike.
+        for depth in [MAX_DEPTH - 3, MAX_DEPTH - 2, MAX_DEPTH - 1] {
+            let mut nested = vec![0x91; depth];
+            nested.extend_from_slice(&key);
+            assert_eq!(
+                validate(&nested, 0),
+                validate_general(&nested, 0),
+                "{depth}"
+            );
+        }
+    }
+}
