@@ -1045,3 +1045,55 @@ fn otlp_flags_without_the_otel_feature_are_a_usage_error() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("otel"), "{stderr}");
 }
+
+/// L1's real buffers: untouched by default, written with --l1-touch-pages; the hits are the
+/// same either way, and the tier says which it was.
+#[test]
+fn l1_touch_pages_changes_what_is_resident_not_what_hits() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let trace = sample("basic_lru").display().to_string();
+    let run = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name).display().to_string();
+        let mut args = vec![
+            "replay",
+            trace.as_str(),
+            "-q",
+            "--json",
+            "--output-dir",
+            &out,
+        ];
+        args.extend_from_slice(extra);
+        let r = kvtrace(&args);
+        assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
+        let summary = std::fs::read(format!("{out}/trace_replay_summary.json")).expect("summary");
+        let v: serde_json::Value = serde_json::from_slice(&summary).expect("json");
+        let k = &v["kvtrace"];
+        (
+            k["tiers"][0]["backend"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            k["hits"].clone(),
+            k["config"]["kvtrace_l1_touch_pages"].clone(),
+        )
+    };
+    let (plain, hits, flag) = run("plain", &[]);
+    assert_eq!((plain.as_str(), flag), ("memory", serde_json::Value::Null));
+    let (touched, touched_hits, flag) = run("touched", &["--l1-touch-pages"]);
+    assert_eq!(touched, "memory (pages touched)");
+    assert_eq!(flag, serde_json::Value::Bool(true));
+    assert_eq!(touched_hits, hits);
+    let both = kvtrace([
+        "replay",
+        trace.as_str(),
+        "--l1-touch-pages",
+        "--l1-accounting-only",
+    ]);
+    assert_eq!(both.status.code(), Some(2));
+    assert_eq!(
+        text(&both.stderr).trim().lines().count(),
+        1,
+        "{}",
+        text(&both.stderr)
+    );
+}

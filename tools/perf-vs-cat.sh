@@ -56,6 +56,7 @@ best "kvtrace convert mc10.lct -> .jsonl" "$bin" convert "$tmp/mc10.lct" "$tmp/m
 rm -f "$tmp/mc10.jsonl"
 replay=(replay "$tmp/mc1.lct" --pace afap -q --no-csv --l1-size-gb 2 --eviction-policy LRU)
 best "kvtrace replay mc1.lct afap, L1 2 GiB LRU, buffers" "$bin" "${replay[@]}"; replay_s="$(cat "$tmp/last")"
+best "kvtrace replay ... --l1-touch-pages" "$bin" "${replay[@]}" --l1-touch-pages
 best "kvtrace replay ... --l1-accounting-only" "$bin" "${replay[@]}" --l1-accounting-only; accounting_s="$(cat "$tmp/last")"
 best "kvtrace replay ... --eviction-timing immediate" "$bin" "${replay[@]}" --eviction-timing immediate
 best "kvtrace replay ... immediate, accounting-only" "$bin" "${replay[@]}" --eviction-timing immediate --l1-accounting-only

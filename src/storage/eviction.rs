@@ -10,22 +10,16 @@
 //! count seen is its capacity; ghost hits on reservation adapt the T1 target; a victim only
 //! enters a ghost list once its removal is confirmed). FIFO and LFU are kvtrace's own.
 //!
-//! Every policy is deterministic: linked hash maps and logical stamps, never hash order.
+//! Every policy is deterministic: linked queues and logical stamps, never hash order.
 //! Selection walks from the eviction end and skips ineligible (locked) keys without moving
 //! them, so an eviction costs O(victims + skipped) and a touch or removal O(1) (LFU: O(log n)).
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::hash::BuildHasherDefault;
 use std::str::FromStr;
 
-use lru::LruCache;
-
-use super::{KeyId, KeyIdHasher, KeyMap, KeySet};
-
-/// The linked hash map behind LRU, FIFO and ARC's lists: iteration runs from the most to the
-/// least recently pushed key.
-type LinkedKeys = LruCache<KeyId, (), BuildHasherDefault<KeyIdHasher>>;
+use super::queue::Queue;
+use super::{KeyId, KeyMap, KeySet};
 
 /// The policies kvtrace offers; `Lru`, `Arc` and `Noop` are LMCache's names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -428,52 +422,6 @@ impl EvictionPolicy for Noop {
     }
     fn tracked(&self) -> usize {
         0
-    }
-}
-
-/// An insertion-ordered set, O(1) per operation: LRU's and FIFO's order, and each of ARC's
-/// four lists. Iteration from the oldest key walks the linked list without copying it.
-struct Queue {
-    order: LinkedKeys,
-}
-
-impl Default for Queue {
-    fn default() -> Self {
-        Queue {
-            order: LinkedKeys::unbounded_with_hasher(Default::default()),
-        }
-    }
-}
-
-impl Queue {
-    /// Adds a key as the newest, or makes an existing one the newest.
-    fn push(&mut self, key: KeyId) {
-        self.order.push(key, ());
-    }
-
-    /// Makes an existing key the newest; does nothing for an unknown one.
-    fn promote(&mut self, key: KeyId) {
-        self.order.promote(&key);
-    }
-
-    fn remove(&mut self, key: KeyId) -> bool {
-        self.order.pop(&key).is_some()
-    }
-
-    fn contains(&self, key: KeyId) -> bool {
-        self.order.contains(&key)
-    }
-
-    fn len(&self) -> usize {
-        self.order.len()
-    }
-
-    fn pop_oldest(&mut self) -> Option<KeyId> {
-        self.order.pop_lru().map(|(k, _)| k)
-    }
-
-    fn oldest_first(&self) -> impl Iterator<Item = KeyId> + '_ {
-        self.order.iter().rev().map(|(k, _)| *k)
     }
 }
 

@@ -20,6 +20,7 @@ mod l1;
 mod l2;
 mod manager;
 pub mod prefetch;
+mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod traced;

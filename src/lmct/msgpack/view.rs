@@ -40,7 +40,14 @@ struct Head {
 
 fn be(bytes: &[u8], at: usize, width: usize) -> Option<u64> {
     let slice = bytes.get(at..at.checked_add(width)?)?;
-    Some(slice.iter().fold(0u64, |acc, b| (acc << 8) | *b as u64))
+    // The widths msgpack has, each one load; the fold is the general case.
+    Some(match width {
+        1 => slice[0] as u64,
+        2 => u16::from_be_bytes(slice.try_into().ok()?) as u64,
+        4 => u32::from_be_bytes(slice.try_into().ok()?) as u64,
+        8 => u64::from_be_bytes(slice.try_into().ok()?),
+        _ => slice.iter().fold(0u64, |acc, b| (acc << 8) | *b as u64),
+    })
 }
 
 fn head(bytes: &[u8], at: usize) -> Result<Head, MsgpackError> {
