@@ -54,6 +54,7 @@ best "kvtrace info mc10.lct.zst" "$bin" info "$tmp/mc10.lct.zst"
 best "kvtrace dump mc10.lct > /dev/null" "$bin" dump "$tmp/mc10.lct"
 best "kvtrace convert mc10.lct -> .jsonl" "$bin" convert "$tmp/mc10.lct" "$tmp/mc10.jsonl"
 rm -f "$tmp/mc10.jsonl"
+sync # the JSONL's write-back would otherwise compete with the replays below for the CPU
 replay=(replay "$tmp/mc1.lct" --pace afap -q --no-csv --l1-size-gb 2 --eviction-policy LRU)
 best "kvtrace replay mc1.lct afap, L1 2 GiB LRU, buffers" "$bin" "${replay[@]}"; replay_s="$(cat "$tmp/last")"
 best "kvtrace replay ... --l1-touch-pages" "$bin" "${replay[@]}" --l1-touch-pages

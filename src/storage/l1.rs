@@ -824,15 +824,20 @@ mod tests {
         assert_eq!(l.arena.used(), 0);
     }
 
-    #[test]
-    fn the_host_pool_becomes_resident_where_objects_were_placed() {
-        let mut l = L1::new(
+    /// An L1 of two 4 KiB objects in a real pool.
+    fn host(touch: bool) -> L1 {
+        L1::new(
             8192,
             4096,
             PolicyKind::Lru.build(),
-            L1Store::Host(HostBuffer::map(8192, true).unwrap()),
+            L1Store::Host(HostBuffer::map(8192, touch).unwrap()),
             (300.0, 600.0),
-        );
+        )
+    }
+
+    #[test]
+    fn the_host_pool_becomes_resident_where_objects_were_placed() {
+        let mut l = host(true);
         reserve(&mut l, &ks(&[1]), 4096, 0.0);
         l.finish_write(&ks(&[1]), 0.0);
         l.reserve_read(&ks(&[1]), 1, 0.0);
@@ -851,13 +856,7 @@ mod tests {
 
     #[test]
     fn an_untouched_pool_places_objects_without_writing_them() {
-        let mut l = L1::new(
-            8192,
-            4096,
-            PolicyKind::Lru.build(),
-            L1Store::Host(HostBuffer::map(8192, false).unwrap()),
-            (300.0, 600.0),
-        );
+        let mut l = host(false);
         reserve(&mut l, &ks(&[1, 2]), 4096, 0.0);
         l.finish_write(&ks(&[1, 2]), 0.0);
         assert!(l.is_resident(KeyId(2)));

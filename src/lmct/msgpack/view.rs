@@ -210,7 +210,8 @@ fn step(bytes: &[u8], pos: usize) -> Result<Step, MsgpackError> {
     }
 }
 
-/// The items of one key in [`KEY_HEAD`]'s shape: the tag map, its four children, and the payload map's eight.
+/// The items of one key in [`KEY_HEAD`]'s shape: the tag map, its four children, and the
+/// payload map's eight.
 const KEY_ITEMS: u64 = 13;
 
 /// The end of the int at `at`, or `None` for anything else or a short one.
