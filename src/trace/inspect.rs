@@ -138,6 +138,8 @@ struct Tally {
     ops: BTreeMap<String, u64>,
     /// Every key seen, with the size the last layout gave it ([`UNKNOWN`]: none).
     keys: KeyMap<u64>,
+    /// In front of `keys` for [`Tally::keys`], the only writer of a block's map; the merge
+    /// writes the file's map without it, and the file's tally observes no records.
     recent: Recent,
     /// Occurrences no earlier record of this block sized, per use.
     waiting: KeyMap<[u64; 5]>,
