@@ -278,7 +278,7 @@ impl<'a> RecordRef<'a> {
     pub(crate) fn from_spans(offset: u64, body: &'a [u8], spans: &RecordSpans) -> Self {
         let qualname = body
             .get(spans.qualname.clone())
-            .and_then(|b| std::str::from_utf8(b).ok())
+            .and_then(msgpack::text)
             .unwrap_or_default();
         let args = RawValue::trusted(body.get(spans.args.clone()).unwrap_or(&[0x80]));
         RecordRef {

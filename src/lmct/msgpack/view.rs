@@ -120,7 +120,7 @@ fn head(bytes: &[u8], at: usize) -> Result<Head, MsgpackError> {
 }
 
 fn check_str(bytes: &[u8], at: usize) -> Result<(), MsgpackError> {
-    if bytes.is_ascii() || std::str::from_utf8(bytes).is_ok() {
+    if text(bytes).is_some() {
         Ok(())
     } else {
         Err(MsgpackError {
@@ -210,6 +210,16 @@ fn step(bytes: &[u8], pos: usize) -> Result<Step, MsgpackError> {
     }
 }
 
+/// Bytes as text when they are UTF-8. ASCII, which every qualname, field name and model name
+/// LMCache writes is, is checked by the faster test (and is UTF-8).
+pub fn text(bytes: &[u8]) -> Option<&str> {
+    if bytes.is_ascii() {
+        // SAFETY: ASCII is valid UTF-8.
+        return Some(unsafe { std::str::from_utf8_unchecked(bytes) });
+    }
+    std::str::from_utf8(bytes).ok()
+}
+
 /// The items of one key in [`KEY_HEAD`]'s shape: the tag map, its four children, and the
 /// payload map's eight.
 const KEY_ITEMS: u64 = 13;
@@ -255,9 +265,7 @@ fn canonical_key(bytes: &[u8], pos: usize) -> Option<usize> {
         _ => return None,
     };
     let name = bytes.get(start..start + len)?;
-    if !name.is_ascii() && std::str::from_utf8(name).is_err() {
-        return None;
-    }
+    text(name)?;
     at = eat(bytes, start + len, KEY_RANK)?;
     at = int_end(bytes, at)?;
     at = eat(bytes, at, KEY_GROUP)?;
@@ -459,7 +467,7 @@ impl<'a> RawValue<'a> {
     }
 
     pub fn as_str(&self) -> Option<&'a str> {
-        std::str::from_utf8(self.payload(Kind::Str)?).ok()
+        text(self.payload(Kind::Str)?)
     }
 
     pub fn as_bin(&self) -> Option<&'a [u8]> {
@@ -665,13 +673,7 @@ impl<'a> Cursor<'a> {
     }
 
     pub fn str(&mut self) -> Option<&'a str> {
-        let bytes = self.payload(Kind::Str)?;
-        if bytes.is_ascii() {
-            // SAFETY: ASCII is valid UTF-8; the general check costs more on the short names
-            // every key carries.
-            return Some(unsafe { std::str::from_utf8_unchecked(bytes) });
-        }
-        std::str::from_utf8(bytes).ok()
+        text(self.payload(Kind::Str)?)
     }
 
     pub fn bin(&mut self) -> Option<&'a [u8]> {
