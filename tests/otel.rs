@@ -522,25 +522,20 @@ fn otlp_flags_that_cannot_apply_are_usage_errors() {
     let trace = sample("basic_lru");
     let dir = tempfile::tempdir().expect("tmp");
     let file = dir.path().join("spans.jsonl");
+    let with_timeout = |seconds: &'static str| -> Vec<&std::ffi::OsStr> {
+        vec![
+            "replay".as_ref(),
+            trace.as_os_str(),
+            "-q".as_ref(),
+            "--otlp-file".as_ref(),
+            file.as_os_str(),
+            "--otlp-timeout".as_ref(),
+            seconds.as_ref(),
+        ]
+    };
     let cases: [Vec<&std::ffi::OsStr>; 3] = [
-        vec![
-            "replay".as_ref(),
-            trace.as_os_str(),
-            "-q".as_ref(),
-            "--otlp-file".as_ref(),
-            file.as_os_str(),
-            "--otlp-timeout".as_ref(),
-            "0".as_ref(),
-        ],
-        vec![
-            "replay".as_ref(),
-            trace.as_os_str(),
-            "-q".as_ref(),
-            "--otlp-file".as_ref(),
-            file.as_os_str(),
-            "--otlp-timeout".as_ref(),
-            "nan".as_ref(),
-        ],
+        with_timeout("0"),
+        with_timeout("nan"),
         vec![
             "bench".as_ref(),
             "--suite".as_ref(),

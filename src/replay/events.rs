@@ -6,9 +6,10 @@
 //! incarnation, starts a cold one; a stop mark ends it). A `store` entry the server's
 //! manager does not hold is written (`reserve_write` + `finish_write` of its recorded size);
 //! an L1 `access` entry is a lookup of that key (a `full`, unlocked prefetch: an L1 hit, or an
-//! L2 hit loaded into L1 at the size the key was stored with, as access entries carry none). LMCache records an access for the keys a request touched, stores
-//! included, so the replayed ratio compares with the recorded one (the share of accesses
-//! whose key the recording held at that moment), not with a request hit rate. The recorded
+//! L2 hit loaded into L1 at the size the key was stored with, as access entries carry none).
+//! LMCache records an access for the keys a request touched, stores included, so the
+//! replayed ratio compares with the recorded one (the share of accesses whose key the
+//! recording held at that moment), not with a request hit rate. The recorded
 //! `delete` entries are the recorded cache's evictions, and L2 `access` entries its L2
 //! lookups: both are counted, not replayed, since the configured tiers evict and look up for
 //! themselves. Deterministic: the same files and configuration give the same figures.
