@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use kvtrace::lmct::args::CallArgs;
 use kvtrace::lmct::blocks::{fold_records, read_ahead};
-use kvtrace::lmct::json::to_display;
+use kvtrace::lmct::display::to_display;
 use kvtrace::lmct::{Frame, ReadOptions, TraceReader};
 use kvtrace::rng::SplitMix64;
 use kvtrace::simulate::args::EngineArgs;

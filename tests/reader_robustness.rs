@@ -282,7 +282,7 @@ proptest! {
         loop {
             match r.next_frame() {
                 Ok(Some(Frame::Record(rec))) => {
-                    let _ = kvtrace::lmct::json::to_display(rec.args);
+                    let _ = kvtrace::lmct::display::to_display(rec.args);
                     let _ = rec.to_record();
                 }
                 Ok(Some(Frame::Undecodable { .. })) => {}
@@ -299,9 +299,53 @@ proptest! {
         prop_assert!(same(&v, &back));
         let json = kvtrace::lmct::json::to_lossless(&back);
         let text = serde_json::to_string(&json).expect("json text");
+        let streamed = serde_json::to_string(&kvtrace::lmct::json::Lossless(&back));
+        prop_assert_eq!(streamed.expect("json text"), text.clone());
         let reparsed: serde_json::Value = serde_json::from_str(&text).expect("parse");
         let from_json = kvtrace::lmct::json::from_lossless(&reparsed).expect("lossless");
         prop_assert_eq!(encode_to_vec(&from_json), bytes);
+    }
+
+    /// `dump`'s streamed display JSON is the text of the display tree, compact and pretty,
+    /// for any value and for it under each kind of tag: unwrapped, decoded into fields, and
+    /// tagged fields that name `__t__` again.
+    #[test]
+    fn shown_values_are_the_text_of_their_display_tree(
+        v in arb_value(),
+        tag in prop_oneof![
+            Just("tuple".to_string()),
+            Just("ObjectKey".to_string()),
+            Just("PrefetchLockMode".to_string()),
+            ".{0,6}",
+        ],
+        again in any::<bool>(),
+    ) {
+        let payload = match (&v, again) {
+            (Value::Map(entries, form), true) => {
+                let mut entries = entries.clone();
+                entries.push((Value::str("__t__"), Value::Nil));
+                Value::Map(entries, *form)
+            }
+            _ => v.clone(),
+        };
+        let tagged = Value::Map(
+            vec![(Value::str("__t__"), Value::str(tag.clone())), (Value::str("v"), payload)],
+            None,
+        );
+        for value in [&v, &tagged] {
+            let bytes = encode_to_vec(value);
+            let raw = RawValue::parse(&bytes).expect("own encoding is valid");
+            let tree = kvtrace::lmct::display::to_display(raw);
+            let shown = kvtrace::lmct::display::Shown(raw);
+            prop_assert_eq!(
+                serde_json::to_string(&shown).expect("text"),
+                serde_json::to_string(&tree).expect("text")
+            );
+            prop_assert_eq!(
+                serde_json::to_string_pretty(&shown).expect("text"),
+                serde_json::to_string_pretty(&tree).expect("text")
+            );
+        }
     }
 
     #[test]
@@ -317,6 +361,10 @@ proptest! {
         let value = RawValue::parse(&bytes).expect("valid").to_value();
         prop_assert_eq!(encode_to_vec(&value), bytes.clone());
         let json = kvtrace::lmct::json::to_lossless(&value);
+        prop_assert_eq!(
+            serde_json::to_string(&kvtrace::lmct::json::Lossless(&value)).expect("text"),
+            serde_json::to_string(&json).expect("text")
+        );
         let back = kvtrace::lmct::json::from_lossless(&json).expect("lossless");
         prop_assert_eq!(encode_to_vec(&back), bytes);
     }

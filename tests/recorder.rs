@@ -48,7 +48,7 @@ fn read_back(path: &std::path::Path) -> (Vec<(u8, u32)>, Option<serde_json::Valu
                 let seq = u32::from_be_bytes(key.chunk_hash[..4].try_into().expect("4"));
                 seen.push((key.chunk_hash[31], seq));
             }
-            RECORDER_SUMMARY => trailer = Some(kvtrace::lmct::json::to_display(r.args)),
+            RECORDER_SUMMARY => trailer = Some(kvtrace::lmct::display::to_display(r.args)),
             other => panic!("unexpected {other}"),
         }
     }

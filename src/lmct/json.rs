@@ -1,16 +1,12 @@
-//! Two JSON views of msgpack values (format spec §9).
-//!
-//! *Lossless* JSON is what `convert` writes to `.jsonl`: plain JSON wherever that is exact, and
-//! a one-key `$…` annotation object wherever it is not (bin, non-canonical widths, float32,
-//! non-finite floats, maps JSON cannot hold, ext). Converting back gives the same bytes.
-//!
-//! *Display* JSON is what `dump` prints for people and `jq`: codec tags are decoded
-//! (`{"__t__": "ObjectKey", "chunk_hash": "ab12…", …}`), bin is shown as hex.
+//! The lossless JSON view of msgpack values (format spec §9), the one `convert` writes to
+//! `.jsonl`: plain JSON wherever that is exact, and a one-key `$…` annotation object wherever
+//! it is not (bin, non-canonical widths, float32, non-finite floats, maps JSON cannot hold,
+//! ext). Converting back gives the same bytes. The display view `dump` prints is in
+//! [`super::display`].
 
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Number, Value as Json};
 
-use super::codec::{TAG_LOCK_MODE, TAG_SET, TAG_TORCH_DTYPE, TAG_TORCH_SIZE, TAG_TUPLE};
-use super::msgpack::{Kind, RawValue};
 use super::value::{Form, Value};
 
 fn form_name(kind: &str, form: Form) -> String {
@@ -170,6 +166,123 @@ pub fn to_lossless(v: &Value) -> Json {
     }
 }
 
+/// A value serialized as its lossless JSON: exactly the text of serializing [`to_lossless`]'s
+/// tree, written without building the tree (a map and a string per key of every record
+/// were most of a conversion's time).
+pub struct Lossless<'a>(pub &'a Value);
+
+impl Serialize for Lossless<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::Nil => s.serialize_unit(),
+            Value::Bool(b) => s.serialize_bool(*b),
+            Value::Int(i, form) => Formed("int", *form, &Int(*i)).serialize(s),
+            Value::F64(x) if x.is_finite() => s.serialize_f64(*x),
+            Value::F64(x) => Annotated("$f64", &float_name(*x)).serialize(s),
+            Value::F32(x) if x.is_finite() => Annotated("$f32", &(*x as f64)).serialize(s),
+            Value::F32(x) => Annotated("$f32", &float_name(*x as f64)).serialize(s),
+            Value::Str(text, form) => Formed("str", *form, text).serialize(s),
+            Value::Bin(b, form) => {
+                Formed("bin", *form, &Annotated("$bin_hex", &hex::encode(b))).serialize(s)
+            }
+            Value::Array(items, form) => Formed("array", *form, &Items(items)).serialize(s),
+            Value::Map(entries, form) if plain_object_ok(entries) => {
+                Formed("map", *form, &Fields(entries)).serialize(s)
+            }
+            Value::Map(entries, form) => {
+                Formed("map", *form, &Annotated("$map", &Pairs(entries))).serialize(s)
+            }
+            Value::Ext(ty, data, form) => {
+                let payload = (*ty, hex::encode(data));
+                Formed("ext", *form, &Annotated("$ext", &payload)).serialize(s)
+            }
+        }
+    }
+}
+
+fn float_name(x: f64) -> &'static str {
+    if x.is_nan() {
+        "NaN"
+    } else if x > 0.0 {
+        "inf"
+    } else {
+        "-inf"
+    }
+}
+
+/// An integer as the JSON number the tree holds: unsigned when not negative.
+struct Int(i128);
+
+impl Serialize for Int {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match (u64::try_from(self.0), i64::try_from(self.0)) {
+            (Ok(u), _) => s.serialize_u64(u),
+            (_, Ok(i)) => s.serialize_i64(i),
+            // No msgpack integer is outside both.
+            _ => s.serialize_unit(),
+        }
+    }
+}
+
+/// `{"$enc": form, "v": value}` for a non-canonical width, else the value itself.
+struct Formed<'a, T: ?Sized>(&'static str, Option<Form>, &'a T);
+
+impl<T: Serialize + ?Sized> Serialize for Formed<'_, T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let Formed(kind, form, value) = *self;
+        match form {
+            None => value.serialize(s),
+            Some(f) => {
+                let mut map = s.serialize_map(Some(2))?;
+                map.serialize_entry("$enc", &form_name(kind, f))?;
+                map.serialize_entry("v", value)?;
+                map.end()
+            }
+        }
+    }
+}
+
+/// A one-key annotation object.
+struct Annotated<'a, T: ?Sized>(&'static str, &'a T);
+
+impl<T: Serialize + ?Sized> Serialize for Annotated<'_, T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(1))?;
+        map.serialize_entry(self.0, self.1)?;
+        map.end()
+    }
+}
+
+struct Items<'a>(&'a [Value]);
+
+impl Serialize for Items<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(Lossless))
+    }
+}
+
+/// A map whose keys are distinct plain strings, as a JSON object.
+struct Fields<'a>(&'a [(Value, Value)]);
+
+impl Serialize for Fields<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(
+            self.0
+                .iter()
+                .map(|(k, v)| (k.as_str().unwrap_or_default(), Lossless(v))),
+        )
+    }
+}
+
+/// Any other map, as `[key, value]` pairs.
+struct Pairs<'a>(&'a [(Value, Value)]);
+
+impl Serialize for Pairs<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|(k, v)| (Lossless(k), Lossless(v))))
+    }
+}
+
 fn float_from(j: &Json) -> Result<f64, String> {
     match j {
         Json::Number(n) => n.as_f64().ok_or_else(|| "not a number".into()),
@@ -287,66 +400,49 @@ fn from_lossless_at(j: &Json, path: &str) -> Result<Value, String> {
     })
 }
 
-/// The display form of a value, for `dump`.
-pub fn to_display(v: RawValue<'_>) -> Json {
-    match v.kind() {
-        Kind::Nil => Json::Null,
-        Kind::Bool => Json::Bool(v.as_bool().unwrap_or_default()),
-        Kind::Int => match (v.as_u64(), v.as_i64()) {
-            (Some(u), _) => Json::from(u),
-            (_, Some(i)) => Json::from(i),
-            _ => Json::Null,
-        },
-        Kind::Float => {
-            let x = v.as_f64().unwrap_or(f64::NAN);
-            Number::from_f64(x)
-                .map(Json::Number)
-                .unwrap_or_else(|| Json::String(x.to_string()))
-        }
-        Kind::Str => Json::String(v.as_str().unwrap_or_default().to_owned()),
-        Kind::Bin => Json::String(hex::encode(v.as_bin().unwrap_or_default())),
-        Kind::Array => Json::Array(v.array().into_iter().flatten().map(to_display).collect()),
-        Kind::Ext => {
-            let value = v.to_value();
-            let mut m = Map::new();
-            if let Value::Ext(ty, data, _) = value {
-                m.insert("ext_type".into(), Json::from(ty));
-                m.insert("data".into(), Json::String(hex::encode(data)));
-            }
-            Json::Object(m)
-        }
-        Kind::Map => match v.as_tagged() {
-            Some((tag, payload)) => display_tagged(tag, payload),
-            None => {
-                let mut m = Map::new();
-                for (k, val) in v.map().into_iter().flatten() {
-                    let key = match k.as_str() {
-                        Some(s) => s.to_owned(),
-                        None => to_display(k).to_string(),
-                    };
-                    m.insert(key, to_display(val));
-                }
-                Json::Object(m)
-            }
-        },
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn display_tagged(tag: &str, payload: RawValue<'_>) -> Json {
-    match tag {
-        TAG_TUPLE | TAG_SET | TAG_TORCH_SIZE | TAG_LOCK_MODE | TAG_TORCH_DTYPE => {
-            to_display(payload)
-        }
-        _ => {
-            let mut m = Map::new();
-            m.insert("__t__".into(), Json::String(tag.to_owned()));
-            match to_display(payload) {
-                Json::Object(fields) if payload.as_tagged().is_none() => m.extend(fields),
-                other => {
-                    m.insert("v".into(), other);
-                }
-            }
-            Json::Object(m)
+    /// Every annotation the tree can hold, each width form and the maps JSON cannot hold:
+    /// the streamed text is the tree's.
+    #[test]
+    fn lossless_is_the_text_of_the_tree() {
+        let s = |t: &str| Value::str(t);
+        let cases = [
+            Value::Int(5, Some(Form::U32)),
+            Value::Int(-5, Some(Form::I64)),
+            Value::Int(i64::MIN as i128, None),
+            Value::Int(u64::MAX as i128, None),
+            Value::F64(f64::NAN),
+            Value::F64(f64::INFINITY),
+            Value::F32(f32::NEG_INFINITY),
+            Value::F32(0.1),
+            Value::F64(-0.0),
+            Value::Str("é \"\\\n".into(), Some(Form::W16)),
+            Value::Bin(vec![1, 2, 0xff], Some(Form::W32)),
+            Value::Bin(Vec::new(), None),
+            Value::Array(vec![Value::Nil, Value::Bool(true)], Some(Form::W16)),
+            Value::Array(Vec::new(), None),
+            Value::Map(
+                vec![(s("a"), s("x")), (s("b"), Value::Nil)],
+                Some(Form::W32),
+            ),
+            Value::Map(vec![(s("a"), s("x")), (s("a"), s("y"))], None),
+            Value::Map(vec![(s("$a"), s("x"))], None),
+            Value::Map(vec![(s("a"), s("x")), (s("$b"), s("y"))], None),
+            Value::Map(vec![(Value::int(1), s("x"))], None),
+            Value::Map(vec![(Value::Str("k".into(), Some(Form::W8)), s("x"))], None),
+            Value::Map(Vec::new(), None),
+            Value::Ext(-3, vec![9, 8], Some(Form::W8)),
+            Value::Ext(7, Vec::new(), None),
+        ];
+        for case in &cases {
+            assert_eq!(
+                serde_json::to_string(&Lossless(case)).expect("text"),
+                serde_json::to_string(&to_lossless(case)).expect("text"),
+                "{case:?}"
+            );
         }
     }
 }

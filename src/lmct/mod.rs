@@ -7,6 +7,7 @@ pub mod blocks;
 pub mod calls;
 pub mod codec;
 pub mod digest;
+pub mod display;
 pub mod frame;
 pub mod json;
 pub mod msgpack;

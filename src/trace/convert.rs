@@ -14,7 +14,7 @@ use serde_json::Value as Json;
 use super::{Progress, PROGRESS_EVERY};
 use crate::error::{Error, Result};
 use crate::lmct::blocks::fold_frames;
-use crate::lmct::json::{from_lossless, to_lossless};
+use crate::lmct::json::{from_lossless, Lossless};
 use crate::lmct::msgpack::{encode, RawValue, MAX_DEPTH};
 use crate::lmct::reader::ZSTD_MAGIC;
 use crate::lmct::schema::Migration;
@@ -133,12 +133,17 @@ fn put(out: &mut impl Write, jsonl: bool, item: &Item) -> io::Result<()> {
             Item::Tail(bytes) => out.write_all(bytes),
         };
     }
-    let line = match item {
-        Item::Frame(v) => to_lossless(v),
-        Item::RawFrame(body) => serde_json::json!({ "$frame_hex": hex::encode(body) }),
-        Item::Tail(bytes) => serde_json::json!({ "$tail_hex": hex::encode(bytes) }),
-    };
-    serde_json::to_writer(&mut *out, &line)?;
+    match item {
+        Item::Frame(v) => serde_json::to_writer(&mut *out, &Lossless(v))?,
+        Item::RawFrame(body) => serde_json::to_writer(
+            &mut *out,
+            &serde_json::json!({ "$frame_hex": hex::encode(body) }),
+        )?,
+        Item::Tail(bytes) => serde_json::to_writer(
+            &mut *out,
+            &serde_json::json!({ "$tail_hex": hex::encode(bytes) }),
+        )?,
+    }
     out.write_all(b"\n")
 }
 

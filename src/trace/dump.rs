@@ -5,14 +5,15 @@
 
 use std::io::{self, Write};
 
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Map, Value as Json};
 
 use super::Progress;
 use crate::error::{Error, Result};
 use crate::lmct::blocks::fold_frames;
-use crate::lmct::json::to_display;
+use crate::lmct::display::{to_display, Shown};
 use crate::lmct::msgpack::RawValue;
-use crate::lmct::{Frame, ReadOptions, ReadSummary, TraceReader};
+use crate::lmct::{Frame, ReadOptions, ReadSummary, RecordRef, TraceReader};
 
 /// Bytes of frames each formatting thread takes at a time.
 const BLOCK_BYTES: usize = 1 << 20;
@@ -83,30 +84,59 @@ fn frame_object(index: u64, offset: u64, len: usize, body: Json) -> Json {
     Json::Object(m)
 }
 
-/// The object a frame is shown as; `None` when the filter leaves its record out.
-fn frame_json(index: u64, frame: &Frame<'_>, filter: &Filter) -> Option<Json> {
-    Some(match frame {
-        Frame::Record(r) if filter.matches(r.qualname) => {
-            let mut m = Map::new();
-            m.insert("type".into(), json!("record"));
-            m.insert("t_mono".into(), json!(r.t_mono));
-            m.insert("t_wall".into(), json!(r.t_wall));
-            m.insert("qualname".into(), json!(r.qualname));
-            m.insert("args".into(), to_display(r.args));
-            frame_object(index, r.offset, r.body.len(), Json::Object(m))
+/// A record's object: where its frame lies, then its fields. Serialized straight from the
+/// frame, it is the text [`frame_object`] of the record's fields would give.
+struct RecordObject<'a> {
+    index: u64,
+    record: &'a RecordRef<'a>,
+}
+
+impl Serialize for RecordObject<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let r = self.record;
+        let mut m = s.serialize_map(Some(8))?;
+        m.serialize_entry("frame", &self.index)?;
+        m.serialize_entry("offset", &r.offset)?;
+        m.serialize_entry("len", &r.body.len())?;
+        m.serialize_entry("type", "record")?;
+        // A non-finite time is shown as null, as JSON has no such number.
+        m.serialize_entry("t_mono", &Json::from(r.t_mono))?;
+        m.serialize_entry("t_wall", &Json::from(r.t_wall))?;
+        m.serialize_entry("qualname", r.qualname)?;
+        m.serialize_entry("args", &Shown(r.args))?;
+        m.end()
+    }
+}
+
+/// Appends the object a frame is shown as; `false` when the filter leaves its record out.
+fn append_frame(
+    out: &mut Vec<u8>,
+    format: Format,
+    index: u64,
+    frame: &Frame<'_>,
+    filter: &Filter,
+) -> bool {
+    match frame {
+        Frame::Record(record) if filter.matches(record.qualname) => {
+            append(out, format, &RecordObject { index, record })
         }
-        Frame::Record(_) => return None,
+        Frame::Record(_) => return false,
         Frame::Undecodable {
             offset,
             body,
             reason,
-        } => frame_object(index, *offset, body.len(), json!({ "undecodable": reason })),
-    })
+        } => append(
+            out,
+            format,
+            &frame_object(index, *offset, body.len(), json!({ "undecodable": reason })),
+        ),
+    }
+    true
 }
 
 /// Appends one object: a line, or an array element after `,\n` (the writer turns the first
 /// element's into `[\n`).
-fn append(out: &mut Vec<u8>, format: Format, object: &Json) {
+fn append(out: &mut Vec<u8>, format: Format, object: &impl Serialize) {
     // Serializing a JSON value into a Vec cannot fail.
     match format {
         Format::Jsonl => {
@@ -190,11 +220,10 @@ pub fn dump(
                     break;
                 };
                 index += 1;
-                let Some(object) = frame_json(index, &frame, &options.filter) else {
-                    continue;
-                };
                 text.clear();
-                append(&mut text, options.format, &object);
+                if !append_frame(&mut text, options.format, index, &frame, &options.filter) {
+                    continue;
+                }
                 if let Err(e) = writer.write(&text, 1) {
                     return failed(e);
                 }
@@ -218,8 +247,7 @@ pub fn dump(
                 BLOCK_BYTES,
                 &|| (Vec::new(), 0u64),
                 &|(text, objects), index, frame| {
-                    if let Some(object) = frame_json(index, frame, &options.filter) {
-                        append(text, options.format, &object);
+                    if append_frame(text, options.format, index, frame, &options.filter) {
                         *objects += 1;
                     }
                 },

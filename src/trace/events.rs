@@ -73,7 +73,7 @@ pub(super) fn py_str(v: Option<RawValue<'_>>, default: &str) -> String {
         _ => match (v.as_i64(), v.as_f64()) {
             (Some(i), _) => i.to_string(),
             (None, Some(f)) => format!("{f:?}"),
-            _ => crate::lmct::json::to_display(v).to_string(),
+            _ => crate::lmct::display::to_display(v).to_string(),
         },
     }
 }

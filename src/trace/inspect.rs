@@ -17,7 +17,7 @@ use crate::lmct::calls::{
 };
 use crate::lmct::codec::MemoryLayoutDesc;
 use crate::lmct::digest::{config_digest, python_json, semantic_digest};
-use crate::lmct::json::to_display;
+use crate::lmct::display::to_display;
 use crate::lmct::msgpack::RawValue;
 use crate::lmct::schema::SchemaEvidence;
 use crate::lmct::{HeaderSchema, ReadOptions, RecordRef, TraceReader};

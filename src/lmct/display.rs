@@ -1,0 +1,289 @@
+//! The display JSON view of msgpack values (format spec §9), what `dump` prints for people
+//! and `jq`: codec tags are decoded (`{"__t__": "ObjectKey", "chunk_hash": "ab12…", …}`) and
+//! bin is shown as hex.
+//!
+//! [`to_display`] builds it as a JSON tree: the definition. [`Shown`] writes the same text
+//! straight from the msgpack bytes, without the tree: building one map (and hashing its keys)
+//! per key of every record was most of a dump's time.
+
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+use serde_json::{Map, Number, Value as Json};
+
+use super::codec::{TAG_LOCK_MODE, TAG_SET, TAG_TORCH_DTYPE, TAG_TORCH_SIZE, TAG_TUPLE};
+use super::msgpack::{Kind, RawValue};
+use super::value::Value;
+
+/// The display form of a value, for `dump`.
+pub fn to_display(v: RawValue<'_>) -> Json {
+    match v.kind() {
+        Kind::Nil => Json::Null,
+        Kind::Bool => Json::Bool(v.as_bool().unwrap_or_default()),
+        Kind::Int => match (v.as_u64(), v.as_i64()) {
+            (Some(u), _) => Json::from(u),
+            (_, Some(i)) => Json::from(i),
+            _ => Json::Null,
+        },
+        Kind::Float => {
+            let x = v.as_f64().unwrap_or(f64::NAN);
+            Number::from_f64(x)
+                .map(Json::Number)
+                .unwrap_or_else(|| Json::String(x.to_string()))
+        }
+        Kind::Str => Json::String(v.as_str().unwrap_or_default().to_owned()),
+        Kind::Bin => Json::String(hex::encode(v.as_bin().unwrap_or_default())),
+        Kind::Array => Json::Array(v.array().into_iter().flatten().map(to_display).collect()),
+        Kind::Ext => {
+            let value = v.to_value();
+            let mut m = Map::new();
+            if let Value::Ext(ty, data, _) = value {
+                m.insert("ext_type".into(), Json::from(ty));
+                m.insert("data".into(), Json::String(hex::encode(data)));
+            }
+            Json::Object(m)
+        }
+        Kind::Map => match v.as_tagged() {
+            Some((tag, payload)) => display_tagged(tag, payload),
+            None => {
+                let mut m = Map::new();
+                for (k, val) in v.map().into_iter().flatten() {
+                    let key = match k.as_str() {
+                        Some(s) => s.to_owned(),
+                        None => to_display(k).to_string(),
+                    };
+                    m.insert(key, to_display(val));
+                }
+                Json::Object(m)
+            }
+        },
+    }
+}
+
+fn display_tagged(tag: &str, payload: RawValue<'_>) -> Json {
+    match tag {
+        TAG_TUPLE | TAG_SET | TAG_TORCH_SIZE | TAG_LOCK_MODE | TAG_TORCH_DTYPE => {
+            to_display(payload)
+        }
+        _ => {
+            let mut m = Map::new();
+            m.insert("__t__".into(), Json::String(tag.to_owned()));
+            match to_display(payload) {
+                Json::Object(fields) if payload.as_tagged().is_none() => m.extend(fields),
+                other => {
+                    m.insert("v".into(), other);
+                }
+            }
+            Json::Object(m)
+        }
+    }
+}
+
+/// Tags whose payload is shown in place of the tagged value.
+fn unwrapped(tag: &str) -> bool {
+    matches!(
+        tag,
+        TAG_TUPLE | TAG_SET | TAG_TORCH_SIZE | TAG_LOCK_MODE | TAG_TORCH_DTYPE
+    )
+}
+
+/// A value serialized as its display JSON: with any serde_json serializer, compact or pretty,
+/// exactly the text of serializing [`to_display`]'s tree. The shapes where the tree differs
+/// from the bytes — a map whose keys are not distinct UTF-8 strings (the tree keeps the last
+/// value of a repeated key, in the first one's place), and ext — are serialized through the
+/// tree; nothing LMCache writes has them.
+pub struct Shown<'a>(pub RawValue<'a>);
+
+impl Serialize for Shown<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let v = self.0;
+        match v.kind() {
+            Kind::Nil => s.serialize_unit(),
+            Kind::Bool => s.serialize_bool(v.as_bool().unwrap_or_default()),
+            Kind::Int => match (v.as_u64(), v.as_i64()) {
+                (Some(u), _) => s.serialize_u64(u),
+                (_, Some(i)) => s.serialize_i64(i),
+                _ => s.serialize_unit(),
+            },
+            Kind::Float => match v.as_f64().unwrap_or(f64::NAN) {
+                x if x.is_finite() => s.serialize_f64(x),
+                x => s.serialize_str(&x.to_string()),
+            },
+            Kind::Str => s.serialize_str(v.as_str().unwrap_or_default()),
+            Kind::Bin => serialize_hex(v.as_bin().unwrap_or_default(), s),
+            Kind::Array => {
+                let mut seq = s.serialize_seq(Some(v.len()))?;
+                for item in v.array().into_iter().flatten() {
+                    seq.serialize_element(&Shown(item))?;
+                }
+                seq.end()
+            }
+            Kind::Map => match v.as_tagged() {
+                Some((tag, payload)) if unwrapped(tag) => Shown(payload).serialize(s),
+                Some((tag, payload)) => serialize_tagged(v, tag, payload, s),
+                None if distinct_text_keys(v, None) => {
+                    let mut map = s.serialize_map(Some(v.len()))?;
+                    serialize_entries(v, &mut map)?;
+                    map.end()
+                }
+                None => to_display(v).serialize(s),
+            },
+            Kind::Ext => to_display(v).serialize(s),
+        }
+    }
+}
+
+/// A tagged value other than the unwrapped ones: the tag, then the payload's fields when it
+/// is a plain map, else the payload as `v`.
+fn serialize_tagged<S: Serializer>(
+    v: RawValue<'_>,
+    tag: &str,
+    payload: RawValue<'_>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    let fields = payload.kind() == Kind::Map && payload.as_tagged().is_none();
+    if (fields && !distinct_text_keys(payload, Some("__t__"))) || payload.kind() == Kind::Ext {
+        return to_display(v).serialize(s);
+    }
+    let len = if fields { 1 + payload.len() } else { 2 };
+    let mut map = s.serialize_map(Some(len))?;
+    map.serialize_entry("__t__", tag)?;
+    if fields {
+        serialize_entries(payload, &mut map)?;
+    } else {
+        map.serialize_entry("v", &Shown(payload))?;
+    }
+    map.end()
+}
+
+fn serialize_entries<M: SerializeMap>(v: RawValue<'_>, map: &mut M) -> Result<(), M::Error> {
+    for (k, val) in v.map().into_iter().flatten() {
+        map.serialize_entry(k.as_str().unwrap_or_default(), &Shown(val))?;
+    }
+    Ok(())
+}
+
+/// Whether every key of a map is a UTF-8 string, no two are equal, and none is `taken`.
+fn distinct_text_keys(v: RawValue<'_>, taken: Option<&str>) -> bool {
+    const FEW: usize = 16;
+    let mut few = [""; FEW];
+    let mut many = std::collections::HashSet::new();
+    for (i, (k, _)) in v.map().into_iter().flatten().enumerate() {
+        let Some(key) = k.as_str() else {
+            return false;
+        };
+        if Some(key) == taken {
+            return false;
+        }
+        if i < FEW {
+            if few[..i].contains(&key) {
+                return false;
+            }
+            few[i] = key;
+        } else {
+            if i == FEW {
+                many.extend(few);
+            }
+            if !many.insert(key) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// Bin as lowercase hex, formatted on the stack when short (a chunk hash is 32 bytes).
+fn serialize_hex<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    let mut buf = [0u8; 128];
+    match buf.get_mut(..bytes.len() * 2) {
+        Some(out) => {
+            // Both cannot fail: the slice is exactly twice the input and hex is ASCII.
+            let _ = hex::encode_to_slice(bytes, out);
+            s.serialize_str(std::str::from_utf8(out).unwrap_or_default())
+        }
+        None => s.serialize_str(&hex::encode(bytes)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lmct::msgpack::encode_to_vec;
+
+    fn map(entries: Vec<(Value, Value)>) -> Value {
+        Value::Map(entries, None)
+    }
+
+    fn keyed(keys: impl IntoIterator<Item = String>) -> Value {
+        map(keys
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| (Value::str(k), Value::int(i as i64)))
+            .collect())
+    }
+
+    fn tagged(tag: &str, payload: Value) -> Value {
+        map(vec![
+            (Value::str("__t__"), Value::str(tag)),
+            (Value::str("v"), payload),
+        ])
+    }
+
+    /// The shapes the streamed text takes its own way for, and those it hands to the tree:
+    /// each gives the tree's text, compact and pretty.
+    #[test]
+    fn shown_is_the_text_of_the_tree() {
+        let many: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+        let mut repeated_late = many.clone();
+        repeated_late.push("k3".into());
+        let cases = [
+            Value::F64(f64::NAN),
+            Value::F64(f64::NEG_INFINITY),
+            Value::F32(0.1),
+            Value::F64(1e-6),
+            Value::int(i64::MIN),
+            Value::int(u64::MAX),
+            Value::str("quote \" slash \\ line \n \u{1} é 😀"),
+            Value::bin(vec![0xab; 64]),
+            Value::bin(vec![0xcd; 65]),
+            Value::bin(Vec::new()),
+            map(Vec::new()),
+            Value::array(Vec::new()),
+            keyed(["a", "b", "a"].map(String::from)),
+            keyed(many.clone()),
+            keyed(repeated_late),
+            map(vec![
+                (Value::int(1), Value::str("x")),
+                (Value::Nil, Value::Nil),
+            ]),
+            tagged(
+                "ObjectKey",
+                keyed(["chunk_hash", "model_name"].map(String::from)),
+            ),
+            tagged("ObjectKey", keyed(["x", "__t__"].map(String::from))),
+            tagged("ObjectKey", keyed(["x", "x"].map(String::from))),
+            tagged("ObjectKey", Value::int(5)),
+            tagged("ObjectKey", Value::Ext(3, vec![1, 2], None)),
+            tagged("ObjectKey", tagged("tuple", keyed(many))),
+            tagged(
+                "tuple",
+                Value::array(vec![Value::int(1), Value::bin(vec![7])]),
+            ),
+            tagged("torch.dtype", Value::str("float16")),
+            Value::Ext(-1, vec![9; 3], None),
+        ];
+        for case in &cases {
+            let bytes = encode_to_vec(case);
+            let raw = RawValue::parse(&bytes).expect("own encoding");
+            let tree = to_display(raw);
+            assert_eq!(
+                serde_json::to_string(&Shown(raw)).expect("text"),
+                serde_json::to_string(&tree).expect("text"),
+                "{case:?}"
+            );
+            assert_eq!(
+                serde_json::to_string_pretty(&Shown(raw)).expect("text"),
+                serde_json::to_string_pretty(&tree).expect("text"),
+                "{case:?}"
+            );
+        }
+    }
+}
