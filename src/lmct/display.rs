@@ -59,22 +59,18 @@ pub fn to_display(v: RawValue<'_>) -> Json {
 }
 
 fn display_tagged(tag: &str, payload: RawValue<'_>) -> Json {
-    match tag {
-        TAG_TUPLE | TAG_SET | TAG_TORCH_SIZE | TAG_LOCK_MODE | TAG_TORCH_DTYPE => {
-            to_display(payload)
-        }
-        _ => {
-            let mut m = Map::new();
-            m.insert("__t__".into(), Json::String(tag.to_owned()));
-            match to_display(payload) {
-                Json::Object(fields) if payload.as_tagged().is_none() => m.extend(fields),
-                other => {
-                    m.insert("v".into(), other);
-                }
-            }
-            Json::Object(m)
+    if unwrapped(tag) {
+        return to_display(payload);
+    }
+    let mut m = Map::new();
+    m.insert("__t__".into(), Json::String(tag.to_owned()));
+    match to_display(payload) {
+        Json::Object(fields) if payload.as_tagged().is_none() => m.extend(fields),
+        other => {
+            m.insert("v".into(), other);
         }
     }
+    Json::Object(m)
 }
 
 /// Tags whose payload is shown in place of the tagged value.

@@ -84,16 +84,7 @@ fn float_json(key: &str, x: f64) -> Json {
     match Number::from_f64(x) {
         Some(n) if key == "$f64" => Json::Number(n),
         Some(n) => annotated(key, Json::Number(n)),
-        None => {
-            let name = if x.is_nan() {
-                "NaN"
-            } else if x > 0.0 {
-                "inf"
-            } else {
-                "-inf"
-            };
-            annotated(key, Json::String(name.into()))
-        }
+        None => annotated(key, Json::String(float_name(x).into())),
     }
 }
 
@@ -200,6 +191,7 @@ impl Serialize for Lossless<'_> {
     }
 }
 
+/// How a non-finite float is named in an annotation.
 fn float_name(x: f64) -> &'static str {
     if x.is_nan() {
         "NaN"

@@ -137,7 +137,7 @@ fn append_frame(
 /// Appends one object: a line, or an array element after `,\n` (the writer turns the first
 /// element's into `[\n`).
 fn append(out: &mut Vec<u8>, format: Format, object: &impl Serialize) {
-    // Serializing a JSON value into a Vec cannot fail.
+    // Serializing into a Vec cannot fail: every map key written is a string.
     match format {
         Format::Jsonl => {
             let _ = serde_json::to_writer(&mut *out, object);
