@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::ValueEnum;
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::rank::Rank;
+use kvtrace::replay::client::{ClientChoice, Shape};
 use kvtrace::replay::dispatch::Outcome;
 use kvtrace::replay::events::{replay_events, server_config};
 use kvtrace::replay::phase::PhaseChoice;
@@ -90,6 +91,12 @@ pub struct Args {
     /// a different outcome would have made the client do
     #[arg(long)]
     no_session_emulation: bool,
+    /// The recorded client, for what it would have stored had the cache answered otherwise:
+    /// vllm stores only the chunks after its hit prefix (more after a replayed miss, fewer
+    /// after a replayed hit), sdk stores whole prompts, literal replays every call as
+    /// recorded (LMCache's replay); auto infers it from the trace's stores
+    #[arg(long, value_enum, default_value = "auto")]
+    client: Client,
     /// Stop at the first call a tier refuses (a full disk, a lost Redis) instead of counting
     /// it and going on
     #[arg(long)]
@@ -107,6 +114,25 @@ pub struct Args {
     otlp: OtlpArgs,
     #[command(flatten)]
     read: ReadArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Client {
+    Auto,
+    Vllm,
+    Sdk,
+    Literal,
+}
+
+impl Client {
+    fn choice(self) -> ClientChoice {
+        match self {
+            Client::Auto => ClientChoice::Infer,
+            Client::Vllm => ClientChoice::Given(Shape::Vllm),
+            Client::Sdk => ClientChoice::Given(Shape::Sdk),
+            Client::Literal => ClientChoice::Given(Shape::Literal),
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -233,6 +259,7 @@ pub fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Plan, Err
             keep_startup_gap: args.keep_startup_gap,
             read: args.read.options(),
             emulate_sessions: !args.no_session_emulation,
+            client: args.client.choice(),
             fail_fast: args.fail_fast,
             rank: rank.map(|r| (r.clone(), shard)),
             ..ReplayOptions::default()

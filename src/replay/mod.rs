@@ -7,6 +7,7 @@
 //! counters (the manager runs on trace time), only their latencies are live measurements.
 //! The start-up gap before the first record is skipped unless asked for.
 
+pub mod client;
 pub mod diff;
 pub mod dispatch;
 pub mod events;
@@ -33,10 +34,11 @@ use crate::rank::Rank;
 use crate::report::histogram::LatencyHistogram;
 use crate::storage::config::EvictionTiming;
 use crate::storage::{CallStats, StorageManager};
+use client::{ClientChoice, Rewrite};
 use dispatch::{Call, Decoder, Dispatcher, Outcome};
 use fidelity::Fidelity;
 use report::{DigestReport, HitSummary, OpStats, RankReport, ReplayReport};
-use session::{Closed, Position, Sessions};
+use session::{Closed, Position, SessionModel, Sessions};
 use shard::{ShardMode, Sharder};
 use spans::RequestSpans;
 
@@ -79,6 +81,9 @@ pub struct ReplayOptions {
     pub rank: Option<(Rank, Option<ShardMode>)>,
     /// Where each replayed request goes as a `request` span tree (see [`spans`]).
     pub spans: Option<std::sync::Arc<dyn crate::otel::SpanSink>>,
+    /// The model of the recorded client: what it would have stored had the cache answered
+    /// as the replay's does (see [`client`]).
+    pub client: ClientChoice,
 }
 
 impl Default for ReplayOptions {
@@ -92,6 +97,7 @@ impl Default for ReplayOptions {
             tracer: Tracer::disabled(),
             rank: None,
             spans: None,
+            client: ClientChoice::Infer,
         }
     }
 }
@@ -159,10 +165,15 @@ pub fn replay(
         warnings: reader.header_warnings(),
         ..ReplayReport::default()
     };
+    let client =
+        client::resolve(path, options.read, &options.client).map_err(|e| e.in_file(&shown))?;
     sm.keep_journal();
     let mut latencies: BTreeMap<&'static str, (Vec<f64>, u64)> = BTreeMap::new();
     let mut dispatcher = Dispatcher::default();
-    let mut sessions = Sessions::new(options.emulate_sessions);
+    let mut sessions = Sessions::new(&SessionModel {
+        emulate: options.emulate_sessions,
+        client,
+    });
     let mut fidelity = Fidelity::default();
     let mut spans = options
         .spans
@@ -238,13 +249,29 @@ pub fn replay(
                 if let Some(closed) = sessions.before(sm, call, at) {
                     absorb(sm, closed, &mut report);
                 }
-                sm.advance_to(record.t_mono);
-                let began = Instant::now();
-                let (outcome, effect) =
-                    dispatcher.apply(sm, &options.tracer, call, record.args.bytes());
-                let latency_ms = began.elapsed().as_secs_f64() * 1e3;
-                sessions.after(call, &effect, at, latency_ms / 1e3);
-                (outcome, latency_ms, call.qualname())
+                match sessions.rewrite(call) {
+                    Rewrite::Drop => (
+                        Outcome::Skipped {
+                            reason: client::DROPPED.to_owned(),
+                        },
+                        0.0,
+                        "",
+                    ),
+                    rewrite => {
+                        let replaced = match rewrite {
+                            Rewrite::Replace(other) => Some(other),
+                            _ => None,
+                        };
+                        let applied = replaced.as_ref().unwrap_or(call);
+                        sm.advance_to(record.t_mono);
+                        let began = Instant::now();
+                        let (outcome, effect) =
+                            dispatcher.apply(sm, &options.tracer, applied, record.args.bytes());
+                        let latency_ms = began.elapsed().as_secs_f64() * 1e3;
+                        sessions.after(call, applied, &effect, at, latency_ms / 1e3);
+                        (outcome, latency_ms, call.qualname())
+                    }
+                }
             }
         };
         match &outcome {
@@ -320,6 +347,7 @@ pub fn replay(
     report.tiers = sm.tier_stats();
     report.tier_io = sm.tier_io();
     report.fidelity = fidelity.report;
+    report.client = sessions.client_report().clone();
     report.completions = sessions.completions;
     if let Some(w) = time_compressed(sm, first_t, last_t, &report.calls) {
         report.warnings.push(w);

@@ -20,9 +20,10 @@ use crate::lmct::{ReadOptions, TraceReader};
 use crate::storage::config::{BackendConfig, EvictionTiming, StorageConfig};
 use crate::storage::StorageManager;
 
+use super::client::Rewrite;
 use super::dispatch::{Call, Decoder, Dispatcher};
 use super::fidelity::Fidelity;
-use super::session::{Position, Sessions};
+use super::session::{Position, SessionModel, Sessions};
 
 /// Records the estimate replays at most: enough for the evidence of many passes, small
 /// enough that hundreds of candidate replays stay quick.
@@ -93,21 +94,31 @@ fn decode(path: &Path, read: ReadOptions) -> Result<Vec<(Position, Call)>> {
 
 /// Replays the calls under `config`: (sessions reproduced, sessions, L1 peak usage reached
 /// the watermark).
-fn score(calls: &[(Position, Call)], config: &StorageConfig, emulate: bool) -> (u64, u64, bool) {
+fn score(
+    calls: &[(Position, Call)],
+    config: &StorageConfig,
+    follow: &SessionModel,
+) -> (u64, u64, bool) {
     let Ok(mut sm) = StorageManager::new(config.clone()) else {
         return (0, 0, false);
     };
     let mut dispatcher = Dispatcher::default();
     let tracer = Tracer::disabled();
-    let mut sessions = Sessions::new(emulate);
+    let mut sessions = Sessions::new(follow);
     let mut fidelity = Fidelity::default();
     for (at, call) in calls {
         if let Some(closed) = sessions.before(&mut sm, call, *at) {
             fidelity.add(&sm, &closed);
         }
+        let replaced = match sessions.rewrite(call) {
+            Rewrite::Drop => continue,
+            Rewrite::Replace(other) => Some(other),
+            Rewrite::Keep => None,
+        };
+        let applied = replaced.as_ref().unwrap_or(call);
         sm.advance_to(at.t);
-        let (_, effect) = dispatcher.apply(&mut sm, &tracer, call, &[]);
-        sessions.after(call, &effect, *at, 0.0);
+        let (_, effect) = dispatcher.apply(&mut sm, &tracer, applied, &[]);
+        sessions.after(call, applied, &effect, *at, 0.0);
     }
     if let Some(closed) = sessions.close(&mut sm, f64::INFINITY) {
         fidelity.add(&sm, &closed);
@@ -127,7 +138,7 @@ fn score(calls: &[(Position, Call)], config: &StorageConfig, emulate: bool) -> (
 fn scores(
     calls: &[(Position, Call)],
     config: &StorageConfig,
-    emulate: bool,
+    follow: &SessionModel,
     phases: &[f64],
 ) -> Vec<u64> {
     let threads = std::thread::available_parallelism()
@@ -140,7 +151,7 @@ fn scores(
             .map(|part| {
                 s.spawn(move || {
                     part.iter()
-                        .map(|&p| score(calls, &with_phase(config, p), emulate).0)
+                        .map(|&p| score(calls, &with_phase(config, p), follow).0)
                         .collect::<Vec<u64>>()
                 })
             })
@@ -152,23 +163,50 @@ fn scores(
     })
 }
 
-/// The widest run of consecutive candidates with the best score: (first, last) index.
-fn best_run(scores: &[u64]) -> (usize, usize) {
+/// The widest run of consecutive candidates with the best score, as (first index, length).
+/// `circular`: the candidates cover one whole interval, so the last one is next to the first
+/// and a run may wrap around (phase `interval - ε` is phase `-ε`). Ties go to the earliest.
+fn best_run(scores: &[u64], circular: bool) -> (usize, usize) {
+    let n = scores.len();
     let best = scores.iter().copied().max().unwrap_or(0);
-    let (mut run, mut widest) = (None::<usize>, (0, 0));
-    let mut widest_len = 0;
-    for (i, &s) in scores.iter().enumerate() {
-        if s == best {
-            let start = *run.get_or_insert(i);
-            if i + 1 - start > widest_len {
-                widest_len = i + 1 - start;
-                widest = (start, i);
-            }
-        } else {
-            run = None;
+    if n == 0 || scores.iter().all(|&s| s == best) {
+        return (0, n);
+    }
+    let is_best = |i: usize| scores[i] == best;
+    let mut widest = (0, 0);
+    for i in (0..n).filter(|&i| is_best(i)) {
+        let starts = match i {
+            0 if !circular => true,
+            0 => !is_best(n - 1),
+            _ => !is_best(i - 1),
+        };
+        if !starts {
+            continue;
+        }
+        let reach = if circular { n } else { n - i };
+        let len = (0..reach).take_while(|&d| is_best((i + d) % n)).count();
+        if len > widest.1 {
+            widest = (i, len);
         }
     }
     widest
+}
+
+/// Where LMCache's L1 eviction controller starts, seconds after the trace recorder: the
+/// middle of what the reference servers logged (4–30 ms, once 130 ms). The phase a replay uses
+/// where the trace holds no evidence of it — its recorded L1 never reached the watermark, or
+/// every phase reproduces it alike — which a replay of another configuration still needs.
+pub const SERVER_START_DELAY_S: f64 = 0.016;
+
+/// The phase for a trace that holds no evidence of it.
+fn prior(matched: u64, sessions: u64, interval_s: f64) -> PhaseReport {
+    PhaseReport {
+        phase_s: SERVER_START_DELAY_S.min(interval_s),
+        source: "prior",
+        matched,
+        sessions,
+        plateau_s: [0.0, interval_s],
+    }
 }
 
 /// Estimates the phase for replaying `path`, whose server ran `recorded` (see the module
@@ -177,7 +215,7 @@ pub fn estimate(
     path: &Path,
     read: ReadOptions,
     recorded: &StorageConfig,
-    emulate: bool,
+    follow: &SessionModel,
 ) -> Result<PhaseReport> {
     let EvictionTiming::Periodic { interval_s, .. } = recorded.eviction.timing else {
         return Ok(PhaseReport {
@@ -190,47 +228,46 @@ pub fn estimate(
     };
     let calls = decode(path, read)?;
     let config = model(recorded);
-    let (matched, sessions, pressured) = score(&calls, &with_phase(&config, 0.0), emulate);
+    let (matched, sessions, pressured) = score(&calls, &with_phase(&config, 0.0), follow);
     if !pressured {
-        return Ok(PhaseReport {
-            phase_s: 0.0,
-            source: "irrelevant",
-            matched,
-            sessions,
-            plateau_s: [0.0, interval_s],
-        });
+        return Ok(prior(matched, sessions, interval_s));
     }
     let period = interval_s.max(1e-3);
     let coarse_step = (period / 200.0).max(1e-4);
     let coarse: Vec<f64> = (0..200).map(|i| i as f64 * coarse_step).collect();
-    let coarse_scores = scores(&calls, &config, emulate, &coarse);
-    let (a, b) = best_run(&coarse_scores);
-    if b - a > 4 {
+    let coarse_scores = scores(&calls, &config, follow, &coarse);
+    let (a, len) = best_run(&coarse_scores, true);
+    if len == coarse.len() {
+        return Ok(prior(coarse_scores[0], sessions, interval_s));
+    }
+    let wrap = |p: f64| p.rem_euclid(period);
+    if len > 5 {
         // Deep inside a wide plateau already: its middle needs no refinement.
+        let first = coarse[a];
         return Ok(PhaseReport {
-            phase_s: (coarse[a] + coarse[b]) / 2.0,
+            phase_s: wrap(first + (len - 1) as f64 * coarse_step / 2.0),
             source: "estimated",
             matched: coarse_scores[a],
             sessions,
-            plateau_s: [coarse[a], coarse[b]],
+            plateau_s: [first, wrap(first + (len - 1) as f64 * coarse_step)],
         });
     }
-    let lo = (coarse[a] - coarse_step).max(0.0);
-    let hi = coarse[b] + coarse_step;
+    let lo = coarse[a] - coarse_step;
+    let hi = coarse[a] + len as f64 * coarse_step;
     let fine_step = coarse_step / 10.0;
     let fine: Vec<f64> = (0..)
         .map(|i| lo + i as f64 * fine_step)
         .take_while(|&p| p <= hi + 1e-12)
         .collect();
-    let fine_scores = scores(&calls, &config, emulate, &fine);
-    let (a, b) = best_run(&fine_scores);
-    let phase = (fine[a] + fine[b]) / 2.0;
+    let fine_scores = scores(&calls, &config, follow, &fine);
+    let (a, len) = best_run(&fine_scores, false);
+    let (first, last) = (fine[a], fine[a + len.max(1) - 1]);
     Ok(PhaseReport {
-        phase_s: phase,
+        phase_s: wrap((first + last) / 2.0),
         source: "estimated",
         matched: fine_scores[a],
         sessions,
-        plateau_s: [fine[a], fine[b]],
+        plateau_s: [wrap(first), wrap(last)],
     })
 }
 
@@ -253,7 +290,7 @@ pub fn settle(
     recorded_json: &str,
     config: &mut StorageConfig,
     choice: PhaseChoice,
-    emulate: bool,
+    follow: &SessionModel,
 ) -> Result<Option<PhaseReport>> {
     let EvictionTiming::Periodic { interval_s, .. } = config.eviction.timing else {
         return Ok(None);
@@ -282,7 +319,7 @@ pub fn settle(
                 }
                 None => config.clone(),
             };
-            estimate(path, read, &recorded, emulate)?
+            estimate(path, read, &recorded, follow)?
         }
     };
     *config = with_phase(config, report.phase_s);
@@ -307,8 +344,21 @@ mod tests {
 
     #[test]
     fn the_widest_run_of_best_scores_wins_and_ties_go_to_the_earliest() {
-        assert_eq!(best_run(&[1, 3, 3, 2, 3, 3, 3, 1]), (4, 6));
-        assert_eq!(best_run(&[3, 1, 3]), (0, 0));
-        assert_eq!(best_run(&[]), (0, 0));
+        assert_eq!(best_run(&[1, 3, 3, 2, 3, 3, 3, 1], false), (4, 3));
+        assert_eq!(best_run(&[3, 1, 3], false), (0, 1));
+        assert_eq!(best_run(&[], false), (0, 0));
+        assert_eq!(best_run(&[3, 3, 1, 3, 3], false), (0, 2));
+    }
+
+    #[test]
+    fn a_circular_run_wraps_around_the_interval() {
+        // The run at the end continues at the start: 3 wide, from index 4.
+        assert_eq!(best_run(&[3, 1, 3, 2, 3, 3], true), (4, 3));
+        assert_eq!(best_run(&[3, 3, 1, 3, 3], true), (3, 4));
+        // Equally wide runs: the earliest start.
+        assert_eq!(best_run(&[3, 1, 3, 1], true), (0, 1));
+        assert_eq!(best_run(&[1, 3, 3, 1, 3, 3], true), (1, 2));
+        // Everything best: the whole interval, no evidence.
+        assert_eq!(best_run(&[2, 2, 2], true), (0, 3));
     }
 }

@@ -7,9 +7,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::client::{resolve, ClientChoice};
 use super::dispatch::Outcome;
 use super::phase::{settle, PhaseChoice, PhaseReport};
 use super::report::ReplayReport;
+use super::session::SessionModel;
 use super::spool::Spooled;
 use super::{replay, RecordEvent, ReplayOptions};
 use crate::error::{Error, Result};
@@ -82,13 +84,21 @@ impl Plan {
             .header()
             .clone();
         let (mut config, notes) = storage_config(&header, storage)?;
+        let mut options = options;
+        let client = resolve(input.path(), options.replay.read, &options.replay.client)
+            .map_err(|e| e.in_file(&shown))?;
+        options.replay.client = ClientChoice::Resolved(client.clone());
+        let model = SessionModel {
+            emulate: options.replay.emulate_sessions,
+            client,
+        };
         let phase = settle(
             input.path(),
             options.replay.read,
             &header.sm_config_json,
             &mut config,
             options.phase,
-            options.replay.emulate_sessions,
+            &model,
         )
         .map_err(|e| e.in_file(&shown))?;
         // The reports land there after the whole replay: find out now that they can.

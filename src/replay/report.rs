@@ -174,6 +174,8 @@ pub struct ReplayReport {
     /// What the replay did for the recording's client (end-of-session touches, and writes
     /// and lock releases a different outcome called for).
     pub completions: Completions,
+    /// The model of the recorded client the replay ran, and what it changed.
+    pub client: super::client::ClientReport,
     /// When the L1 eviction passes ran, and how that was chosen.
     pub eviction_phase: Option<PhaseReport>,
     pub warnings: Vec<String>,
@@ -263,6 +265,7 @@ impl ReplayReport {
                 "forced_exits": self.forced_exits,
                 "fidelity": self.fidelity,
                 "completions": self.completions,
+                "client": self.client,
                 "eviction_phase": self.eviction_phase,
                 "warnings": self.warnings,
                 "rank": self.rank,
@@ -443,7 +446,7 @@ impl ReplayReport {
         if let Some(p) = &self.eviction_phase {
             rows.push(vec![
                 Cell::text("eviction phase (s)"),
-                Cell::Measure(p.phase_s, Unit::Millis),
+                Cell::Measure(p.phase_s, Unit::Seconds),
             ]);
             rows.push(vec![
                 Cell::text("eviction phase source"),

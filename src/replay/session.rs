@@ -20,6 +20,7 @@
 
 use crate::storage::{KeyId, KeyMap, PrefetchOutcome, StorageManager};
 
+use super::client::{ClientInfo, ClientModel, Rewrite};
 use super::dispatch::{Call, Effect};
 
 /// How long after a session's last record the server's end-of-session touch lands
@@ -93,11 +94,28 @@ enum Open {
         released: KeyMap<u64>,
         read_seen: bool,
         entered_ok: bool,
+        /// The lookup, to the client model.
+        lookup: u64,
     },
     Store {
         session: Store,
         finished: bool,
+        /// The keys of the `finish_write` the replay applied (the client model's when it
+        /// rewrote the recorded one).
+        applied: Vec<KeyId>,
+        /// What the end of the session touches: the whole prompt up to the store's last
+        /// chunk (LMCache touches every chunk of the session's tokens).
+        touch: Vec<KeyId>,
     },
+}
+
+/// How a replay follows the recorded client's sessions.
+#[derive(Clone, Debug, Default)]
+pub struct SessionModel {
+    /// Apply the server's end-of-session touch and the client's completions.
+    pub emulate: bool,
+    /// The model of the recorded client (see [`super::client`]).
+    pub client: ClientInfo,
 }
 
 /// Follows the trace's sessions; see the module documentation.
@@ -106,6 +124,7 @@ pub struct Sessions {
     emulate: bool,
     open: Option<(Open, f64)>,
     pub completions: Completions,
+    client: ClientModel,
 }
 
 /// Each of `keys` with whether `of` holds it. A session's lists are in chunk order (a read
@@ -135,12 +154,24 @@ fn subset(keys: &[KeyId], of: &[KeyId]) -> bool {
 }
 
 impl Sessions {
-    pub fn new(emulate: bool) -> Sessions {
+    pub fn new(model: &SessionModel) -> Sessions {
         Sessions {
-            emulate,
+            emulate: model.emulate,
             open: None,
             completions: Completions::default(),
+            client: ClientModel::new(model.client.clone()),
         }
+    }
+
+    /// What the client model sends instead of the recorded `call` (after [`Sessions::before`],
+    /// which may have ended the lookup the call's store belongs to).
+    pub fn rewrite(&mut self, call: &Call) -> Rewrite {
+        self.client.rewrite(call)
+    }
+
+    /// What the client model changed so far.
+    pub fn client_report(&self) -> &super::client::ClientReport {
+        &self.client.report
     }
 
     /// Before `call` at `at` is applied: ends the open session unless the call continues
@@ -151,9 +182,15 @@ impl Sessions {
                 Some((Open::Retrieve { all_keys, .. }, _)),
                 Call::ReadEnter { keys } | Call::ReadExit { keys } | Call::FinishRead { keys, .. },
             ) => subset(keys, all_keys),
-            (Some((Open::Store { session, finished }, _)), Call::FinishWrite { keys }) => {
-                !finished && subset(keys, &session.keys)
-            }
+            (
+                Some((
+                    Open::Store {
+                        session, finished, ..
+                    },
+                    _,
+                )),
+                Call::FinishWrite { keys },
+            ) => !finished && subset(keys, &session.keys),
             _ => false,
         };
         if continues {
@@ -163,9 +200,17 @@ impl Sessions {
         }
     }
 
-    /// After `call` was applied with `effect`: opens a session or records its progress.
-    /// Follows the session `call` (applied at `at`, taking `latency_s`) belongs to.
-    pub fn after(&mut self, call: &Call, effect: &Effect, at: Position, latency_s: f64) {
+    /// After `applied` — the recorded `call`, or what the client model sent instead — took
+    /// `effect`: opens a session or records its progress. Follows the session `call` (applied
+    /// at `at`, taking `latency_s`) belongs to.
+    pub fn after(
+        &mut self,
+        call: &Call,
+        applied: &Call,
+        effect: &Effect,
+        at: Position,
+        latency_s: f64,
+    ) {
         let t = at.t;
         let end = t + latency_s;
         match (call, effect) {
@@ -178,6 +223,7 @@ impl Sessions {
                 let mut outcome = outcome.clone();
                 let held = std::mem::take(&mut outcome.held);
                 outcome.recorded_hit_chunks = Some(0);
+                let lookup = self.client.looked_up(groups);
                 let session = Retrieve {
                     at,
                     keys: groups.first().map(|g| g.keys.clone()).unwrap_or_default(),
@@ -194,6 +240,7 @@ impl Sessions {
                         released: KeyMap::default(),
                         read_seen: false,
                         entered_ok: true,
+                        lookup,
                     },
                     t,
                 ));
@@ -206,10 +253,16 @@ impl Sessions {
                     recorded: Vec::new(),
                     end,
                 };
+                let touch = match applied {
+                    Call::ReserveWrite { keys, .. } => self.client.store_touch(keys),
+                    _ => self.client.store_touch(keys),
+                };
                 self.open = Some((
                     Open::Store {
                         session,
                         finished: false,
+                        applied: Vec::new(),
+                        touch,
                     },
                     t,
                 ));
@@ -270,9 +323,21 @@ impl Sessions {
                             *released.entry(k).or_default() += 1;
                         }
                     }
-                    (Open::Store { session, finished }, Call::FinishWrite { keys }) => {
+                    (
+                        Open::Store {
+                            session,
+                            finished,
+                            applied: finish,
+                            ..
+                        },
+                        Call::FinishWrite { keys },
+                    ) => {
                         *finished = true;
                         session.recorded = keys.clone();
+                        *finish = match applied {
+                            Call::FinishWrite { keys } => keys.clone(),
+                            _ => keys.clone(),
+                        };
                     }
                     _ => {}
                 }
@@ -294,6 +359,7 @@ impl Sessions {
                 held,
                 readers,
                 released,
+                lookup,
                 ..
             } => {
                 if self.emulate {
@@ -306,11 +372,31 @@ impl Sessions {
                     }
                     self.touch(sm, &all_keys);
                 }
+                let o = &session.outcome;
+                let recorded = o.recorded_hit_chunks.unwrap_or(0);
+                if let Some(store) = self.client.retrieve_closed(lookup, recorded, o.hit_chunks) {
+                    // The store the modelled client makes right after its lookup: all or
+                    // nothing as any reservation, finished at once, and its session's end.
+                    let r = sm.reserve_write(&store.keys, store.object_bytes);
+                    if !r.reserved.is_empty() {
+                        // A tier that refuses the write-through counts it among its errors.
+                        let _ = sm.finish_write(&r.reserved);
+                    }
+                    if self.emulate {
+                        sm.advance_to((sm.now() + SESSION_END_DELAY_S).min(next_t));
+                        self.touch(sm, &store.prompt);
+                    }
+                }
                 Some(Closed::Retrieve(session))
             }
-            Open::Store { session, .. } => {
+            Open::Store {
+                session,
+                applied,
+                touch,
+                ..
+            } => {
                 if self.emulate {
-                    let unfinished: Vec<KeyId> = membership(&session.replayed, &session.recorded)
+                    let unfinished: Vec<KeyId> = membership(&session.replayed, &applied)
                         .filter_map(|(k, finished)| (!finished).then_some(k))
                         .collect();
                     if !unfinished.is_empty() {
@@ -318,7 +404,7 @@ impl Sessions {
                             self.completions.writes_finished += admitted.len() as u64;
                         }
                     }
-                    self.touch(sm, &session.keys);
+                    self.touch(sm, &touch);
                 }
                 Some(Closed::Store(session))
             }

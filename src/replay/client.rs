@@ -1,0 +1,463 @@
+//! The recorded client, modelled: what it would have stored had the cache answered as the
+//! replay's does.
+//!
+//! A storage trace records what one client did with one server's answers. When the replay's
+//! cache answers differently (another L1 size, policy or tier), a real client would have acted
+//! differently too, and a replay that re-issues the recorded stores call for call predicts a
+//! server nobody could run. The client's *shape* says how it stores after a lookup:
+//!
+//! - **vllm** — vLLM's LMCache multi-process connector stores only the chunks after the hit
+//!   prefix (the hit tokens "are NOT re-stored"): a lookup of `n` chunks that hit `h` is
+//!   followed by a store of chunks `h..n`, and a full hit stores nothing. Replayed with another
+//!   configuration, a lookup that hits `h'` instead makes the store `h'..n`: grown where the
+//!   replay hit less, shrunk where it hit more, dropped where it hit everything, and added
+//!   right after the lookup's session where the recording hit everything and so stored nothing.
+//! - **sdk** — LMCache's SDK `store` names the whole prompt; the server's `reserve_write`
+//!   decides what is written (resident keys are not writable). The recorded calls are already
+//!   what the client would send whatever the cache holds, so they are replayed as recorded.
+//! - **literal** — every recorded call as it was, nothing added or dropped (LMCache's own
+//!   `trace replay`).
+//!
+//! The shape is inferred from the head of the trace (each store's keys against the lookup
+//! whose chunks they are) or named by the caller.
+//!
+//! Keys carry no token ids, so a store is tied to its lookup by its keys: a chunk's key
+//! hashes the chunk's tokens and every token before them, so the chunk whose key a store
+//! begins with sits at the same place in every lookup that names it, behind the same prefix.
+//! The same tie gives the server's end of a store's session its keys: LMCache touches every
+//! chunk of the session's tokens — the whole prompt, the hit prefix a vLLM store leaves out
+//! included (`format-spec/REPLAY.md` §5.1).
+
+use std::collections::VecDeque;
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::lmct::{ReadOptions, TraceReader};
+use crate::storage::{KeyId, KeyMap, KeySet, PrefetchGroup};
+
+use super::dispatch::{Call, Decoder};
+use super::session::membership;
+
+/// How the recorded client stores after a lookup (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Shape {
+    Vllm,
+    Sdk,
+    Literal,
+}
+
+impl Shape {
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Vllm => "vllm",
+            Shape::Sdk => "sdk",
+            Shape::Literal => "literal",
+        }
+    }
+}
+
+/// Which client model a replay runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ClientChoice {
+    /// Infer the shape from the head of the trace ([`infer`]).
+    Infer,
+    /// The caller named it.
+    Given(Shape),
+    /// Already inferred or given (a plan resolves the choice once for the phase estimate and
+    /// the replay).
+    Resolved(ClientInfo),
+}
+
+/// The client model a replay ran, and why that one.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClientInfo {
+    pub model: Shape,
+    /// `inferred` or `given`.
+    pub source: &'static str,
+    /// What the inference saw, in words.
+    pub evidence: String,
+}
+
+impl Default for ClientInfo {
+    fn default() -> Self {
+        ClientInfo {
+            model: Shape::Literal,
+            source: "given",
+            evidence: String::new(),
+        }
+    }
+}
+
+/// What the client model changed, summed over the replay.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ClientReport {
+    #[serde(flatten)]
+    pub info: ClientInfo,
+    /// Stores the recorded client did not make that the modelled one did (the recording hit
+    /// the whole prompt, the replay did not), and the keys they named.
+    pub stores_added: u64,
+    pub keys_added_by_new_stores: u64,
+    /// Recorded stores the modelled client would not have made (the replay hit the whole
+    /// prompt), and their keys.
+    pub stores_dropped: u64,
+    pub keys_dropped_with_stores: u64,
+    /// Recorded stores that named other chunks, and the keys they gained and lost.
+    pub stores_resized: u64,
+    pub keys_added: u64,
+    pub keys_dropped: u64,
+}
+
+/// Why a recorded call was not replayed: the modelled client would not have made it.
+pub const DROPPED: &str =
+    "the client model would not have made this call (the replay hit the whole prompt)";
+
+/// Records read to infer the shape: the phase estimate's head of the trace.
+const INFER_RECORDS: usize = super::phase::ESTIMATE_RECORDS;
+
+/// Resolves a choice: infers the shape from the head of `path` when asked to.
+pub fn resolve(
+    path: &std::path::Path,
+    read: ReadOptions,
+    choice: &ClientChoice,
+) -> Result<ClientInfo> {
+    match choice {
+        ClientChoice::Resolved(info) => Ok(info.clone()),
+        ClientChoice::Given(shape) => Ok(ClientInfo {
+            model: *shape,
+            source: "given",
+            evidence: String::new(),
+        }),
+        ClientChoice::Infer => infer(path, read),
+    }
+}
+
+/// Infers the recorded client's shape from the stores in the head of the trace: stores that
+/// begin at their lookup's hit prefix after a partial hit are vLLM's, stores of the whole
+/// prompt after a partial hit are the SDK's. A trace with both, or with neither (no lookup
+/// that hit part of its prompt and was followed by a store of it), is replayed literally.
+pub fn infer(path: &std::path::Path, read: ReadOptions) -> Result<ClientInfo> {
+    let mut reader = TraceReader::open(path, read)?;
+    let mut decoder = Decoder::default();
+    let mut prompts = Prompts::default();
+    let (mut tail, mut whole, mut last_lookup) = (0u64, 0u64, None::<u64>);
+    let mut n = 0;
+    while let Some(record) = reader.next_record()? {
+        n += 1;
+        if n > INFER_RECORDS {
+            break;
+        }
+        let Ok(call) = decoder.decode(&record) else {
+            continue;
+        };
+        match &call {
+            Call::Prefetch { groups, .. } => last_lookup = Some(prompts.add(groups)),
+            Call::ReadEnter { keys } => {
+                // The lookup's read names what the recording hit.
+                if let Some(prompt) = last_lookup.take().and_then(|seq| prompts.get_mut(seq)) {
+                    prompt.hit = membership(keys, prompt.first_group())
+                        .filter(|&(_, held)| held)
+                        .count();
+                }
+            }
+            Call::ReserveWrite { keys, .. } => {
+                last_lookup = None;
+                let Some((seq, start)) = prompts.locate(keys) else {
+                    continue;
+                };
+                let hit = prompts.get(seq).map_or(0, |p| p.hit);
+                if hit == 0 {
+                    continue;
+                }
+                if start == hit {
+                    tail += 1;
+                } else if start == 0 {
+                    whole += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    let seen = format!(
+        "{tail} store(s) began at their lookup's hit prefix, {whole} named the whole prompt after a partial hit"
+    );
+    let model = match (tail > 0, whole > 0) {
+        (true, false) => Shape::Vllm,
+        (false, true) => Shape::Sdk,
+        _ => Shape::Literal,
+    };
+    Ok(ClientInfo {
+        model,
+        source: "inferred",
+        evidence: seen,
+    })
+}
+
+/// How many recent lookups a store can be tied to: the requests a server has in flight
+/// between a lookup and its store.
+const PROMPTS: usize = 1024;
+
+/// One lookup's prompt: its key groups, chunk by chunk.
+struct Prompt {
+    seq: u64,
+    groups: Vec<Vec<KeyId>>,
+    object_bytes: u64,
+    /// The chunks the recording hit (for the inference only).
+    hit: usize,
+}
+
+impl Prompt {
+    fn first_group(&self) -> &[KeyId] {
+        self.groups.first().map_or(&[], Vec::as_slice)
+    }
+
+    /// Chunks `from..` of every group, group by group: the keys of a store of those chunks.
+    fn tail(&self, from: usize) -> Vec<KeyId> {
+        self.groups
+            .iter()
+            .flat_map(|g| g.get(from..).unwrap_or(&[]).iter().copied())
+            .collect()
+    }
+
+    /// Chunks `..to` of every group: what the end of a session over those chunks touches.
+    fn head(&self, to: usize) -> Vec<KeyId> {
+        self.groups
+            .iter()
+            .flat_map(|g| g[..to.min(g.len())].iter().copied())
+            .collect()
+    }
+
+    fn chunks(&self) -> usize {
+        self.groups.iter().map(Vec::len).max().unwrap_or(0)
+    }
+}
+
+/// The recent lookups, and where each of their keys sits (bounded: the last [`PROMPTS`]).
+#[derive(Default)]
+struct Prompts {
+    ring: VecDeque<Prompt>,
+    /// A key's lookup and chunk index.
+    at: KeyMap<(u64, usize)>,
+    next: u64,
+}
+
+impl Prompts {
+    fn add(&mut self, groups: &[PrefetchGroup]) -> u64 {
+        let seq = self.next;
+        self.next += 1;
+        if self.ring.len() == PROMPTS {
+            if let Some(old) = self.ring.pop_front() {
+                for key in old.groups.iter().flatten() {
+                    if self.at.get(key).is_some_and(|&(s, _)| s == old.seq) {
+                        self.at.remove(key);
+                    }
+                }
+            }
+        }
+        for group in groups {
+            for (i, &key) in group.keys.iter().enumerate() {
+                self.at.insert(key, (seq, i));
+            }
+        }
+        self.ring.push_back(Prompt {
+            seq,
+            groups: groups.iter().map(|g| g.keys.clone()).collect(),
+            object_bytes: groups.first().map_or(0, |g| g.object_bytes),
+            hit: 0,
+        });
+        seq
+    }
+
+    fn get(&self, seq: u64) -> Option<&Prompt> {
+        let front = self.ring.front()?.seq;
+        self.ring
+            .get(usize::try_from(seq.checked_sub(front)?).ok()?)
+    }
+
+    fn get_mut(&mut self, seq: u64) -> Option<&mut Prompt> {
+        let front = self.ring.front()?.seq;
+        self.ring
+            .get_mut(usize::try_from(seq.checked_sub(front)?).ok()?)
+    }
+
+    /// The lookup a store of `keys` belongs to, and the chunk it begins at: the store's keys
+    /// must be that lookup's chunks from there on, or a part of them in order.
+    fn locate(&self, keys: &[KeyId]) -> Option<(u64, usize)> {
+        let &(seq, start) = self.at.get(keys.first()?)?;
+        let prompt = self.get(seq)?;
+        let ours = keys
+            .iter()
+            .all(|k| self.at.get(k).is_some_and(|&(s, _)| s == seq));
+        (ours && start < prompt.chunks()).then_some((seq, start))
+    }
+}
+
+/// The client model of one replay (see the module documentation).
+pub struct ClientModel {
+    shape: Shape,
+    prompts: Prompts,
+    /// vLLM stores still to come, by the first key the recorded store names: the lookup, and
+    /// the chunk the replay's hit prefix ended at.
+    pending: KeyMap<(u64, usize)>,
+    /// A recorded store being replayed otherwise: its recorded keys and the keys the modelled
+    /// client names instead (empty: dropped), until its `finish_write`.
+    rewritten: Option<(Vec<KeyId>, Vec<KeyId>)>,
+    pub report: ClientReport,
+}
+
+/// What the client model makes of a recorded call.
+pub enum Rewrite {
+    /// Apply it as recorded.
+    Keep,
+    /// Apply this call instead.
+    Replace(Call),
+    /// The modelled client would not have made it.
+    Drop,
+}
+
+/// A store the modelled client makes that the recording has no call for.
+pub struct NewStore {
+    pub keys: Vec<KeyId>,
+    pub object_bytes: u64,
+    /// The whole prompt, for the end of the store's session.
+    pub prompt: Vec<KeyId>,
+}
+
+impl ClientModel {
+    pub fn new(info: ClientInfo) -> ClientModel {
+        ClientModel {
+            shape: info.model,
+            prompts: Prompts::default(),
+            pending: KeyMap::default(),
+            rewritten: None,
+            report: ClientReport {
+                info,
+                ..ClientReport::default()
+            },
+        }
+    }
+
+    /// A lookup was issued; returns its handle for [`ClientModel::retrieve_closed`].
+    pub fn looked_up(&mut self, groups: &[PrefetchGroup]) -> u64 {
+        self.prompts.add(groups)
+    }
+
+    /// What the end of a store session of `keys` touches: every chunk of the prompt up to the
+    /// store's last, when the store is tied to a lookup; the store's own keys otherwise.
+    pub fn store_touch(&self, keys: &[KeyId]) -> Vec<KeyId> {
+        let Some((seq, _)) = self.prompts.locate(keys) else {
+            return keys.to_vec();
+        };
+        let Some(prompt) = self.prompts.get(seq) else {
+            return keys.to_vec();
+        };
+        let end = keys
+            .iter()
+            .filter_map(|k| self.prompts.at.get(k).map(|&(_, i)| i + 1))
+            .max()
+            .unwrap_or(0);
+        prompt.head(end)
+    }
+
+    /// A retrieve session ended: the recording hit `recorded` chunks of the lookup, the
+    /// replay `replayed`. Under the vLLM shape, either the recorded store of the missed
+    /// chunks is now expected, or — where the recording hit the whole prompt and so stored
+    /// nothing — the store the client would have made now is returned.
+    pub fn retrieve_closed(&mut self, seq: u64, recorded: u64, replayed: u64) -> Option<NewStore> {
+        if self.shape != Shape::Vllm {
+            return None;
+        }
+        let prompt = self.prompts.get(seq)?;
+        let n = prompt.first_group().len();
+        let (recorded, replayed) = (recorded as usize, replayed as usize);
+        if recorded < n {
+            let first = prompt.first_group()[recorded];
+            if self.pending.len() >= 2 * PROMPTS {
+                // Stores that never came (an aborted request): forget those whose lookup
+                // has left the window a store can be tied to.
+                let oldest = self.prompts.ring.front().map_or(0, |p| p.seq);
+                self.pending.retain(|_, &mut (s, _)| s >= oldest);
+            }
+            self.pending.insert(first, (seq, replayed));
+            return None;
+        }
+        if replayed >= n {
+            return None;
+        }
+        let keys = prompt.tail(replayed);
+        self.report.stores_added += 1;
+        self.report.keys_added_by_new_stores += keys.len() as u64;
+        Some(NewStore {
+            prompt: prompt.head(n),
+            object_bytes: prompt.object_bytes,
+            keys,
+        })
+    }
+
+    /// What the modelled client sends instead of the recorded `call`.
+    pub fn rewrite(&mut self, call: &Call) -> Rewrite {
+        match call {
+            Call::ReserveWrite { keys, object_bytes } => {
+                self.rewritten = None;
+                let Some(&(seq, replayed)) = keys.first().and_then(|k| self.pending.get(k)) else {
+                    return Rewrite::Keep;
+                };
+                if let Some(k) = keys.first() {
+                    self.pending.remove(k);
+                }
+                let Some(prompt) = self.prompts.get(seq) else {
+                    return Rewrite::Keep;
+                };
+                let recorded_start = prompt
+                    .first_group()
+                    .iter()
+                    .position(|k| Some(k) == keys.first());
+                let Some(recorded_start) = recorded_start else {
+                    return Rewrite::Keep;
+                };
+                if prompt.tail(recorded_start) != *keys || replayed == recorded_start {
+                    return Rewrite::Keep;
+                }
+                let wanted = prompt.tail(replayed);
+                self.rewritten = Some((keys.clone(), wanted.clone()));
+                if wanted.is_empty() {
+                    self.report.stores_dropped += 1;
+                    self.report.keys_dropped_with_stores += keys.len() as u64;
+                    return Rewrite::Drop;
+                }
+                self.report.stores_resized += 1;
+                let gained = membership(&wanted, keys).filter(|&(_, had)| !had).count();
+                let lost = membership(keys, &wanted).filter(|&(_, kept)| !kept).count();
+                self.report.keys_added += gained as u64;
+                self.report.keys_dropped += lost as u64;
+                Rewrite::Replace(Call::ReserveWrite {
+                    keys: wanted,
+                    object_bytes: *object_bytes,
+                })
+            }
+            Call::FinishWrite { keys } => {
+                let Some((recorded, wanted)) = &self.rewritten else {
+                    return Rewrite::Keep;
+                };
+                if !membership(keys, recorded).all(|(_, ours)| ours) {
+                    return Rewrite::Keep;
+                }
+                if wanted.is_empty() {
+                    return Rewrite::Drop;
+                }
+                // What the recording's server did not admit of its own keys stays out; the
+                // chunks the modelled client added are finished with the rest, in order.
+                let recorded: KeySet = recorded.iter().copied().collect();
+                let finished: KeySet = keys.iter().copied().collect();
+                let finish: Vec<KeyId> = wanted
+                    .iter()
+                    .copied()
+                    .filter(|k| !recorded.contains(k) || finished.contains(k))
+                    .collect();
+                Rewrite::Replace(Call::FinishWrite { keys: finish })
+            }
+            _ => Rewrite::Keep,
+        }
+    }
+}
