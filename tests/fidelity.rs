@@ -456,3 +456,46 @@ fn the_client_shape_is_inferred_from_the_stores_and_can_be_named() {
     assert!(c["stores_resized"].as_u64().expect("resized") > 0, "{c}");
     assert!(c["keys_added"].as_u64().expect("added") > 0, "{c}");
 }
+
+#[test]
+fn the_report_leads_with_the_configuration_replayed_and_what_the_recording_ran() {
+    let trace = bundled().join("lru_seed1.lct");
+    let path = trace.to_str().expect("path");
+    let run = kvtrace(["replay", path, "--l1-size-gb", "0.002", "--no-csv"]);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    let table = text(&run.stdout);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[1].contains("Answer"), "{table}");
+    assert!(
+        lines[2].starts_with("L1:") && lines[2].contains("0.002 GiB"),
+        "{table}"
+    );
+    assert!(lines[3].trim_start().starts_with("recorded:"), "{table}");
+    let answer_end = lines
+        .iter()
+        .position(|l| l.contains("Overall"))
+        .expect("Overall");
+    let answer = lines[..answer_end].join("\n");
+    for row in [
+        "Eviction:",
+        "L2:",
+        "Client model:",
+        "Hit rate (L1 + L2):",
+        "Requests whose hits match",
+    ] {
+        assert!(answer.contains(row), "{row} in {answer}");
+    }
+    // Latencies in microseconds: a replayed call takes a few, which milliseconds hid as 0.00.
+    assert!(table.contains("Per-Op Latency (µs)"), "{table}");
+
+    let info = text(&kvtrace(["info", path]).stdout);
+    let recorded_l1 = info
+        .lines()
+        .find(|l| l.trim_start().starts_with("recorded L1:"))
+        .expect("recorded L1 in info");
+    assert!(
+        recorded_l1.contains("GiB") && recorded_l1.contains("objects of"),
+        "{info}"
+    );
+    assert!(info.contains("recorded eviction:"), "{info}");
+}

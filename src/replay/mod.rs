@@ -32,12 +32,12 @@ use crate::lmct::digest::{compare_configs, config_digest, python_json, DigestMat
 use crate::lmct::{ReadOptions, RecordRef, TraceReader};
 use crate::rank::Rank;
 use crate::report::histogram::LatencyHistogram;
-use crate::storage::config::EvictionTiming;
+use crate::storage::config::{EvictionTiming, StorageConfig};
 use crate::storage::{CallStats, StorageManager};
 use client::{ClientChoice, Rewrite};
 use dispatch::{Call, Decoder, Dispatcher, Outcome};
 use fidelity::Fidelity;
-use report::{DigestReport, HitSummary, OpStats, RankReport, ReplayReport};
+use report::{ConfigLine, DigestReport, HitSummary, OpStats, RankReport, ReplayReport};
 use session::{Closed, Position, SessionModel, Sessions};
 use shard::{ShardMode, Sharder};
 use spans::RequestSpans;
@@ -178,7 +178,7 @@ pub fn replay(
     let mut spans = options
         .spans
         .clone()
-        .map(|sink| RequestSpans::new(sink, header.t_mono_start, header.t_wall_start));
+        .map(|sink| RequestSpans::new(sink, header.t_wall_start));
     let mut absorb = |sm: &StorageManager, closed: Closed, report: &mut ReplayReport| {
         fidelity.add(sm, &closed);
         if let Some(spans) = spans.as_mut() {
@@ -198,6 +198,7 @@ pub fn replay(
     let mut origin: Option<f64> = None;
     let (mut first_t, mut last_t) = (f64::INFINITY, f64::NEG_INFINITY);
     let mut decoder = Decoder::default();
+    let mut object_bytes = None;
     let mut consume = |record: &RecordRef<'_>, decoded: &mut std::result::Result<Call, Outcome>| {
         if crate::interrupt::requested().is_some() {
             report.interrupted = true;
@@ -246,6 +247,13 @@ pub fn replay(
         let (outcome, latency_ms, qualname) = match decoded {
             Err(skip) => (skip.clone(), 0.0, ""),
             Ok(call) => {
+                if object_bytes.is_none() {
+                    object_bytes = match call {
+                        Call::ReserveWrite { object_bytes, .. } => Some(*object_bytes),
+                        Call::Prefetch { groups, .. } => groups.first().map(|g| g.object_bytes),
+                        _ => None,
+                    };
+                }
                 if let Some(closed) = sessions.before(sm, call, at) {
                     absorb(sm, closed, &mut report);
                 }
@@ -348,6 +356,7 @@ pub fn replay(
     report.tier_io = sm.tier_io();
     report.fidelity = fidelity.report;
     report.client = sessions.client_report().clone();
+    report.configuration = configuration(sm.config(), &header.sm_config_json, object_bytes);
     report.completions = sessions.completions;
     if let Some(w) = time_compressed(sm, first_t, last_t, &report.calls) {
         report.warnings.push(w);
@@ -381,6 +390,28 @@ fn time_compressed(
         calls.eviction_passes,
         calls.out_of_memory_calls
     ))
+}
+
+/// The configuration replayed in words, beside the one `recorded_json` records.
+fn configuration(
+    replayed: &StorageConfig,
+    recorded_json: &str,
+    object_bytes: Option<u64>,
+) -> Vec<ConfigLine> {
+    let recorded = StorageConfig::recorded_in_words(recorded_json, object_bytes);
+    replayed
+        .in_words(object_bytes)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (what, replayed))| ConfigLine {
+            what: what.to_owned(),
+            replayed,
+            recorded: recorded
+                .as_ref()
+                .and_then(|r| r.get(i))
+                .map(|(_, w)| w.clone()),
+        })
+        .collect()
 }
 
 /// The failure kind without per-call numbers, for counting.

@@ -308,7 +308,7 @@ pub fn settle(
                 Some((mut recorded, _)) => {
                     // Where the recording had adapters that were not rebuilt (unreadable,
                     // or tiers a header may not open), the replay's own tiers stand in.
-                    if recorded.l2.len() < recorded_adapters(recorded_json) {
+                    if recorded.l2.len() < StorageConfig::adapters_in(recorded_json) {
                         recorded.l2 = config.l2.clone();
                     }
                     recorded.eviction.timing = EvictionTiming::Periodic {
@@ -324,18 +324,6 @@ pub fn settle(
     };
     *config = with_phase(config, report.phase_s);
     Ok(Some(report))
-}
-
-/// How many L2 adapters a recorded configuration names.
-fn recorded_adapters(recorded_json: &str) -> usize {
-    serde_json::from_str::<serde_json::Value>(recorded_json)
-        .ok()
-        .and_then(|v| {
-            v.pointer("/l2_adapter_config/adapters")
-                .and_then(|a| a.as_array())
-                .map(Vec::len)
-        })
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

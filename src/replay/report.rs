@@ -176,6 +176,8 @@ pub struct ReplayReport {
     pub completions: Completions,
     /// The model of the recorded client the replay ran, and what it changed.
     pub client: super::client::ClientReport,
+    /// The configuration replayed in words, beside the recorded one.
+    pub configuration: Vec<ConfigLine>,
     /// When the L1 eviction passes ran, and how that was chosen.
     pub eviction_phase: Option<PhaseReport>,
     pub warnings: Vec<String>,
@@ -227,6 +229,22 @@ const TIER_COLUMNS: [&str; 16] = [
 ];
 
 /// Columns of the divergence table.
+/// One part of the configuration in words: what was replayed and what the trace records.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct ConfigLine {
+    pub what: String,
+    pub replayed: String,
+    /// `None` when the trace records no configuration kvtrace can read.
+    pub recorded: Option<String>,
+}
+
+impl ConfigLine {
+    /// Whether the replay ran something else than the recording did.
+    pub fn differs(&self) -> bool {
+        self.recorded.as_ref().is_some_and(|r| *r != self.replayed)
+    }
+}
+
 pub const DIVERGENCE_COLUMNS: [&str; 9] = [
     "record",
     "offset",
@@ -266,6 +284,7 @@ impl ReplayReport {
                 "fidelity": self.fidelity,
                 "completions": self.completions,
                 "client": self.client,
+                "configuration": self.configuration,
                 "eviction_phase": self.eviction_phase,
                 "warnings": self.warnings,
                 "rank": self.rank,

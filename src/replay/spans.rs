@@ -5,7 +5,9 @@
 //! and the store of that request under it; a store without a lookup (a request that never
 //! asked) gets a root of its own, as LMCache creates one on the store's start. A child starts
 //! at its record's trace time and lasts the replay's measured latency of its calls; trace
-//! time `t` is wall time `t_wall_start + (t - t_mono_start)` of the recording's header.
+//! time `t` — seconds since the recorder started (`t_mono`, LMCT.md §5) — is wall time
+//! `t_wall_start + t`, so a replayed span lies where the live server's span of the same
+//! request lay.
 
 use std::sync::Arc;
 
@@ -23,11 +25,15 @@ pub struct RequestSpans {
 }
 
 impl RequestSpans {
-    pub fn new(sink: Arc<dyn SpanSink>, t_mono_start: f64, t_wall_start: f64) -> RequestSpans {
-        let offset = t_wall_start - t_mono_start;
+    /// Spans on the recording's wall clock, which read `t_wall_start` when trace time was 0.
+    pub fn new(sink: Arc<dyn SpanSink>, t_wall_start: f64) -> RequestSpans {
         RequestSpans {
             sink,
-            offset: if offset.is_finite() { offset } else { 0.0 },
+            offset: if t_wall_start.is_finite() {
+                t_wall_start
+            } else {
+                0.0
+            },
             open: None,
         }
     }

@@ -34,9 +34,12 @@ fn pair(a: impl std::fmt::Display, b: impl std::fmt::Display) -> String {
     format!("{a} / {b}")
 }
 
-/// Renders the report for a terminal.
+/// Renders the report for a terminal: the answer first — what was replayed, where it differs
+/// from the recording, the hit rate and how much of the recording it reproduced — then the
+/// detail.
 pub fn render(report: &ReplayReport) -> String {
     let mut s = rule("Trace Replay Result", '=');
+    answer(&mut s, report);
     s.push_str(&rule("Overall", '-'));
     row(&mut s, "Trace level", &report.level);
     if let Some(r) = &report.rank {
@@ -72,20 +75,20 @@ pub fn render(report: &ReplayReport) -> String {
         row(&mut s, "Config differs at", d.differing_paths.join(", "));
     }
     row(&mut s, "Pacing", &report.pacing);
-    s.push_str(&rule("Per-Op Latency (ms)", '-'));
+    // Calls take microseconds in a replay: milliseconds with two decimals read 0.00.
+    s.push_str(&rule("Per-Op Latency (µs): count, mean, p50, p99", '-'));
     for (q, op) in &report.ops {
-        let name = short_name(q);
-        row(&mut s, &format!("{name} count"), op.count);
-        row(
-            &mut s,
-            &format!("{name} mean"),
-            format!("{:.2}", op.mean_ms),
+        let mut value = format!(
+            "{}, {:.1}, {:.1}, {:.1}",
+            op.count,
+            op.mean_ms * 1e3,
+            op.p50_ms * 1e3,
+            op.p99_ms * 1e3
         );
-        row(&mut s, &format!("{name} p50"), format!("{:.2}", op.p50_ms));
-        row(&mut s, &format!("{name} p99"), format!("{:.2}", op.p99_ms));
         if op.errors > 0 {
-            row(&mut s, &format!("{name} errors"), op.errors);
+            value.push_str(&format!(" ({} errors)", op.errors));
         }
+        row(&mut s, &short_name(q), value);
     }
     let h = &report.hits;
     s.push_str(&rule("Prefetch Hits", '-'));
@@ -99,16 +102,6 @@ pub fn render(report: &ReplayReport) -> String {
         &mut s,
         "Tokens requested / hit",
         pair(h.requested_tokens, h.hit_tokens),
-    );
-    row(
-        &mut s,
-        "Hit rate (L1 + L2)",
-        format!(
-            "{} ({} + {})",
-            pct(h.hit_rate),
-            pct(h.l1_hit_rate),
-            pct(h.l2_hit_rate)
-        ),
     );
     let c = &report.calls;
     s.push_str(&rule("Storage", '-'));
@@ -175,6 +168,61 @@ pub fn render(report: &ReplayReport) -> String {
     fidelity(&mut s, report);
     s.push_str(&rule("", '='));
     s
+}
+
+/// What was replayed (and what the recording ran, where that differs), the hit rate and the
+/// fidelity figure.
+fn answer(s: &mut String, report: &ReplayReport) {
+    s.push_str(&rule("Answer", '-'));
+    for line in &report.configuration {
+        let label = match line.what.as_str() {
+            "L1" => "L1",
+            "eviction" => "Eviction",
+            _ => "L2",
+        };
+        row(s, label, &line.replayed);
+        if let Some(recorded) = line.recorded.as_ref().filter(|_| line.differs()) {
+            row(s, "  recorded", recorded);
+        }
+    }
+    let c = &report.client;
+    let mut client = format!("{} ({})", c.info.model.name(), c.info.source);
+    if c.stores_added + c.stores_dropped + c.stores_resized > 0 {
+        client.push_str(&format!(
+            ": stores {} resized, {} added, {} dropped",
+            c.stores_resized, c.stores_added, c.stores_dropped
+        ));
+    }
+    row(s, "Client model", client);
+    let h = &report.hits;
+    row(
+        s,
+        "Hit rate (L1 + L2)",
+        format!(
+            "{} ({} + {})",
+            pct(h.hit_rate),
+            pct(h.l1_hit_rate),
+            pct(h.l2_hit_rate)
+        ),
+    );
+    let f = &report.fidelity;
+    row(
+        s,
+        "Requests whose hits match the recording",
+        format!(
+            "{} / {} ({})",
+            f.requests_matching,
+            f.requests,
+            pct(f.request_match_rate())
+        ),
+    );
+    if f.recorded_hit_chunks > 0 || f.replayed_hit_chunks > 0 {
+        row(
+            s,
+            "Chunks hit recorded / replayed",
+            pair(f.recorded_hit_chunks, f.replayed_hit_chunks),
+        );
+    }
 }
 
 /// Recorded versus replayed, and the first divergences.

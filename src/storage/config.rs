@@ -699,3 +699,103 @@ impl StorageConfig {
         Ok(())
     }
 }
+
+/// Gibibytes with as many decimals as the size needs (up to six): `0.0125`, `2`.
+fn gib(bytes: u64) -> String {
+    let text = format!("{:.6}", bytes as f64 / (1u64 << 30) as f64);
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text} GiB")
+}
+
+impl StorageConfig {
+    /// The configuration in words, one (what, how) line per part a user sizes: L1 (with the
+    /// objects it holds of `object_bytes`, when known), eviction and the L2 tiers. The
+    /// eviction phase is not among them: it is the recording's, not a choice.
+    pub fn in_words(&self, object_bytes: Option<u64>) -> Vec<(&'static str, String)> {
+        let mut l1 = gib(self.l1_size_bytes);
+        if let Some(size) = object_bytes.filter(|&s| s > 0) {
+            let align = self.l1_align_bytes.max(1);
+            let slot = size.div_ceil(align).saturating_mul(align).max(1);
+            l1.push_str(&format!(
+                " ({} objects of {} KiB)",
+                self.l1_size_bytes / slot,
+                size as f64 / 1024.0
+            ));
+        }
+        if let Some(gbps) = self.l1_gpu_bandwidth_gbps {
+            l1.push_str(&format!(", a GPU budget at {gbps} GB/s"));
+        }
+        let e = &self.eviction;
+        let timing = match e.timing {
+            EvictionTiming::Periodic { interval_s, .. } => {
+                format!("a pass every {interval_s} s")
+            }
+            EvictionTiming::Immediate => "immediate (as allocations need room)".to_string(),
+        };
+        let eviction = format!(
+            "{}, watermark {}, ratio {}, {timing}",
+            e.policy.name(),
+            e.trigger_watermark,
+            e.eviction_ratio
+        );
+        let l2 = if self.l2.is_empty() {
+            "none".to_string()
+        } else {
+            self.l2
+                .iter()
+                .map(|t| {
+                    let kind = match &t.backend {
+                        BackendConfig::Memory { .. } => "memory",
+                        BackendConfig::File { .. } => "file",
+                        BackendConfig::Redis { .. } => "redis",
+                        BackendConfig::RespCluster { .. } => "redis cluster",
+                        BackendConfig::Gpu { .. } => "gpu",
+                        BackendConfig::Null => "null",
+                    };
+                    match t.capacity_bytes {
+                        Some(c) => format!("{kind} {} {}", gib(c), t.policy.name()),
+                        None => format!("{kind} (unbounded)"),
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        vec![("L1", l1), ("eviction", eviction), ("L2", l2)]
+    }
+
+    /// How many L2 adapters a recorded LMCache configuration names.
+    pub fn adapters_in(lmcache_json: &str) -> usize {
+        serde_json::from_str::<Json>(lmcache_json)
+            .ok()
+            .and_then(|v| {
+                v.pointer("/l2_adapter_config/adapters")
+                    .and_then(|a| a.as_array())
+                    .map(Vec::len)
+            })
+            .unwrap_or(0)
+    }
+
+    /// A recorded LMCache configuration in words ([`StorageConfig::in_words`]), naming the
+    /// adapters a replay does not rebuild from a header (a path or a server); `None` when
+    /// kvtrace cannot read it.
+    pub fn recorded_in_words(
+        lmcache_json: &str,
+        object_bytes: Option<u64>,
+    ) -> Option<Vec<(&'static str, String)>> {
+        let (config, _) = StorageConfig::from_lmcache_json(lmcache_json)?;
+        let mut words = config.in_words(object_bytes);
+        let missing = Self::adapters_in(lmcache_json).saturating_sub(config.l2.len());
+        if missing > 0 {
+            if let Some((_, l2)) = words.iter_mut().find(|(what, _)| *what == "L2") {
+                let known = if config.l2.is_empty() {
+                    String::new()
+                } else {
+                    format!("{l2}, ")
+                };
+                *l2 =
+                    format!("{known}{missing} adapter(s) a replay does not rebuild from a header");
+            }
+        }
+        Some(words)
+    }
+}

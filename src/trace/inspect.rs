@@ -21,6 +21,7 @@ use crate::lmct::display::to_display;
 use crate::lmct::msgpack::RawValue;
 use crate::lmct::schema::SchemaEvidence;
 use crate::lmct::{HeaderSchema, ReadOptions, RecordRef, TraceReader};
+use crate::storage::config::StorageConfig;
 use crate::storage::{KeyId, KeyMap};
 
 /// Bytes implied by the calls' layouts (one object = one chunk's KV).
@@ -61,6 +62,8 @@ pub struct TraceInfo {
     /// `sm_config_json` is exactly what Python's `json.dumps(sort_keys=True)` produces.
     pub config_canonical: bool,
     pub semantic_digest: Option<String>,
+    /// The recorded configuration in words (L1, eviction, L2), when kvtrace can read it.
+    pub recorded_config: BTreeMap<String, String>,
     pub level_meta: Option<serde_json::Value>,
     pub total_records: u64,
     pub ops: BTreeMap<String, u64>,
@@ -367,6 +370,14 @@ pub fn inspect(path: &Path, options: ReadOptions, progress: Progress<'_>) -> Res
             || (config.is_empty() && header.sm_config_digest.is_empty()),
         config_canonical,
         semantic_digest: semantic_digest(config),
+        recorded_config: StorageConfig::recorded_in_words(
+            config,
+            payload.object_sizes.first().copied(),
+        )
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(what, words)| (what.to_owned(), words))
+        .collect(),
         level_meta: header
             .level_meta
             .as_ref()
@@ -468,6 +479,11 @@ impl TraceInfo {
         field(&mut s, "config JSON", canonical);
         if let Some(d) = &self.semantic_digest {
             field(&mut s, "semantic digest", d);
+        }
+        for what in ["L1", "eviction", "L2"] {
+            if let Some(words) = self.recorded_config.get(what) {
+                field(&mut s, &format!("recorded {what}"), words);
+            }
         }
         match &self.events {
             Some(events) => {
