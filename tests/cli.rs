@@ -838,7 +838,7 @@ fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
         (
             vec!["diff", &not_summary, &not_summary],
             1,
-            "no watched metric",
+            "neither a replay summary",
         ),
         (
             vec!["diff", &not_summary, &not_summary, "--max-regression=-1"],
@@ -1096,4 +1096,71 @@ fn l1_touch_pages_changes_what_is_resident_not_what_hits() {
         "{}",
         text(&both.stderr)
     );
+}
+
+#[test]
+fn two_replays_of_one_trace_never_regress_and_diff_compares_simulate_reports() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let trace =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/lmcache/basic_lru.lct");
+    let trace = trace.to_str().expect("path");
+    let summaries: Vec<String> = (0..4)
+        .map(|i| {
+            let out = dir.path().join(format!("r{i}"));
+            let out = out.to_str().expect("dir");
+            let r = kvtrace([
+                "replay",
+                trace,
+                "--json",
+                "--no-csv",
+                "-q",
+                "--output-dir",
+                out,
+            ]);
+            assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
+            format!("{out}/trace_replay_summary.json")
+        })
+        .collect();
+    for pair in summaries.windows(2) {
+        let gate = kvtrace(["diff", &pair[0], &pair[1], "--max-regression", "0"]);
+        assert_eq!(gate.status.code(), Some(0), "{}", text(&gate.stdout));
+        // Latencies when asked: live noise stays under the floor, and the floor is stated.
+        let timed = kvtrace(["diff", &pair[0], &pair[1], "--latency"]);
+        assert_eq!(timed.status.code(), Some(0), "{}", text(&timed.stdout));
+        assert!(
+            text(&timed.stdout).contains("noise"),
+            "{}",
+            text(&timed.stdout)
+        );
+    }
+
+    let report = |name: &str, rate: &str| {
+        let path = dir.path().join(name);
+        let r = kvtrace([
+            "simulate",
+            "--input-tokens",
+            "1024",
+            "--output-tokens",
+            "8",
+            "--request-count",
+            "40",
+            "--request-rate",
+            rate,
+            "--report-json",
+            path.to_str().expect("path"),
+        ]);
+        assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
+        path.display().to_string()
+    };
+    let (a, b) = (report("a.json", "5"), report("b.json", "5"));
+    let same = kvtrace(["diff", &a, &b, "--max-regression", "0"]);
+    assert_eq!(same.status.code(), Some(0), "{}", text(&same.stdout));
+    assert!(
+        text(&same.stdout).contains("mean TTFT"),
+        "{}",
+        text(&same.stdout)
+    );
+    let mixed = kvtrace(["diff", &a, &summaries[0]]);
+    assert_eq!(mixed.status.code(), Some(2), "{}", text(&mixed.stderr));
+    assert_eq!(text(&mixed.stderr).lines().count(), 1);
 }

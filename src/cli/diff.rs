@@ -3,13 +3,16 @@
 use std::path::{Path, PathBuf};
 
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
-use kvtrace::replay::diff::{diff, render};
+use kvtrace::replay::diff::{
+    diff, render, DiffOptions, Kind, DURATION_NOISE_FLOOR_S, LATENCY_NOISE_FLOOR_MS,
+};
 
 use super::print_stdout;
 
-/// Compare two replay summaries (trace_replay_summary.json) and fail when a watched metric —
-/// hit rates, OUT_OF_MEMORY keys, failed calls and reads, per-call latency, duration — moved
-/// the wrong way by more than the threshold
+/// Compare two replay summaries (trace_replay_summary.json) or two simulate reports and fail
+/// when a watched figure moved the wrong way by more than the threshold: by default the
+/// deterministic ones (hits per tier, OUT_OF_MEMORY, evictions, failed calls and reads,
+/// fidelity; a simulate report's figures), a replay's latencies only with --latency
 #[derive(clap::Args)]
 #[command(
     after_help = super::examples(&[
@@ -26,6 +29,10 @@ pub struct Args {
     /// Largest tolerated move in the wrong direction, in percent
     #[arg(long, value_name = "PCT", default_value_t = 5.0)]
     max_regression: f64,
+    /// Also watch a replay's per-call latencies and duration: live measurements, so a move
+    /// under the noise floor (0.05 ms a call, 0.05 s in all) never regresses
+    #[arg(long)]
+    latency: bool,
     /// Print the rows as JSON
     #[arg(long)]
     json: bool,
@@ -45,21 +52,48 @@ pub fn run(args: Args) -> Result<i32, Error> {
             "--max-regression must be a non-negative percentage",
         ));
     }
-    let rows = diff(&load(&args.base)?, &load(&args.new)?, args.max_regression);
+    let (base, new) = (load(&args.base)?, load(&args.new)?);
+    let kind_of = |report: &serde_json::Value, path: &Path| {
+        Kind::of(report).ok_or_else(|| {
+            Error::data(
+                0,
+                "summary",
+                "neither a replay summary (trace_replay_summary.json) nor a simulate report",
+            )
+            .in_file(path.display())
+        })
+    };
+    let kind = kind_of(&base, &args.base)?;
+    if kind_of(&new, &args.new)? != kind {
+        return Err(Error::usage(format!(
+            "{} is a {} and {} is not: diff compares two reports of one kind",
+            args.base.display(),
+            kind.name(),
+            args.new.display()
+        )));
+    }
+    let options = DiffOptions {
+        max_regression_pct: args.max_regression,
+        latency: args.latency,
+    };
+    let rows = diff(kind, &base, &new, options);
     if rows.is_empty() {
-        return Err(Error::data(
-            0,
-            "summary",
-            "no watched metric in common: are these replay summaries?",
-        )
-        .in_file(args.base.display()));
+        return Err(
+            Error::data(0, "summary", "no watched figure in common").in_file(args.base.display())
+        );
     }
     let text = if args.json {
         serde_json::to_string_pretty(&rows)
             .map_err(|e| Error::io("cannot encode JSON", e.into()))?
             + "\n"
     } else {
-        render(&rows)
+        let mut text = render(&rows);
+        if args.latency && kind == Kind::Replay {
+            text.push_str(&format!(
+                "latencies are live measurements: a move under {LATENCY_NOISE_FLOOR_MS} ms a call or {DURATION_NOISE_FLOOR_S} s in all is noise, never a regression\n"
+            ));
+        }
+        text
     };
     print_stdout(&text)?;
     Ok(if rows.iter().any(|r| r.regressed) {

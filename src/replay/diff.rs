@@ -1,5 +1,12 @@
-//! `kvtrace diff`: compares two replay summaries (`trace_replay_summary.json`) on the metrics a
-//! regression replay watches, and says which moved the wrong way by more than a threshold.
+//! `kvtrace diff`: compares two reports of the same kind — two replay summaries
+//! (`trace_replay_summary.json`) or two simulate reports (`--report-json`) — on the figures a
+//! regression gate watches, and says which moved the wrong way by more than a threshold.
+//!
+//! By default the gate watches what is deterministic: a replay's hits per tier, OUT_OF_MEMORY,
+//! evictions, failed calls and reads and its fidelity; a simulate report's figures, all on
+//! the simulated clock. A replay's call latencies and duration are live measurements of a few
+//! microseconds a call, so two replays of one trace differ in them by noise: they are watched
+//! only when asked, and then a move smaller than a noise floor never regresses.
 
 use serde::Serialize;
 use serde_json::Value as Json;
@@ -22,50 +29,144 @@ pub struct DiffRow {
     pub regressed: bool,
 }
 
-/// The watched metrics: JSON pointer into a summary, display name, direction.
-fn watched(summary: &Json) -> Vec<(String, String, Better)> {
-    let mut out: Vec<(String, String, Better)> = [
-        ("/kvtrace/hits/hit_rate", "hit rate", Better::Higher),
-        ("/kvtrace/hits/l1_hit_rate", "L1 hit rate", Better::Higher),
-        ("/kvtrace/hits/l2_hit_rate", "L2 hit rate", Better::Higher),
-        ("/kvtrace/hits/hit_tokens", "hit tokens", Better::Higher),
-        ("/kvtrace/failed", "failed calls", Better::Lower),
-        (
-            "/kvtrace/calls/out_of_memory_keys",
-            "OUT_OF_MEMORY keys",
-            Better::Lower,
-        ),
-        (
-            "/kvtrace/calls/read_failures",
-            "failed reads",
-            Better::Lower,
-        ),
-        ("/duration_s", "replay duration (s)", Better::Lower),
-    ]
-    .iter()
-    .map(|(p, n, b)| (p.to_string(), n.to_string(), *b))
-    .collect();
-    if let Some(ops) = summary.get("ops").and_then(Json::as_object) {
-        for q in ops.keys() {
-            let short = crate::lmct::calls::short_name(q);
-            let escaped = q.replace('~', "~0").replace('/', "~1");
-            for stat in ["mean_ms", "p99_ms"] {
-                out.push((
-                    format!("/ops/{escaped}/{stat}"),
-                    format!("{short} {stat}"),
-                    Better::Lower,
-                ));
-            }
-        }
-    }
-    out
+/// What the gate watches.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DiffOptions {
+    /// Largest tolerated move in the wrong direction, in percent.
+    pub max_regression_pct: f64,
+    /// Also watch a replay's per-call latencies and duration, with the noise floors.
+    pub latency: bool,
 }
 
-/// Compares `new` against `base`; a row regresses when it moved the wrong way by more than
-/// `max_regression_pct` percent (any move away from 0 counts as infinite).
-pub fn diff(base: &Json, new: &Json, max_regression_pct: f64) -> Vec<DiffRow> {
+/// A replay's per-call latency moves less than this (ms) are noise: a call takes microseconds
+/// and two runs of one trace differ by about a microsecond at the mean and more at the tail.
+pub const LATENCY_NOISE_FLOOR_MS: f64 = 0.05;
+
+/// A replay's duration moves less than this (s) are noise.
+pub const DURATION_NOISE_FLOOR_S: f64 = 0.05;
+
+/// The kind of report a summary is, by its shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Replay,
+    Simulate,
+}
+
+impl Kind {
+    pub fn of(report: &Json) -> Option<Kind> {
+        if report.pointer("/kvtrace/hits").is_some() {
+            Some(Kind::Replay)
+        } else if report.get("completed_requests").is_some() && report.get("mean_ttft_ms").is_some()
+        {
+            Some(Kind::Simulate)
+        } else {
+            None
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Replay => "replay summary",
+            Kind::Simulate => "simulate report",
+        }
+    }
+}
+
+/// One watched figure: JSON pointer, display name, direction, noise floor (absolute).
+type Watched = (String, String, Better, f64);
+
+fn list(items: &[(&str, &str, Better)]) -> Vec<Watched> {
+    items
+        .iter()
+        .map(|(p, n, b)| (p.to_string(), n.to_string(), *b, 0.0))
+        .collect()
+}
+
+/// The watched figures of a report of `kind`.
+fn watched(kind: Kind, report: &Json, latency: bool) -> Vec<Watched> {
+    use Better::{Higher, Lower};
+    match kind {
+        Kind::Simulate => list(&[
+            ("/completed_requests", "completed requests", Higher),
+            (
+                "/request_throughput_rps",
+                "request throughput (rps)",
+                Higher,
+            ),
+            (
+                "/output_throughput_tok_s",
+                "output throughput (tok/s)",
+                Higher,
+            ),
+            ("/mean_ttft_ms", "mean TTFT (ms)", Lower),
+            ("/p99_ttft_ms", "p99 TTFT (ms)", Lower),
+            ("/mean_itl_ms", "mean ITL (ms)", Lower),
+            ("/p99_itl_ms", "p99 ITL (ms)", Lower),
+            ("/mean_e2e_latency_ms", "mean end-to-end (ms)", Lower),
+            ("/prefix_cache_reused_ratio", "prefix cache reuse", Higher),
+            ("/offload_hit_rate", "offload hit rate", Higher),
+        ]),
+        Kind::Replay => {
+            let mut out = list(&[
+                ("/kvtrace/hits/hit_rate", "hit rate", Higher),
+                ("/kvtrace/hits/l1_hit_rate", "L1 hit rate", Higher),
+                ("/kvtrace/hits/l2_hit_rate", "L2 hit rate", Higher),
+                ("/kvtrace/hits/hit_tokens", "hit tokens", Higher),
+                ("/kvtrace/failed", "failed calls", Lower),
+                (
+                    "/kvtrace/calls/out_of_memory_keys",
+                    "OUT_OF_MEMORY keys",
+                    Lower,
+                ),
+                ("/kvtrace/calls/read_failures", "failed reads", Lower),
+                (
+                    "/kvtrace/fidelity/requests_matching",
+                    "requests matching the recording",
+                    Higher,
+                ),
+            ]);
+            let tiers = report.pointer("/kvtrace/tiers").and_then(Json::as_array);
+            for (i, tier) in tiers.into_iter().flatten().enumerate() {
+                let name = tier.get("name").and_then(Json::as_str).unwrap_or("tier");
+                out.push((
+                    format!("/kvtrace/tiers/{i}/evictions"),
+                    format!("{name} evictions"),
+                    Lower,
+                    0.0,
+                ));
+            }
+            if latency {
+                out.push((
+                    "/duration_s".into(),
+                    "replay duration (s)".into(),
+                    Lower,
+                    DURATION_NOISE_FLOOR_S,
+                ));
+                let ops = report.get("ops").and_then(Json::as_object);
+                for q in ops.into_iter().flat_map(|o| o.keys()) {
+                    let short = crate::lmct::calls::short_name(q);
+                    let escaped = q.replace('~', "~0").replace('/', "~1");
+                    for stat in ["mean_ms", "p99_ms"] {
+                        out.push((
+                            format!("/ops/{escaped}/{stat}"),
+                            format!("{short} {stat}"),
+                            Lower,
+                            LATENCY_NOISE_FLOOR_MS,
+                        ));
+                    }
+                }
+            }
+            out
+        }
+    }
+}
+
+/// Compares `new` against `base`, both reports of `kind`; a row regresses when it moved the
+/// wrong way by more than the threshold (any move away from 0 counts as infinite) and, for a
+/// live measurement, by more than its noise floor.
+pub fn diff(kind: Kind, base: &Json, new: &Json, options: DiffOptions) -> Vec<DiffRow> {
     let mut rows = Vec::new();
-    for (pointer, metric, better) in watched(base) {
+    for (pointer, metric, better, floor) in watched(kind, base, options.latency) {
         let (Some(b), Some(n)) = (
             base.pointer(&pointer).and_then(Json::as_f64),
             new.pointer(&pointer).and_then(Json::as_f64),
@@ -89,7 +190,7 @@ pub fn diff(base: &Json, new: &Json, max_regression_pct: f64) -> Vec<DiffRow> {
             new: n,
             change_pct,
             better,
-            regressed: worse > max_regression_pct,
+            regressed: worse > options.max_regression_pct && (n - b).abs() > floor,
         });
     }
     rows
@@ -142,19 +243,28 @@ mod tests {
         })
     }
 
+    fn gate(latency: bool) -> DiffOptions {
+        DiffOptions {
+            max_regression_pct: 5.0,
+            latency,
+        }
+    }
+
+    fn regressed(rows: &[DiffRow]) -> Vec<&str> {
+        rows.iter()
+            .filter(|r| r.regressed)
+            .map(|r| r.metric.as_str())
+            .collect()
+    }
+
     #[test]
     fn only_moves_in_the_wrong_direction_beyond_the_threshold_regress() {
         let base = summary(0.5, 0, 1.0);
-        let rows = diff(&base, &summary(0.6, 0, 1.04), 5.0);
+        let rows = diff(Kind::Replay, &base, &summary(0.6, 0, 1.04), gate(true));
         assert!(rows.iter().all(|r| !r.regressed), "{rows:?}");
-        let rows = diff(&base, &summary(0.45, 3, 1.2), 5.0);
-        let bad: Vec<&str> = rows
-            .iter()
-            .filter(|r| r.regressed)
-            .map(|r| r.metric.as_str())
-            .collect();
+        let rows = diff(Kind::Replay, &base, &summary(0.45, 3, 1.2), gate(true));
         assert_eq!(
-            bad,
+            regressed(&rows),
             [
                 "hit rate",
                 "L1 hit rate",
@@ -164,5 +274,37 @@ mod tests {
             ]
         );
         assert!(render(&rows).contains("REGRESSED"));
+    }
+
+    #[test]
+    fn latencies_are_watched_only_when_asked_and_then_above_the_noise_floor() {
+        // Sub-microsecond noise: +300 % of a 0.002 ms call, under the floor.
+        let base = summary(0.5, 0, 0.002);
+        let noisy = summary(0.5, 0, 0.008);
+        assert!(diff(Kind::Replay, &base, &noisy, gate(false))
+            .iter()
+            .all(|r| !r.metric.contains("_ms")));
+        assert!(regressed(&diff(Kind::Replay, &base, &noisy, gate(true))).is_empty());
+        let slow = summary(0.5, 0, 0.2);
+        assert_eq!(
+            regressed(&diff(Kind::Replay, &base, &slow, gate(true))).len(),
+            2
+        );
+    }
+
+    #[test]
+    fn simulate_reports_compare_on_their_own_figures() {
+        let report = |ttft: f64, rps: f64| {
+            json!({"completed_requests": 100, "mean_ttft_ms": ttft, "p99_ttft_ms": ttft,
+                   "request_throughput_rps": rps, "wall_time_ms": 7.0})
+        };
+        let base = report(100.0, 10.0);
+        assert_eq!(Kind::of(&base), Some(Kind::Simulate));
+        assert_eq!(Kind::of(&summary(0.5, 0, 1.0)), Some(Kind::Replay));
+        let better = diff(Kind::Simulate, &base, &report(80.0, 12.0), gate(false));
+        assert!(regressed(&better).is_empty(), "{better:?}");
+        let worse = diff(Kind::Simulate, &base, &report(130.0, 10.0), gate(false));
+        assert_eq!(regressed(&worse), ["mean TTFT (ms)", "p99 TTFT (ms)"]);
+        assert!(worse.iter().all(|r| r.metric != "wall_time_ms"));
     }
 }
