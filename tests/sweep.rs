@@ -213,7 +213,8 @@ fn the_workbook_has_typed_points_family_sheets_and_native_charts() {
         "Capacity",
         "Tiers",
         "Fidelity",
-        "LRU curve",
+        "Model curve",
+        "Idealised LRU curve",
         "Chart data",
     ] {
         assert!(sheets.iter().any(|s| s == name), "{name} in {sheets:?}");
@@ -368,6 +369,77 @@ fn on_a_store_on_miss_recording_the_curve_meets_the_replays_once_nothing_is_evic
         assert!(
             replay >= curve,
             "at {gib} GiB: replay {replay} < curve {curve}"
+        );
+    }
+}
+
+/// The model curve's hit rate at `gib`.
+fn model_curve_at(sweep: &Value, gib: f64) -> f64 {
+    sweep["model_curve"]["points"]
+        .as_array()
+        .expect("model curve")
+        .iter()
+        .find(|p| (p["l1_size_gb"].as_f64().expect("size") - gib).abs() < 1e-9)
+        .unwrap_or_else(|| panic!("no model curve point at {gib} GiB"))["hit_rate"]
+        .as_f64()
+        .expect("rate")
+}
+
+#[test]
+fn the_model_curve_is_full_replays_and_meets_the_real_servers() {
+    let Some(shared) = shared() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let whatif = shared.join("lmcache/whatif");
+    let trace = whatif.join("vllm_s21_0p05_lru.lct");
+    let out_json = dir.path().join("sweep.json");
+    ok(&kvtrace([
+        "sweep",
+        "replay",
+        trace.to_str().expect("path"),
+        "--l1-size-gb",
+        "0.0125,0.025,0.05",
+        "-q",
+        "--json",
+        out_json.to_str().expect("path"),
+    ]));
+    let sweep = json(&out_json);
+    let curve = sweep["model_curve"]["points"].as_array().expect("curve");
+    assert!(curve.len() >= 24, "{curve:?}");
+    for (size, server) in [("0.0125", "0p0125"), ("0.025", "0p025"), ("0.05", "0p05")] {
+        let gib: f64 = size.parse().expect("size");
+        // The curve at a point's size is that point: full replays, not a model of them.
+        let point = sweep["points"]
+            .as_array()
+            .expect("points")
+            .iter()
+            .find(|p| p["settings"]["l1-size-gb"] == size)
+            .expect("point");
+        let at = model_curve_at(
+            &sweep,
+            point["figures"]["l1_size_bytes"].as_f64().expect("bytes") / (1u64 << 30) as f64,
+        );
+        assert_eq!(
+            at,
+            point["figures"]["hit_rate"].as_f64().expect("rate"),
+            "at {size} GiB"
+        );
+        // And the point is what the real server of that size did (its client log).
+        let log = std::fs::read_to_string(whatif.join(format!("vllm_s21_{server}_lru.client.txt")))
+            .expect("client log");
+        let (mut requested, mut got) = (0u64, 0u64);
+        for line in log.lines().filter(|l| l.starts_with("CLIENT retrieve")) {
+            let f: Vec<u64> = line
+                .split_whitespace()
+                .skip(2)
+                .map(|x| x.parse().expect("n"))
+                .collect();
+            requested += f[0];
+            got += f[1];
+        }
+        let truth = got as f64 / requested as f64;
+        assert!(
+            (at - truth).abs() <= 0.01,
+            "at {gib} GiB: {at} against the server's {truth}"
         );
     }
 }

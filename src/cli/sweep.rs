@@ -411,11 +411,46 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
         points.iter().filter_map(|p| p.get("l1-size-gb")).collect();
     let bar = Progress::points(points.len() as u64, !a.sweep.quiet);
     let plan = |i: usize| replay::plan(&parsed[i], false, None);
+    // The model curve: the first point's flags at many L1 sizes. Not with a file or Redis
+    // tier, whose objects one replay would leave for the next.
+    let curve_plan = |gib: f64, phase: Option<f64>| {
+        let mut point = points[0].clone();
+        point.name = format!("model curve at {gib} GiB");
+        point.settings.retain(|(flag, _)| flag != "l1-size-gb");
+        point.settings.push(("l1-size-gb".into(), format!("{gib}")));
+        if let Some(phase) = phase.filter(|_| point.get("eviction-phase").is_none()) {
+            point
+                .settings
+                .push(("eviction-phase".into(), format!("{phase}")));
+        }
+        let mut argv = point_argv::<ReplayFlags>(&head, &point)?;
+        if !a.l1_buffers && point.get("l1-accounting-only").is_none() {
+            argv.push("--l1-accounting-only".into());
+        }
+        let one: OneReplay = parse_point(argv, &point)?;
+        replay::plan(&one.args, false, None)
+    };
+    let line: Vec<String> = points[0]
+        .settings
+        .iter()
+        .filter(|(flag, _)| flag != "l1-size-gb")
+        .map(|(flag, value)| format!("{flag}={value}"))
+        .collect();
+    let line = if line.is_empty() {
+        "the points' flags".to_string()
+    } else {
+        line.join(", ")
+    };
+    let model = (sizes.len() > 1 && !external).then_some(sweep::replay::CurvePlan {
+        line,
+        plan: &curve_plan,
+    });
     let result = sweep::replay::sweep(
         &a.file,
         &points,
         jobs,
         sizes.len() > 1,
+        model,
         read,
         &plan,
         &|_| bar.inc(),

@@ -163,6 +163,11 @@ fn charts(f: &Formats, charts: &[Chart]) -> Result<(Worksheet, Worksheet), XlsxE
     for (i, c) in drawn.iter().enumerate() {
         sheet.insert_chart(i as u32 * CHART_ROWS, 0, c)?;
     }
+    // Printed, one chart to a page: a break below each, each page one chart wide.
+    let breaks: Vec<u32> = (1..drawn.len() as u32).map(|i| i * CHART_ROWS).collect();
+    sheet.set_page_breaks(&breaks)?;
+    sheet.set_landscape();
+    sheet.set_print_fit_to_pages(1, 0);
     Ok((sheet, data))
 }
 

@@ -173,6 +173,7 @@ pub fn sweep_events(
         points: results,
         curve: None,
         curve_note: None,
+        model_curve: None,
     })
 }
 
@@ -186,6 +187,46 @@ pub struct ReplaySweep {
     pub curve: Option<LruCurve>,
     /// Why there is no curve, when the sweep varies the L1 size.
     pub curve_note: Option<String>,
+    /// The hit rate at many L1 sizes by full replays — LMCache's controller and the recorded
+    /// client's model, as every point — for the first point's other flags.
+    pub model_curve: Option<ModelCurve>,
+}
+
+/// The hit-rate curve of LMCache's cache model: a full replay at each size.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelCurve {
+    /// The other flags the replays ran with (the first point's).
+    pub line: String,
+    /// (L1 size in GiB, hit rate), smallest first.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// How many sizes the model curve replays between the sweep's smallest and largest L1.
+pub const MODEL_CURVE_SIZES: usize = 24;
+
+/// The sizes (GiB) the model curve replays: [`MODEL_CURVE_SIZES`] spread evenly on a log
+/// scale over the points' L1 range, and every size a point replayed.
+fn curve_sizes(points: &[ReplayPoint]) -> Vec<f64> {
+    const GIB: f64 = (1u64 << 30) as f64;
+    let sizes: Vec<f64> = points
+        .iter()
+        .map(|p| p.figures.l1_size_bytes as f64 / GIB)
+        .filter(|&g| g > 0.0)
+        .collect();
+    let (lo, hi) = sizes.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &g| {
+        (lo.min(g), hi.max(g))
+    });
+    if sizes.is_empty() || lo >= hi {
+        return Vec::new();
+    }
+    let steps = (MODEL_CURVE_SIZES - 1) as f64;
+    let mut at: Vec<f64> = (0..MODEL_CURVE_SIZES)
+        .map(|i| lo * (hi / lo).powf(i as f64 / steps))
+        .chain(sizes)
+        .collect();
+    at.sort_by(f64::total_cmp);
+    at.dedup_by(|a, b| (*a - *b).abs() <= 1e-9 * b.abs());
+    at
 }
 
 /// The replay summary a point keeps: the `kvtrace` object less the live `tier_io` and
@@ -203,14 +244,26 @@ pub fn comparable_summary(report: &ReplayReport) -> Result<Json> {
     Ok(summary)
 }
 
+/// How a sweep draws its model curve: the line's name, and the replay of that line at an L1
+/// size in GiB, built as `kvtrace replay` with the line's flags and that size would be, with
+/// the eviction phase the first point settled on when it is given (the phase is the
+/// recording's, whatever the size: estimating it once is enough).
+pub struct CurvePlan<'a> {
+    pub line: String,
+    pub plan: &'a (dyn Fn(f64, Option<f64>) -> Result<Plan> + Sync),
+}
+
 /// Replays `trace` at every point, `jobs` at a time. `plan` builds point `i`'s replay as
 /// `kvtrace replay` with its flags would; `done` hears each finished point. With
-/// `curve_wanted`, one more pass gives the stack-distance curve.
+/// `curve_wanted`, one more pass gives the idealised stack-distance curve; with `model`, full
+/// replays at [`MODEL_CURVE_SIZES`] sizes give the model curve.
+#[allow(clippy::too_many_arguments)]
 pub fn sweep(
     trace: &Path,
     points: &[Point],
     jobs: usize,
     curve_wanted: bool,
+    model: Option<CurvePlan<'_>>,
     read: ReadOptions,
     plan: &(dyn Fn(usize) -> Result<Plan> + Sync),
     done: &(dyn Fn(usize) + Sync),
@@ -243,10 +296,35 @@ pub fn sweep(
     } else {
         (None, None)
     };
+    let model_curve = match model {
+        Some(model) => {
+            let sizes = curve_sizes(&results);
+            let phase = results
+                .first()
+                .and_then(|p| p.summary.get("eviction_phase"))
+                .and_then(|p| p.get("phase_s"))
+                .and_then(Json::as_f64);
+            let rates = run_points(
+                sizes.len(),
+                jobs,
+                &|i| {
+                    let finished = (model.plan)(sizes[i], phase)?.run(|_| {})?;
+                    Ok(Figures::of(&finished.report).hit_rate)
+                },
+                &|_| {},
+            )?;
+            Some(ModelCurve {
+                line: model.line,
+                points: sizes.into_iter().zip(rates).collect(),
+            })
+        }
+        None => None,
+    };
     Ok(ReplaySweep {
         trace: trace.display().to_string(),
         points: results,
         curve,
         curve_note,
+        model_curve,
     })
 }

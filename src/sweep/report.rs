@@ -17,7 +17,19 @@ use crate::report::{Cell, Chart, JsonStyle, Report, Series, Table};
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// The stack-distance curve's line: what it models, in a legend's words.
-const CURVE_NAME: &str = "LRU, every miss stored (stack distances)";
+const CURVE_NAME: &str = "idealised: immediate LRU, every miss stored (stack distances)";
+
+/// The model curve's line: full replays, as the points.
+const MODEL_CURVE_NAME: &str = "LMCache model (full replays)";
+
+/// Whether an axis's values grow by doubling (or faster): then a log scale spreads them
+/// evenly where a linear one crowds the small ones into a corner.
+fn doubling(values: &[f64]) -> bool {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| *x > 0.0).collect();
+    v.sort_by(f64::total_cmp);
+    v.dedup();
+    v.len() >= 3 && v.windows(2).all(|w| w[1] / w[0] >= 1.8)
+}
 
 /// The flags any point sets, in the order they first appear.
 fn flags(points: &[&Point]) -> Vec<String> {
@@ -280,7 +292,7 @@ impl Report for ReplaySweep {
     fn document(&self) -> Result<Json> {
         let curve = match &self.curve {
             Some(c) => json!({
-                "model": "LRU stack distances: one pass, every request's chunks stored (exact against immediate-LRU replays of traces that store every request)",
+                "model": "idealised: LRU stack distances in one pass, an immediate LRU of the whole L1 and a client that stores every chunk it missed; not LMCache's periodic controller (see model_curve)",
                 "largest_request_chunks": c.largest_request,
                 "object_bytes": c.object_bytes,
                 "requests": c.requests,
@@ -290,9 +302,18 @@ impl Report for ReplaySweep {
             }),
             None => Json::Null,
         };
+        let model_curve = match &self.model_curve {
+            Some(m) => json!({
+                "model": "full replays at each size: LMCache's eviction controller (watermark, ratio, periodic passes) and the recorded client's model, as every point",
+                "line": m.line,
+                "points": m.points.iter().map(|(gib, rate)| json!({"l1_size_gb": gib, "hit_rate": rate})).collect::<Vec<_>>(),
+            }),
+            None => Json::Null,
+        };
         Ok(json!({
             "trace": self.trace,
             "points": self.points.iter().map(Self::point_json).collect::<Vec<_>>(),
+            "model_curve": model_curve,
             "lru_curve": curve,
             "lru_curve_note": self.curve_note,
         }))
@@ -414,9 +435,20 @@ impl Report for ReplaySweep {
             }
         }
         let mut out = vec![points, hits, capacity, tiers, fidelity];
+        if let Some(m) = &self.model_curve {
+            let mut t = Table::new(&["l1_size_gb", "hit_rate"])
+                .sheet("Model curve")
+                .csv("sweep_model_curve.csv");
+            t.rows = m
+                .points
+                .iter()
+                .map(|&(gib, rate)| vec![Cell::Number(gib), ratio(rate)])
+                .collect();
+            out.push(t);
+        }
         if self.curve.is_some() {
             let mut t = Table::new(&["l1_size_gb", "hit_rate"])
-                .sheet("LRU curve")
+                .sheet("Idealised LRU curve")
                 .csv("sweep_lru_curve.csv");
             t.rows = self
                 .curve_points()
@@ -440,6 +472,12 @@ impl Report for ReplaySweep {
             x.clone()
         };
         let mut series = lines(&refs, &x, &x_of, &|i| self.points[i].figures.hit_rate);
+        if let Some(m) = self.model_curve.as_ref().filter(|_| x == "l1-size-gb") {
+            series.push(Series {
+                name: format!("{MODEL_CURVE_NAME}: {}", m.line),
+                points: m.points.clone(),
+            });
+        }
         let curve = self.curve_points();
         if x == "l1-size-gb" && !curve.is_empty() {
             series.push(Series {
@@ -447,12 +485,13 @@ impl Report for ReplaySweep {
                 points: curve,
             });
         }
+        let x_log = doubling(&(0..self.points.len()).map(x_of).collect::<Vec<_>>());
         let mut charts = vec![Chart {
             title: format!("Hit rate vs {x_title}"),
             x_title: x_title.clone(),
             y_title: "hit rate".into(),
             y_ratio: true,
-            x_log: false,
+            x_log,
             series,
         }];
         if self.points.iter().any(|p| p.figures.l2_hit_rate > 0.0) {
@@ -461,7 +500,7 @@ impl Report for ReplaySweep {
                 x_title: x_title.clone(),
                 y_title: "L2 hit rate".into(),
                 y_ratio: true,
-                x_log: false,
+                x_log,
                 series: lines(&refs, &x, &x_of, &|i| self.points[i].figures.l2_hit_rate),
             });
         }
@@ -470,7 +509,7 @@ impl Report for ReplaySweep {
             x_title,
             y_title: "evictions".into(),
             y_ratio: false,
-            x_log: false,
+            x_log,
             series: lines(&refs, &x, &x_of, &|i| {
                 self.points[i].figures.evictions as f64
             }),
@@ -540,6 +579,17 @@ impl Report for ReplaySweep {
         }
         if let Some(note) = &self.curve_note {
             let _ = writeln!(out, "\nNo LRU stack-distance curve: {note}");
+        }
+        if let Some(m) = &self.model_curve {
+            let _ = writeln!(
+                out,
+                "\nModel curve ({} full replays, {}):",
+                m.points.len(),
+                m.line
+            );
+            for (gib, rate) in &m.points {
+                let _ = writeln!(out, "  L1 {gib:.4} GiB: {}", pct(*rate));
+            }
         }
         out
     }
@@ -849,5 +899,19 @@ impl Report for SimulateSweep {
             out.push('\n');
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::doubling;
+
+    #[test]
+    fn sizes_that_double_get_a_log_axis_and_even_steps_do_not() {
+        assert!(doubling(&[0.0125, 0.025, 0.05, 0.1]));
+        assert!(doubling(&[1.0, 4.0, 16.0, 4.0]));
+        assert!(!doubling(&[0.002, 0.004, 0.006, 0.008]));
+        assert!(!doubling(&[1.0, 2.0]));
+        assert!(!doubling(&[]));
     }
 }
