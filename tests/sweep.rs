@@ -375,7 +375,7 @@ fn on_a_store_on_miss_recording_the_curve_meets_the_replays_once_nothing_is_evic
 
 /// The model curve's hit rate at `gib`.
 fn model_curve_at(sweep: &Value, gib: f64) -> f64 {
-    sweep["model_curve"]["points"]
+    sweep["model_curve"]["lines"][0]["points"]
         .as_array()
         .expect("model curve")
         .iter()
@@ -403,7 +403,9 @@ fn the_model_curve_is_full_replays_and_meets_the_real_servers() {
         out_json.to_str().expect("path"),
     ]));
     let sweep = json(&out_json);
-    let curve = sweep["model_curve"]["points"].as_array().expect("curve");
+    let curve = sweep["model_curve"]["lines"][0]["points"]
+        .as_array()
+        .expect("curve");
     assert!(curve.len() >= 24, "{curve:?}");
     for (size, server) in [("0.0125", "0p0125"), ("0.025", "0p025"), ("0.05", "0p05")] {
         let gib: f64 = size.parse().expect("size");
@@ -548,4 +550,44 @@ fn bad_lists_fail_in_one_line_naming_the_flag() {
         err.contains("--sla") && err.trim_end().lines().count() == 1,
         "{err}"
     );
+}
+
+#[test]
+fn every_point_lies_on_its_lines_model_curve() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/lmcache/churn/lru_seed1.lct");
+    let out_json = dir.path().join("sweep.json");
+    ok(&kvtrace([
+        "sweep",
+        "replay",
+        trace.to_str().expect("path"),
+        "--l1-size-gb",
+        "0.002,0.004,0.008",
+        "--eviction-policy",
+        "LRU,FIFO",
+        "-q",
+        "--json",
+        out_json.to_str().expect("path"),
+    ]));
+    let sweep = json(&out_json);
+    let lines = sweep["model_curve"]["lines"].as_array().expect("lines");
+    assert_eq!(lines.len(), 2, "one curve per policy");
+    for p in sweep["points"].as_array().expect("points") {
+        let policy = p["settings"]["eviction-policy"].as_str().expect("policy");
+        let line = lines
+            .iter()
+            .find(|l| l["line"] == format!("eviction-policy={policy}"))
+            .expect("the point's line");
+        let gib = p["figures"]["l1_size_bytes"].as_f64().expect("bytes") / (1u64 << 30) as f64;
+        let at = line["points"]
+            .as_array()
+            .expect("curve")
+            .iter()
+            .find(|q| (q["l1_size_gb"].as_f64().expect("size") - gib).abs() < 1e-9)
+            .expect("the point's size on its curve");
+        assert_eq!(
+            at["hit_rate"], p["figures"]["hit_rate"],
+            "{policy} at {gib} GiB"
+        );
+    }
 }

@@ -411,10 +411,10 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
         points.iter().filter_map(|p| p.get("l1-size-gb")).collect();
     let bar = Progress::points(points.len() as u64, !a.sweep.quiet);
     let plan = |i: usize| replay::plan(&parsed[i], false, None);
-    // The model curve: the first point's flags at many L1 sizes. Not with a file or Redis
-    // tier, whose objects one replay would leave for the next.
-    let curve_plan = |gib: f64, phase: Option<f64>| {
-        let mut point = points[0].clone();
+    // The model curves: each line's flags (a point's, less the L1 size) at many L1 sizes.
+    // Not with a file or Redis tier, whose objects one replay would leave for the next.
+    let curve_plan = |first: usize, gib: f64, phase: Option<f64>| {
+        let mut point = points[first].clone();
         point.name = format!("model curve at {gib} GiB");
         point.settings.retain(|(flag, _)| flag != "l1-size-gb");
         point.settings.push(("l1-size-gb".into(), format!("{gib}")));
@@ -430,19 +430,25 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
         let one: OneReplay = parse_point(argv, &point)?;
         replay::plan(&one.args, false, None)
     };
-    let line: Vec<String> = points[0]
-        .settings
-        .iter()
-        .filter(|(flag, _)| flag != "l1-size-gb")
-        .map(|(flag, value)| format!("{flag}={value}"))
-        .collect();
-    let line = if line.is_empty() {
-        "the points' flags".to_string()
-    } else {
-        line.join(", ")
-    };
+    let mut lines: Vec<(String, usize)> = Vec::new();
+    for (i, p) in points.iter().enumerate() {
+        let others: Vec<String> = p
+            .settings
+            .iter()
+            .filter(|(flag, _)| flag != "l1-size-gb")
+            .map(|(flag, value)| format!("{flag}={value}"))
+            .collect();
+        let name = if others.is_empty() {
+            "the points' flags".to_string()
+        } else {
+            others.join(", ")
+        };
+        if !lines.iter().any(|(n, _)| *n == name) {
+            lines.push((name, i));
+        }
+    }
     let model = (sizes.len() > 1 && !external).then_some(sweep::replay::CurvePlan {
-        line,
+        lines,
         plan: &curve_plan,
     });
     let result = sweep::replay::sweep(

@@ -173,7 +173,7 @@ pub fn sweep_events(
         points: results,
         curve: None,
         curve_note: None,
-        model_curve: None,
+        model_curves: Vec::new(),
     })
 }
 
@@ -188,8 +188,8 @@ pub struct ReplaySweep {
     /// Why there is no curve, when the sweep varies the L1 size.
     pub curve_note: Option<String>,
     /// The hit rate at many L1 sizes by full replays — LMCache's controller and the recorded
-    /// client's model, as every point — for the first point's other flags.
-    pub model_curve: Option<ModelCurve>,
+    /// client's model, as every point — one curve per combination of the other flags.
+    pub model_curves: Vec<ModelCurve>,
 }
 
 /// The hit-rate curve of LMCache's cache model: a full replay at each size.
@@ -244,19 +244,20 @@ pub fn comparable_summary(report: &ReplayReport) -> Result<Json> {
     Ok(summary)
 }
 
-/// How a sweep draws its model curve: the line's name, and the replay of that line at an L1
-/// size in GiB, built as `kvtrace replay` with the line's flags and that size would be, with
-/// the eviction phase the first point settled on when it is given (the phase is the
-/// recording's, whatever the size: estimating it once is enough).
+/// How a sweep draws its model curves: each line's name (its other flags) and its first
+/// point, and the replay of a line at an L1 size in GiB, built as `kvtrace replay` with the
+/// line's flags and that size would be, with the eviction phase the line's first point settled
+/// on when it is given (the phase is the recording's, whatever the size: estimating it once
+/// is enough).
 pub struct CurvePlan<'a> {
-    pub line: String,
-    pub plan: &'a (dyn Fn(f64, Option<f64>) -> Result<Plan> + Sync),
+    pub lines: Vec<(String, usize)>,
+    pub plan: &'a (dyn Fn(usize, f64, Option<f64>) -> Result<Plan> + Sync),
 }
 
 /// Replays `trace` at every point, `jobs` at a time. `plan` builds point `i`'s replay as
 /// `kvtrace replay` with its flags would; `done` hears each finished point. With
 /// `curve_wanted`, one more pass gives the idealised stack-distance curve; with `model`, full
-/// replays at [`MODEL_CURVE_SIZES`] sizes give the model curve.
+/// replays at [`MODEL_CURVE_SIZES`] sizes give each line's model curve.
 #[allow(clippy::too_many_arguments)]
 pub fn sweep(
     trace: &Path,
@@ -296,35 +297,47 @@ pub fn sweep(
     } else {
         (None, None)
     };
-    let model_curve = match model {
-        Some(model) => {
-            let sizes = curve_sizes(&results);
-            let phase = results
-                .first()
+    let mut model_curves = Vec::new();
+    if let Some(model) = model {
+        let sizes = curve_sizes(&results);
+        let runs: Vec<(usize, f64)> = (0..model.lines.len())
+            .flat_map(|line| sizes.iter().map(move |&gib| (line, gib)))
+            .collect();
+        let phase = |first: usize| {
+            results
+                .get(first)
                 .and_then(|p| p.summary.get("eviction_phase"))
                 .and_then(|p| p.get("phase_s"))
-                .and_then(Json::as_f64);
-            let rates = run_points(
-                sizes.len(),
-                jobs,
-                &|i| {
-                    let finished = (model.plan)(sizes[i], phase)?.run(|_| {})?;
-                    Ok(Figures::of(&finished.report).hit_rate)
-                },
-                &|_| {},
-            )?;
-            Some(ModelCurve {
-                line: model.line,
-                points: sizes.into_iter().zip(rates).collect(),
-            })
+                .and_then(Json::as_f64)
+        };
+        let rates = run_points(
+            runs.len(),
+            jobs,
+            &|i| {
+                let (line, gib) = runs[i];
+                let first = model.lines[line].1;
+                let finished = (model.plan)(first, gib, phase(first))?.run(|_| {})?;
+                Ok(Figures::of(&finished.report).hit_rate)
+            },
+            &|_| {},
+        )?;
+        for (line, (name, _)) in model.lines.iter().enumerate() {
+            model_curves.push(ModelCurve {
+                line: name.clone(),
+                points: runs
+                    .iter()
+                    .zip(&rates)
+                    .filter(|((l, _), _)| *l == line)
+                    .map(|(&(_, gib), &rate)| (gib, rate))
+                    .collect(),
+            });
         }
-        None => None,
-    };
+    }
     Ok(ReplaySweep {
         trace: trace.display().to_string(),
         points: results,
         curve,
         curve_note,
-        model_curve,
+        model_curves,
     })
 }

@@ -302,13 +302,15 @@ impl Report for ReplaySweep {
             }),
             None => Json::Null,
         };
-        let model_curve = match &self.model_curve {
-            Some(m) => json!({
+        let model_curve = match self.model_curves.is_empty() {
+            true => Json::Null,
+            false => json!({
                 "model": "full replays at each size: LMCache's eviction controller (watermark, ratio, periodic passes) and the recorded client's model, as every point",
-                "line": m.line,
-                "points": m.points.iter().map(|(gib, rate)| json!({"l1_size_gb": gib, "hit_rate": rate})).collect::<Vec<_>>(),
+                "lines": self.model_curves.iter().map(|m| json!({
+                    "line": m.line,
+                    "points": m.points.iter().map(|(gib, rate)| json!({"l1_size_gb": gib, "hit_rate": rate})).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
             }),
-            None => Json::Null,
         };
         Ok(json!({
             "trace": self.trace,
@@ -435,14 +437,18 @@ impl Report for ReplaySweep {
             }
         }
         let mut out = vec![points, hits, capacity, tiers, fidelity];
-        if let Some(m) = &self.model_curve {
-            let mut t = Table::new(&["l1_size_gb", "hit_rate"])
+        if !self.model_curves.is_empty() {
+            let mut t = Table::new(&["line", "l1_size_gb", "hit_rate"])
                 .sheet("Model curve")
                 .csv("sweep_model_curve.csv");
-            t.rows = m
-                .points
+            t.rows = self
+                .model_curves
                 .iter()
-                .map(|&(gib, rate)| vec![Cell::Number(gib), ratio(rate)])
+                .flat_map(|m| {
+                    m.points.iter().map(|&(gib, rate)| {
+                        vec![Cell::text(&m.line), Cell::Number(gib), ratio(rate)]
+                    })
+                })
                 .collect();
             out.push(t);
         }
@@ -472,7 +478,7 @@ impl Report for ReplaySweep {
             x.clone()
         };
         let mut series = lines(&refs, &x, &x_of, &|i| self.points[i].figures.hit_rate);
-        if let Some(m) = self.model_curve.as_ref().filter(|_| x == "l1-size-gb") {
+        for m in self.model_curves.iter().filter(|_| x == "l1-size-gb") {
             series.push(Series {
                 name: format!("{MODEL_CURVE_NAME}: {}", m.line),
                 points: m.points.clone(),
@@ -580,15 +586,20 @@ impl Report for ReplaySweep {
         if let Some(note) = &self.curve_note {
             let _ = writeln!(out, "\nNo LRU stack-distance curve: {note}");
         }
-        if let Some(m) = &self.model_curve {
+        if let Some(first) = self.model_curves.first() {
             let _ = writeln!(
                 out,
-                "\nModel curve ({} full replays, {}):",
-                m.points.len(),
-                m.line
+                "\nModel curves (full replays at {} sizes; all in the JSON, CSV and workbook):",
+                first.points.len()
             );
-            for (gib, rate) in &m.points {
-                let _ = writeln!(out, "  L1 {gib:.4} GiB: {}", pct(*rate));
+            for m in &self.model_curves {
+                let at: Vec<String> = m
+                    .points
+                    .iter()
+                    .step_by(4)
+                    .map(|(gib, rate)| format!("{gib:.4} GiB {}", pct(*rate)))
+                    .collect();
+                let _ = writeln!(out, "  {}: {}", m.line, at.join(", "));
             }
         }
         out
