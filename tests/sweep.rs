@@ -288,23 +288,26 @@ fn curve_at_points(sweep: &Value) -> Vec<(f64, f64, f64)> {
         .collect()
 }
 
+/// `kvtrace sweep replay TRACE FLAGS... -q --json DIR/sweep.json`, its JSON.
+fn sweep_replay_json(trace: &Path, flags: &[&str], dir: &Path) -> Value {
+    let out_json = dir.join("sweep.json");
+    let mut args = vec!["sweep", "replay", trace.to_str().expect("path")];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["-q", "--json", out_json.to_str().expect("path")]);
+    ok(&kvtrace(&args));
+    json(&out_json)
+}
+
 fn sweep_immediate_lru(trace: &Path, sizes: &str, dir: &Path) -> Value {
-    let out_json = dir.join("curve.json");
-    ok(&kvtrace([
-        "sweep",
-        "replay",
-        trace.to_str().expect("path"),
+    let flags = [
         "--l1-size-gb",
         sizes,
         "--eviction-policy",
         "LRU",
         "--eviction-timing",
         "immediate",
-        "-q",
-        "--json",
-        out_json.to_str().expect("path"),
-    ]));
-    json(&out_json)
+    ];
+    sweep_replay_json(trace, &flags, dir)
 }
 
 #[test]
@@ -391,18 +394,7 @@ fn the_model_curve_is_full_replays_and_meets_the_real_servers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let whatif = shared.join("lmcache/whatif");
     let trace = whatif.join("vllm_s21_0p05_lru.lct");
-    let out_json = dir.path().join("sweep.json");
-    ok(&kvtrace([
-        "sweep",
-        "replay",
-        trace.to_str().expect("path"),
-        "--l1-size-gb",
-        "0.0125,0.025,0.05",
-        "-q",
-        "--json",
-        out_json.to_str().expect("path"),
-    ]));
-    let sweep = json(&out_json);
+    let sweep = sweep_replay_json(&trace, &["--l1-size-gb", "0.0125,0.025,0.05"], dir.path());
     let curve = sweep["model_curve"]["lines"][0]["points"]
         .as_array()
         .expect("curve");
@@ -555,21 +547,13 @@ fn bad_lists_fail_in_one_line_naming_the_flag() {
 #[test]
 fn every_point_lies_on_its_lines_model_curve() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/lmcache/churn/lru_seed1.lct");
-    let out_json = dir.path().join("sweep.json");
-    ok(&kvtrace([
-        "sweep",
-        "replay",
-        trace.to_str().expect("path"),
+    let flags = [
         "--l1-size-gb",
         "0.002,0.004,0.008",
         "--eviction-policy",
         "LRU,FIFO",
-        "-q",
-        "--json",
-        out_json.to_str().expect("path"),
-    ]));
-    let sweep = json(&out_json);
+    ];
+    let sweep = sweep_replay_json(&churn("lru_seed1"), &flags, dir.path());
     let lines = sweep["model_curve"]["lines"].as_array().expect("lines");
     assert_eq!(lines.len(), 2, "one curve per policy");
     for p in sweep["points"].as_array().expect("points") {
