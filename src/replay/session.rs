@@ -253,10 +253,11 @@ impl Sessions {
                     recorded: Vec::new(),
                     end,
                 };
-                let touch = match applied {
-                    Call::ReserveWrite { keys, .. } => self.client.store_touch(keys),
-                    _ => self.client.store_touch(keys),
+                let stored = match applied {
+                    Call::ReserveWrite { keys: stored, .. } => stored,
+                    _ => keys,
                 };
+                let touch = self.client.store_touch(stored);
                 self.open = Some((
                     Open::Store {
                         session,
@@ -335,7 +336,7 @@ impl Sessions {
                         *finished = true;
                         session.recorded = keys.clone();
                         *finish = match applied {
-                            Call::FinishWrite { keys } => keys.clone(),
+                            Call::FinishWrite { keys: finished } => finished.clone(),
                             _ => keys.clone(),
                         };
                     }
