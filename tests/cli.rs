@@ -838,7 +838,7 @@ fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
         (
             vec!["diff", &not_summary, &not_summary],
             1,
-            "neither a replay summary",
+            "not a replay summary",
         ),
         (
             vec!["diff", &not_summary, &not_summary, "--max-regression=-1"],

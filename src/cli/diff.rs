@@ -9,7 +9,7 @@ use kvtrace::replay::diff::{
 
 use super::print_stdout;
 
-/// Compare two replay summaries (trace_replay_summary.json) or two simulate reports and fail
+/// Compare two replay summaries (trace_replay_summary.json), two simulate or two bench reports and fail
 /// when a watched figure moved the wrong way by more than the threshold: by default the
 /// deterministic ones (hits per tier, OUT_OF_MEMORY, evictions, failed calls and reads,
 /// fidelity; a simulate report's figures), a replay's latencies only with --latency
@@ -58,7 +58,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
             Error::data(
                 0,
                 "summary",
-                "neither a replay summary (trace_replay_summary.json) nor a simulate report",
+                "not a replay summary (trace_replay_summary.json), a simulate report or a bench report",
             )
             .in_file(path.display())
         })

@@ -50,6 +50,7 @@ pub const DURATION_NOISE_FLOOR_S: f64 = 0.05;
 pub enum Kind {
     Replay,
     Simulate,
+    Bench,
 }
 
 impl Kind {
@@ -59,6 +60,10 @@ impl Kind {
         } else if report.get("completed_requests").is_some() && report.get("mean_ttft_ms").is_some()
         {
             Some(Kind::Simulate)
+        } else if report.get("requests_completed").is_some()
+            && report.pointer("/summary/cache_stats").is_some()
+        {
+            Some(Kind::Bench)
         } else {
             None
         }
@@ -68,6 +73,7 @@ impl Kind {
         match self {
             Kind::Replay => "replay summary",
             Kind::Simulate => "simulate report",
+            Kind::Bench => "bench report",
         }
     }
 }
@@ -105,6 +111,42 @@ fn watched(kind: Kind, report: &Json, latency: bool) -> Vec<Watched> {
             ("/mean_e2e_latency_ms", "mean end-to-end (ms)", Lower),
             ("/prefix_cache_reused_ratio", "prefix cache reuse", Higher),
             ("/offload_hit_rate", "offload hit rate", Higher),
+        ]),
+        // A benchmark's figures are all live measurements of real storage: the threshold is
+        // the gate, set to the run-to-run spread of the machine.
+        Kind::Bench => list(&[
+            ("/requests_completed", "requests completed", Higher),
+            (
+                "/summary/cache_stats/cache_hit_rate",
+                "cache hit rate",
+                Higher,
+            ),
+            (
+                "/summary/avg_throughput_tokens_per_sec",
+                "throughput (tok/s)",
+                Higher,
+            ),
+            (
+                "/summary/storage_throughput_tokens_per_sec",
+                "storage throughput (tok/s)",
+                Higher,
+            ),
+            ("/summary/requests_per_second", "requests/s", Higher),
+            (
+                "/summary/end_to_end_latency_ms/p95",
+                "p95 end-to-end (ms)",
+                Lower,
+            ),
+            (
+                "/summary/storage_io_latency_ms/p95",
+                "p95 storage I/O (ms)",
+                Lower,
+            ),
+            (
+                "/summary/cache_stats/storage_read_device_p95_ms",
+                "p95 device read (ms)",
+                Lower,
+            ),
         ]),
         Kind::Replay => {
             let mut out = list(&[
@@ -306,5 +348,20 @@ mod tests {
         let worse = diff(Kind::Simulate, &base, &report(130.0, 10.0), gate(false));
         assert_eq!(regressed(&worse), ["mean TTFT (ms)", "p99 TTFT (ms)"]);
         assert!(worse.iter().all(|r| r.metric != "wall_time_ms"));
+    }
+
+    #[test]
+    fn bench_reports_compare_on_hits_throughput_and_tail_latency() {
+        let report = |hit: f64, p95: f64| {
+            json!({"requests_completed": 50, "summary": {
+                "avg_throughput_tokens_per_sec": 1000.0,
+                "end_to_end_latency_ms": {"p95": p95},
+                "cache_stats": {"cache_hit_rate": hit}}})
+        };
+        let base = report(0.5, 10.0);
+        assert_eq!(Kind::of(&base), Some(Kind::Bench));
+        let worse = diff(Kind::Bench, &base, &report(0.4, 12.0), gate(false));
+        assert_eq!(regressed(&worse), ["cache hit rate", "p95 end-to-end (ms)"]);
+        assert!(regressed(&diff(Kind::Bench, &base, &report(0.6, 9.0), gate(false))).is_empty());
     }
 }
