@@ -67,7 +67,7 @@ def main():
             exact_all += exact
             n_all += len(truth)
             print(f"{a_name:28} {b_name:28} {exact:>4}/{len(truth):<4} {tp:8.2f} {rp:8.2f} {rp - tp:+7.2f}")
-    print(f"all: {exact_all}/{n_all} requests exact ({100 * exact_all / max(n_all, 1):.1f} %), worst {worst:.2f} pp")
+    print(f"all: {exact_all}/{n_all} requests exact ({100 * exact_all / max(n_all, 1):.2f} %), worst {worst:.2f} pp")
 
 
 if __name__ == "__main__":
