@@ -477,13 +477,19 @@ impl Report for ReplaySweep {
         } else {
             x.clone()
         };
-        let mut series = lines(&refs, &x, &x_of, &|i| self.points[i].figures.hit_rate);
-        for m in self.model_curves.iter().filter(|_| x == "l1-size-gb") {
-            series.push(Series {
-                name: format!("{MODEL_CURVE_NAME}: {}", m.line),
-                points: m.points.clone(),
-            });
-        }
+        // Each line's model curve passes through its points (full replays at their sizes and
+        // between them): drawn instead of the points' own polyline, one line per line.
+        let mut series = if x == "l1-size-gb" && !self.model_curves.is_empty() {
+            self.model_curves
+                .iter()
+                .map(|m| Series {
+                    name: format!("{} — {MODEL_CURVE_NAME}", m.line),
+                    points: m.points.clone(),
+                })
+                .collect()
+        } else {
+            lines(&refs, &x, &x_of, &|i| self.points[i].figures.hit_rate)
+        };
         let curve = self.curve_points();
         if x == "l1-size-gb" && !curve.is_empty() {
             series.push(Series {
