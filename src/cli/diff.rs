@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(long, value_name = "PCT", default_value_t = 5.0)]
     max_regression: f64,
     /// Also watch a replay's per-call latencies and duration: live measurements, so a move
-    /// under the noise floor (0.05 ms a call, 0.05 s in all) never regresses
+    /// under the noise floor (0.1 ms a call, 0.1 s in all) never regresses
     #[arg(long)]
     latency: bool,
     /// Print the rows as JSON

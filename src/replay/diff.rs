@@ -38,12 +38,13 @@ pub struct DiffOptions {
     pub latency: bool,
 }
 
-/// A replay's per-call latency moves less than this (ms) are noise: a call takes microseconds
-/// and two runs of one trace differ by about a microsecond at the mean and more at the tail.
-pub const LATENCY_NOISE_FLOOR_MS: f64 = 0.05;
+/// A replay's per-call latency moves less than this (ms) are noise: a call takes microseconds,
+/// two runs of one trace differ by about a microsecond at the mean, and the p99 of a short
+/// trace's few calls on a busy machine by tens of microseconds (seen: 46 → 101 µs).
+pub const LATENCY_NOISE_FLOOR_MS: f64 = 0.1;
 
 /// A replay's duration moves less than this (s) are noise.
-pub const DURATION_NOISE_FLOOR_S: f64 = 0.05;
+pub const DURATION_NOISE_FLOOR_S: f64 = 0.1;
 
 /// The kind of report a summary is, by its shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -320,7 +321,7 @@ mod tests {
 
     #[test]
     fn latencies_are_watched_only_when_asked_and_then_above_the_noise_floor() {
-        // Sub-microsecond noise: +300 % of a 0.002 ms call, under the floor.
+        // A few microseconds of noise: +300 % of a 0.002 ms call, under the floor.
         let base = summary(0.5, 0, 0.002);
         let noisy = summary(0.5, 0, 0.008);
         assert!(diff(Kind::Replay, &base, &noisy, gate(false))
