@@ -135,8 +135,9 @@ pub fn resolve(
 
 /// Infers the recorded client's shape from the stores in the head of the trace: stores that
 /// begin at their lookup's hit prefix after a partial hit are vLLM's, stores of the whole
-/// prompt after a partial hit are the SDK's. A trace with both, or with neither (no lookup
-/// that hit part of its prompt and was followed by a store of it), is replayed literally.
+/// prompt after a partial hit are the SDK's. A trace where neither outnumbers the other ten
+/// to one, or with neither (no lookup that hit part of its prompt and was followed by a store
+/// of it), is replayed literally.
 pub fn infer(path: &std::path::Path, read: ReadOptions) -> Result<ClientInfo> {
     let mut reader = TraceReader::open(path, read)?;
     let mut decoder = Decoder::default();
@@ -182,10 +183,14 @@ pub fn infer(path: &std::path::Path, read: ReadOptions) -> Result<ClientInfo> {
     let seen = format!(
         "{tail} store(s) began at their lookup's hit prefix, {whole} named the whole prompt after a partial hit"
     );
-    let model = match (tail > 0, whole > 0) {
-        (true, false) => Shape::Vllm,
-        (false, true) => Shape::Sdk,
-        _ => Shape::Literal,
+    // Ten to one: a few stores of the other shape (two requests for one prompt in flight at
+    // once) do not change what the client is; an even mix says neither model fits.
+    let model = if tail > 0 && tail >= 10 * whole {
+        Shape::Vllm
+    } else if whole > 0 && whole >= 10 * tail {
+        Shape::Sdk
+    } else {
+        Shape::Literal
     };
     Ok(ClientInfo {
         model,
@@ -459,5 +464,101 @@ impl ClientModel {
             }
             _ => Rewrite::Keep,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(range: std::ops::Range<u32>) -> Vec<KeyId> {
+        range.map(|i| KeyId(u128::from(i) + 1)).collect()
+    }
+
+    fn lookup(model: &mut ClientModel, n: u32) -> u64 {
+        model.looked_up(&[PrefetchGroup {
+            keys: keys(0..n),
+            object_bytes: 4096,
+            chunk_tokens: Some(64),
+            window: -1,
+        }])
+    }
+
+    fn vllm() -> ClientModel {
+        ClientModel::new(ClientInfo {
+            model: Shape::Vllm,
+            ..ClientInfo::default()
+        })
+    }
+
+    fn reserve(k: Vec<KeyId>) -> Call {
+        Call::ReserveWrite {
+            keys: k,
+            object_bytes: 4096,
+        }
+    }
+
+    #[test]
+    fn a_vllm_store_follows_the_replayed_hit_prefix() {
+        // Recorded: 6 chunks, 2 hit, store 2..6. The replay hit 1: the store grows to 1..6,
+        // and its finish_write with it.
+        let mut m = vllm();
+        let seq = lookup(&mut m, 6);
+        assert!(m.retrieve_closed(seq, 2, 1).is_none());
+        let Rewrite::Replace(Call::ReserveWrite { keys: grown, .. }) =
+            m.rewrite(&reserve(keys(2..6)))
+        else {
+            panic!("the store is not resized");
+        };
+        assert_eq!(grown, keys(1..6));
+        let Rewrite::Replace(Call::FinishWrite { keys: finished }) =
+            m.rewrite(&Call::FinishWrite { keys: keys(2..6) })
+        else {
+            panic!("the finish is not resized");
+        };
+        assert_eq!(finished, keys(1..6));
+        assert_eq!((m.report.stores_resized, m.report.keys_added), (1, 1));
+
+        // The replay hit 4 of a lookup the recording hit 2 of: the store shrinks to 4..6.
+        let seq = lookup(&mut m, 6);
+        m.retrieve_closed(seq, 2, 4);
+        let Rewrite::Replace(Call::ReserveWrite { keys: shrunk, .. }) =
+            m.rewrite(&reserve(keys(2..6)))
+        else {
+            panic!("the store is not resized");
+        };
+        assert_eq!(shrunk, keys(4..6));
+
+        // The replay hit everything: the store and its finish are not made.
+        let seq = lookup(&mut m, 6);
+        m.retrieve_closed(seq, 2, 6);
+        assert!(matches!(m.rewrite(&reserve(keys(2..6))), Rewrite::Drop));
+        assert!(matches!(
+            m.rewrite(&Call::FinishWrite { keys: keys(2..6) }),
+            Rewrite::Drop
+        ));
+        assert_eq!(m.report.stores_dropped, 1);
+
+        // The recording hit everything (no store follows), the replay 3: a store of 3..6 is
+        // made right away, and its session touches the whole prompt.
+        let seq = lookup(&mut m, 6);
+        let added = m.retrieve_closed(seq, 6, 3).expect("a new store");
+        assert_eq!(added.keys, keys(3..6));
+        assert_eq!(added.prompt, keys(0..6));
+        assert_eq!(added.object_bytes, 4096);
+        assert_eq!(m.report.stores_added, 1);
+    }
+
+    #[test]
+    fn a_store_touches_its_prompt_and_other_shapes_keep_the_recorded_calls() {
+        let mut m = ClientModel::new(ClientInfo::default());
+        let seq = lookup(&mut m, 5);
+        assert!(m.retrieve_closed(seq, 2, 0).is_none());
+        assert!(matches!(m.rewrite(&reserve(keys(2..5))), Rewrite::Keep));
+        // The session of a store of chunks 2..4 touches chunks 0..4 of its prompt.
+        assert_eq!(m.store_touch(&keys(2..4)), keys(0..4));
+        // A store of keys no lookup named touches its own keys.
+        let stray = keys(100..103);
+        assert_eq!(m.store_touch(&stray), stray);
     }
 }
