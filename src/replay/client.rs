@@ -164,7 +164,7 @@ pub fn infer(path: &std::path::Path, read: ReadOptions) -> Result<ClientInfo> {
             }
             Call::ReserveWrite { keys, .. } => {
                 last_lookup = None;
-                let Some((seq, start)) = prompts.locate(keys) else {
+                let Some((seq, start, _)) = prompts.locate(keys) else {
                     continue;
                 };
                 let hit = prompts.get(seq).map_or(0, |p| p.hit);
@@ -286,16 +286,29 @@ impl Prompts {
             .get_mut(usize::try_from(seq.checked_sub(front)?).ok()?)
     }
 
-    /// The lookup a store of `keys` belongs to, and the chunk it begins at: the store's keys
-    /// must be that lookup's chunks from there on, or a part of them in order.
-    fn locate(&self, keys: &[KeyId]) -> Option<(u64, usize)> {
+    /// The lookup a store of `keys` belongs to, the chunk it begins at and the chunk after its
+    /// last: the store's keys must all be that lookup's.
+    fn locate(&self, keys: &[KeyId]) -> Option<(u64, usize, usize)> {
         let &(seq, start) = self.at.get(keys.first()?)?;
         let prompt = self.get(seq)?;
-        let ours = keys
-            .iter()
-            .all(|k| self.at.get(k).is_some_and(|&(s, _)| s == seq));
-        (ours && start < prompt.chunks()).then_some((seq, start))
+        let mut end = 0;
+        for key in keys {
+            match self.at.get(key) {
+                Some(&(s, i)) if s == seq => end = end.max(i + 1),
+                _ => return None,
+            }
+        }
+        (start < prompt.chunks()).then_some((seq, start, end))
     }
+}
+
+/// A vLLM store the recording will make: of lookup `seq`, from chunk `recorded` on, where the
+/// replay's hit ended at chunk `replayed`.
+#[derive(Clone, Copy)]
+struct Pending {
+    seq: u64,
+    recorded: usize,
+    replayed: usize,
 }
 
 /// The client model of one replay (see the module documentation).
@@ -303,8 +316,8 @@ pub struct ClientModel {
     shape: Shape,
     prompts: Prompts,
     /// vLLM stores still to come, by the first key the recorded store names: the lookup, and
-    /// the chunk the replay's hit prefix ended at.
-    pending: KeyMap<(u64, usize)>,
+    /// the chunks the recording's and the replay's hit prefixes ended at.
+    pending: KeyMap<Pending>,
     /// A recorded store being replayed otherwise: its recorded keys and the keys the modelled
     /// client names instead (empty: dropped), until its `finish_write`.
     rewritten: Option<(Vec<KeyId>, Vec<KeyId>)>,
@@ -351,18 +364,11 @@ impl ClientModel {
     /// What the end of a store session of `keys` touches: every chunk of the prompt up to the
     /// store's last, when the store is tied to a lookup; the store's own keys otherwise.
     pub fn store_touch(&self, keys: &[KeyId]) -> Vec<KeyId> {
-        let Some((seq, _)) = self.prompts.locate(keys) else {
-            return keys.to_vec();
-        };
-        let Some(prompt) = self.prompts.get(seq) else {
-            return keys.to_vec();
-        };
-        let end = keys
-            .iter()
-            .filter_map(|k| self.prompts.at.get(k).map(|&(_, i)| i + 1))
-            .max()
-            .unwrap_or(0);
-        prompt.head(end)
+        match self.prompts.locate(keys) {
+            Some((seq, _, end)) => self.prompts.get(seq).map(|p| p.head(end)),
+            None => None,
+        }
+        .unwrap_or_else(|| keys.to_vec())
     }
 
     /// A retrieve session ended: the recording hit `recorded` chunks of the lookup, the
@@ -382,9 +388,14 @@ impl ClientModel {
                 // Stores that never came (an aborted request): forget those whose lookup
                 // has left the window a store can be tied to.
                 let oldest = self.prompts.ring.front().map_or(0, |p| p.seq);
-                self.pending.retain(|_, &mut (s, _)| s >= oldest);
+                self.pending.retain(|_, p| p.seq >= oldest);
             }
-            self.pending.insert(first, (seq, replayed));
+            let pending = Pending {
+                seq,
+                recorded,
+                replayed,
+            };
+            self.pending.insert(first, pending);
             return None;
         }
         if replayed >= n {
@@ -405,23 +416,18 @@ impl ClientModel {
         match call {
             Call::ReserveWrite { keys, object_bytes } => {
                 self.rewritten = None;
-                let Some(&(seq, replayed)) = keys.first().and_then(|k| self.pending.get(k)) else {
+                let Some(Pending {
+                    seq,
+                    recorded,
+                    replayed,
+                }) = keys.first().and_then(|k| self.pending.remove(k))
+                else {
                     return Rewrite::Keep;
                 };
-                if let Some(k) = keys.first() {
-                    self.pending.remove(k);
-                }
                 let Some(prompt) = self.prompts.get(seq) else {
                     return Rewrite::Keep;
                 };
-                let recorded_start = prompt
-                    .first_group()
-                    .iter()
-                    .position(|k| Some(k) == keys.first());
-                let Some(recorded_start) = recorded_start else {
-                    return Rewrite::Keep;
-                };
-                if prompt.tail(recorded_start) != *keys || replayed == recorded_start {
+                if replayed == recorded || prompt.tail(recorded) != *keys {
                     return Rewrite::Keep;
                 }
                 let wanted = prompt.tail(replayed);

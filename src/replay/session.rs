@@ -257,7 +257,12 @@ impl Sessions {
                     Call::ReserveWrite { keys: stored, .. } => stored,
                     _ => keys,
                 };
-                let touch = self.client.store_touch(stored);
+                // Only the end-of-session touch needs it.
+                let touch = if self.emulate {
+                    self.client.store_touch(stored)
+                } else {
+                    Vec::new()
+                };
                 self.open = Some((
                     Open::Store {
                         session,
