@@ -784,6 +784,11 @@ fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
             "--l1-accounting-only",
         ),
         (
+            vec!["replay", &basic, "--client", "vllm2", "-q", "--no-csv"],
+            2,
+            "--client",
+        ),
+        (
             vec![
                 "replay",
                 &basic,
