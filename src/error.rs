@@ -69,6 +69,11 @@ impl Error {
         Error::new(ErrorKind::Io, format!("{}: {}", context.into(), err))
     }
 
+    /// Bad data whose message names its own place (a report's file and field path).
+    pub fn bad_input(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Data, message)
+    }
+
     pub fn usage(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Usage, message)
     }

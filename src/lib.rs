@@ -44,6 +44,7 @@ pub mod bus;
 pub mod clock;
 pub mod error;
 pub mod interrupt;
+pub mod limits;
 pub mod lmct;
 pub mod machine;
 pub mod otel;

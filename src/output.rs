@@ -9,6 +9,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use crate::error::{Error, Result};
 
@@ -35,6 +36,59 @@ fn temp_path(dest: &Path) -> PathBuf {
     ))
 }
 
+/// Whether `path` has the name [`OutputFile`] gives a file being written
+/// (`.NAME.kvtrace-PID-N.tmp`): an output whose process never finished it.
+pub fn is_temporary(path: &Path) -> bool {
+    temporary_owner(path).is_some()
+}
+
+/// The process id in a temporary output's name.
+fn temporary_owner(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?;
+    let rest = name.strip_prefix('.')?.strip_suffix(".tmp")?;
+    let (_, tail) = rest.rsplit_once(".kvtrace-")?;
+    let (pid, serial) = tail.split_once('-')?;
+    serial.parse::<u64>().ok()?;
+    pid.parse().ok()
+}
+
+/// Whether process `pid` is alive on this machine (signal 0 reaches it, or it exists but is
+/// not ours to signal).
+pub fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 checks for the process and delivers nothing.
+    let sent = unsafe { libc::kill(pid, 0) };
+    sent == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Removes the temporary outputs (`.NAME.kvtrace-PID-N.tmp`) a kvtrace process that is no
+/// longer alive left in `dir` (killed before it could clean up); one line per removal.
+pub fn remove_dead_temporaries(dir: &Path) -> Vec<String> {
+    let Ok(listing) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut notes = Vec::new();
+    for entry in listing.flatten() {
+        let path = entry.path();
+        let Some(pid) = temporary_owner(&path) else {
+            continue;
+        };
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        if is_file && !process_alive(pid) && fs::remove_file(&path).is_ok() {
+            notes.push(format!(
+                "removed {}, left by kvtrace process {pid}, which is no longer running",
+                path.display()
+            ));
+        }
+    }
+    notes
+}
+
 impl OutputFile {
     /// Starts `dest`: creates the temporary file (never an existing one) in its directory.
     pub fn create(dest: &Path) -> Result<OutputFile> {
@@ -42,6 +96,7 @@ impl OutputFile {
         if dest.is_dir() {
             return Err(Error::usage("is a directory, not a file").in_file(&shown));
         }
+        refuse_input(dest)?;
         let temp = temp_path(dest);
         let file = OpenOptions::new()
             .write(true)
@@ -59,6 +114,12 @@ impl OutputFile {
     /// Flushes the data to disk and renames the file into place.
     pub fn commit(mut self) -> io::Result<()> {
         self.file.sync_all()?;
+        if refuse_input(&self.dest).is_err() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "it is one of this run's inputs; refusing to overwrite it",
+            ));
+        }
         fs::rename(&self.temp, &self.dest)?;
         self.committed = true;
         Ok(())
@@ -101,6 +162,62 @@ pub fn check_writable(dest: &Path) -> Result<()> {
     OutputFile::create(dest).map(drop)
 }
 
+/// A directory's report set being written by this process: an exclusive lock on
+/// `DIR/.kvtrace.lock`, so two runs into one directory never mix their files. Dropping it
+/// removes the file and releases the lock; a process that dies releases it too (the kernel
+/// drops the lock with the descriptor), leaving an unlocked file the next run takes.
+pub struct DirLock {
+    /// Holds the lock until the lock file is removed, then releases it.
+    _file: File,
+    path: PathBuf,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        // Removed while still locked: a run that opened it meanwhile finds it unlinked when
+        // it checks, and starts over on a new file.
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+impl DirLock {
+    /// Takes the lock, or fails at once with one line when another run holds it.
+    pub fn acquire(dir: &Path) -> Result<DirLock> {
+        use std::os::fd::AsRawFd;
+        let shown = dir.display().to_string();
+        fs::create_dir_all(dir).map_err(|e| Error::io("cannot create", e).in_file(&shown))?;
+        let path = dir.join(".kvtrace.lock");
+        loop {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| Error::io("cannot create", e).in_file(path.display()))?;
+            // SAFETY: flock on a descriptor this function owns; no memory is shared.
+            let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            if locked != 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    return Err(Error::usage(
+                        "another kvtrace run is writing its reports here; give each run its own --output-dir",
+                    )
+                    .in_file(&shown));
+                }
+                return Err(Error::io("cannot lock", e).in_file(path.display()));
+            }
+            // The file locked must still be the one at the path (not one a finishing run
+            // has just removed).
+            let held = file.metadata().map(|m| (m.dev(), m.ino())).ok();
+            let named = fs::metadata(&path).map(|m| (m.dev(), m.ino())).ok();
+            if held.is_some() && held == named {
+                return Ok(DirLock { _file: file, path });
+            }
+        }
+    }
+}
+
 /// The device and inode behind a path, `-` meaning standard input.
 fn identity(path: &Path, stdin: bool) -> Option<(u64, u64)> {
     let meta = if path.as_os_str() == "-" {
@@ -126,10 +243,64 @@ pub fn same_file(input: &Path, output: &Path) -> bool {
 /// Refuses to write over an input, naming it.
 pub fn refuse_overwrite(input: &Path, output: &Path) -> Result<()> {
     if same_file(input, output) {
-        return Err(Error::usage(format!(
-            "input and output are the same file ({}); refusing to overwrite it",
-            output.display()
-        )));
+        return Err(overwrite_error(output));
+    }
+    Ok(())
+}
+
+fn overwrite_error(output: &Path) -> Error {
+    Error::usage(format!(
+        "input and output are the same file ({}); refusing to overwrite it",
+        output.display()
+    ))
+}
+
+/// The files this process reads, by device and inode: no [`OutputFile`] is created over one
+/// or renamed onto one, whatever path the output was given by.
+static INPUTS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+/// The one check every command makes before any work: registers `inputs` (`-` for standard
+/// input) as files no output of this process may replace, and refuses each of `outputs`
+/// that is one of them. Outputs named later (a report directory's files) are checked when
+/// they are created and again when they are renamed into place. Temporary files a dead
+/// kvtrace process left beside the outputs are removed; the notes say which.
+pub fn guard_inputs<'a>(
+    inputs: impl IntoIterator<Item = &'a Path>,
+    outputs: impl IntoIterator<Item = &'a Path>,
+) -> Result<Vec<String>> {
+    {
+        let mut known = INPUTS.lock().unwrap_or_else(|e| e.into_inner());
+        for input in inputs {
+            if let Some(id) = identity(input, true) {
+                if !known.contains(&id) {
+                    known.push(id);
+                }
+            }
+        }
+    }
+    let mut notes = Vec::new();
+    for output in outputs {
+        refuse_input(output)?;
+        let dir = match output.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        notes.extend(remove_dead_temporaries(dir));
+    }
+    Ok(notes)
+}
+
+/// Refuses `output` when it is (through links or another spelling) a registered input.
+fn refuse_input(output: &Path) -> Result<()> {
+    let Some(id) = identity(output, false) else {
+        return Ok(());
+    };
+    if INPUTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&id)
+    {
+        return Err(overwrite_error(output));
     }
     Ok(())
 }

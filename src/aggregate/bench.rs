@@ -9,17 +9,16 @@ use serde::Serialize;
 use serde_json::Value as Json;
 
 use super::{
-    count_at, field, histograms, merge_ops, one_run, ops_table, per_s, rate, sum_tiers,
-    summary_table, tiers_table, OpSummary, RankId, Spread,
+    add, count_at, field, histograms, one_run, ops_table, per_s, rate, summary_table, tiers_table,
+    OpMerge, OpSummary, RankId, Spread, TierSum,
 };
 use crate::error::{Error, Result};
-use crate::report::histogram::LatencyHistogram;
 use crate::report::{Cell, JsonStyle, Report, Table, Unit};
 
 const WHAT: &str = "a kvtrace bench result of a rank (written in rank mode)";
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// One rank's result, as much as the run's needs.
+/// What the run keeps of one rank once its result is folded in.
 struct RankInput {
     id: RankId,
     requests: u64,
@@ -31,11 +30,16 @@ struct RankInput {
     write_bytes: u64,
     io_errors: u64,
     late: u64,
-    tiers: Vec<BTreeMap<String, Json>>,
-    histograms: BTreeMap<String, LatencyHistogram>,
+    cross_rank_hits: u64,
 }
 
-fn read_rank((file, doc): &(String, Json)) -> Result<RankInput> {
+/// Folds one rank's result into the merged operations and tiers; what the run keeps of it.
+fn read_rank(
+    (file, doc): (String, Json),
+    ops: &mut OpMerge,
+    tier_sum: &mut TierSum,
+) -> Result<RankInput> {
+    let (file, doc) = (&file, &doc);
     let k = field(doc, "kvtrace", file, WHAT)?;
     let id = RankId::read(field(k, "rank", file, WHAT)?, file, WHAT)?;
     let count = |path: &str| count_at(doc, path, file, WHAT);
@@ -61,6 +65,16 @@ fn read_rank((file, doc): &(String, Json)) -> Result<RankInput> {
                 .collect()
         })
         .unwrap_or_default();
+    ops.add(
+        histograms(
+            k.get("latency_histograms"),
+            file,
+            "kvtrace.latency_histograms",
+        )?,
+        &BTreeMap::new(),
+        file,
+    )?;
+    let cross_rank_hits = tier_sum.add(tiers, file)?;
     Ok(RankInput {
         requests: count("requests_completed")?,
         tokens: count("total_tokens_generated")?,
@@ -77,12 +91,7 @@ fn read_rank((file, doc): &(String, Json)) -> Result<RankInput> {
         write_bytes: count("summary.cache_stats.total_write_bytes")?,
         io_errors: count("kvtrace.io_errors")?,
         late: count("kvtrace.requests_after_deadline")?,
-        tiers,
-        histograms: histograms(
-            k.get("latency_histograms"),
-            file,
-            "kvtrace.latency_histograms",
-        )?,
+        cross_rank_hits,
         id,
     })
 }
@@ -131,16 +140,14 @@ pub struct BenchRun {
 }
 
 /// Merges the bench results of one run's ranks.
-pub fn aggregate(docs: &[(String, Json)]) -> Result<BenchRun> {
-    let mut ranks = docs.iter().map(read_rank).collect::<Result<Vec<_>>>()?;
+pub fn aggregate(docs: impl Iterator<Item = Result<(String, Json)>>) -> Result<BenchRun> {
+    let (mut ops, mut tiers) = (OpMerge::default(), TierSum::new("tier"));
+    let mut ranks = Vec::new();
+    for doc in docs {
+        ranks.push(read_rank(doc?, &mut ops, &mut tiers)?);
+    }
     ranks.sort_by_key(|r| r.id.rank);
     let (world_size, window_s) = one_run(&ranks.iter().map(|r| &r.id).collect::<Vec<_>>())?;
-    let cross = |r: &RankInput| -> u64 {
-        r.tiers
-            .iter()
-            .filter_map(|t| t.get("cross_rank_hits").and_then(Json::as_u64))
-            .sum()
-    };
     let lines: Vec<BenchRankLine> = ranks
         .iter()
         .map(|r| BenchRankLine {
@@ -149,18 +156,29 @@ pub fn aggregate(docs: &[(String, Json)]) -> Result<BenchRun> {
             requests: r.requests,
             tokens: r.tokens,
             tokens_per_s: r.tokens_per_s,
-            hit_rate: rate(r.hits, r.hits + r.misses),
+            hit_rate: rate(r.hits, r.hits.saturating_add(r.misses)),
             duration_s: r.id.duration_s(),
-            cross_rank_hits: cross(r),
+            cross_rank_hits: r.cross_rank_hits,
             io_errors: r.io_errors,
         })
         .collect();
-    let total = |f: &dyn Fn(&RankInput) -> u64| ranks.iter().map(f).sum::<u64>();
-    let (requests, tokens) = (total(&|r| r.requests), total(&|r| r.tokens));
-    let (hits, misses) = (total(&|r| r.hits), total(&|r| r.misses));
-    let bytes = total(&|r| r.read_bytes + r.write_bytes);
+    let total = |what: &str, f: &dyn Fn(&RankInput) -> u64| {
+        ranks
+            .iter()
+            .try_fold(0u64, |sum, r| add(sum, f(r), &r.id.file, what))
+    };
+    let requests = total("requests_completed", &|r| r.requests)?;
+    let tokens = total("total_tokens_generated", &|r| r.tokens)?;
+    let hits = total("cache_hits", &|r| r.hits)?;
+    let misses = total("cache_misses", &|r| r.misses)?;
+    let read = total("total_read_bytes", &|r| r.read_bytes)?;
+    let bytes = add(
+        read,
+        total("total_write_bytes", &|r| r.write_bytes)?,
+        "",
+        "bytes",
+    )?;
     let spread_of = |f: &dyn Fn(&BenchRankLine) -> f64| Spread::of(lines.iter().map(f).collect());
-    let none = BTreeMap::new();
     Ok(BenchRun {
         world_size,
         window_s,
@@ -173,15 +191,12 @@ pub fn aggregate(docs: &[(String, Json)]) -> Result<BenchRun> {
         storage_io_gib_per_s: per_s(bytes as f64 / GIB, window_s),
         cache_hits: hits,
         cache_misses: misses,
-        cache_hit_rate: rate(hits, hits + misses),
-        cross_rank_hits: lines.iter().map(|l| l.cross_rank_hits).sum(),
-        io_errors: total(&|r| r.io_errors),
-        requests_after_deadline: total(&|r| r.late),
-        tiers: sum_tiers(
-            &ranks.iter().map(|r| r.tiers.as_slice()).collect::<Vec<_>>(),
-            "tier",
-        ),
-        ops: merge_ops(ranks.iter().map(|r| (&r.histograms, &none))),
+        cache_hit_rate: rate(hits, hits.saturating_add(misses)),
+        cross_rank_hits: total("cross_rank_hits", &|r| r.cross_rank_hits)?,
+        io_errors: total("kvtrace.io_errors", &|r| r.io_errors)?,
+        requests_after_deadline: total("kvtrace.requests_after_deadline", &|r| r.late)?,
+        tiers: tiers.tiers,
+        ops: ops.finish(),
         spread: BTreeMap::from([
             ("tokens_per_s".to_owned(), spread_of(&|l| l.tokens_per_s)),
             ("duration_s".to_owned(), spread_of(&|l| l.duration_s)),
@@ -302,6 +317,7 @@ impl Report for BenchRun {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::histogram::LatencyHistogram;
     use serde_json::json;
 
     /// A bench result of `rank` of 2 with `e2e` latencies (seconds).
@@ -338,10 +354,14 @@ mod tests {
 
     #[test]
     fn ranks_merge_into_sums_window_rates_and_mlperf_rules() {
-        let run = aggregate(&[
-            result(1, 300, &[0.4, 0.5, 0.6]),
-            result(0, 100, &[0.1, 0.2]),
-        ])
+        let run = aggregate(
+            [
+                result(1, 300, &[0.4, 0.5, 0.6]),
+                result(0, 100, &[0.1, 0.2]),
+            ]
+            .into_iter()
+            .map(Ok),
+        )
         .expect("aggregate");
         assert_eq!((run.world_size, run.requests_completed), (2, 5));
         assert_eq!(run.total_tokens, 400);

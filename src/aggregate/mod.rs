@@ -64,24 +64,58 @@ impl Report for Aggregated {
     }
 }
 
-/// Merges the per-rank reports of one run, all replay summaries or all bench results.
+/// Merges the per-rank reports of one run, all replay summaries or all bench results. The
+/// reports are read one at a time and folded into the merged state as they come, so memory
+/// is one report plus what the run keeps of each rank (its line in the Ranks table).
 pub fn aggregate(paths: &[&Path]) -> Result<Aggregated> {
-    let docs = paths
-        .iter()
-        .map(|p| read_json(p))
-        .collect::<Result<Vec<_>>>()?;
-    let is_bench = |(_, doc): &(String, Json)| doc.get("requests_completed").is_some();
-    match docs.iter().position(is_bench) {
-        None => replay::aggregate(&docs).map(Aggregated::Replay),
-        Some(_) if docs.iter().all(is_bench) => bench::aggregate(&docs).map(Aggregated::Bench),
-        Some(b) => {
-            let r = docs.iter().find(|d| !is_bench(d)).map_or("", |d| &d.0);
-            Err(Error::usage(format!(
-                "{} is a bench result and {r} is not: aggregate merges ranks of one run",
-                docs[b].0
-            )))
+    let Some(first) = paths.first() else {
+        return Err(Error::usage("no rank reports given"));
+    };
+    let (first_file, first_doc) = read_json(first)?;
+    let bench = is_bench(&first_doc);
+    let mut first = Some((first_file.clone(), first_doc));
+    let docs = paths.iter().map(move |p| {
+        if crate::interrupt::requested().is_some() {
+            return Err(Error::usage(format!(
+                "interrupted before {} was read; nothing merged or written",
+                p.display()
+            )));
         }
+        let (file, doc) = match first.take() {
+            Some(read) => read,
+            None => read_json(p)?,
+        };
+        if is_bench(&doc) != bench {
+            let (b, r) = if bench {
+                (&first_file, &file)
+            } else {
+                (&file, &first_file)
+            };
+            return Err(Error::usage(format!(
+                "{b} is a bench result and {r} is not: aggregate merges ranks of one run"
+            )));
+        }
+        Ok((file, doc))
+    });
+    if bench {
+        bench::aggregate(docs).map(Aggregated::Bench)
+    } else {
+        replay::aggregate(docs).map(Aggregated::Replay)
     }
+}
+
+fn is_bench(doc: &Json) -> bool {
+    doc.get("requests_completed").is_some()
+}
+
+/// `a + b`, or a data error naming `file` and `what` when the sum passes `u64`: a forged
+/// report must not wrap a count around to a small one.
+fn add(a: u64, b: u64, file: &str, what: &str) -> Result<u64> {
+    a.checked_add(b).ok_or_else(|| {
+        Error::bad_input(format!(
+            "{file}: {what}: the sum over ranks passes 2^64 - 1 (a count no run reaches)"
+        ))
+    })
 }
 
 /// A merged run as its JSON document.
@@ -106,9 +140,44 @@ fn field<'a>(v: &'a Json, path: &str, file: &str, what: &str) -> Result<&'a Json
 }
 
 fn count_at(v: &Json, path: &str, file: &str, what: &str) -> Result<u64> {
-    field(v, path, file, what)?
-        .as_u64()
-        .ok_or_else(|| Error::usage(format!("{file}: {path} is not a count")))
+    let v = field(v, path, file, what)?;
+    v.as_u64().ok_or_else(|| not_a_count(file, path, v))
+}
+
+/// A count that is negative, fractional or not a number: a data error, never dropped.
+fn not_a_count(file: &str, path: &str, v: &Json) -> Error {
+    Error::bad_input(format!(
+        "{file}: {path} is {v}, not a count (an integer from 0)"
+    ))
+}
+
+/// The counts under `v` (a map of name -> count, rates beside them): a negative integer
+/// is a data error, never dropped; fractions (the rates) are left out.
+fn counts_at(v: &Json, file: &str, at: &str) -> Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for (k, n) in v.as_object().into_iter().flatten() {
+        if n.is_i64() && !n.is_u64() {
+            return Err(not_a_count(file, &format!("{at}.{k}"), n));
+        }
+        if let Some(c) = n.as_u64() {
+            out.insert(k.clone(), c);
+        }
+    }
+    Ok(out)
+}
+
+/// Adds `counts` into `into`, checked.
+fn add_counts(
+    into: &mut BTreeMap<String, u64>,
+    counts: &BTreeMap<String, u64>,
+    file: &str,
+    at: &str,
+) -> Result<()> {
+    for (k, v) in counts {
+        let sum = into.entry(k.clone()).or_default();
+        *sum = add(*sum, *v, file, &format!("{at}.{k}"))?;
+    }
+    Ok(())
 }
 
 /// A rank's identity and measured window, from the `rank` section of its report.
@@ -132,13 +201,25 @@ impl RankId {
             u32::try_from(count_at(rank, path, file, what)?)
                 .map_err(|_| Error::usage(format!("{file}: {path} out of range")))
         };
-        Ok(RankId {
+        let id = RankId {
             file: file.to_owned(),
             rank: small("rank")?,
             world_size: small("world_size")?,
             started: number("started_unix_s")?,
             finished: number("finished_unix_s")?,
-        })
+        };
+        if id.world_size == 0 {
+            return Err(Error::bad_input(format!(
+                "{file}: rank.world_size is 0: a run has at least one rank"
+            )));
+        }
+        if id.rank >= id.world_size {
+            return Err(Error::bad_input(format!(
+                "{file}: rank.rank {} is not below rank.world_size {}",
+                id.rank, id.world_size
+            )));
+        }
+        Ok(id)
     }
 
     fn duration_s(&self) -> f64 {
@@ -164,14 +245,11 @@ fn one_run(ranks: &[&RankId]) -> Result<(u32, f64)> {
             w[0].file, w[1].file, w[0].rank
         )));
     }
-    let missing: Vec<String> = (0..world_size)
-        .filter(|r| !ranks.iter().any(|x| x.rank == *r))
-        .map(|r| r.to_string())
-        .collect();
-    if !missing.is_empty() {
+    let missing = u64::from(world_size) - ranks.len() as u64;
+    if missing > 0 {
         return Err(Error::usage(format!(
-            "rank(s) {} of {world_size} missing: give every rank's report",
-            missing.join(", ")
+            "rank(s) {} of {world_size} missing ({missing} in all): give every rank's report",
+            missing_ranges(ranks, world_size)
         )));
     }
     let start = ranks
@@ -183,6 +261,34 @@ fn one_run(ranks: &[&RankId]) -> Result<(u32, f64)> {
         .map(|r| r.finished)
         .fold(f64::NEG_INFINITY, f64::max);
     Ok((world_size, (end - start).max(0.0)))
+}
+
+/// The first few runs of ranks absent from `ranks` (sorted, distinct, each below
+/// `world_size`), as `3, 5-9, …`: a forged world size of 10^9 costs a few lines of text, not
+/// a list of every missing rank.
+fn missing_ranges(ranks: &[&RankId], world_size: u32) -> String {
+    const SHOWN: usize = 8;
+    let mut runs = Vec::new();
+    let mut next = 0u64;
+    let present = ranks
+        .iter()
+        .map(|r| u64::from(r.rank))
+        .chain([u64::from(world_size)]);
+    for rank in present {
+        if rank > next {
+            runs.push(match rank - next {
+                1 => next.to_string(),
+                _ => format!("{next}-{}", rank - 1),
+            });
+        }
+        next = rank + 1;
+    }
+    let more = runs.len().saturating_sub(SHOWN);
+    runs.truncate(SHOWN);
+    if more > 0 {
+        runs.push(format!("and {more} more runs"));
+    }
+    runs.join(", ")
 }
 
 /// The encoded histograms under `v` (a map of name → text), decoded.
@@ -220,37 +326,45 @@ pub struct OpSummary {
     pub max_rank_p95_ms: f64,
 }
 
-/// Per operation, the percentiles of the ranks' merged histograms, the largest rank P95
+/// Per operation, the ranks' histograms merged as each rank is read, the largest rank P95
 /// and the summed errors.
-fn merge_ops<'a>(
-    ranks: impl Iterator<
-        Item = (
-            &'a BTreeMap<String, LatencyHistogram>,
-            &'a BTreeMap<String, u64>,
-        ),
-    >,
-) -> BTreeMap<String, OpSummary> {
-    let mut ops: BTreeMap<String, OpSummary> = BTreeMap::new();
-    let mut merged: BTreeMap<String, LatencyHistogram> = BTreeMap::new();
-    for (histograms, errors) in ranks {
+#[derive(Default)]
+struct OpMerge {
+    merged: BTreeMap<String, LatencyHistogram>,
+    ops: BTreeMap<String, OpSummary>,
+}
+
+impl OpMerge {
+    fn add(
+        &mut self,
+        histograms: BTreeMap<String, LatencyHistogram>,
+        errors: &BTreeMap<String, u64>,
+        file: &str,
+    ) -> Result<()> {
         for (q, h) in histograms {
-            merged.entry(q.clone()).or_default().merge(h);
-            let op = ops.entry(q.clone()).or_default();
+            let op = self.ops.entry(q.clone()).or_default();
             op.max_rank_p95_ms = op.max_rank_p95_ms.max(h.quantile_ms(0.95));
-            op.errors += errors.get(q).copied().unwrap_or(0);
+            let e = errors.get(&q).copied().unwrap_or(0);
+            op.errors = add(op.errors, e, file, &format!("ops.{q}.errors"))?;
+            self.merged.entry(q).or_default().merge(&h);
         }
+        Ok(())
     }
-    for (q, h) in &merged {
-        let op = ops.entry(q.clone()).or_default();
-        op.count = h.count();
-        op.mean_ms = h.mean_ms();
-        op.p50_ms = h.quantile_ms(0.5);
-        op.p90_ms = h.quantile_ms(0.9);
-        op.p95_ms = h.quantile_ms(0.95);
-        op.p99_ms = h.quantile_ms(0.99);
-        op.max_ms = h.max_ms();
+
+    /// The percentiles of the merged histograms.
+    fn finish(mut self) -> BTreeMap<String, OpSummary> {
+        for (q, h) in &self.merged {
+            let op = self.ops.entry(q.clone()).or_default();
+            op.count = h.count();
+            op.mean_ms = h.mean_ms();
+            op.p50_ms = h.quantile_ms(0.5);
+            op.p90_ms = h.quantile_ms(0.9);
+            op.p95_ms = h.quantile_ms(0.95);
+            op.p99_ms = h.quantile_ms(0.99);
+            op.max_ms = h.max_ms();
+        }
+        self.ops
     }
-    ops
 }
 
 /// Min, median and max of a figure over the ranks.
@@ -297,30 +411,53 @@ fn per_s(n: f64, s: f64) -> f64 {
     }
 }
 
-/// Tiers summed by their `name_key` (a tier's name): counts add; text, capacities (each
-/// rank's own) and other numbers are the first rank's.
-fn sum_tiers(ranks: &[&[BTreeMap<String, Json>]], name_key: &str) -> Vec<BTreeMap<String, Json>> {
-    let mut out: Vec<BTreeMap<String, Json>> = Vec::new();
-    for tiers in ranks {
-        for t in *tiers {
-            let name = t.get(name_key).cloned().unwrap_or(Json::Null);
-            let at = match out.iter().position(|o| o.get(name_key) == Some(&name)) {
-                Some(i) => i,
-                None => {
-                    out.push(t.clone());
-                    continue;
-                }
-            };
-            for (k, v) in t {
-                let summed = match (out[at].get(k).and_then(Json::as_u64), v.as_u64()) {
-                    (Some(a), Some(b)) if k != "capacity_bytes" => json!(a + b),
-                    _ => continue,
-                };
-                out[at].insert(k.clone(), summed);
-            }
+/// Tiers summed by their `name_key` (a tier's name) as each rank is read: counts add;
+/// text, capacities (each rank's own) and other numbers are the first rank's. A tier is
+/// found by its name in a map, so many tiers cost no more per tier than a few.
+struct TierSum {
+    name_key: &'static str,
+    tiers: Vec<BTreeMap<String, Json>>,
+    at: std::collections::HashMap<String, usize>,
+}
+
+impl TierSum {
+    fn new(name_key: &'static str) -> TierSum {
+        TierSum {
+            name_key,
+            tiers: Vec::new(),
+            at: std::collections::HashMap::new(),
         }
     }
-    out
+
+    /// Adds one rank's tiers; returns the cross-rank hits they report.
+    fn add(&mut self, tiers: Vec<BTreeMap<String, Json>>, file: &str) -> Result<u64> {
+        let mut cross = 0u64;
+        for t in tiers {
+            if let Some(n) = t.get("cross_rank_hits") {
+                let n = n
+                    .as_u64()
+                    .ok_or_else(|| not_a_count(file, "cross_rank_hits", n))?;
+                cross = add(cross, n, file, "cross_rank_hits")?;
+            }
+            let name = t.get(self.name_key).unwrap_or(&Json::Null).to_string();
+            let Some(&at) = self.at.get(&name) else {
+                self.at.insert(name, self.tiers.len());
+                self.tiers.push(t);
+                continue;
+            };
+            for (k, v) in t {
+                let into = &mut self.tiers[at];
+                let summed = match (into.get(&k).and_then(Json::as_u64), v.as_u64()) {
+                    (Some(a), Some(b)) if k != "capacity_bytes" => {
+                        json!(add(a, b, file, &format!("tiers.{k}"))?)
+                    }
+                    _ => continue,
+                };
+                into.insert(k, summed);
+            }
+        }
+        Ok(cross)
+    }
 }
 
 /// The union of the tiers' keys, in first-seen order: the tiers table's columns.

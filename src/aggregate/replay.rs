@@ -7,24 +7,29 @@ use serde::Serialize;
 use serde_json::{json, Value as Json};
 
 use super::{
-    count_at, field, histograms, merge_ops, one_run, ops_table, per_s, rate, sum_tiers,
-    summary_table, tiers_table, OpSummary, RankId, Spread,
+    add, add_counts, count_at, counts_at, field, histograms, one_run, ops_table, per_s, rate,
+    summary_table, tiers_table, OpMerge, OpSummary, RankId, Spread, TierSum,
 };
 use crate::error::Result;
-use crate::report::histogram::LatencyHistogram;
 use crate::report::{Cell, JsonStyle, Report, Table, Unit};
 
-/// One rank's report, as much as the run's needs.
+/// What the run keeps of one rank once its report is folded in.
 #[derive(Clone, Debug)]
 struct RankInput {
     id: RankId,
     replayed: u64,
     failed: u64,
+    hit_chunks: u64,
+    requested_chunks: u64,
+    cross_rank_hits: u64,
+}
+
+/// The run's sums so far.
+struct Sums {
     hits: BTreeMap<String, u64>,
     calls: BTreeMap<String, u64>,
-    tiers: Vec<BTreeMap<String, Json>>,
-    histograms: BTreeMap<String, LatencyHistogram>,
-    errors: BTreeMap<String, u64>,
+    ops: OpMerge,
+    tiers: TierSum,
 }
 
 /// One rank's line in the run.
@@ -63,18 +68,10 @@ pub struct RunReport {
 const WHAT: &str =
     "a kvtrace replay summary of a rank (trace_replay_summary.json written in rank mode)";
 
-fn counts(v: &Json) -> BTreeMap<String, u64> {
-    v.as_object()
-        .map(|o| {
-            o.iter()
-                .filter_map(|(k, v)| v.as_u64().map(|n| (k.clone(), n)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn read_rank((file, doc): &(String, Json)) -> Result<RankInput> {
-    let k = field(doc, "kvtrace", file, WHAT)?;
+/// Folds one rank's report into `sums`; what the run keeps of the rank.
+fn read_rank((file, doc): (String, Json), sums: &mut Sums) -> Result<RankInput> {
+    let file = &file;
+    let k = field(&doc, "kvtrace", file, WHAT)?;
     let id = RankId::read(field(k, "rank", file, WHAT)?, file, WHAT)?;
     let histograms = histograms(
         k.get("latency_histograms"),
@@ -86,50 +83,57 @@ fn read_rank((file, doc): &(String, Json)) -> Result<RankInput> {
         .and_then(Json::as_object)
         .map(|o| {
             o.iter()
-                .map(|(q, s)| {
-                    (
-                        q.clone(),
-                        s.get("errors").and_then(Json::as_u64).unwrap_or(0),
-                    )
+                .map(|(q, s)| match s.get("errors") {
+                    None => Ok((q.clone(), 0)),
+                    Some(e) => e
+                        .as_u64()
+                        .map(|e| (q.clone(), e))
+                        .ok_or_else(|| super::not_a_count(file, &format!("ops.{q}.errors"), e)),
                 })
+                .collect::<Result<BTreeMap<String, u64>>>()
+        })
+        .transpose()?
+        .unwrap_or_default();
+    let hits = counts_at(field(k, "hits", file, WHAT)?, file, "kvtrace.hits")?;
+    let calls = counts_at(field(k, "calls", file, WHAT)?, file, "kvtrace.calls")?;
+    let tiers = field(k, "tiers", file, WHAT)?
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| t.as_object())
+                .map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
                 .collect()
         })
         .unwrap_or_default();
+    add_counts(&mut sums.hits, &hits, file, "kvtrace.hits")?;
+    add_counts(&mut sums.calls, &calls, file, "kvtrace.calls")?;
+    sums.ops.add(histograms, &errors, file)?;
+    let cross_rank_hits = sums.tiers.add(tiers, file)?;
     Ok(RankInput {
         id,
         replayed: count_at(k, "replayed", file, WHAT)?,
         failed: count_at(k, "failed", file, WHAT)?,
-        hits: counts(field(k, "hits", file, WHAT)?),
-        calls: counts(field(k, "calls", file, WHAT)?),
-        tiers: field(k, "tiers", file, WHAT)?
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|t| t.as_object())
-                    .map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-                    .collect()
-            })
-            .unwrap_or_default(),
-        histograms,
-        errors,
+        hit_chunks: hits.get("hit_chunks").copied().unwrap_or(0),
+        requested_chunks: hits.get("requested_chunks").copied().unwrap_or(0),
+        cross_rank_hits,
     })
 }
 
-/// Merges the replay summaries of one run's ranks.
-pub fn aggregate(docs: &[(String, Json)]) -> Result<RunReport> {
-    let mut ranks = docs.iter().map(read_rank).collect::<Result<Vec<_>>>()?;
+/// Merges the replay summaries of one run's ranks, each folded in as it is read.
+pub fn aggregate(docs: impl Iterator<Item = Result<(String, Json)>>) -> Result<RunReport> {
+    let mut sums = Sums {
+        hits: BTreeMap::new(),
+        calls: BTreeMap::new(),
+        ops: OpMerge::default(),
+        tiers: TierSum::new("name"),
+    };
+    let mut ranks = Vec::new();
+    for doc in docs {
+        ranks.push(read_rank(doc?, &mut sums)?);
+    }
     ranks.sort_by_key(|r| r.id.rank);
     let (world_size, window_s) = one_run(&ranks.iter().map(|r| &r.id).collect::<Vec<_>>())?;
-    let sum = |maps: &mut dyn Iterator<Item = &BTreeMap<String, u64>>| {
-        let mut out: BTreeMap<String, u64> = BTreeMap::new();
-        for m in maps {
-            for (k, v) in m {
-                *out.entry(k.clone()).or_default() += v;
-            }
-        }
-        out
-    };
-    let hit_counts = sum(&mut ranks.iter().map(|r| &r.hits));
+    let hit_counts = sums.hits;
     let mut hits: BTreeMap<String, Json> = hit_counts
         .iter()
         .filter(|(k, _)| k.as_str() != "hit_rate_histogram")
@@ -144,11 +148,6 @@ pub fn aggregate(docs: &[(String, Json)]) -> Result<RunReport> {
         let n = hit_counts.get(chunks).copied().unwrap_or(0);
         hits.insert(name.into(), json!(rate(n, requested)));
     }
-    let tiers = sum_tiers(
-        &ranks.iter().map(|r| r.tiers.as_slice()).collect::<Vec<_>>(),
-        "name",
-    );
-    let ops = merge_ops(ranks.iter().map(|r| (&r.histograms, &r.errors)));
     let lines: Vec<RankLine> = ranks
         .iter()
         .map(|r| {
@@ -158,17 +157,10 @@ pub fn aggregate(docs: &[(String, Json)]) -> Result<RunReport> {
                 file: r.id.file.clone(),
                 replayed: r.replayed,
                 failed: r.failed,
-                hit_rate: rate(
-                    r.hits.get("hit_chunks").copied().unwrap_or(0),
-                    r.hits.get("requested_chunks").copied().unwrap_or(0),
-                ),
+                hit_rate: rate(r.hit_chunks, r.requested_chunks),
                 duration_s,
                 calls_per_s: per_s(r.replayed as f64, duration_s),
-                cross_rank_hits: r
-                    .tiers
-                    .iter()
-                    .filter_map(|t| t.get("cross_rank_hits").and_then(Json::as_u64))
-                    .sum(),
+                cross_rank_hits: r.cross_rank_hits,
             }
         })
         .collect();
@@ -179,19 +171,24 @@ pub fn aggregate(docs: &[(String, Json)]) -> Result<RunReport> {
         ("hit_rate".to_owned(), spread_of(&|l| l.hit_rate)),
         ("replayed".to_owned(), spread_of(&|l| l.replayed as f64)),
     ]);
-    let replayed = ranks.iter().map(|r| r.replayed).sum();
+    let total = |what: &str, f: &dyn Fn(&RankInput) -> u64| {
+        ranks
+            .iter()
+            .try_fold(0u64, |sum, r| add(sum, f(r), &r.id.file, what))
+    };
+    let replayed = total("kvtrace.replayed", &|r| r.replayed)?;
     Ok(RunReport {
         world_size,
         window_s,
         replayed,
-        failed: ranks.iter().map(|r| r.failed).sum(),
+        failed: total("kvtrace.failed", &|r| r.failed)?,
         calls_per_s: per_s(replayed as f64, window_s),
         mean_rank_calls_per_s: lines.iter().map(|l| l.calls_per_s).sum::<f64>()
             / lines.len() as f64,
         hits,
-        calls: sum(&mut ranks.iter().map(|r| &r.calls)),
-        tiers,
-        ops,
+        calls: sums.calls,
+        tiers: sums.tiers.tiers,
+        ops: sums.ops.finish(),
         spread,
         ranks: lines,
     })

@@ -4,6 +4,7 @@
 //! the next one late, as a client would. Rows carry no conversation, so every request starts
 //! one. A path may name a file, a directory of CSV files, or a glob.
 
+use crate::limits::{LineLimit, MAX_LINE_BYTES};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -66,9 +67,9 @@ pub fn load(path: &Path) -> Result<Vec<BurstRow>> {
 
 fn read_file(path: &Path, rows: &mut Vec<BurstRow>) -> Result<()> {
     let shown = path.display().to_string();
-    let mut reader = csv::Reader::from_path(path).map_err(|e| {
-        Error::io("cannot read", std::io::Error::other(e.to_string())).in_file(&shown)
-    })?;
+    let file =
+        std::fs::File::open(path).map_err(|e| Error::io("cannot read", e).in_file(&shown))?;
+    let mut reader = csv::Reader::from_reader(LineLimit::new(file, MAX_LINE_BYTES));
     let headers = reader
         .headers()
         .map_err(|e| Error::line(1, "header", e.to_string()).in_file(&shown))?

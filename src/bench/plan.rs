@@ -229,14 +229,57 @@ impl Drop for RunDir {
 /// flags name the same parent: two tiers in one directory would hold an entry under one
 /// path, and a demotion's delete of the source would remove the copy it just wrote. A rank
 /// names itself too: ranks on many hosts may share `parent`, and process ids repeat there.
-fn run_dir(parent: &Path, tier: &str, rank: Option<&Rank>) -> Result<RunDir> {
+/// Before it, the directories of `tier` a bench that is no longer running left under
+/// `parent` (killed before it could remove them) are removed, each with a line in `notes`.
+/// `parent` must exist: a mistyped path is not created.
+fn run_dir(
+    parent: &Path,
+    tier: &str,
+    rank: Option<&Rank>,
+    notes: &mut Vec<String>,
+) -> Result<RunDir> {
+    if !parent.is_dir() {
+        return Err(Error::usage(format!(
+            "{}: no such directory (the {tier} directory goes inside an existing one)",
+            parent.display()
+        )));
+    }
+    remove_dead_run_dirs(parent, tier, notes);
     let rank = rank
         .map(|r| format!("{}-", r.dir_name()))
         .unwrap_or_default();
     let dir = parent.join(format!("kvtrace-bench-{rank}{}-{tier}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
+    std::fs::create_dir(&dir).map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
     Ok(RunDir(dir))
+}
+
+/// Removes `parent/kvtrace-bench-[RANK-]PID-TIER` directories whose PID is not running.
+fn remove_dead_run_dirs(parent: &Path, tier: &str, notes: &mut Vec<String>) {
+    let Ok(listing) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in listing.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("kvtrace-bench-"))
+            .and_then(|n| n.strip_suffix(&format!("-{tier}")))
+            .and_then(|n| n.rsplit('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir())
+            && !crate::output::process_alive(pid)
+            && std::fs::remove_dir_all(&path).is_ok()
+        {
+            notes.push(format!(
+                "removed {}, left by kvtrace bench process {pid}, which is no longer running",
+                path.display()
+            ));
+        }
+    }
 }
 
 fn gib(flag: &str, v: f64) -> Result<u64> {
@@ -259,9 +302,11 @@ fn count(flag: &str, v: i64, min: i64, max: i64) -> Result<u32> {
 fn cache_parent(options: &Options) -> Result<PathBuf> {
     let parent = options.cache_dir.clone().unwrap_or_else(std::env::temp_dir);
     let s = parent.display().to_string();
-    if SYSTEM_DIRS
-        .iter()
-        .any(|d| s == *d || s.starts_with(&format!("{d}/")))
+    let root = parent.canonicalize().is_ok_and(|p| p == Path::new("/"));
+    if root
+        || SYSTEM_DIRS
+            .iter()
+            .any(|d| s == *d || s.starts_with(&format!("{d}/")))
     {
         return Err(Error::usage(format!(
             "--cache-dir {s}: a system directory; choose another"
@@ -372,7 +417,7 @@ impl Plan {
         let burst = burst(o)?;
         let mut warnings = dataset.1;
         let parent = cache_parent(o)?;
-        let storage_dir = run_dir(&parent, "cache", o.rank.as_ref())?;
+        let storage_dir = run_dir(&parent, "cache", o.rank.as_ref(), &mut warnings)?;
         let storage = match &o.storage_cluster {
             Some(cluster) => {
                 if storage_bytes > 0 {
@@ -412,7 +457,7 @@ impl Plan {
         }
         let mut dirs = vec![];
         if cpu_bytes > 0 {
-            let d = run_dir(&o.cpu_tier_dir, "cpu-tier", o.rank.as_ref())?;
+            let d = run_dir(&o.cpu_tier_dir, "cpu-tier", o.rank.as_ref(), &mut warnings)?;
             let room = free_bytes(&d.0).into_iter().chain(available_memory()).min();
             if let Some(room) = room.filter(|&r| cpu_bytes > r) {
                 warnings.push(format!(

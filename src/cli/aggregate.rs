@@ -48,13 +48,26 @@ pub fn run(args: Args) -> Result<i32, Error> {
             }
         })
         .collect();
+    crate::cli::guard(
+        files.iter().map(PathBuf::as_path),
+        [&args.json, &args.csv, &args.xlsx]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path),
+    )?;
     let outputs = kvtrace::report::outputs([
         (&Json, args.json.clone().map(Target::File)),
         (&Csv, args.csv.clone().map(Target::Dir)),
         (&Xlsx, args.xlsx.clone().map(Target::File)),
     ])?;
     let paths: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
-    let run = kvtrace::aggregate::aggregate(&paths)?;
+    let run = match kvtrace::aggregate::aggregate(&paths) {
+        Err(e) if kvtrace::interrupt::requested().is_some() => {
+            eprintln!("kvtrace: {e}");
+            return Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_DATA));
+        }
+        run => run?,
+    };
     for (exporter, target) in &outputs {
         kvtrace::report::write(&run, *exporter, target, "")?;
     }

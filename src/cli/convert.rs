@@ -39,6 +39,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<i32, Error> {
+    super::guard([args.input.as_path()], [args.output.as_path()])?;
     let to = match &args.to {
         Some(name) => Kind::parse(name).ok_or_else(|| {
             Error::usage(format!("--to {name:?}: expected lct, lct.zst or jsonl"))

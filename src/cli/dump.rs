@@ -73,6 +73,12 @@ pub fn run(args: Args) -> Result<i32, Error> {
     })
     .map_err(|e| e.in_file(&shown))?;
     bar.finish();
+    if let Some(status) = kvtrace::interrupt::exit_status() {
+        // The frames printed are a prefix of the trace; say so where a script will see it.
+        drop(out);
+        eprintln!("kvtrace: {shown}: interrupted: the frames printed are the trace's first, not all of it");
+        return Ok(status);
+    }
     if let Ended::Complete(summary) = ended {
         for w in header_warnings.iter().chain(&summary.warnings()) {
             warn(&shown, w);

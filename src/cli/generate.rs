@@ -73,6 +73,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<i32, Error> {
     let zstd = args.out.to_string_lossy().ends_with(".zst");
+    crate::cli::guard(args.from_mooncake.as_deref(), [args.out.as_path()])?;
     if let Some(input) = &args.from_mooncake {
         let options = MooncakeOptions {
             loops: args.loops,

@@ -66,6 +66,27 @@ pub fn run(args: Args) -> Result<i32, Error> {
             }
             Err(e) => code = code.max(report(&e)),
         }
+        if kvtrace::interrupt::requested().is_some() {
+            break;
+        }
+    }
+    if let Some(status) = kvtrace::interrupt::exit_status() {
+        // What was printed says which counts are partial; the rest is not summarised.
+        if args.json {
+            print_json(
+                &infos
+                    .iter()
+                    .map(serde_json::to_value)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| Error::io("cannot encode JSON", e.into()))?,
+            )?;
+        }
+        eprintln!(
+            "kvtrace: interrupted: {} of {} files summarised, the last one partly",
+            infos.len(),
+            args.files.len()
+        );
+        return Ok(status);
     }
     let fleet = if events.len() >= 2 || (args.fleet && !events.is_empty()) {
         match FleetStream::load(&events, args.read.options()) {
@@ -90,11 +111,15 @@ pub fn run(args: Args) -> Result<i32, Error> {
             )
             .collect::<Result<_, _>>()
             .map_err(|e| Error::io("cannot encode JSON", e.into()))?;
-        let text = serde_json::to_string_pretty(&entries)
-            .map_err(|e| Error::io("cannot encode JSON", e.into()))?;
-        print_stdout(&format!("{text}\n"))?;
+        print_json(&entries)?;
     } else if let Some(fleet) = &fleet {
         print_stdout(&format!("\n{}", fleet.render()))?;
     }
     Ok(code)
+}
+
+fn print_json(entries: &[serde_json::Value]) -> Result<(), Error> {
+    let text = serde_json::to_string_pretty(entries)
+        .map_err(|e| Error::io("cannot encode JSON", e.into()))?;
+    print_stdout(&format!("{text}\n"))
 }

@@ -23,6 +23,7 @@ use clap::{Parser, Subcommand};
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::lmct::reader::DEFAULT_MAX_FRAME_BYTES;
 use kvtrace::lmct::ReadOptions;
+use kvtrace::report::terminal::{escape_line, escape_text};
 
 const EXIT_CODES: &str =
     "Exit status: 0 success; 1 bad input data or an I/O failure; 2 usage error.";
@@ -143,17 +144,33 @@ fn examples(commands: &[&str]) -> String {
 }
 
 /// Prints one error line and returns its exit code.
+/// Prints one error line (whatever of a trace it quotes escaped) and returns its exit code.
 fn report(e: &Error) -> i32 {
-    eprintln!("kvtrace: error: {e}");
+    eprintln!("kvtrace: error: {}", escape_line(&e.to_string()));
     e.exit_code()
 }
 
+/// The shared check before any work (see [`kvtrace::output::guard_inputs`]), saying what
+/// a dead run left that it removed.
+fn guard<'a>(
+    inputs: impl IntoIterator<Item = &'a std::path::Path>,
+    outputs: impl IntoIterator<Item = &'a std::path::Path>,
+) -> Result<(), Error> {
+    for note in kvtrace::output::guard_inputs(inputs, outputs)? {
+        warn_line(&note);
+    }
+    Ok(())
+}
+
 fn warn(file: &str, message: &str) {
-    eprintln!("kvtrace: warning: {file}: {message}");
+    eprintln!(
+        "kvtrace: warning: {}",
+        escape_line(&format!("{file}: {message}"))
+    );
 }
 
 fn warn_line(message: &str) {
-    eprintln!("kvtrace: warning: {message}");
+    eprintln!("kvtrace: warning: {}", escape_line(message));
 }
 
 /// A write to stdout failed: a closed pipe (`kvtrace dump | head`) is a normal end.
@@ -161,7 +178,9 @@ fn stdout_error(e: io::Error) -> Option<Error> {
     (e.kind() != io::ErrorKind::BrokenPipe).then(|| Error::io("cannot write to stdout", e))
 }
 
+/// Prints a report's text; a control character a trace slipped into it is shown escaped.
 fn print_stdout(text: &str) -> Result<(), Error> {
+    let text = escape_text(text);
     let mut out = io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
         Ok(()) => Ok(()),
@@ -212,5 +231,10 @@ pub fn run() -> i32 {
         Command::Completions(args) => docs::completions(args),
         Command::Man(args) => docs::man(args),
     };
-    result.unwrap_or_else(|e| report(&e))
+    // A run that a signal ended in an error (a barrier left waiting, a read cut short)
+    // still exits 128 + the signal: the status says why it stopped.
+    result.unwrap_or_else(|e| {
+        let code = report(&e);
+        kvtrace::interrupt::exit_status().unwrap_or(code)
+    })
 }

@@ -46,6 +46,11 @@ pub struct OtlpArgs {
 }
 
 impl OtlpArgs {
+    /// The OTLP JSON file asked for, an output like any other.
+    pub fn file(&self) -> Option<&std::path::Path> {
+        self.otlp_file.as_deref()
+    }
+
     /// Whether any export was asked for.
     pub fn asked(&self) -> bool {
         self.otlp_endpoint.is_some() || self.otlp_file.is_some()

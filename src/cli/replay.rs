@@ -308,7 +308,14 @@ pub fn is_events(path: &Path, args: &Args) -> bool {
 /// when the flags give a whole one), then `--config` and the storage flags.
 pub fn events_config(args: &Args, recorded: &str) -> Result<StorageConfig, Error> {
     let mut config = match StorageConfig::from_lmcache_json(recorded) {
-        Some((config, _)) => config,
+        Some((config, _)) => {
+            config
+                .check_recorded()
+                .map_err(|e| {
+                    Error::data(0, "header.sm_config_json", e).in_file(args.files[0].display())
+                })?;
+            config
+        }
         None if args.tiers.l1_size_gb.is_some() || args.config.is_some() => {
             StorageConfig::default()
         }
@@ -368,11 +375,33 @@ fn run_events(args: &Args) -> Result<i32, Error> {
     Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK))
 }
 
+/// Refuses, before any work, an output that is one of the replay's inputs.
+pub fn guard(args: &Args) -> Result<(), Error> {
+    crate::cli::guard(
+        args.files.iter().chain(&args.config).map(PathBuf::as_path),
+        args.jsonl_out
+            .as_deref()
+            .into_iter()
+            .chain(args.otlp.file()),
+    )
+}
+
 pub fn run(args: Args) -> Result<i32, Error> {
+    guard(&args)?;
     if is_events(&args.files[0], &args) {
         return run_events(&args);
     }
     let rank = args.ranks.rank()?;
+    // Held until the reports are written: a second run into the directory is refused.
+    let _lock = if args.no_csv && !args.json && !args.xlsx {
+        None
+    } else {
+        let dir = match &rank {
+            Some(r) => args.output_dir.join(r.dir_name()),
+            None => args.output_dir.clone(),
+        };
+        Some(kvtrace::output::DirLock::acquire(&dir)?)
+    };
     let mut plan = plan(&args, true, rank.as_ref())?;
     let export = args.otlp.start(plan.span_resource())?;
     if let Some(export) = &export {
@@ -403,8 +432,9 @@ pub fn run(args: Args) -> Result<i32, Error> {
     });
     bar.finish();
     drop(out);
-    let exported = otlp::finish(export, args.quiet);
+    // A run that failed writes no OTLP file (the export is dropped unfinished).
     let finished = finished?;
+    let exported = otlp::finish(export, args.quiet);
     if let Some(e) = io_error {
         return Err(Error::io("cannot write per-record output", e));
     }

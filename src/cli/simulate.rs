@@ -257,6 +257,20 @@ fn progress_bar(quiet: bool) -> ProgressBar {
 }
 
 pub fn run(args: Args) -> Result<i32, Error> {
+    crate::cli::guard(
+        args.trace.iter().chain(&args.storage).map(PathBuf::as_path),
+        [
+            &args.report_json,
+            &args.report_jsonl,
+            &args.report_csv,
+            &args.report_xlsx,
+            &args.record,
+        ]
+        .into_iter()
+        .flatten()
+        .map(PathBuf::as_path)
+        .chain(args.otlp.file()),
+    )?;
     let online = matches!(args.replay_mode, ReplayMode::Online);
     if online && args.tiers.given() {
         return Err(Error::usage(

@@ -4,7 +4,7 @@
 //! and reports.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::builder::PossibleValue;
 use clap::{Arg, ArgAction, ArgMatches, Command, FromArgMatches, Parser, Subcommand};
@@ -38,6 +38,9 @@ struct SweepArgs {
     /// the cross product of the lists
     #[arg(long, value_name = "FILE")]
     grid: Option<PathBuf>,
+    /// Run more points than the cap (a typo in a list can ask for millions)
+    #[arg(long, value_name = "N", default_value_t = sweep::DEFAULT_MAX_POINTS)]
+    max_points: u64,
     /// Points run at once [default: the machine's cores]
     #[arg(long, value_name = "N")]
     jobs: Option<usize>,
@@ -300,6 +303,7 @@ fn parse_point<P: Parser>(argv: Vec<OsString>, point: &Point) -> Result<P, Error
 /// The points: the grid's, each with the lists' values as defaults, or the cross product.
 fn points(sweep: &SweepArgs, axes: &[Axis]) -> Result<Vec<Point>, Error> {
     let Some(grid) = &sweep.grid else {
+        sweep::check_count(sweep::cross_count(axes), sweep.max_points)?;
         return Ok(sweep::cross(axes));
     };
     if let Some(a) = axes.iter().find(|a| a.values.len() > 1) {
@@ -308,7 +312,7 @@ fn points(sweep: &SweepArgs, axes: &[Axis]) -> Result<Vec<Point>, Error> {
             a.flag
         )));
     }
-    let mut points = sweep::grid(grid)?;
+    let mut points = sweep::grid(grid, sweep.max_points)?;
     for p in &mut points {
         for a in axes {
             if p.get(&a.flag).is_none() {
@@ -319,8 +323,18 @@ fn points(sweep: &SweepArgs, axes: &[Axis]) -> Result<Vec<Point>, Error> {
     Ok(points)
 }
 
-/// The outputs asked for, each checked before any point runs.
-fn outputs(sweep: &SweepArgs) -> Result<Vec<(&'static dyn Exporter, Target)>, Error> {
+/// The outputs asked for, each checked before any point runs, none of them one of `inputs`.
+fn outputs(
+    sweep: &SweepArgs,
+    inputs: &[&Path],
+) -> Result<Vec<(&'static dyn Exporter, Target)>, Error> {
+    crate::cli::guard(
+        inputs.iter().copied().chain(sweep.grid.as_deref()),
+        [&sweep.xlsx, &sweep.csv, &sweep.json, &sweep.plot]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path),
+    )?;
     if let Some(p) = &sweep.plot {
         if p.extension().and_then(|e| e.to_str()) != Some("svg") {
             return Err(Error::usage(format!(
@@ -396,7 +410,10 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
         warn_line("points with a file or Redis tier run one at a time (--jobs 1)");
         jobs = 1;
     }
-    let outputs = outputs(&a.sweep)?;
+    let outputs = outputs(&a.sweep, &[a.file.as_path()])?;
+    for point in &parsed {
+        replay::guard(point)?;
+    }
     let read = replay::read_options(&parsed[0]);
     if replay::is_events(&a.file, &parsed[0]) {
         let bar = Progress::points(points.len() as u64, !a.sweep.quiet);
@@ -497,7 +514,10 @@ fn run_simulate(a: SimulateSweep) -> Result<i32, Error> {
         o.write_reports = false;
         options.push(o);
     }
-    let outputs = outputs(&a.sweep)?;
+    let outputs = outputs(
+        &a.sweep,
+        &a.trace.iter().map(PathBuf::as_path).collect::<Vec<_>>(),
+    )?;
     let bar = Progress::points(points.len() as u64, !a.sweep.quiet);
     let plan = |i: usize| kvtrace::simulate::plan::Plan::new(&options[i]);
     let shown = a.trace.as_deref().map_or_else(

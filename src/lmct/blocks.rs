@@ -385,6 +385,7 @@ pub fn fold_frames<T: Send>(
         };
         let mut seq = 0u64;
         let mut failure = None;
+        let mut interrupted = false;
         loop {
             let buf = spare_rx.try_recv().unwrap_or_default();
             match blocks.next_block(buf) {
@@ -398,7 +399,8 @@ pub fn fold_frames<T: Send>(
                         order.absorb(s, part, merge, &spare_tx);
                     }
                     progress(order.records, end);
-                    if order.stopped || crate::interrupt::requested().is_some() {
+                    interrupted = crate::interrupt::requested().is_some();
+                    if order.stopped || interrupted {
                         break;
                     }
                 }
@@ -420,6 +422,7 @@ pub fn fold_frames<T: Send>(
         summary.records += order.records;
         summary.undecodable += order.undecodable;
         summary.undecodable_examples = order.examples;
+        summary.interrupted = interrupted;
         Ok(summary)
     })
 }

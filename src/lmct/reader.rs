@@ -123,6 +123,8 @@ pub struct ReadSummary {
     /// Bytes consumed from the (decompressed) stream.
     pub bytes: u64,
     pub compressed: bool,
+    /// A signal stopped the read before the end: the counts are of a prefix.
+    pub interrupted: bool,
 }
 
 impl ReadSummary {

@@ -2,12 +2,13 @@
 //! OTLP JSON file, on an exporter thread of its own.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, SendTimeoutError, Sender};
 use opentelemetry::trace::{
     Span as _, SpanKind, TraceContextExt, Tracer as _, TracerProvider as _,
 };
@@ -27,16 +28,24 @@ use crate::error::{Error, Result};
 const BATCH_SPANS: usize = 512;
 /// Requests waiting for the exporter thread before the caller is held back.
 const QUEUE_REQUESTS: usize = 16 * 1024;
+/// How long a stop asked for by a signal waits for the exporter thread (a stuck endpoint
+/// must not hold the exit back for `--otlp-timeout`).
+const INTERRUPTED_WAIT: Duration = Duration::from_millis(500);
+/// How often a caller held back by a full queue looks for a signal.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
 /// How long a partial batch waits for more spans.
 const BATCH_DELAY: Duration = Duration::from_millis(200);
 
 /// Sends request spans to an OTLP endpoint and/or file (see the module docs of
 /// [`crate::otel`]). The caller only queues each [`RequestSpan`]; the exporter thread builds
 /// the SDK spans, batches and sends them. Dropping it without [`SpanExport::finish`] still
-/// flushes.
+/// flushes the endpoint but leaves no file: only a finished run's spans are written.
 pub struct SpanExport {
     queue: Option<Sender<RequestSpan>>,
-    thread: Option<JoinHandle<ExportSummary>>,
+    thread: Option<JoinHandle<()>>,
+    summary: Option<Receiver<ExportSummary>>,
+    /// Set by [`SpanExport::finish`]: the file is renamed into place.
+    keep_file: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for SpanExport {
@@ -108,6 +117,9 @@ impl SpanExport {
             .with_span_processor(Collect(ended.clone()))
             .build();
         let (tx, rx) = bounded(QUEUE_REQUESTS);
+        let (summary_tx, summary_rx) = bounded(1);
+        let keep_file = Arc::new(AtomicBool::new(false));
+        let keep = keep_file.clone();
         let thread = std::thread::Builder::new()
             .name("kvtrace-otlp".into())
             .spawn(move || {
@@ -116,29 +128,53 @@ impl SpanExport {
                     tracer: provider.tracer("kvtrace"),
                     ended,
                 };
-                let summary = drain(rx, &builder, sinks);
+                let summary = drain(rx, &builder, sinks, &keep);
                 let _ = provider.shutdown();
-                summary
+                let _ = summary_tx.send(summary);
             })
             .map_err(|e| Error::io("cannot start the OTLP export thread", e))?;
         Ok(SpanExport {
             queue: Some(tx),
             thread: Some(thread),
+            summary: Some(summary_rx),
+            keep_file,
         })
     }
 
-    /// Sends what is queued and stops the exporter thread; what was built, delivered,
-    /// written, and the first failure.
+    /// Sends what is queued, writes the file into place and stops the exporter thread;
+    /// what was built, delivered, written, and the first failure. After a signal it waits
+    /// [`INTERRUPTED_WAIT`] at most, and says so when the thread was still busy.
     pub fn finish(mut self) -> ExportSummary {
+        self.keep_file.store(true, Ordering::SeqCst);
         self.stop()
     }
 
     fn stop(&mut self) -> ExportSummary {
         self.queue.take();
-        self.thread
-            .take()
-            .and_then(|t| t.join().ok())
-            .unwrap_or_default()
+        let Some(summary) = self.summary.take() else {
+            return ExportSummary::default();
+        };
+        let received = match crate::interrupt::requested() {
+            Some(_) => summary.recv_timeout(INTERRUPTED_WAIT).ok(),
+            None => summary.recv().ok(),
+        };
+        match received {
+            Some(summary) => {
+                if let Some(thread) = self.thread.take() {
+                    let _ = thread.join();
+                }
+                summary
+            }
+            // After a signal the thread is left blocked in the endpoint's export; the
+            // process exits without it.
+            None => ExportSummary {
+                error: Some(match crate::interrupt::requested() {
+                    Some(_) => "OTLP export: interrupted while the endpoint was still answering; the rest of the spans were not sent".into(),
+                    None => "OTLP export: the exporter thread failed".into(),
+                }),
+                ..ExportSummary::default()
+            },
+        }
     }
 }
 
@@ -149,9 +185,23 @@ impl Drop for SpanExport {
 }
 
 impl SpanSink for SpanExport {
+    /// Queues `span`; a full queue holds the run back until the exporter thread catches up,
+    /// or a signal asks the run to stop (the span is then dropped).
     fn request(&self, span: RequestSpan) {
-        if let Some(queue) = &self.queue {
-            let _ = queue.send(span);
+        let Some(queue) = &self.queue else {
+            return;
+        };
+        let mut span = span;
+        loop {
+            match queue.send_timeout(span, SIGNAL_POLL) {
+                Ok(()) | Err(SendTimeoutError::Disconnected(_)) => return,
+                Err(SendTimeoutError::Timeout(back)) => {
+                    if crate::interrupt::requested().is_some() {
+                        return;
+                    }
+                    span = back;
+                }
+            }
         }
     }
 }
@@ -217,7 +267,12 @@ impl Builder {
 
 /// The exporter thread: builds each request's spans, sends a batch once [`BATCH_SPANS`] have
 /// ended or [`BATCH_DELAY`] passed without a request, until the queue closes.
-fn drain(rx: Receiver<RequestSpan>, builder: &Builder, mut sinks: Sinks) -> ExportSummary {
+fn drain(
+    rx: Receiver<RequestSpan>,
+    builder: &Builder,
+    mut sinks: Sinks,
+    keep_file: &AtomicBool,
+) -> ExportSummary {
     loop {
         match rx.recv_timeout(BATCH_DELAY) {
             Ok(span) => {
@@ -232,7 +287,7 @@ fn drain(rx: Receiver<RequestSpan>, builder: &Builder, mut sinks: Sinks) -> Expo
         }
     }
     sinks.export(builder.take());
-    sinks.finish()
+    sinks.finish(keep_file.load(Ordering::SeqCst))
 }
 
 /// The span processor: every ended span, kept for the exporter thread's next batch.
@@ -344,7 +399,11 @@ impl Sinks {
             return;
         }
         let n = batch.len() as u64;
-        let endpoint = self.otlp.as_mut().filter(|e| !e.failed);
+        // After a signal the endpoint gets nothing more: an export may block for the timeout.
+        let endpoint = self
+            .otlp
+            .as_mut()
+            .filter(|e| !e.failed && crate::interrupt::requested().is_none());
         if let Some(file) = &mut self.file {
             // The file takes the batch itself unless the endpoint needs it too.
             let spans = match endpoint {
@@ -375,8 +434,10 @@ impl Sinks {
         }
     }
 
-    fn finish(mut self) -> ExportSummary {
-        if let Some(file) = self.file.take() {
+    /// Ends the sinks; the file is renamed into place only when `keep_file` (a run that
+    /// failed leaves none, and no temporary file either).
+    fn finish(mut self, keep_file: bool) -> ExportSummary {
+        if let Some(file) = self.file.take().filter(|_| keep_file) {
             if let Err(e) = file.finish() {
                 self.summary.error.get_or_insert(e);
             }

@@ -1,7 +1,7 @@
 //! `--otlp-file`: the spans as OTLP JSON, one `ExportTraceServiceRequest` per line (the
-//! layout of the OpenTelemetry Collector's file exporter), for offline tools.
+//! layout of the OpenTelemetry Collector's file exporter), for offline tools. Written like
+//! every other output: under a temporary name, renamed into place when the run ends well.
 
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -11,18 +11,18 @@ use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_sc
 use opentelemetry_sdk::trace::SpanData;
 use opentelemetry_sdk::Resource;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::output::OutputFile;
 
 pub struct JsonLines {
     path: PathBuf,
-    out: BufWriter<File>,
+    out: BufWriter<OutputFile>,
     resource: ResourceAttributesWithSchema,
 }
 
 impl JsonLines {
     pub fn create(path: &Path, resource: &Resource) -> Result<JsonLines> {
-        let file = File::create(path)
-            .map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
+        let file = OutputFile::create(path)?;
         Ok(JsonLines {
             path: path.to_owned(),
             out: BufWriter::new(file),
@@ -42,8 +42,16 @@ impl JsonLines {
             .map_err(|e| self.failed(e.to_string()))
     }
 
-    pub fn finish(mut self) -> std::result::Result<(), String> {
-        self.out.flush().map_err(|e| self.failed(e.to_string()))
+    /// Flushes the lines and renames the file into place; dropping a `JsonLines` without
+    /// this leaves no file (a run that failed).
+    pub fn finish(self) -> std::result::Result<(), String> {
+        let path = self.path.clone();
+        let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+        self.out
+            .into_inner()
+            .map_err(|e| failed(e.into_error()))?
+            .commit()
+            .map_err(failed)
     }
 
     fn failed(&self, why: String) -> String {

@@ -64,38 +64,75 @@ impl Barrier {
     }
 
     /// Announces this rank and returns once every rank has; an error naming the ranks
-    /// missing after the timeout, or on an interrupt.
+    /// missing after the timeout, on an interrupt, or when the run id's directory holds this
+    /// rank's file already (a run id used before: its files would let a lone rank start).
+    /// Each poll lists the directory once, so its cost is the ranks arrived, not the world.
     pub fn wait(&self) -> Result<()> {
         let shown = self.dir.display();
         fs::create_dir_all(&self.dir)
             .map_err(|e| Error::io(format!("start barrier: cannot create {shown}"), e))?;
         let mine = self.file_of(self.rank);
+        if mine.exists() {
+            return Err(Error::usage(format!(
+                "start barrier: {} exists from an earlier run with this run id; give a new --run-id or remove {shown}",
+                mine.display()
+            )));
+        }
         let staged = mine.with_extension("tmp");
         fs::write(&staged, format!("{}\n", std::process::id()))
             .and_then(|()| fs::rename(&staged, &mine))
             .map_err(|e| Error::io(format!("start barrier: cannot write {}", mine.display()), e))?;
         let began = Instant::now();
-        let mut missing: Vec<u32> = (0..self.world_size).collect();
         loop {
-            missing.retain(|&r| !self.file_of(r).exists());
-            if missing.is_empty() {
+            let arrived = self.arrived()?;
+            if arrived.len() as u64 == u64::from(self.world_size) {
                 return Ok(());
             }
             if crate::interrupt::requested().is_some() {
                 return Err(Error::usage("start barrier: interrupted"));
             }
             if began.elapsed() >= self.timeout {
-                return Err(self.timed_out(&missing));
+                return Err(self.timed_out(&arrived));
             }
             std::thread::sleep(POLL);
         }
     }
 
-    fn timed_out(&self, missing: &[u32]) -> Error {
+    /// The ranks whose files are in the directory, sorted.
+    fn arrived(&self) -> Result<Vec<u32>> {
+        let listing = fs::read_dir(&self.dir).map_err(|e| {
+            Error::io(
+                format!("start barrier: cannot list {}", self.dir.display()),
+                e,
+            )
+        })?;
+        let mut ranks: Vec<u32> = listing
+            .filter_map(|entry| {
+                let name = entry.ok()?.file_name();
+                let rank: u32 = name.to_str()?.strip_prefix("rank-")?.parse().ok()?;
+                (rank < self.world_size).then_some(rank)
+            })
+            .collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        Ok(ranks)
+    }
+
+    fn timed_out(&self, arrived: &[u32]) -> Error {
         const SHOWN: usize = 8;
-        let mut names: Vec<String> = missing.iter().take(SHOWN).map(u32::to_string).collect();
-        if missing.len() > SHOWN {
-            names.push(format!("and {} more", missing.len() - SHOWN));
+        let absent = u64::from(self.world_size) - arrived.len() as u64;
+        let mut names = Vec::new();
+        let mut next = 0u32;
+        for &r in arrived.iter().chain([&self.world_size]) {
+            let mut m = next;
+            while m < r && names.len() < SHOWN {
+                names.push(m.to_string());
+                m += 1;
+            }
+            next = r.saturating_add(1);
+        }
+        if absent > names.len() as u64 {
+            names.push(format!("and {} more", absent - names.len() as u64));
         }
         Error::io(
             format!("start barrier in {}", self.dir.display()),
@@ -149,6 +186,33 @@ mod tests {
         let e = b.unwrap().wait().unwrap_err().to_string();
         assert!(e.contains("rank(s) 1, 2 of 3 did not arrive"), "{e}");
         assert!(!e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn a_huge_world_costs_what_arrived_and_the_timeout_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Barrier::new(
+            dir.path(),
+            "run-3",
+            &rank(7, 4_000_000),
+            Duration::from_millis(200),
+        );
+        let began = Instant::now();
+        let e = b.unwrap().wait().unwrap_err().to_string();
+        assert!(began.elapsed() < Duration::from_secs(5));
+        assert!(
+            e.contains("rank(s) 0, 1, 2, 3, 4, 5, 6, 8 and 3999991 more of 4000000"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_reused_run_id_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let lone = |r| Barrier::new(dir.path(), "again", &rank(r, 1), Duration::from_secs(5));
+        lone(0).unwrap().wait().unwrap();
+        let e = lone(0).unwrap().wait().unwrap_err().to_string();
+        assert!(e.contains("exists from an earlier run"), "{e}");
     }
 
     #[test]

@@ -83,7 +83,7 @@ impl Plan {
             .map_err(|e| e.in_file(&shown))?
             .header()
             .clone();
-        let (mut config, notes) = storage_config(&header, storage)?;
+        let (mut config, notes) = storage_config(&header, storage, &shown)?;
         let mut options = options;
         let client = resolve(input.path(), options.replay.read, &options.replay.client)
             .map_err(|e| e.in_file(&shown))?;
@@ -228,7 +228,11 @@ fn record_line(event: &RecordEvent<'_>) -> serde_json::Value {
 
 /// The configuration to replay and the notes about what of the recorded one could not be
 /// rebuilt.
-fn storage_config(header: &Header, storage: Storage<'_>) -> Result<(StorageConfig, Vec<String>)> {
+fn storage_config(
+    header: &Header,
+    storage: Storage<'_>,
+    shown: &str,
+) -> Result<(StorageConfig, Vec<String>)> {
     let (overrides, own_l2, complete) = match storage {
         Storage::Given(config) => return Ok((config, Vec::new())),
         Storage::Recorded {
@@ -239,6 +243,9 @@ fn storage_config(header: &Header, storage: Storage<'_>) -> Result<(StorageConfi
     };
     let (mut config, notes) = match StorageConfig::from_lmcache_json(&header.sm_config_json) {
         Some((config, notes)) => {
+            config.check_recorded().map_err(|e| {
+                Error::data(0, "header.sm_config_json", e).in_file(shown)
+            })?;
             let notes = notes
                 .into_iter()
                 .filter(|n| !(own_l2 && n.contains("--l2-adapter")))

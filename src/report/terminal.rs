@@ -10,3 +10,47 @@ impl Exporter for Terminal {
         Ok(vec![Artifact::single(report.terminal().into_bytes())])
     }
 }
+
+/// `text` safe for one line of a terminal: every control character (escape sequences, a
+/// carriage return, a newline that would forge a line of its own) shown as its escape, as
+/// Rust writes it (`\u{1b}`, `\n`). Strings a trace carries pass through here before they
+/// are printed.
+pub fn escape_line(text: &str) -> std::borrow::Cow<'_, str> {
+    escape(text, |_| true)
+}
+
+/// Like [`escape_line`] for a whole block of text: newlines and tabs kept.
+pub fn escape_text(text: &str) -> std::borrow::Cow<'_, str> {
+    escape(text, |c| c != '\n' && c != '\t')
+}
+
+fn escape(text: &str, escaped: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| c.is_control() && escaped(c);
+    if !text.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if bad(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_shown_not_obeyed() {
+        assert_eq!(escape_line("plain"), "plain");
+        assert_eq!(
+            escape_line("a\x1b[2J\nkvtrace: error: forged"),
+            "a\\u{1b}[2J\\nkvtrace: error: forged"
+        );
+        assert_eq!(escape_text("one\n\ttwo\r\x07"), "one\n\ttwo\\r\\u{7}");
+    }
+}

@@ -2,6 +2,7 @@
 //! synthetic ones. Prompts stay compact — one content id per trace block, never a token
 //! vector — so a 145 M-token trace costs a few megabytes.
 
+use crate::limits::{LineLimit, MAX_HASH_IDS_PER_ROW, MAX_LINE_BYTES};
 use std::collections::HashMap;
 use std::io::BufRead;
 
@@ -178,6 +179,7 @@ pub fn read_mooncake_hash_ids(src: impl BufRead) -> Result<Vec<Vec<u64>>> {
 
 /// Parses every non-blank line into a [`Row`] and hands it on with its line number.
 fn for_each_row(src: impl BufRead, mut f: impl FnMut(u64, Row) -> Result<()>) -> Result<()> {
+    let src = std::io::BufReader::new(LineLimit::new(src, MAX_LINE_BYTES));
     for (index, line) in src.lines().enumerate() {
         let number = index as u64 + 1;
         let line = line.map_err(|e| Error::io(format!("read failed at line {number}"), e))?;
@@ -251,6 +253,16 @@ impl Row {
         let hash_ids = match row.get("hash_ids") {
             None | Some(Json::Null) => {
                 return Err(Error::line(line, "hash_ids", "missing field"));
+            }
+            Some(Json::Array(ids)) if ids.len() > MAX_HASH_IDS_PER_ROW => {
+                return Err(Error::line(
+                    line,
+                    "hash_ids",
+                    format!(
+                        "{} ids: more than the {MAX_HASH_IDS_PER_ROW} one request may name",
+                        ids.len()
+                    ),
+                ));
             }
             Some(Json::Array(ids)) => ids
                 .iter()

@@ -113,12 +113,24 @@ pub enum BackendConfig {
 /// practice, GB/s.
 pub const DEFAULT_GPU_BANDWIDTH_GBPS: f64 = 25.0;
 
-/// A GPU tier's bandwidth from its description; must be positive.
+/// The bandwidths a `gpu` tier accepts, GB/s: from 1 KB/s, below which one chunk's transfer
+/// outlasts any run (and `size / bandwidth` overflows a duration), to 1 PB/s.
+pub const GPU_BANDWIDTH_RANGE_GBPS: (f64, f64) = (1e-6, 1e6);
+
+/// A GPU tier's bandwidth from its description, inside [`GPU_BANDWIDTH_RANGE_GBPS`].
 fn gpu_bandwidth(v: Option<f64>, field: &str) -> Result<f64, String> {
     match v {
         None => Ok(DEFAULT_GPU_BANDWIDTH_GBPS),
-        Some(b) if b.is_finite() && b > 0.0 => Ok(b),
-        Some(b) => Err(format!("{field} {b}: must be a positive number of GB/s")),
+        Some(b) => check_gpu_bandwidth(b, field),
+    }
+}
+
+fn check_gpu_bandwidth(b: f64, field: &str) -> Result<f64, String> {
+    let (low, high) = GPU_BANDWIDTH_RANGE_GBPS;
+    if b.is_finite() && (low..=high).contains(&b) {
+        Ok(b)
+    } else {
+        Err(format!("{field} {b}: must be from {low} to {high} GB/s"))
     }
 }
 
@@ -173,6 +185,23 @@ impl Default for StorageConfig {
             write_ttl_s: 600.0,
             read_ttl_s: 300.0,
         }
+    }
+}
+
+impl StorageConfig {
+    /// Checks the values a recorded header may carry that would make the model meaningless
+    /// (a header is data: the reader refuses it rather than clamping it): every GPU tier's
+    /// bandwidth within [`GPU_BANDWIDTH_RANGE_GBPS`].
+    pub fn check_recorded(&self) -> Result<(), String> {
+        if let Some(b) = self.l1_gpu_bandwidth_gbps {
+            check_gpu_bandwidth(b, "kvtrace_l1_gpu_bandwidth_gbps")?;
+        }
+        for tier in &self.l2 {
+            if let BackendConfig::Gpu { bandwidth_gbps } = tier.backend {
+                check_gpu_bandwidth(bandwidth_gbps, "kvtrace_tier.bandwidth_gbps")?;
+            }
+        }
+        Ok(())
     }
 }
 

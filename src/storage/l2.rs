@@ -11,9 +11,9 @@ use super::{file, KeyId, KeyMap, TierStats};
 /// The time a transfer counts for: the device model's when the backend has one, else what
 /// was measured.
 pub(super) fn transfer_time(backend: &dyn Backend, size: u64, measured: Duration) -> Duration {
-    backend
-        .modelled_seconds(size)
-        .map_or(measured, Duration::from_secs_f64)
+    backend.modelled_seconds(size).map_or(measured, |s| {
+        Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
+    })
 }
 
 fn build_backend(config: &BackendConfig) -> io::Result<Box<dyn Backend>> {

@@ -82,8 +82,31 @@ impl Point {
     }
 }
 
+/// The points a sweep runs unless told it may run more: a cross product past it is most
+/// likely a typo, and each finished point keeps its report until the sweep is written.
+pub const DEFAULT_MAX_POINTS: u64 = 10_000;
+
+/// How many points [`cross`] would make, known before any is: `None` past `u64`.
+pub fn cross_count(axes: &[Axis]) -> Option<u64> {
+    axes.iter()
+        .try_fold(1u64, |n, a| n.checked_mul(a.values.len() as u64))
+}
+
+/// Refuses a sweep of more than `max` points, before any runs.
+pub fn check_count(count: Option<u64>, max: u64) -> Result<()> {
+    match count {
+        Some(n) if n <= max => Ok(()),
+        Some(n) => Err(Error::usage(format!(
+            "{n} points: more than the {max} a sweep runs unless --max-points allows more"
+        ))),
+        None => Err(Error::usage(
+            "the lists make more than 2^64 points: not a sweep that can finish",
+        )),
+    }
+}
+
 /// Every combination of the axes' values, the first axis varying slowest; each point named by
-/// the values of the axes that vary.
+/// the values of the axes that vary. Check [`cross_count`] first: the points are made here.
 pub fn cross(axes: &[Axis]) -> Vec<Point> {
     let mut points = vec![Point {
         name: String::new(),
@@ -120,8 +143,20 @@ pub fn cross(axes: &[Axis]) -> Vec<Point> {
 /// Named configurations from a TOML file: one `[[point]]` table each, with a `name` and the
 /// flags it sets (`l1-size-gb = 2`, `eviction-policy = "ARC"`, `l1-accounting-only = true`;
 /// an L2 adapter as its JSON text). Every point is the base flags plus its own.
-pub fn grid(path: &Path) -> Result<Vec<Point>> {
+pub fn grid(path: &Path, max_points: u64) -> Result<Vec<Point>> {
     let shown = path.display().to_string();
+    // A point's table takes tens of bytes; a file far larger than the cap allows is refused
+    // before it is read into memory.
+    let limit = max_points.saturating_mul(4096).max(1 << 20);
+    let size = std::fs::metadata(path)
+        .map_err(|e| Error::io("cannot read", e).in_file(&shown))?
+        .len();
+    if size > limit {
+        return Err(Error::usage(format!(
+            "{size} bytes: more than a grid of at most {max_points} points needs (--max-points)"
+        ))
+        .in_file(&shown));
+    }
     let text =
         std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", e).in_file(&shown))?;
     let bad = |why: String| Error::usage(why).in_file(&shown);
@@ -137,6 +172,7 @@ pub fn grid(path: &Path) -> Result<Vec<Point>> {
         let Some(tables) = value.as_array() else {
             return Err(bad("point: expected [[point]] tables".into()));
         };
+        check_count(Some(tables.len() as u64), max_points).map_err(|e| e.in_file(&shown))?;
         for (i, table) in tables.iter().enumerate() {
             let Some(table) = table.as_table() else {
                 return Err(bad(format!("point {}: expected a table", i + 1)));
@@ -285,13 +321,13 @@ mod tests {
             "[[point]]\nname = \"small\"\nl1-size-gb = 0.5\n[[point]]\neviction-policy = \"ARC\"\nl1-accounting-only = true\n",
         )
         .unwrap();
-        let points = grid(&path).unwrap();
+        let points = grid(&path, DEFAULT_MAX_POINTS).unwrap();
         assert_eq!(points[0].name, "small");
         assert_eq!(points[0].get("l1-size-gb"), Some("0.5"));
         assert_eq!(points[1].name, "point 2");
         assert_eq!(points[1].get("l1-accounting-only"), Some("true"));
         std::fs::write(&path, "[other]\n").unwrap();
-        assert!(grid(&path)
+        assert!(grid(&path, DEFAULT_MAX_POINTS)
             .unwrap_err()
             .to_string()
             .contains("unknown table"));

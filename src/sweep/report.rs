@@ -318,6 +318,7 @@ impl Report for ReplaySweep {
             "model_curve": model_curve,
             "lru_curve": curve,
             "lru_curve_note": self.curve_note,
+            "interrupted": crate::interrupt::requested().is_some(),
         }))
     }
 
@@ -712,7 +713,12 @@ impl Report for SimulateSweep {
                 })
             })
             .collect();
-        Ok(json!({"trace": self.trace, "sla": sla, "points": points}))
+        Ok(json!({
+            "trace": self.trace,
+            "sla": sla,
+            "points": points,
+            "interrupted": crate::interrupt::requested().is_some(),
+        }))
     }
 
     fn json_style(&self) -> JsonStyle {

@@ -2,6 +2,7 @@
 //! trace ask next — which schema variant, when the first call came (the start-up gap), how
 //! many distinct chunks and how many bytes the calls imply, and whether the file is complete.
 
+use crate::report::terminal::escape_line;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -71,6 +72,11 @@ pub struct TraceInfo {
     pub payload: PayloadBytes,
     pub undecodable_records: u64,
     pub truncated: Option<String>,
+    /// A signal stopped the read: every count is of the records before it.
+    pub interrupted: bool,
+    /// The file is a kvtrace output that was never finished (its temporary name, no
+    /// trailer): a recording whose process was killed.
+    pub unfinished: bool,
     pub warnings: Vec<String>,
     /// Arguments of kvtrace's trailer record, when the recorder wrote one.
     pub trailer: Option<serde_json::Value>,
@@ -388,6 +394,8 @@ pub fn inspect(path: &Path, options: ReadOptions, progress: Progress<'_>) -> Res
         payload,
         undecodable_records: summary.undecodable,
         truncated: summary.truncation.as_ref().map(|t| t.to_string()),
+        interrupted: summary.interrupted,
+        unfinished: tally.trailer.is_none() && crate::output::is_temporary(path),
         warnings,
         trailer: tally.trailer,
         bytes_read: summary.bytes,
@@ -404,7 +412,10 @@ fn human_bytes(n: u64) -> String {
 }
 
 /// One `label: value` row, labels in LMCache's 28-wide column.
+/// One `key: value` line; both may come from the trace, so both are escaped.
 fn row(out: &mut String, indent: usize, key: &str, value: &dyn std::fmt::Display) {
+    let (key, value) = (escape_line(key), value.to_string());
+    let value = escape_line(&value);
     out.push_str(&format!("{:indent$}{:<28}{value}\n", "", format!("{key}:")));
 }
 
@@ -419,7 +430,7 @@ fn secs(v: Option<f64>) -> String {
 impl TraceInfo {
     /// The text report: LMCache's `trace info` layout first, then kvtrace's additions.
     pub fn render(&self) -> String {
-        let mut s = format!("Trace file: {}\n", self.file);
+        let mut s = format!("Trace file: {}\n", escape_line(&self.file));
         field(&mut s, "level", &self.level);
         field(&mut s, "format_version", self.format_version);
         match (self.trace_schema_version, &self.lmcache_version) {
@@ -445,7 +456,7 @@ impl TraceInfo {
         } else {
             s.push_str("  ops:\n");
             for (q, n) in &self.ops {
-                s.push_str(&format!("    {q}: {n}\n"));
+                s.push_str(&format!("    {}: {n}\n", escape_line(q)));
             }
         }
         if let Some(events) = &self.events {
@@ -494,9 +505,19 @@ impl TraceInfo {
             None => self.render_payload(&mut s),
         }
         field(&mut s, "undecodable records", self.undecodable_records);
-        match &self.truncated {
-            Some(t) => field(&mut s, "complete", format!("no: {t}")),
-            None => field(&mut s, "complete", "yes"),
+        match (&self.truncated, self.interrupted, self.unfinished) {
+            (_, true, _) => field(
+                &mut s,
+                "complete",
+                "unknown: interrupted; every count above is of the records read before the signal",
+            ),
+            (Some(t), ..) => field(&mut s, "complete", format!("no: {t}")),
+            (None, _, true) => field(
+                &mut s,
+                "complete",
+                "no (no trailer): an unfinished kvtrace output, its process ended before it was renamed into place",
+            ),
+            (None, ..) => field(&mut s, "complete", "yes"),
         }
         if let Some(serde_json::Value::Object(t)) = &self.trailer {
             let parts: Vec<String> = t.iter().map(|(k, v)| format!("{k}={v}")).collect();

@@ -246,6 +246,27 @@ pub struct Args {
 }
 
 impl Args {
+    /// Refuses, before any work, an output that is one of the bench's inputs.
+    pub fn guard(&self) -> Result<(), Error> {
+        crate::cli::guard(
+            self.dataset_path
+                .iter()
+                .chain(self.use_burst_trace.then_some(&self.burst_trace_path))
+                .map(PathBuf::as_path),
+            [
+                &self.output,
+                &self.xlsx_output,
+                &self.csv,
+                &self.io_trace_log,
+                &self.record,
+            ]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path)
+            .chain(self.otlp.file()),
+        )
+    }
+
     /// The options, the rank included (from the flags or the launcher's environment).
     pub fn options(&self) -> Result<Options, Error> {
         Ok(Options {

@@ -78,6 +78,7 @@ fn run_once(
 }
 
 pub fn run(args: Args) -> Result<i32, Error> {
+    args.guard()?;
     let options = args.options()?;
     if args.suite {
         if args.otlp.asked() {

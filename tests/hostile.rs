@@ -1,0 +1,488 @@
+//! Round three of hostile inputs, on the surfaces added since the second: rank mode,
+//! aggregate, sweep, OTel files, generate from Mooncake, the start barrier, concurrent runs
+//! and signals. Each case is a probe's finding (a destroyed input, a panic, an abort, a hang,
+//! a forged line) that now ends in one line and a documented exit status, or keeps the data.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{kvtrace, sample, text};
+use serde_json::Value;
+
+fn path(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// A copy of `basic_lru` in `dir`.
+fn trace_in(dir: &Path) -> PathBuf {
+    let t = dir.join("t.lct");
+    std::fs::copy(sample("basic_lru"), &t).expect("copy");
+    t
+}
+
+fn one_line_error(out: &std::process::Output, code: i32) -> String {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+#[test]
+fn no_output_flag_writes_over_an_input() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let t = trace_in(dir.path());
+    let lct = std::fs::read(&t).expect("read");
+    let link = dir.path().join("link.lct");
+    std::os::unix::fs::symlink(&t, &link).expect("link");
+    let m = dir.path().join("m.jsonl");
+    std::fs::write(
+        &m,
+        "{\"timestamp\":0,\"input_length\":1024,\"output_length\":4,\"hash_ids\":[1,2]}\n",
+    )
+    .expect("write");
+    let jsonl = std::fs::read(&m).expect("read");
+    let (t, link, m) = (path(&t), path(&link), path(&m));
+    let runs: Vec<Vec<&str>> = vec![
+        vec!["replay", &t, "-q", "--otlp-file", &t],
+        vec!["replay", &t, "-q", "--jsonl-out", &link],
+        vec!["replay", &link, "-q", "--jsonl-out", &t],
+        vec!["sweep", "replay", &t, "-q", "--json", &t],
+        vec!["sweep", "replay", &t, "-q", "--xlsx", &link],
+        vec!["simulate", &m, "-q", "--report-json", &m],
+        vec!["simulate", &m, "-q", "--report-jsonl", &m],
+        vec!["simulate", &m, "-q", "--report-xlsx", &m],
+        vec!["simulate", &m, "-q", "--otlp-file", &m],
+        vec!["generate", &m, "--from-mooncake", &m],
+    ];
+    for args in runs {
+        let err = one_line_error(&kvtrace(&args), 2);
+        assert!(err.contains("same file"), "{args:?}: {err}");
+    }
+    assert_eq!(std::fs::read(&t).expect("read"), lct, "the trace is intact");
+    assert_eq!(
+        std::fs::read(&m).expect("read"),
+        jsonl,
+        "the workload is intact"
+    );
+}
+
+#[test]
+fn aggregate_never_writes_over_a_rank_report() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let t = trace_in(dir.path());
+    let out = kvtrace([
+        "replay",
+        &path(&t),
+        "-q",
+        "--json",
+        "--no-csv",
+        "--rank",
+        "0",
+        "--world-size",
+        "1",
+        "--output-dir",
+        &path(dir.path()),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let r0 = dir.path().join("rank-00000/trace_replay_summary.json");
+    let before = std::fs::read(&r0).expect("rank report");
+    let err = one_line_error(&kvtrace(["aggregate", &path(&r0), "--json", &path(&r0)]), 2);
+    assert!(err.contains("same file"), "{err}");
+    assert_eq!(std::fs::read(&r0).expect("read"), before);
+}
+
+#[test]
+fn gpu_bandwidths_a_duration_cannot_hold_are_refused_where_they_are_read() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let t = trace_in(dir.path());
+    for bw in ["1e-300", "0", "-1"] {
+        let adapter = format!("{{\"type\":\"gpu\",\"capacity_gb\":1,\"bandwidth_gbps\":{bw}}}");
+        let out = kvtrace([
+            "replay",
+            &path(&t),
+            "-q",
+            "--no-csv",
+            "--l2-adapter",
+            &adapter,
+        ]);
+        let err = one_line_error(&out, 2);
+        assert!(err.contains("bandwidth_gbps"), "{err}");
+    }
+    // The same value in a header is bad data.
+    let jsonl = dir.path().join("t.jsonl");
+    let out = kvtrace(["convert", &path(&t), &path(&jsonl)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let forged = std::fs::read_to_string(&jsonl).expect("read").replacen(
+        "\"sm_config_json\":\"{",
+        "\"sm_config_json\":\"{\\\"kvtrace_l1_gpu_bandwidth_gbps\\\": 1e-300, ",
+        1,
+    );
+    std::fs::write(&jsonl, forged).expect("write");
+    let bad = dir.path().join("bad.lct");
+    let out = kvtrace(["convert", &path(&jsonl), &path(&bad)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = kvtrace(["replay", &path(&bad), "-q", "--no-csv"]);
+    let err = one_line_error(&out, 1);
+    assert!(
+        err.contains("bad.lct: byte 0: header.sm_config_json: kvtrace_l1_gpu_bandwidth_gbps"),
+        "{err}"
+    );
+}
+
+/// A long storage trace of kvtrace's synthetic workload.
+fn long_trace(dir: &Path, records: u32) -> PathBuf {
+    let t = dir.join("long.lct");
+    let out = kvtrace(["generate", &path(&t), "--records", &records.to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    t
+}
+
+fn terminated(args: &[&str], after: Duration) -> (std::process::Output, Duration) {
+    let child = Command::new(env!("CARGO_BIN_EXE_kvtrace"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(after);
+    let signalled = Instant::now();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().expect("wait");
+    (out, signalled.elapsed())
+}
+
+#[test]
+fn sigterm_during_info_says_the_counts_are_partial() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let t = long_trace(dir.path(), 3_000_000);
+    let (out, _) = terminated(
+        &["info", &path(&t), "--threads", "1"],
+        Duration::from_millis(300),
+    );
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
+    assert!(
+        shown.contains("complete:                   unknown: interrupted"),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains("complete:                   yes"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn sigterm_does_not_wait_for_an_endpoint_that_never_answers() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let t = long_trace(dir.path(), 400_000);
+    // Accepts every connection and never answers one.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming() {
+            held.push(s);
+        }
+    });
+    let spans = dir.path().join("spans.jsonl");
+    let (out, waited) = terminated(
+        &[
+            "replay",
+            &path(&t),
+            "-q",
+            "--no-csv",
+            "--otlp-endpoint",
+            &url,
+            "--otlp-protocol",
+            "http-protobuf",
+            "--otlp-timeout",
+            "60",
+            "--otlp-file",
+            &path(&spans),
+        ],
+        Duration::from_millis(1500),
+    );
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
+    assert!(waited < Duration::from_secs(3), "exit took {waited:?}");
+}
+
+#[test]
+fn a_failed_run_leaves_no_otlp_file_and_the_old_one_stands() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let spans = dir.path().join("spans.jsonl");
+    std::fs::write(&spans, "earlier spans\n").expect("write");
+    let missing = dir.path().join("missing.lct");
+    let out = kvtrace([
+        "replay",
+        &path(&missing),
+        "-q",
+        "--otlp-file",
+        &path(&spans),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(&spans).expect("read"),
+        "earlier spans\n"
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 1);
+}
+
+/// A rank report to forge, from a one-rank replay of `basic_lru`.
+fn rank_report(dir: &Path) -> Value {
+    let t = trace_in(dir);
+    let out = kvtrace([
+        "replay",
+        &path(&t),
+        "-q",
+        "--json",
+        "--no-csv",
+        "--rank",
+        "0",
+        "--world-size",
+        "1",
+        "--output-dir",
+        &path(&dir.join("run")),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let text = std::fs::read_to_string(dir.join("run/rank-00000/trace_replay_summary.json"))
+        .expect("report");
+    serde_json::from_str(&text).expect("json")
+}
+
+#[test]
+fn aggregate_refuses_forged_counts_and_world_sizes_in_one_line() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let good = rank_report(dir.path());
+    let write = |name: &str, edit: &dyn Fn(&mut Value)| {
+        let mut v = good.clone();
+        edit(&mut v);
+        let p = dir.path().join(name);
+        std::fs::write(&p, v.to_string()).expect("write");
+        path(&p)
+    };
+    let two = |v: &mut Value, rank: u64| {
+        v["kvtrace"]["rank"]["world_size"] = 2.into();
+        v["kvtrace"]["rank"]["rank"] = rank.into();
+    };
+    let huge0 = write("huge0.json", &|v| {
+        two(v, 0);
+        v["kvtrace"]["replayed"] = u64::MAX.into();
+    });
+    let five1 = write("five1.json", &|v| {
+        two(v, 1);
+        v["kvtrace"]["replayed"] = 5.into();
+    });
+    let negative = write("negative.json", &|v| {
+        v["kvtrace"]["calls"]["lookup"] = (-3).into()
+    });
+    let zero = write("zero.json", &|v| {
+        v["kvtrace"]["rank"]["world_size"] = 0.into()
+    });
+    let forged = write("forged.json", &|v| {
+        v["kvtrace"]["rank"]["world_size"] = 100_000_000u64.into();
+        v["kvtrace"]["rank"]["rank"] = 5.into();
+    });
+    for (files, code, says) in [
+        (vec![&huge0, &five1], 1, "passes 2^64 - 1"),
+        (
+            vec![&negative],
+            1,
+            "kvtrace.calls.lookup is -3, not a count",
+        ),
+        (vec![&zero], 1, "world_size is 0"),
+        (
+            vec![&forged],
+            2,
+            "rank(s) 0-4, 6-99999999 of 100000000 missing (99999999 in all)",
+        ),
+    ] {
+        let mut args = vec!["aggregate", "-q"];
+        args.extend(files.iter().map(|f| f.as_str()));
+        let began = Instant::now();
+        let err = one_line_error(&kvtrace(&args), code);
+        assert!(err.contains(says), "{files:?}: {err}");
+        assert!(began.elapsed() < Duration::from_secs(10));
+    }
+}
+
+#[test]
+fn aggregate_merges_many_tiers_in_linear_time() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut v = rank_report(dir.path());
+    let tiers: Vec<Value> = (0..100_000)
+        .map(|i| serde_json::json!({"name": format!("tier-{i}"), "reads": 1}))
+        .collect();
+    v["kvtrace"]["tiers"] = tiers.into();
+    let p = dir.path().join("tiers.json");
+    std::fs::write(&p, v.to_string()).expect("write");
+    let began = Instant::now();
+    let out = kvtrace(["aggregate", "-q", &path(&p)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        began.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        began.elapsed()
+    );
+}
+
+#[test]
+fn concurrent_runs_into_one_directory_do_not_mix_their_reports() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let t = trace_in(dir.path());
+    let shared = dir.path().join("shared");
+    let lock = std::fs::create_dir_all(&shared).and_then(|()| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(shared.join(".kvtrace.lock"))
+    });
+    let lock = lock.expect("lock file");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&lock);
+    // SAFETY: flock on a descriptor this test owns: another run holding the directory.
+    let held = unsafe { libc::flock(fd, libc::LOCK_EX) };
+    assert_eq!(held, 0);
+    let out = kvtrace(["replay", &path(&t), "-q", "--output-dir", &path(&shared)]);
+    let err = one_line_error(&out, 2);
+    assert!(
+        err.contains("another kvtrace run is writing its reports here"),
+        "{err}"
+    );
+    drop(lock);
+    let out = kvtrace([
+        "replay",
+        &path(&t),
+        "-q",
+        "--json",
+        "--output-dir",
+        &path(&shared),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(shared.join("trace_replay_summary.json").is_file());
+}
+
+#[test]
+fn what_a_killed_run_left_is_removed_by_the_next_and_named_by_info() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let t = trace_in(dir.path());
+    // A process id no process has: above the kernel's largest.
+    let left = dir.path().join(".out.lct.kvtrace-4194304999-0.tmp");
+    std::fs::copy(&t, &left).expect("copy");
+    let info = kvtrace(["info", &path(&left)]);
+    let shown = text(&info.stdout);
+    assert!(
+        shown.contains("complete:                   no (no trailer)"),
+        "{shown}"
+    );
+    let out = kvtrace(["convert", &path(&t), &path(&dir.path().join("out.lct"))]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!left.exists(), "the dead run's temporary file is gone");
+    assert!(
+        text(&out.stderr).contains("no longer running"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn rows_and_lines_past_their_limits_are_one_line_errors() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let m = dir.path().join("big.jsonl");
+    let ids: Vec<String> = (0..100_001).map(|i| i.to_string()).collect();
+    std::fs::write(
+        &m,
+        format!(
+            "{{\"timestamp\":0,\"input_length\":10,\"output_length\":1,\"hash_ids\":[{}]}}\n",
+            ids.join(",")
+        ),
+    )
+    .expect("write");
+    let out = kvtrace([
+        "generate",
+        &path(&dir.path().join("o.lct")),
+        "--from-mooncake",
+        &path(&m),
+    ]);
+    let err = one_line_error(&out, 1);
+    assert!(err.contains("line 1: hash_ids: 100001 ids"), "{err}");
+    let out = kvtrace([
+        "bench",
+        "--use-burst-trace",
+        "--burst-trace-path",
+        "/dev/zero",
+        "--duration",
+        "1",
+    ]);
+    let err = one_line_error(&out, 1);
+    assert!(
+        err.contains("line 1 is longer than 16777216 bytes"),
+        "{err}"
+    );
+}
+
+#[test]
+fn strings_from_a_trace_reach_the_terminal_escaped() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let t = trace_in(dir.path());
+    let jsonl = dir.path().join("t.jsonl");
+    let out = kvtrace(["convert", &path(&t), &path(&jsonl)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let forged = std::fs::read_to_string(&jsonl).expect("read").replacen(
+        "\"sm_config_digest\":\"",
+        "\"sm_config_digest\":\"\\u001b[2J\\nkvtrace: error: forged",
+        1,
+    );
+    std::fs::write(&jsonl, forged).expect("write");
+    let bad = dir.path().join("bad.lct");
+    let out = kvtrace(["convert", &path(&jsonl), &path(&bad)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let info = kvtrace(["info", &path(&bad)]);
+    let shown = text(&info.stdout);
+    assert!(!shown.contains('\u{1b}'), "{shown}");
+    assert!(
+        !shown.lines().any(|l| l.starts_with("kvtrace: error")),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("\\u{1b}[2J\\nkvtrace: error: forged"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn sweeps_past_the_point_cap_are_refused_before_any_runs() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let t = trace_in(dir.path());
+    let sizes: Vec<String> = (1..=1000).map(|i| i.to_string()).collect();
+    let sizes = sizes.join(",");
+    let began = Instant::now();
+    let out = kvtrace([
+        "sweep",
+        "replay",
+        &path(&t),
+        "-q",
+        "--l1-size-gb",
+        &sizes,
+        "--eviction-phase",
+        "0,1,2,3,4,5,6,7,8,9,10",
+    ]);
+    let err = one_line_error(&out, 2);
+    assert!(err.contains("11000 points: more than the 10000"), "{err}");
+    assert!(began.elapsed() < Duration::from_secs(10));
+    let out = kvtrace([
+        "sweep",
+        "replay",
+        &path(&t),
+        "-q",
+        "--l1-size-gb",
+        "1,2",
+        "--max-points",
+        "1",
+    ]);
+    let err = one_line_error(&out, 2);
+    assert!(err.contains("2 points: more than the 1"), "{err}");
+}
