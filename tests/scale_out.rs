@@ -721,7 +721,7 @@ fn aggregate_refuses_reports_that_are_not_one_run_with_one_line() {
         (vec![&bad_histogram], 2, "not base64"),
         (vec![&not_json], 1, "broken.json"),
         (vec![&bench], 2, "not a kvtrace bench result of a rank"),
-        (vec![&bench, &good], 2, "is a bench result and"),
+        (vec![&good, &bench], 2, "is a bench result and"),
     ] {
         let mut args = vec!["aggregate", "-q"];
         args.extend(files.iter().map(|f| f.as_str()));

@@ -201,7 +201,7 @@ mod tests {
         let e = b.unwrap().wait().unwrap_err().to_string();
         assert!(began.elapsed() < Duration::from_secs(5));
         assert!(
-            e.contains("rank(s) 0, 1, 2, 3, 4, 5, 6, 8 and 3999991 more of 4000000"),
+            e.contains("rank(s) 0, 1, 2, 3, 4, 5, 6, 8, and 3999991 more of 4000000"),
             "{e}"
         );
     }
