@@ -30,6 +30,22 @@ fn one_line_error(out: &std::process::Output, code: i32) -> String {
     err
 }
 
+/// `bad.lct` beside `trace`: its lossless JSONL with the header's first `from` replaced by
+/// `to`, converted back.
+fn forged_header(trace: &Path, from: &str, to: &str) -> PathBuf {
+    let dir = trace.parent().expect("dir");
+    let jsonl = dir.join("t.jsonl");
+    let out = kvtrace(["convert", &path(trace), &path(&jsonl)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let text_form = std::fs::read_to_string(&jsonl).expect("read");
+    assert!(text_form.contains(from), "{from}");
+    std::fs::write(&jsonl, text_form.replacen(from, to, 1)).expect("write");
+    let bad = dir.join("bad.lct");
+    let out = kvtrace(["convert", &path(&jsonl), &path(&bad)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    bad
+}
+
 #[test]
 fn no_output_flag_writes_over_an_input() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -112,18 +128,11 @@ fn gpu_bandwidths_a_duration_cannot_hold_are_refused_where_they_are_read() {
         assert!(err.contains("bandwidth_gbps"), "{err}");
     }
     // The same value in a header is bad data.
-    let jsonl = dir.path().join("t.jsonl");
-    let out = kvtrace(["convert", &path(&t), &path(&jsonl)]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let forged = std::fs::read_to_string(&jsonl).expect("read").replacen(
+    let bad = forged_header(
+        &t,
         "\"sm_config_json\":\"{",
         "\"sm_config_json\":\"{\\\"kvtrace_l1_gpu_bandwidth_gbps\\\": 1e-300, ",
-        1,
     );
-    std::fs::write(&jsonl, forged).expect("write");
-    let bad = dir.path().join("bad.lct");
-    let out = kvtrace(["convert", &path(&jsonl), &path(&bad)]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let out = kvtrace(["replay", &path(&bad), "-q", "--no-csv"]);
     let err = one_line_error(&out, 1);
     assert!(
@@ -428,18 +437,11 @@ fn rows_and_lines_past_their_limits_are_one_line_errors() {
 fn strings_from_a_trace_reach_the_terminal_escaped() {
     let dir = tempfile::tempdir().expect("tmp");
     let t = trace_in(dir.path());
-    let jsonl = dir.path().join("t.jsonl");
-    let out = kvtrace(["convert", &path(&t), &path(&jsonl)]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let forged = std::fs::read_to_string(&jsonl).expect("read").replacen(
+    let bad = forged_header(
+        &t,
         "\"sm_config_digest\":\"",
         "\"sm_config_digest\":\"\\u001b[2J\\nkvtrace: error: forged",
-        1,
     );
-    std::fs::write(&jsonl, forged).expect("write");
-    let bad = dir.path().join("bad.lct");
-    let out = kvtrace(["convert", &path(&jsonl), &path(&bad)]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let info = kvtrace(["info", &path(&bad)]);
     let shown = text(&info.stdout);
     assert!(!shown.contains('\u{1b}'), "{shown}");
