@@ -170,6 +170,9 @@ pub struct DirLock {
     /// Holds the lock until the lock file is removed, then releases it.
     _file: File,
     path: PathBuf,
+    /// The directories the lock created, deepest first: removed again when they are still
+    /// empty, so a run refused after taking the lock leaves no trace of itself.
+    created: Vec<PathBuf>,
 }
 
 impl Drop for DirLock {
@@ -177,6 +180,11 @@ impl Drop for DirLock {
         // Removed while still locked: a run that opened it meanwhile finds it unlinked when
         // it checks, and starts over on a new file.
         let _ = fs::remove_file(&self.path);
+        for dir in &self.created {
+            if fs::remove_dir(dir).is_err() {
+                break;
+            }
+        }
     }
 }
 
@@ -185,6 +193,11 @@ impl DirLock {
     pub fn acquire(dir: &Path) -> Result<DirLock> {
         use std::os::fd::AsRawFd;
         let shown = dir.display().to_string();
+        let created: Vec<PathBuf> = dir
+            .ancestors()
+            .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+            .map(Path::to_path_buf)
+            .collect();
         fs::create_dir_all(dir).map_err(|e| Error::io("cannot create", e).in_file(&shown))?;
         let path = dir.join(".kvtrace.lock");
         loop {
@@ -212,7 +225,11 @@ impl DirLock {
             let held = file.metadata().map(|m| (m.dev(), m.ino())).ok();
             let named = fs::metadata(&path).map(|m| (m.dev(), m.ino())).ok();
             if held.is_some() && held == named {
-                return Ok(DirLock { _file: file, path });
+                return Ok(DirLock {
+                    _file: file,
+                    path,
+                    created,
+                });
             }
         }
     }

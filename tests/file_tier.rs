@@ -176,6 +176,17 @@ fn a_full_disk_fails_the_calls_cleanly() {
         .output()
         .expect("bash");
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    // The count line says why, with the key in the file's name left out so that failures of
+    // one kind are counted together.
+    let err = text(&out.stderr);
+    let why = format!(
+        " × tier I/O failed: {}/KEY.kv: File too large (os error N)",
+        dir.path().join("tier").display()
+    );
+    assert!(
+        err.contains("call(s) failed: ") && err.contains(&why),
+        "{err}"
+    );
     let lines = std::fs::read_to_string(dir.path().join("r.jsonl")).expect("jsonl");
     let failed: Vec<&str> = lines
         .lines()

@@ -1,6 +1,8 @@
 //! Bounded mutation fuzzing of every parser that reads untrusted input: the LMCT reader,
 //! JSONL → LCT conversion, the Mooncake loader (and a simulation of what it accepts), the
-//! ShareGPT and BurstGPT loaders, the TOML tier hierarchy and the L2 adapter JSON.
+//! ShareGPT and BurstGPT loaders, the TOML tier hierarchy, the L2 adapter JSON, aggregate's
+//! rank reports, sweep lists and grids, rank-mode environments, events-level traces, and the
+//! OTLP file written from hostile span values.
 //!
 //! Each target mutates a seed corpus (the files in `testdata/` and small inline samples) for
 //! `KVTRACE_FUZZ_SECONDS` seconds (default 2; `tools/fuzz.sh` runs minutes) from
@@ -16,7 +18,8 @@ use std::time::{Duration, Instant};
 use kvtrace::lmct::args::CallArgs;
 use kvtrace::lmct::blocks::{fold_records, read_ahead};
 use kvtrace::lmct::display::to_display;
-use kvtrace::lmct::{Frame, ReadOptions, TraceReader};
+use kvtrace::lmct::value::Value;
+use kvtrace::lmct::{Frame, Header, ReadOptions, TraceReader};
 use kvtrace::rng::SplitMix64;
 use kvtrace::simulate::args::EngineArgs;
 use kvtrace::simulate::event_loop::{simulate, SimConfig};
@@ -354,6 +357,291 @@ type = "null"
     fuzz("adapter", &adapters, |bytes| {
         if let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) {
             let _ = L2Config::from_adapter(&v);
+        }
+    });
+}
+
+/// The kvtrace binary, run for a seed's sake.
+fn kvtrace_run(args: &[&str]) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtrace"))
+        .args(args)
+        .output()
+        .expect("spawn kvtrace");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The one file `dir` holds.
+fn only_file(dir: &Path) -> Vec<u8> {
+    let mut files: Vec<PathBuf> = walk(dir);
+    assert_eq!(files.len(), 1, "{files:?}");
+    read(files.remove(0))
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read_dir").flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn aggregate_rank_reports() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let replay = dir.path().join("replay");
+    let trace = root().join("testdata/lmcache/basic_lru.lct");
+    kvtrace_run(&[
+        "replay",
+        trace.to_str().expect("path"),
+        "-q",
+        "--json",
+        "--no-csv",
+        "--rank",
+        "0",
+        "--world-size",
+        "1",
+        "--output-dir",
+        replay.to_str().expect("path"),
+    ]);
+    let bench = dir.path().join("bench");
+    std::fs::create_dir(&bench).expect("mkdir");
+    kvtrace_run(&[
+        "bench",
+        "-q",
+        "--model",
+        "tiny-1b",
+        "--num-users",
+        "2",
+        "--cpu-mem-gb",
+        "0",
+        "--generation-mode",
+        "none",
+        "--seed",
+        "1",
+        "--duration",
+        "1",
+        "--rank",
+        "0",
+        "--world-size",
+        "1",
+        "--output",
+        bench.join("r.json").to_str().expect("path"),
+    ]);
+    let seeds = [only_file(&replay), only_file(&bench)];
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    let mut m = Mutator {
+        rng: SplitMix64::new(7),
+    };
+    fuzz("aggregate", &seeds, |bytes| {
+        std::fs::write(&a, bytes).expect("write");
+        // Beside it, an unmutated rank of either kind, or the mutated one again.
+        let other = &seeds[m.below(2)];
+        std::fs::write(&b, other).expect("write");
+        for files in [vec![a.as_path()], vec![a.as_path(), b.as_path()]] {
+            if let Ok(run) = kvtrace::aggregate::aggregate(&files) {
+                use kvtrace::report::Report;
+                let _ = run.document();
+                let _ = run.tables();
+                let _ = run.terminal();
+            }
+        }
+    });
+}
+
+#[test]
+fn sweep_lists_and_grids() {
+    let lists = [
+        b"0.5,1,2".to_vec(),
+        br#"{"type":"fs","path":"d"},{"type":"null"}"#.to_vec(),
+        b"LRU,ARC".to_vec(),
+    ];
+    fuzz("sweep_list", &lists, |bytes| {
+        let text = String::from_utf8_lossy(bytes);
+        let Ok(axis) = kvtrace::sweep::Axis::parse("l1-size-gb", &text) else {
+            return;
+        };
+        let axes = [axis.clone(), axis];
+        let count = kvtrace::sweep::cross_count(&axes);
+        if kvtrace::sweep::check_count(count, 1_000).is_ok() {
+            let points = kvtrace::sweep::cross(&axes);
+            assert_eq!(Some(points.len() as u64), count);
+        }
+    });
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("grid.toml");
+    let grid = br#"[[point]]
+name = "small"
+l1-size-gb = 2
+eviction-policy = "ARC"
+
+[[point]]
+name = "fs"
+l2-adapter = '{"type":"fs","path":"d"}'
+l1-accounting-only = true
+"#
+    .to_vec();
+    fuzz("sweep_grid", &[grid], |bytes| {
+        std::fs::write(&file, bytes).expect("write");
+        if let Ok(points) = kvtrace::sweep::grid(&file, 100) {
+            assert!(points.len() <= 100);
+        }
+    });
+}
+
+#[test]
+fn rank_environments() {
+    let envs = [
+        b"OMPI_COMM_WORLD_RANK=1\nOMPI_COMM_WORLD_SIZE=4\nOMPI_MCA_orte_hnp_uri=1234.0;tcp://10.0.0.1:5000".to_vec(),
+        b"SLURM_PROCID=0\nSLURM_NTASKS=2\nSLURM_JOB_ID=77\nSLURM_STEP_ID=0".to_vec(),
+        b"JOB_COMPLETION_INDEX=3\nPMI_RANK=2\nPMI_SIZE=4294967295".to_vec(),
+    ];
+    fuzz("rank_env", &envs, |bytes| {
+        let text = String::from_utf8_lossy(bytes);
+        let vars: Vec<(String, String)> = text
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let env = |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        let world = vars.first().and_then(|(_, v)| v.parse().ok());
+        for flags in [
+            kvtrace::rank::RankFlags::default(),
+            kvtrace::rank::RankFlags {
+                rank: None,
+                world_size: world,
+            },
+        ] {
+            if let Ok(Some(rank)) = kvtrace::rank::Rank::detect(&flags, env) {
+                assert!(rank.rank < rank.world_size.max(1) || rank.world_size == 0);
+                let _ = rank.dir_name();
+                let _ = rank.seed(1);
+                let _ = rank.file_name(Path::new("out/report.json"));
+            }
+        }
+        if let Some(id) = kvtrace::rank::launcher_run_id(env) {
+            // A directory name the barrier accepts, never a path.
+            let name = id.len() <= 128
+                && !id.starts_with('.')
+                && id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+            assert!(name, "{id:?}");
+        }
+    });
+}
+
+/// An events-level trace: kvtrace's events header, then the first records of LMCache's
+/// events recording in ../shared when it is there, else of a storage sample (which an events
+/// reader must refuse or skip cleanly).
+fn events_seeds() -> Vec<Vec<u8>> {
+    let meta = Value::Map(
+        vec![
+            (Value::str("instance_id"), Value::str("server-0")),
+            (Value::str("cache_event_schema_version"), Value::int(1)),
+            (Value::str("lmcache_version"), Value::str("0.5.6")),
+        ],
+        None,
+    );
+    let header = Header {
+        level: "events".into(),
+        level_meta: Some(meta),
+        ..Header::storage(10.0, 1_795_297_114.0)
+    };
+    let mut body = Vec::new();
+    header.encode(&mut body);
+    let mut file = (body.len() as u32).to_be_bytes().to_vec();
+    file.extend(body);
+    let source =
+        shared_events().unwrap_or_else(|| read(root().join("testdata/lmcache/basic_lru.lct")));
+    // Skip the source's header frame; keep up to 64 records.
+    let mut at = 0usize;
+    let mut frames = 0;
+    while at + 4 <= source.len() && frames <= 64 {
+        let len = u32::from_be_bytes(source[at..at + 4].try_into().expect("4")) as usize;
+        let end = (at + 4 + len).min(source.len());
+        if frames > 0 {
+            file.extend_from_slice(&source[at..end]);
+        }
+        at = end;
+        frames += 1;
+    }
+    vec![file]
+}
+
+fn shared_events() -> Option<Vec<u8>> {
+    let path = root().join("../shared/lmcache/events_churn.lct");
+    path.is_file().then(|| read(path))
+}
+
+#[test]
+fn events_traces() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("events.lct");
+    let options = ReadOptions {
+        max_frame_bytes: 1 << 20,
+        ..ReadOptions::default()
+    };
+    fuzz("events", &events_seeds(), |bytes| {
+        std::fs::write(&file, bytes).expect("write");
+        let _ = kvtrace::trace::inspect::inspect(&file, options, kvtrace::trace::QUIET)
+            .map(|info| info.render());
+        if let Ok(stream) = kvtrace::trace::fleet::FleetStream::load(&[&file], options) {
+            let _ = kvtrace::trace::fleet::summarise(&stream);
+        }
+    });
+}
+
+#[cfg(feature = "otel")]
+#[test]
+fn otlp_file_from_hostile_span_values() {
+    use kvtrace::otel::{Attr, ExportOptions, Protocol, RequestSpan, Span, SpanExport, SpanSink};
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("spans.jsonl");
+    let seeds = [
+        b"req-1\x00\x00\x00\x00\x00\x00\xf0\x3f\x00\x00\x00\x00\x00\x00\x00\x40".to_vec(),
+        b"\x1b[31mkvtrace: error\n\xff\xfe\x00\x00\x00\x00\x00\x00\xf0\x7f\xff\xff\xff\xff\xff\xff\xef\xff".to_vec(),
+    ];
+    fuzz("otlp_file", &seeds, |bytes| {
+        let f64_at = |i: usize| {
+            let mut b = [0u8; 8];
+            for (k, v) in b.iter_mut().enumerate() {
+                *v = bytes.get(i * 8 + k).copied().unwrap_or(0);
+            }
+            f64::from_le_bytes(b)
+        };
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        let mut request = RequestSpan {
+            root: Span::new("request", f64_at(0), f64_at(1))
+                .with("request_id", Attr::Str(text.clone()))
+                .with("hit_rate", Attr::Float(f64_at(2)))
+                .with("hit_tokens", Attr::Int(f64_at(3).to_bits() as i64)),
+            children: Vec::new(),
+        };
+        request.push(Span::new("mp.retrieve", f64_at(4), f64_at(5)));
+        let export = SpanExport::start(ExportOptions {
+            endpoint: None,
+            protocol: Protocol::HttpProtobuf,
+            file: Some(file.clone()),
+            resource: vec![("kvtrace.trace".into(), text)],
+            timeout: Duration::from_secs(1),
+        })
+        .expect("start");
+        export.request(request);
+        let summary = export.finish();
+        assert_eq!(summary.error, None);
+        assert_eq!(summary.written, 2);
+        let written = std::fs::read_to_string(&file).expect("the file is written");
+        for line in written.lines() {
+            serde_json::from_str::<serde_json::Value>(line).expect("every line is JSON");
         }
     });
 }

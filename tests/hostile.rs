@@ -319,6 +319,41 @@ fn aggregate_refuses_forged_counts_and_world_sizes_in_one_line() {
 }
 
 #[test]
+fn aggregate_says_why_calls_failed_and_names_the_cluster() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let good = rank_report(dir.path());
+    let why = "tier I/O failed: resp-cluster redis://10.0.0.1:7000: SET of N object(s): refused";
+    let rank = |r: u64, failures: Value| {
+        let mut v = good.clone();
+        v["kvtrace"]["rank"]["world_size"] = 2.into();
+        v["kvtrace"]["rank"]["rank"] = r.into();
+        let failed: u64 = failures
+            .as_object()
+            .expect("map")
+            .values()
+            .map(|n| n.as_u64().expect("count"))
+            .sum();
+        v["kvtrace"]["failed"] = failed.into();
+        v["kvtrace"]["failure_reasons"] = failures;
+        let p = dir.path().join(format!("r{r}.json"));
+        std::fs::write(&p, v.to_string()).expect("write");
+        path(&p)
+    };
+    let r0 = rank(0, serde_json::json!({ why: 2 }));
+    let r1 = rank(1, serde_json::json!({ why: 1, "failed to read": 1 }));
+    let out = kvtrace(["aggregate", &r0, &r1]);
+    // Failed calls make the run's status 1, as replay's.
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains(&format!(
+            "4 call(s) failed: 1 × failed to read; 3 × {why}\n"
+        )),
+        "{shown}"
+    );
+}
+
+#[test]
 fn aggregate_merges_many_tiers_in_linear_time() {
     let dir = tempfile::tempdir().expect("tmp");
     let mut v = rank_report(dir.path());
@@ -487,4 +522,85 @@ fn sweeps_past_the_point_cap_are_refused_before_any_runs() {
     ]);
     let err = one_line_error(&out, 2);
     assert!(err.contains("2 points: more than the 1"), "{err}");
+}
+
+/// The frames of an uncompressed LMCT file: (offset, length with its prefix).
+fn frames(bytes: &[u8]) -> Vec<(usize, usize)> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    while at + 4 <= bytes.len() {
+        let len = u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+        out.push((at, 4 + len));
+        at += 4 + len;
+    }
+    assert_eq!(at, bytes.len(), "whole frames");
+    out
+}
+
+#[test]
+fn a_recording_cut_at_a_frame_boundary_does_not_read_complete() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let lct = dir.path().join("rec.lct");
+    let out = kvtrace([
+        "simulate",
+        &path(
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("testdata/mooncake/conversation_head300.jsonl"),
+        ),
+        "--l1-size-gb",
+        "1",
+        "--record",
+        &path(&lct),
+        "-q",
+        "--report-json",
+        &path(&dir.path().join("r.json")),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let whole = text(&kvtrace(["info", &path(&lct)]).stdout);
+    assert!(whole.contains("complete:                   yes"), "{whole}");
+
+    let bytes = std::fs::read(&lct).expect("read");
+    let frames = frames(&bytes);
+    assert!(frames.len() > 3, "a header, records and a trailer");
+    // Cut before the trailer, and again in the middle of the records.
+    for keep in [frames.len() - 1, frames.len() / 2] {
+        let (at, _) = frames[keep];
+        let cut = dir.path().join(format!("cut-{keep}.lct"));
+        std::fs::write(&cut, &bytes[..at]).expect("write");
+        let info = kvtrace(["info", &path(&cut)]);
+        let shown = text(&info.stdout);
+        assert_eq!(info.status.code(), Some(0), "{}", text(&info.stderr));
+        assert!(
+            shown.contains(
+                "complete:                   no (no trailer): a kvtrace recording cut short"
+            ),
+            "{shown}"
+        );
+    }
+}
+
+#[test]
+fn a_refused_replay_leaves_no_directory_behind() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let t = path(&sample("basic_lru"));
+    let out = dir.path().join("out/run");
+    for extra in [
+        vec![t.as_str(), "--rank", "0", "--world-size", "3"],
+        vec!["--rank", "0", "--world-size", "2", "--run-id", "../x"],
+        vec!["--shard", "by-key"],
+    ] {
+        let mut args = vec![
+            "replay",
+            t.as_str(),
+            "-q",
+            "--output-dir",
+            out.to_str().expect("path"),
+        ];
+        args.extend(extra);
+        one_line_error(&kvtrace(&args), 2);
+        assert!(
+            !dir.path().join("out").exists(),
+            "{args:?} left its output directory"
+        );
+    }
 }

@@ -565,7 +565,12 @@ fn a_killed_node_is_a_one_line_error_and_the_reports_are_kept() {
         lines[0].contains("--fail-fast") && lines[0].contains("resp-cluster"),
         "{err}"
     );
-    assert!(lines[1].contains("1 call(s) failed"), "{err}");
+    // The count line says why too, the cluster named with its ports.
+    let first = format!("resp-cluster redis://127.0.0.1:{}", cluster.ports()[0]);
+    assert!(
+        lines[1].contains("1 call(s) failed: 1 × tier I/O failed: ") && lines[1].contains(&first),
+        "{err}"
+    );
     // The report of what ran before the failure is written, and says why it stopped.
     let s = summary(&out);
     assert_eq!(n(&s, "kvtrace.failed"), 1);
@@ -574,7 +579,10 @@ fn a_killed_node_is_a_one_line_error_and_the_reports_are_kept() {
     let warnings = s["kvtrace"]["warnings"].to_string();
     assert!(warnings.contains("--fail-fast"), "{warnings}");
     let reasons = s["kvtrace"]["failure_reasons"].to_string();
-    assert!(reasons.contains("tier I/O failed"), "{reasons}");
+    assert!(
+        reasons.contains("tier I/O failed") && reasons.contains(&first),
+        "{reasons}"
+    );
 }
 
 #[test]

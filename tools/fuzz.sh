@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the mutation fuzz targets of tests/fuzz.rs (LMCT reader, JSONL -> LCT, the Mooncake
-# loader and simulation, ShareGPT, BurstGPT, the TOML tier file, the adapter JSON) for
-# MINUTES each, in release mode, from SEED (default: the time, so each run explores anew).
+# loader and simulation, ShareGPT, BurstGPT, the TOML tier file, the adapter JSON, aggregate's
+# rank reports, sweep lists and grids, rank-mode environments, events traces, the OTLP file)
+# for MINUTES each, in release mode, from SEED (default: the time, so each run explores anew).
 # A panicking input is saved under target/fuzz-failures/ and named in the failure.
 #
 # usage: tools/fuzz.sh [MINUTES] [SEED]        (default 5 minutes per target)

@@ -111,11 +111,14 @@ fn is_bench(doc: &Json) -> bool {
 /// `a + b`, or a data error naming `file` and `what` when the sum passes `u64`: a forged
 /// report must not wrap a count around to a small one.
 fn add(a: u64, b: u64, file: &str, what: &str) -> Result<u64> {
-    a.checked_add(b).ok_or_else(|| {
-        Error::bad_input(format!(
-            "{file}: {what}: the sum over ranks passes 2^64 - 1 (a count no run reaches)"
-        ))
-    })
+    a.checked_add(b).ok_or_else(|| overflow(file, what))
+}
+
+/// The error of a sum over ranks that passes `u64::MAX`.
+fn overflow(file: &str, what: &str) -> Error {
+    Error::bad_input(format!(
+        "{file}: {what}: the sum over ranks passes 2^64 - 1 (a count no run reaches)"
+    ))
 }
 
 /// A merged run as its JSON document.

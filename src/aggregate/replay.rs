@@ -28,6 +28,7 @@ struct RankInput {
 struct Sums {
     hits: BTreeMap<String, u64>,
     calls: BTreeMap<String, u64>,
+    failure_reasons: BTreeMap<String, u64>,
     ops: OpMerge,
     tiers: TierSum,
 }
@@ -53,6 +54,8 @@ pub struct RunReport {
     pub window_s: f64,
     pub replayed: u64,
     pub failed: u64,
+    /// The failed calls by kind (which tier, what and why), over every rank.
+    pub failure_reasons: BTreeMap<String, u64>,
     /// Calls per second over the window.
     pub calls_per_s: f64,
     /// MLPerf's rule: the mean of the ranks' own calls per second.
@@ -107,6 +110,14 @@ fn read_rank((file, doc): (String, Json), sums: &mut Sums) -> Result<RankInput> 
         .unwrap_or_default();
     add_counts(&mut sums.hits, &hits, file, "kvtrace.hits")?;
     add_counts(&mut sums.calls, &calls, file, "kvtrace.calls")?;
+    if let Some(reasons) = k.get("failure_reasons") {
+        let at = "kvtrace.failure_reasons";
+        for (kind, n) in counts_at(reasons, file, at)? {
+            let shown = format!("{at}.{kind}");
+            crate::replay::add_failures(&mut sums.failure_reasons, kind, n)
+                .ok_or_else(|| super::overflow(file, &shown))?;
+        }
+    }
     sums.ops.add(histograms, &errors, file)?;
     let cross_rank_hits = sums.tiers.add(tiers, file)?;
     Ok(RankInput {
@@ -124,6 +135,7 @@ pub fn aggregate(docs: impl Iterator<Item = Result<(String, Json)>>) -> Result<R
     let mut sums = Sums {
         hits: BTreeMap::new(),
         calls: BTreeMap::new(),
+        failure_reasons: BTreeMap::new(),
         ops: OpMerge::default(),
         tiers: TierSum::new("name"),
     };
@@ -182,6 +194,7 @@ pub fn aggregate(docs: impl Iterator<Item = Result<(String, Json)>>) -> Result<R
         window_s,
         replayed,
         failed: total("kvtrace.failed", &|r| r.failed)?,
+        failure_reasons: sums.failure_reasons,
         calls_per_s: per_s(replayed as f64, window_s),
         mean_rank_calls_per_s: lines.iter().map(|l| l.calls_per_s).sum::<f64>()
             / lines.len() as f64,
@@ -255,7 +268,11 @@ impl Report for RunReport {
             self.hits.get("hit_rate").and_then(Json::as_f64).map_or("-".into(), crate::report::units::percent)
         );
         if self.failed > 0 {
-            s.push_str(&format!("{} call(s) failed\n", self.failed));
+            s.push_str(&format!(
+                "{} call(s) failed: {}\n",
+                self.failed,
+                crate::replay::failure_summary(&self.failure_reasons)
+            ));
         }
         s.push_str(&format!(
             "{:<32} {:>9} {:>10} {:>10} {:>10} {:>14}\n",

@@ -7,13 +7,15 @@ use std::path::Path;
 use super::{BusSummary, CallEvent, Subscriber, SubscriberReport};
 use crate::clock;
 use crate::error::{Error, Result};
-use crate::lmct::calls::RECORDER_SUMMARY;
+use crate::lmct::calls::{RECORDER_META, RECORDER_SUMMARY};
 use crate::lmct::msgpack;
+use crate::lmct::value::Value;
 use crate::lmct::{Header, TraceSink, TraceWriter};
 
 #[derive(Clone, Debug, Default)]
 pub struct RecorderOptions {
-    /// Leave out the `kvtrace.recorder.summary` trailer, for byte-for-byte LMCache output.
+    /// Leave out the `kvtrace.recorder.summary` trailer and the header's promise of it, for
+    /// byte-for-byte LMCache output.
     pub lmcache_strict: bool,
     /// Compress the file with zstd at this level.
     pub zstd_level: Option<i32>,
@@ -33,7 +35,16 @@ impl Recorder {
     pub fn create(path: &Path, options: RecorderOptions) -> Result<Recorder> {
         let shown = path.display().to_string();
         let sink = TraceSink::create(path, options.zstd_level).map_err(|e| e.in_file(&shown))?;
-        let header = Header::storage(clock::monotonic_secs(), clock::wall_secs());
+        let mut header = Header::storage(clock::monotonic_secs(), clock::wall_secs());
+        if !options.lmcache_strict {
+            header.level_meta = Some(Value::Map(
+                vec![(
+                    Value::str(RECORDER_META),
+                    Value::str(env!("CARGO_PKG_VERSION")),
+                )],
+                None,
+            ));
+        }
         Ok(Recorder {
             writer: TraceWriter::new(sink, header),
             path: shown,

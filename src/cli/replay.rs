@@ -56,7 +56,7 @@ pub struct Args {
     /// Also wait through the time before the first record
     #[arg(long)]
     keep_startup_gap: bool,
-    /// A TOML file describing the hierarchy (see README); flags given as well override it
+    /// A TOML file describing the hierarchy (see docs/commands/replay.md); flags given as well override it
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     #[command(flatten)]
@@ -392,6 +392,7 @@ pub fn run(args: Args) -> Result<i32, Error> {
         return run_events(&args);
     }
     let rank = args.ranks.rank()?;
+    rank_trace(&args, rank.as_ref())?;
     // Held until the reports are written: a second run into the directory is refused.
     let _lock = if args.no_csv && !args.json && !args.xlsx {
         None

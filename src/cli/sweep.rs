@@ -481,11 +481,19 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
     bar.finish();
     let report = result?;
     finish(&report, &outputs, a.sweep.quiet)?;
-    let failed: Vec<&str> = report
+    let failed: Vec<String> = report
         .points
         .iter()
         .filter(|p| p.figures.failed > 0)
-        .map(|p| p.point.name.as_str())
+        .map(|p| {
+            let reasons: std::collections::BTreeMap<String, u64> =
+                serde_json::from_value(p.summary["failure_reasons"].clone()).unwrap_or_default();
+            format!(
+                "{} ({})",
+                p.point.name,
+                kvtrace::replay::failure_summary(&reasons)
+            )
+        })
         .collect();
     if !failed.is_empty() {
         eprintln!("kvtrace: calls failed in point(s): {}", failed.join("; "));

@@ -21,6 +21,11 @@ pub const FINISH_READ_PREFETCHED: &str =
 /// kvtrace's trailer record (an extension; LMCache's replay skips unknown qualnames).
 pub const RECORDER_SUMMARY: &str = "kvtrace.recorder.summary";
 
+/// The `level_meta` key by which kvtrace's recorder promises, in the header, that the file
+/// ends with a [`RECORDER_SUMMARY`] record: a file cut short at a frame boundary would
+/// otherwise read as complete.
+pub const RECORDER_META: &str = "kvtrace_recorder";
+
 /// The part after the StorageManager prefix, with the context-manager suffixes shortened
 /// as LMCache's replay table shows them (`read_prefetched_results.enter`).
 pub fn short_name(qualname: &str) -> String {

@@ -47,6 +47,13 @@ impl Header {
         }
     }
 
+    /// The header says the file ends with kvtrace's trailer record (format spec §11.3).
+    pub fn promises_trailer(&self) -> bool {
+        self.level_meta
+            .as_ref()
+            .is_some_and(|m| m.get(super::calls::RECORDER_META).is_some())
+    }
+
     /// The numeric schema version; the early header counts as 0.
     pub fn schema_version(&self) -> i64 {
         match self.schema {

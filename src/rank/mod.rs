@@ -125,15 +125,43 @@ impl Rank {
 
 /// The launcher's identifier of this run, when it gives one: what makes a barrier's files
 /// this run's and not a previous one's.
+/// The id is made a valid run id (a directory name: see the barrier) whatever the variables
+/// hold: other characters become `_`, and an id past 128 characters is cut, with a hash of the
+/// whole so that two long ids stay apart.
 pub fn launcher_run_id(env: impl Fn(&str) -> Option<String>) -> Option<String> {
-    if let Some(job) = env("OMPI_MCA_ess_base_jobid") {
-        return Some(format!("ompi-{job}"));
-    }
-    if let Some(job) = env("SLURM_JOB_ID") {
+    let id = if let Some(job) = env("OMPI_MCA_ess_base_jobid") {
+        format!("ompi-{job}")
+    } else if let Some(job) = env("SLURM_JOB_ID") {
         let step = env("SLURM_STEP_ID").unwrap_or_default();
-        return Some(format!("slurm-{job}.{step}"));
+        format!("slurm-{job}.{step}")
+    } else {
+        format!("pmi-{}", env("PMI_KVSNAME")?)
+    };
+    Some(directory_name(&id))
+}
+
+/// `id` with every character but letters, digits and `-_.` replaced by `_`, at most 128
+/// characters (a longer one ends in a hash of the whole).
+fn directory_name(id: &str) -> String {
+    const MAX: usize = 128;
+    let clean: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if clean.len() <= MAX {
+        return clean;
     }
-    env("PMI_KVSNAME").map(|kvs| format!("pmi-{kvs}"))
+    // FNV-1a: stable across builds, unlike the standard library's hasher.
+    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{}-{hash:016x}", &clean[..MAX - 17])
 }
 
 #[cfg(test)]
@@ -163,6 +191,18 @@ mod tests {
             assert_eq!((r.rank, r.world_size), (rank, size), "{vars:?}");
             assert!(r.source.starts_with(vars[0].0), "{}", r.source);
         }
+    }
+
+    #[test]
+    fn a_launcher_run_id_is_always_a_directory_name() {
+        let vars = [("SLURM_JOB_ID", "77/../x y"), ("SLURM_STEP_ID", "0")];
+        assert_eq!(launcher_run_id(env(&vars)).unwrap(), "slurm-77_.._x_y.0");
+        let long = "9".repeat(300);
+        let id = launcher_run_id(env(&[("PMI_KVSNAME", &long)])).unwrap();
+        assert_eq!(id.len(), 128);
+        assert!(id.starts_with("pmi-999"), "{id}");
+        let other = launcher_run_id(env(&[("PMI_KVSNAME", &format!("{long}8"))])).unwrap();
+        assert_ne!(id, other, "two long ids stay apart");
     }
 
     #[test]

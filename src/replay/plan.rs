@@ -199,13 +199,12 @@ impl Finished {
     pub fn failure_line(&self) -> Option<String> {
         let r = &self.report;
         (r.failed > 0).then(|| {
-            let reasons = r
-                .failure_reasons
-                .iter()
-                .map(|(reason, n)| format!("{n} × {reason}"))
-                .collect::<Vec<_>>()
-                .join("; ");
-            format!("{}: {} call(s) failed: {reasons}", r.trace, r.failed)
+            format!(
+                "{}: {} call(s) failed: {}",
+                r.trace,
+                r.failed,
+                super::failure_summary(&r.failure_reasons)
+            )
         })
     }
 }

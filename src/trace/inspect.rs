@@ -21,7 +21,7 @@ use crate::lmct::digest::{config_digest, python_json, semantic_digest};
 use crate::lmct::display::to_display;
 use crate::lmct::msgpack::RawValue;
 use crate::lmct::schema::SchemaEvidence;
-use crate::lmct::{HeaderSchema, ReadOptions, RecordRef, TraceReader};
+use crate::lmct::{Header, HeaderSchema, ReadOptions, RecordRef, TraceReader};
 use crate::storage::config::StorageConfig;
 use crate::storage::{KeyId, KeyMap};
 
@@ -74,9 +74,10 @@ pub struct TraceInfo {
     pub truncated: Option<String>,
     /// A signal stopped the read: every count is of the records before it.
     pub interrupted: bool,
-    /// The file is a kvtrace output that was never finished (its temporary name, no
-    /// trailer): a recording whose process was killed.
-    pub unfinished: bool,
+    /// Why the file is a kvtrace output that was never finished, when it is one: it lacks
+    /// the trailer that its header or its temporary name promises (a killed recording, or
+    /// a file cut short at a frame boundary).
+    pub unfinished: Option<String>,
     pub warnings: Vec<String>,
     /// Arguments of kvtrace's trailer record, when the recorder wrote one.
     pub trailer: Option<serde_json::Value>,
@@ -395,12 +396,29 @@ pub fn inspect(path: &Path, options: ReadOptions, progress: Progress<'_>) -> Res
         undecodable_records: summary.undecodable,
         truncated: summary.truncation.as_ref().map(|t| t.to_string()),
         interrupted: summary.interrupted,
-        unfinished: tally.trailer.is_none() && crate::output::is_temporary(path),
+        unfinished: unfinished(&header, path, tally.trailer.is_some()),
         warnings,
         trailer: tally.trailer,
         bytes_read: summary.bytes,
         events: (header.level == "events").then_some(tally.events),
     })
+}
+
+/// Why a file without kvtrace's trailer should have had one: its header promises it, or its
+/// name is the temporary name of an output whose process ended before renaming it.
+fn unfinished(header: &Header, path: &Path, has_trailer: bool) -> Option<String> {
+    if has_trailer {
+        None
+    } else if crate::output::is_temporary(path) {
+        Some(
+            "an unfinished kvtrace output, its process ended before it was renamed into place"
+                .into(),
+        )
+    } else if header.promises_trailer() {
+        Some("a kvtrace recording cut short: its header promises a trailer record, the file ends before it".into())
+    } else {
+        None
+    }
 }
 
 fn human_bytes(n: u64) -> String {
@@ -505,18 +523,14 @@ impl TraceInfo {
             None => self.render_payload(&mut s),
         }
         field(&mut s, "undecodable records", self.undecodable_records);
-        match (&self.truncated, self.interrupted, self.unfinished) {
+        match (&self.truncated, self.interrupted, &self.unfinished) {
             (_, true, _) => field(
                 &mut s,
                 "complete",
                 "unknown: interrupted; every count above is of the records read before the signal",
             ),
             (Some(t), ..) => field(&mut s, "complete", format!("no: {t}")),
-            (None, _, true) => field(
-                &mut s,
-                "complete",
-                "no (no trailer): an unfinished kvtrace output, its process ended before it was renamed into place",
-            ),
+            (None, _, Some(why)) => field(&mut s, "complete", format!("no (no trailer): {why}")),
             (None, ..) => field(&mut s, "complete", "yes"),
         }
         if let Some(serde_json::Value::Object(t)) = &self.trailer {
