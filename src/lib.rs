@@ -64,3 +64,8 @@ pub use error::{Error, Result};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The library page's code blocks, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/library.md")]
+pub struct LibraryDoctests;

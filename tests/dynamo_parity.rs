@@ -74,7 +74,7 @@ fn round_robin_reports_match_dynamos_on_every_key() {
 }
 
 /// Runs the differential matrix against a live Dynamo when `KVTRACE_DYNAMO_VENV` names a venv
-/// with `ai-dynamo==1.4.2` (see README "Simulation"); `KVTRACE_DYNAMO_SCOPE=full` adds the
+/// with `ai-dynamo==1.4.2` (see docs/commands/simulate.md); `KVTRACE_DYNAMO_SCOPE=full` adds the
 /// whole Mooncake traces (tens of minutes).
 #[test]
 fn live_dynamo_differential_matrix() {

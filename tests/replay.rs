@@ -334,3 +334,26 @@ fn a_read_of_what_the_replay_did_not_keep_is_a_miss_not_a_failure() {
     assert!(d.recorded > d.replayed);
     assert!(d.reason.starts_with("allocation refused"), "{}", d.reason);
 }
+
+/// The manual's `--config` example, as a user pastes it (the block's two-space indent
+/// removed), is a hierarchy kvtrace accepts, with every table and key it shows.
+#[test]
+fn the_manuals_config_example_parses_as_pasted() {
+    let page = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/commands/replay.md"),
+    )
+    .expect("docs/commands/replay.md");
+    let block = page
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a toml block");
+    let pasted: String = block
+        .lines()
+        .map(|l| l.strip_prefix("  ").unwrap_or(l))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut config = StorageConfig::default();
+    config.apply_toml(&pasted).expect("the example parses");
+    assert_eq!(config.l2.len(), 3, "{pasted}");
+}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the figures in README's Performance section on this machine:
+# Reproduces the figures in docs/performance.md on this machine:
 #   - criterion benchmarks (decode/encode of a generated 1M-record trace; recorder costs)
 #   - whole-command figures: generating a 1M-record trace, and `kvtrace info` over it, with
 #     wall time and peak RSS from /usr/bin/time.

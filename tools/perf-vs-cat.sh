@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kvtrace's whole-process times beside `cat FILE > /dev/null` and, when LMCACHE_VENV names a
 # virtual environment with LMCache 0.5.6 (and torch) installed, beside `lmcache trace info` and
-# `lmcache trace replay` — all in one run, on the traces of README's Performance section:
+# `lmcache trace replay` — all in one run, on the traces of docs/performance.md:
 #   mc10.lct  `kvtrace generate --from-mooncake conversation_trace.jsonl --loops 10` (721,620
 #             records, 1.32 GB)
 #   mc1.lct   the same with --loops 1 (72,162 records), for replay

@@ -6,7 +6,7 @@
 #
 # The venv holds `ai-dynamo==1.4.2 ai-dynamo-runtime==1.4.2` (installed with --no-deps) plus
 # pydantic, uvloop, msgspec, typing-extensions, transformers, zstandard, prometheus-client and
-# pyzmq; see README "Simulation". round_robin is deterministic in Dynamo, so every key but the
+# pyzmq; see docs/commands/simulate.md. round_robin is deterministic in Dynamo, so every key but the
 # wall-time ones must match to 1e-9 relative. kv_router draws ties at random in Dynamo (and in
 # kvtrace, by --seed): each tool runs KV_RUNS times (kvtrace with seeds 1..KV_RUNS) and the
 # ranges of the two must overlap, Dynamo's widened by 2 %. (kv_router configurations replay

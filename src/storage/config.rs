@@ -624,8 +624,8 @@ pub fn fraction(name: &str, v: f64) -> Result<f64, String> {
 }
 
 impl StorageConfig {
-    /// Applies a TOML hierarchy description over this configuration (README: "Configuration
-    /// file"). `[[l2]]` tables, when present, replace the L2 tiers.
+    /// Applies a TOML hierarchy description over this configuration (docs/commands/replay.md:
+    /// "Configuration file"). `[[l2]]` tables, when present, replace the L2 tiers.
     pub fn apply_toml(&mut self, text: &str) -> Result<(), String> {
         let file: TomlConfig =
             toml::from_str(text).map_err(|e| e.to_string().replace('\n', " "))?;
