@@ -1,10 +1,12 @@
 //! kvtrace: record, inspect, convert and replay the KV-cache storage traffic of LLM serving.
 //!
 //! The library does the work; the `kvtrace` binary only wires these modules to a command
-//! line. [`lmct`] is the trace format, [`bus`] the event bus and recorder, [`trace`] the
-//! whole-file operations (`info`'s summary, conversions, synthetic traces), [`storage`] the
-//! tiered StorageManager, [`replay`], [`simulate`] and [`bench`] the three engines, and
-//! [`report`] the one export layer they all write through.
+//! line. [`lmct`] is the trace format (crate `kvtrace-lmct`); [`error`], [`output`],
+//! [`interrupt`] and [`limits`] are the file and process plumbing (crate `kvtrace-io`);
+//! [`bus`] is the event bus and recorder, [`trace`] the whole-file operations (`info`'s
+//! summary, conversions, synthetic traces), [`storage`] the tiered StorageManager, [`replay`],
+//! [`simulate`] and [`bench`] the three engines, and [`report`] the one export layer they all
+//! write through.
 //!
 //! Writing a trace LMCache 0.5.6 reads, and streaming it back:
 //!
@@ -42,13 +44,8 @@ pub mod aggregate;
 pub mod bench;
 pub mod bus;
 pub mod clock;
-pub mod error;
-pub mod interrupt;
-pub mod limits;
-pub mod lmct;
 pub mod machine;
 pub mod otel;
-pub mod output;
 pub mod rank;
 pub mod replay;
 pub mod report;
@@ -57,6 +54,10 @@ pub mod simulate;
 pub mod storage;
 pub mod sweep;
 pub mod trace;
+
+// The crates below this one, under the paths the library has always had.
+pub use kvtrace_io::{error, interrupt, limits, output};
+pub use kvtrace_lmct as lmct;
 
 pub use error::{Error, Result};
 

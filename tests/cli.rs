@@ -1172,3 +1172,70 @@ fn two_replays_of_one_trace_never_regress_and_diff_compares_simulate_reports() {
     assert_eq!(mixed.status.code(), Some(2), "{}", text(&mixed.stderr));
     assert_eq!(text(&mixed.stderr).lines().count(), 1);
 }
+
+/// One line, exit `code`, containing every `says`.
+fn says(args: &[&str], code: i32, says: &[&str]) {
+    let out = kvtrace(args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    for s in says {
+        assert!(err.contains(s), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn flags_of_the_tools_users_come_from_point_the_right_way() {
+    let t = path("basic_lru");
+    says(
+        &["replay", "--trace-file", &t],
+        2,
+        &["'--trace-file'", "kvtrace replay FILE.lct"],
+    );
+    says(
+        &["replay", &t, "--l1-manager", "DRAM"],
+        2,
+        &["'--l1-manager'", "--l1-size-gb"],
+    );
+    says(
+        &["simulate", "--block-size", "16"],
+        2,
+        &["'--block-size'", "--extra-engine-args"],
+    );
+    says(
+        &["bench", "--precondition"],
+        2,
+        &["'--precondition'", "not in kvtrace bench"],
+    );
+}
+
+#[test]
+fn a_json_file_given_for_a_trace_says_what_it_is_and_where_it_goes() {
+    let mooncake = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata/mooncake/conversation_head300.jsonl");
+    let mooncake = mooncake.to_str().expect("path");
+    for command in ["replay", "info", "dump"] {
+        says(
+            &[command, mooncake, "-q"][..if command == "replay" { 3 } else { 2 }],
+            1,
+            &[
+                "byte 0: header: JSON text",
+                "kvtrace simulate",
+                "--from-mooncake",
+            ],
+        );
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let jsonl = dir.path().join("t.jsonl");
+    let jsonl = jsonl.to_str().expect("path");
+    let out = kvtrace(["convert", &path("basic_lru"), jsonl]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    says(
+        &["replay", jsonl, "-q", "--no-csv"],
+        1,
+        &[
+            "JSON Lines form of a trace",
+            "kvtrace convert FILE.jsonl FILE.lct",
+        ],
+    );
+}

@@ -8,6 +8,7 @@ mod diff;
 mod docs;
 mod dump;
 mod generate;
+mod hints;
 mod info;
 mod otlp;
 mod progress;
@@ -146,7 +147,10 @@ fn examples(commands: &[&str]) -> String {
 /// Prints one error line and returns its exit code.
 /// Prints one error line (whatever of a trace it quotes escaped) and returns its exit code.
 fn report(e: &Error) -> i32 {
-    eprintln!("kvtrace: error: {}", escape_line(&e.to_string()));
+    match hints::json_input(e) {
+        Some(hint) => eprintln!("kvtrace: error: {}; {hint}", escape_line(&e.to_string())),
+        None => eprintln!("kvtrace: error: {}", escape_line(&e.to_string())),
+    }
     e.exit_code()
 }
 
@@ -209,7 +213,12 @@ pub fn run() -> i32 {
             return e.exit_code();
         }
         Err(e) if e.use_stderr() => {
-            eprintln!("kvtrace: {}", one_line(&e.to_string()));
+            match hints::foreign_flag(&e) {
+                Some((flag, hint)) => {
+                    eprintln!("kvtrace: error: unexpected argument '{flag}' found; {hint}")
+                }
+                None => eprintln!("kvtrace: {}", one_line(&e.to_string())),
+            }
             return e.exit_code();
         }
         Err(e) => {

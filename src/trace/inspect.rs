@@ -385,10 +385,11 @@ pub fn inspect(path: &Path, options: ReadOptions, progress: Progress<'_>) -> Res
         .into_iter()
         .map(|(what, words)| (what.to_owned(), words))
         .collect(),
-        level_meta: header
-            .level_meta
-            .as_ref()
-            .map(|m| to_display(RawValue::trusted(&crate::lmct::msgpack::encode_to_vec(m)))),
+        // Re-encoded from the parsed header, so it always parses again.
+        level_meta: header.level_meta.as_ref().and_then(|m| {
+            let bytes = crate::lmct::msgpack::encode_to_vec(m);
+            RawValue::parse(&bytes).ok().map(to_display)
+        }),
         total_records: summary.records,
         ops: tally.ops,
         distinct_keys: tally.keys.len() as u64,

@@ -6,7 +6,7 @@
 use rmp::encode as rmp_encode;
 use rmp::Marker;
 
-use crate::lmct::value::{Form, Value};
+use crate::value::{Form, Value};
 
 /// rmp's writers return an error type for any `io::Write`; appending to a `Vec` cannot fail.
 #[inline(always)]

@@ -202,7 +202,7 @@ fn serialize_hex<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lmct::msgpack::encode_to_vec;
+    use crate::msgpack::encode_to_vec;
 
     fn map(entries: Vec<(Value, Value)>) -> Value {
         Value::Map(entries, None)

@@ -11,10 +11,17 @@ use std::io::{self, BufRead, BufReader, Cursor, Read};
 use std::path::Path;
 
 use super::frame::{Header, HeaderSchema, RecordRef, RecordSpans};
-use crate::error::{Error, Result};
+use kvtrace_io::error::{Error, Result};
 
 /// Largest frame accepted by default (64 MiB). LMCache frames are a few KiB.
 pub const DEFAULT_MAX_FRAME_BYTES: u32 = 64 << 20;
+
+/// The header error of a file that starts like kvtrace's JSON Lines form of a trace.
+pub const JSON_LINES_TRACE: &str =
+    "the JSON Lines form of a trace (`{\"type\":\"header\"…`), not LMCT bytes";
+
+/// The header error of a file that starts with `{`: JSON text, such as a request trace.
+pub const JSON_TEXT: &str = "JSON text, not an LMCT trace";
 
 /// First bytes of a zstd frame.
 pub const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
@@ -277,6 +284,13 @@ impl TraceReader {
                 "header",
                 "file ends inside the header's length prefix",
             ));
+        }
+        // A JSON file given where a trace goes: say what it is, not that its "length" is huge.
+        if prefix.starts_with(b"{\"ty") {
+            return Err(Error::data(0, "header", JSON_LINES_TRACE));
+        }
+        if prefix[0] == b'{' {
+            return Err(Error::data(0, "header", JSON_TEXT));
         }
         let len = u32::from_be_bytes(prefix);
         if len > self.max_frame_bytes {

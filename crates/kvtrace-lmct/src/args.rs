@@ -198,8 +198,8 @@ impl<'a> CallArgs<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lmct::codec::ObjectKey;
-    use crate::lmct::msgpack::{put_int, put_str};
+    use crate::codec::ObjectKey;
+    use crate::msgpack::{put_int, put_str};
 
     fn key(hash: u8) -> ObjectKey {
         ObjectKey::single_rank(vec![hash; 32], "m")

@@ -5,8 +5,8 @@ use rmp::Marker;
 
 use super::write::{canonical_int_form, canonical_len_form};
 use super::{MsgpackError, MAX_DEPTH, MAX_ITEMS};
-use crate::lmct::codec::{KEY_GROUP, KEY_HEAD, KEY_MODEL, KEY_RANK};
-use crate::lmct::value::{Form, Value};
+use crate::codec::{KEY_GROUP, KEY_HEAD, KEY_MODEL, KEY_RANK};
+use crate::value::{Form, Value};
 
 /// What kind of item a [`RawValue`] holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -315,7 +315,7 @@ fn children<const KEYS: bool>(
 /// (`to_value`, display, encode) can never exhaust the stack, more than [`MAX_ITEMS`] items
 /// so that they never allocate without bound, and a count larger than the bytes present fails
 /// as soon as the bytes run out.
-pub(crate) fn validate(bytes: &[u8], at: usize) -> Result<usize, MsgpackError> {
+pub fn validate(bytes: &[u8], at: usize) -> Result<usize, MsgpackError> {
     let mut budget = MAX_ITEMS;
     children::<true>(bytes, 1, at, 0, &mut budget)
 }
@@ -791,7 +791,7 @@ impl ExactSizeIterator for Entries<'_> {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lmct::codec::ObjectKey;
+    use crate::codec::ObjectKey;
 
     /// An array of keys as LMCache writes them, with the int forms and name lengths the
     /// shortcut has branches for.

@@ -13,7 +13,7 @@ use crossbeam_channel::{bounded, unbounded};
 use super::frame::RecordSpans;
 use super::reader::{ReadSummary, Truncation, KEPT_SKIP_REASONS};
 use super::{Frame, RecordRef, TraceReader};
-use crate::error::{Error, Result};
+use kvtrace_io::error::{Error, Result};
 
 /// Frames after the header, a block at a time.
 pub struct Blocks {
@@ -399,7 +399,7 @@ pub fn fold_frames<T: Send>(
                         order.absorb(s, part, merge, &spare_tx);
                     }
                     progress(order.records, end);
-                    interrupted = crate::interrupt::requested().is_some();
+                    interrupted = kvtrace_io::interrupt::requested().is_some();
                     if order.stopped || interrupted {
                         break;
                     }
@@ -547,16 +547,42 @@ pub fn read_ahead<T: Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lmct::ReadOptions;
-    use crate::trace::synth::{write_to, SynthOptions};
-    use crate::trace::QUIET;
+    use crate::calls::StorageCall;
+    use crate::codec::ObjectKey;
+    use crate::{Header, ReadOptions, TraceWriter};
 
+    /// A storage trace of `records` `finish_write` calls of one to eight keys each, whose
+    /// chunk hashes look random (so that a compressed copy spans several zstd blocks).
     fn trace(records: u64) -> Vec<u8> {
-        let options = SynthOptions {
-            records,
-            ..SynthOptions::default()
+        let mix = |x: u64| {
+            let x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            let x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            x ^ (x >> 31)
         };
-        write_to(&options, Vec::new(), QUIET).expect("trace")
+        let mut writer = TraceWriter::new(Vec::new(), Header::storage(100.0, 1_795_297_114.0));
+        writer.attach_storage_config("{}").expect("header");
+        let mut args = Vec::new();
+        for i in 0..records {
+            let keys: Vec<ObjectKey> = (0..1 + i % 8)
+                .map(|k| ObjectKey {
+                    chunk_hash: (0..4)
+                        .flat_map(|w| mix(i * 32 + k * 4 + w).to_le_bytes())
+                        .collect(),
+                    model_name: "m".into(),
+                    kv_rank: 0,
+                    object_group_id: 0,
+                    cache_salt: String::new(),
+                })
+                .collect();
+            let call = StorageCall::FinishWrite { keys: &keys };
+            args.clear();
+            call.encode_args(&mut args);
+            let t = i as f64 * 0.001;
+            writer
+                .write_record_parts(t, 1_795_297_114.0 + t, call.qualname(), &args)
+                .expect("record");
+        }
+        writer.finish().expect("finish")
     }
 
     fn reader(bytes: &[u8]) -> TraceReader {

@@ -7,8 +7,8 @@ use std::path::Path;
 
 use super::digest::{config_digest, python_json};
 use super::frame::{encode_record_head, Header, Record};
-use crate::error::{Error, Result};
-use crate::output::OutputFile;
+use kvtrace_io::error::{Error, Result};
+use kvtrace_io::output::OutputFile;
 
 /// Writes one frame: big-endian u32 length, then the body.
 pub fn write_frame(out: &mut impl Write, body: &[u8]) -> io::Result<()> {
@@ -19,7 +19,7 @@ pub fn write_frame(out: &mut impl Write, body: &[u8]) -> io::Result<()> {
 }
 
 /// A trace file on disk, plain or zstd-compressed, written under a temporary name and
-/// renamed into place, fsynced, when finished (see [`crate::output`]).
+/// renamed into place, fsynced, when finished (see [`kvtrace_io::output`]).
 pub enum TraceSink {
     Plain(BufWriter<OutputFile>),
     Zstd(zstd::Encoder<'static, BufWriter<OutputFile>>),
