@@ -3,10 +3,11 @@
 //! The library does the work; the `kvtrace` binary only wires these modules to a command
 //! line. [`lmct`] is the trace format (crate `kvtrace-lmct`); [`error`], [`output`],
 //! [`interrupt`] and [`limits`] are the file and process plumbing (crate `kvtrace-io`);
-//! [`bus`] is the event bus and recorder, [`trace`] the whole-file operations (`info`'s
-//! summary, conversions, synthetic traces), [`storage`] the tiered StorageManager, [`replay`],
-//! [`simulate`] and [`bench`] the three engines, and [`report`] the one export layer they all
-//! write through.
+//! [`bus`] is the event bus and recorder and [`storage`] the tiered StorageManager (crate
+//! `kvtrace-cache`); [`report`] is the one export layer every command writes through (crate
+//! `kvtrace-report`). This crate holds [`trace`], the whole-file operations (`info`'s summary,
+//! conversions, synthetic traces), and [`replay`], [`simulate`] and [`bench`], the three
+//! engines.
 //!
 //! Writing a trace LMCache 0.5.6 reads, and streaming it back:
 //!
@@ -42,22 +43,20 @@
 
 pub mod aggregate;
 pub mod bench;
-pub mod bus;
-pub mod clock;
 pub mod machine;
 pub mod otel;
 pub mod rank;
 pub mod replay;
-pub mod report;
 pub mod rng;
 pub mod simulate;
-pub mod storage;
 pub mod sweep;
 pub mod trace;
 
 // The crates below this one, under the paths the library has always had.
+pub use kvtrace_cache::{bus, clock, storage};
 pub use kvtrace_io::{error, interrupt, limits, output};
 pub use kvtrace_lmct as lmct;
+pub use kvtrace_report as report;
 
 pub use error::{Error, Result};
 

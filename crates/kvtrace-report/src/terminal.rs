@@ -1,7 +1,7 @@
 //! The terminal form: the report's own text, as the command prints it.
 
 use super::{Artifact, Exporter, Report};
-use crate::error::Result;
+use kvtrace_io::error::Result;
 
 pub struct Terminal;
 

@@ -19,9 +19,9 @@ use std::path::PathBuf;
 
 use serde_json::Value as Json;
 
-use crate::error::{Error, Result};
-use crate::output::{check_writable, write_atomic};
 pub use chart::{Chart, Series};
+use kvtrace_io::error::{Error, Result};
+use kvtrace_io::output::{check_writable, write_atomic};
 pub use table::{Cell, Table, Unit};
 
 /// How a report's JSON document is written: each command keeps the form its users' scripts

@@ -5,7 +5,7 @@
 use plotters::prelude::*;
 
 use super::{Artifact, Chart, Exporter, Report};
-use crate::error::{Error, Result};
+use kvtrace_io::error::{Error, Result};
 
 pub struct Svg;
 

@@ -9,8 +9,8 @@
 //! serves both.
 
 use crate::bus::Tracer;
-use crate::lmct::calls::StorageCall;
-use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
+use kvtrace_lmct::calls::StorageCall;
+use kvtrace_lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
 
 use super::manager::{PrefetchGroup, PrefetchRequest, StorageManager};
 use super::{CallError, KeyId, PrefetchOutcome, Reservation};

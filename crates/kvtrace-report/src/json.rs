@@ -4,8 +4,8 @@
 use serde_json::Value;
 
 use super::{Artifact, Exporter, JsonStyle, Report};
-use crate::error::{Error, Result};
-use crate::lmct::pyjson::python_json_indented;
+use kvtrace_io::error::{Error, Result};
+use kvtrace_lmct::pyjson::python_json_indented;
 
 pub struct Json;
 

@@ -7,7 +7,7 @@
 use rust_xlsxwriter::{Chart as XlsxChart, ChartType, Format, Workbook, Worksheet, XlsxError};
 
 use super::{Artifact, Cell, Chart, Exporter, Report, Table, Unit};
-use crate::error::{Error, Result};
+use kvtrace_io::error::{Error, Result};
 
 pub struct Xlsx;
 

@@ -4,7 +4,7 @@ use super::config::{BackendConfig, EvictionTiming, L2Config, PrefetchPolicy, Sto
 use super::eviction::PolicyKind;
 use super::{CallError, KeyId, StorageManager, Traced};
 use crate::bus::Tracer;
-use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
+use kvtrace_lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
 
 /// 1000-byte objects: `[2, 1, 250, 1]` of float16.
 fn layout() -> MemoryLayoutDesc {

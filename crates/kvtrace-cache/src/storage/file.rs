@@ -25,20 +25,20 @@ pub enum FsyncPolicy {
 const ALIGN: usize = 4096;
 
 /// A reusable buffer whose usable slice starts on a 4 KiB boundary (needed by `O_DIRECT`).
-pub(crate) struct AlignedBuf {
+pub struct AlignedBuf {
     raw: Vec<u8>,
 }
 
 impl AlignedBuf {
     /// A buffer already large enough for `len` bytes.
-    pub(crate) fn with_len(len: usize) -> AlignedBuf {
+    pub fn with_len(len: usize) -> AlignedBuf {
         let mut buf = AlignedBuf { raw: Vec::new() };
         buf.slice(len);
         buf
     }
 
     /// The first `len` aligned bytes, growing the buffer if needed.
-    pub(crate) fn slice(&mut self, len: usize) -> &mut [u8] {
+    pub fn slice(&mut self, len: usize) -> &mut [u8] {
         if self.raw.len() < len + ALIGN {
             self.raw = vec![0u8; len + ALIGN];
         }
@@ -63,7 +63,7 @@ pub fn object_path(dir: &Path, key: KeyId) -> PathBuf {
 }
 
 /// Bytes moved for an object of `size`: `O_DIRECT` I/O is padded to whole 4 KiB blocks.
-pub(crate) fn io_len(size: u64, direct: bool) -> u64 {
+pub fn io_len(size: u64, direct: bool) -> u64 {
     if direct {
         size.div_ceil(ALIGN as u64) * ALIGN as u64
     } else {
@@ -72,7 +72,7 @@ pub(crate) fn io_len(size: u64, direct: bool) -> u64 {
 }
 
 /// Opens an object file for a whole write (created, truncated) or a read.
-pub(crate) fn open_object(path: &Path, write: bool, direct: bool) -> io::Result<File> {
+pub fn open_object(path: &Path, write: bool, direct: bool) -> io::Result<File> {
     let mut options = OpenOptions::new();
     if write {
         options.write(true).create(true).truncate(true);
@@ -87,7 +87,7 @@ pub(crate) fn open_object(path: &Path, write: bool, direct: bool) -> io::Result<
 }
 
 /// Removes an object file; one already gone is fine.
-pub(crate) fn remove_object(path: &Path) -> io::Result<()> {
+pub fn remove_object(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(with_path(e, path)),
         _ => Ok(()),
@@ -119,7 +119,7 @@ impl FileTier {
 }
 
 /// An I/O error that names the file.
-pub(crate) fn with_path(e: io::Error, path: &Path) -> io::Error {
+pub fn with_path(e: io::Error, path: &Path) -> io::Error {
     io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 

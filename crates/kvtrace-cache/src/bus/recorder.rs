@@ -6,11 +6,11 @@ use std::path::Path;
 
 use super::{BusSummary, CallEvent, Subscriber, SubscriberReport};
 use crate::clock;
-use crate::error::{Error, Result};
-use crate::lmct::calls::{RECORDER_META, RECORDER_SUMMARY};
-use crate::lmct::msgpack;
-use crate::lmct::value::Value;
-use crate::lmct::{Header, TraceSink, TraceWriter};
+use kvtrace_io::error::{Error, Result};
+use kvtrace_lmct::calls::{RECORDER_META, RECORDER_SUMMARY};
+use kvtrace_lmct::msgpack;
+use kvtrace_lmct::value::Value;
+use kvtrace_lmct::{Header, TraceSink, TraceWriter};
 
 #[derive(Clone, Debug, Default)]
 pub struct RecorderOptions {
@@ -73,7 +73,7 @@ impl Recorder {
     /// Like [`Recorder::attach_storage_config`], serialising the value as Python's
     /// `json.dumps(sort_keys=True)` would.
     pub fn attach_storage_config_value(&mut self, config: &serde_json::Value) -> Result<()> {
-        self.attach_storage_config(&crate::lmct::digest::python_json(config))
+        self.attach_storage_config(&kvtrace_lmct::digest::python_json(config))
     }
 
     fn since_start(&self, t_mono: f64) -> f64 {

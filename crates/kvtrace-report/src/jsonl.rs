@@ -8,8 +8,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::{Artifact, Exporter, Report};
-use crate::error::{Error, Result};
-use crate::output::OutputFile;
+use kvtrace_io::error::{Error, Result};
+use kvtrace_io::output::OutputFile;
 
 pub struct Jsonl;
 

@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 
 use crate::clock;
-use crate::error::{Error, Result};
+use kvtrace_io::error::{Error, Result};
 
 /// What a publisher does when the queue is full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

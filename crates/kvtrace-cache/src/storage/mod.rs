@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64};
 
-use crate::lmct::codec::{ObjectKey, ObjectKeyRef};
+use kvtrace_lmct::codec::{ObjectKey, ObjectKeyRef};
 pub use l1::{Reservation, Unreadable};
 pub use manager::{Departure, PrefetchGroup, PrefetchRequest, StorageManager};
 pub use traced::Traced;

@@ -2,7 +2,7 @@
 //! sheet).
 
 use super::{Artifact, Exporter, Report};
-use crate::error::{Error, Result};
+use kvtrace_io::error::{Error, Result};
 
 pub struct Csv;
 

@@ -69,14 +69,14 @@ pub struct StorageManager {
 
 impl StorageManager {
     /// Builds the tiers; fails when one cannot be set up (e.g. an unwritable directory).
-    pub fn new(config: StorageConfig) -> crate::Result<StorageManager> {
+    pub fn new(config: StorageConfig) -> kvtrace_io::Result<StorageManager> {
         let store = match (config.l1_gpu_bandwidth_gbps, config.l1_buffers) {
             (Some(bw), _) => L1Store::Gpu {
                 bytes_per_s: bw * 1e9,
             },
             (None, true) => L1Store::Host(
                 HostBuffer::map(config.l1_size_bytes, config.l1_touch_pages)
-                    .map_err(|e| crate::Error::io("L1 host buffer", e))?,
+                    .map_err(|e| kvtrace_io::Error::io("L1 host buffer", e))?,
             ),
             (None, false) => L1Store::Accounting,
         };
@@ -91,8 +91,10 @@ impl StorageManager {
             .l2
             .iter()
             .enumerate()
-            .map(|(i, c)| L2::new(i, c).map_err(|e| crate::Error::io(format!("L2[{i}] tier"), e)))
-            .collect::<crate::Result<_>>()?;
+            .map(|(i, c)| {
+                L2::new(i, c).map_err(|e| kvtrace_io::Error::io(format!("L2[{i}] tier"), e))
+            })
+            .collect::<kvtrace_io::Result<_>>()?;
         Ok(StorageManager {
             config,
             l1,
