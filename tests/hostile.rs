@@ -604,3 +604,46 @@ fn a_refused_replay_leaves_no_directory_behind() {
         );
     }
 }
+
+#[test]
+fn made_up_qualnames_cannot_grow_a_report() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let jsonl = dir.path().join("t.jsonl");
+    let out = kvtrace(["convert", &path(&sample("basic_lru")), &path(&jsonl)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let mut text_form = std::fs::read_to_string(&jsonl).expect("read");
+    for i in 0..100 {
+        text_form.push_str(&format!(
+            "{{\"type\":\"record\",\"t_mono\":99.0,\"t_wall\":1795297200.0,\"qualname\":\"made.up.q{i}\",\"args\":{{}}}}\n"
+        ));
+    }
+    std::fs::write(&jsonl, text_form).expect("write");
+    let lct = dir.path().join("t.lct");
+    let out = kvtrace(["convert", &path(&jsonl), &path(&lct)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let run = dir.path().join("run");
+    let out = kvtrace([
+        "replay",
+        &path(&lct),
+        "-q",
+        "--json",
+        "--no-csv",
+        "--output-dir",
+        &path(&run),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(run.join("trace_replay_summary.json")).expect("report"),
+    )
+    .expect("json");
+    let reasons = summary["kvtrace"]["skip_reasons"]
+        .as_object()
+        .expect("skip reasons");
+    assert_eq!(reasons.len(), 33, "{reasons:?}");
+    let counted: u64 = reasons.values().map(|n| n.as_u64().expect("count")).sum();
+    assert_eq!(
+        counted,
+        summary["kvtrace"]["skipped"].as_u64().expect("skipped")
+    );
+    assert!(reasons["other reasons"].as_u64().expect("count") >= 68);
+}

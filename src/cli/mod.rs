@@ -144,8 +144,8 @@ fn examples(commands: &[&str]) -> String {
     out
 }
 
-/// Prints one error line and returns its exit code.
-/// Prints one error line (whatever of a trace it quotes escaped) and returns its exit code.
+/// Prints one error line (whatever of a trace it quotes escaped, with a hint where a JSON file
+/// was given for a trace) and returns its exit code.
 fn report(e: &Error) -> i32 {
     match hints::json_input(e) {
         Some(hint) => eprintln!("kvtrace: error: {}; {hint}", escape_line(&e.to_string())),

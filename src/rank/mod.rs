@@ -125,6 +125,7 @@ impl Rank {
 
 /// The launcher's identifier of this run, when it gives one: what makes a barrier's files
 /// this run's and not a previous one's.
+///
 /// The id is made a valid run id (a directory name: see the barrier) whatever the variables
 /// hold: other characters become `_`, and an id past 128 characters is cut, with a hash of the
 /// whole so that two long ids stay apart.

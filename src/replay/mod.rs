@@ -295,7 +295,7 @@ pub fn replay(
             }
             Outcome::Skipped { reason } => {
                 report.skipped += 1;
-                *report.skip_reasons.entry(reason.clone()).or_default() += 1;
+                add_reason(&mut report.skip_reasons, reason.clone(), 1, OTHER_SKIPS);
             }
         }
         on_record(&RecordEvent {
@@ -411,12 +411,16 @@ fn configuration(
         .collect()
 }
 
-/// How many failure kinds a report counts apart; the rest are counted together under
-/// [`OTHER_FAILURES`], so a tier that names every key in its errors cannot grow the report.
-pub const MAX_FAILURE_KINDS: usize = 32;
+/// How many failure kinds, and how many skip reasons, a report counts apart; the rest are
+/// counted together under [`OTHER_FAILURES`] or [`OTHER_SKIPS`], so neither a tier that names
+/// every key in its errors nor a trace of a million made-up qualnames can grow the report.
+pub const MAX_REASON_KINDS: usize = 32;
 
-/// The kind under which failures past [`MAX_FAILURE_KINDS`] are counted.
+/// The kind under which failures past [`MAX_REASON_KINDS`] are counted.
 pub const OTHER_FAILURES: &str = "other failures";
+
+/// The reason under which skipped records past [`MAX_REASON_KINDS`] are counted.
+pub const OTHER_SKIPS: &str = "other reasons";
 
 /// Counts one failure under its kind. (One call adds one: the count of a run's calls cannot
 /// reach `u64::MAX`, so the overflow [`add_failures`] reports cannot happen here.)
@@ -424,15 +428,38 @@ pub fn count_failure(reasons: &mut BTreeMap<String, u64>, reason: &str) {
     add_failures(reasons, failure_kind(reason), 1);
 }
 
-/// Adds `n` failures of `kind`, keeping at most [`MAX_FAILURE_KINDS`] kinds apart; the new
+/// Adds `n` failures of `kind`, keeping at most [`MAX_REASON_KINDS`] kinds apart; the new
 /// count, or `None` (nothing added) where it would pass `u64::MAX`.
 pub fn add_failures(reasons: &mut BTreeMap<String, u64>, kind: String, n: u64) -> Option<u64> {
-    let kind = if reasons.contains_key(&kind) || reasons.len() < MAX_FAILURE_KINDS {
-        kind
+    add_reason(reasons, kind, n, OTHER_FAILURES)
+}
+
+/// The longest reason kept whole; a longer one (a qualname of a hostile trace can be
+/// megabytes) is cut there and ends in `…`.
+pub const MAX_REASON_BYTES: usize = 512;
+
+/// Adds `n` under `reason`, or under `other` once [`MAX_REASON_KINDS`] reasons are counted
+/// apart; the new count, or `None` (nothing added) where it would pass `u64::MAX`.
+fn add_reason(
+    reasons: &mut BTreeMap<String, u64>,
+    mut reason: String,
+    n: u64,
+    other: &str,
+) -> Option<u64> {
+    if reason.len() > MAX_REASON_BYTES {
+        let mut end = MAX_REASON_BYTES;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+        reason.push('…');
+    }
+    let reason = if reasons.contains_key(&reason) || reasons.len() < MAX_REASON_KINDS {
+        reason
     } else {
-        OTHER_FAILURES.to_owned()
+        other.to_owned()
     };
-    let count = reasons.entry(kind).or_default();
+    let count = reasons.entry(reason).or_default();
     *count = count.checked_add(n)?;
     Some(*count)
 }
@@ -517,12 +544,19 @@ mod tests {
     #[test]
     fn failure_kinds_past_the_cap_are_counted_together() {
         let mut reasons = BTreeMap::new();
-        for i in 0..MAX_FAILURE_KINDS + 5 {
+        for i in 0..MAX_REASON_KINDS + 5 {
             count_failure(&mut reasons, &format!("tier{i}x: refused"));
         }
         count_failure(&mut reasons, "tier0x: refused");
-        assert_eq!(reasons.len(), MAX_FAILURE_KINDS + 1);
+        assert_eq!(reasons.len(), MAX_REASON_KINDS + 1);
         assert_eq!(reasons[OTHER_FAILURES], 5);
         assert_eq!(reasons["tier0x: refused"], 2);
+        let mut skips = BTreeMap::new();
+        let long = "é".repeat(MAX_REASON_BYTES);
+        add_reason(&mut skips, long.clone(), 1, OTHER_SKIPS);
+        add_reason(&mut skips, long, 1, OTHER_SKIPS);
+        let (kept, n) = skips.iter().next().expect("one");
+        assert_eq!((kept.chars().count(), *n), (MAX_REASON_BYTES / 2 + 1, 2));
+        assert!(kept.ends_with('…'));
     }
 }
