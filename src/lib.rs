@@ -44,7 +44,6 @@
 pub mod aggregate;
 pub mod bench;
 pub mod machine;
-pub mod otel;
 pub mod rank;
 pub mod replay;
 pub mod rng;
@@ -56,6 +55,7 @@ pub mod trace;
 pub use kvtrace_cache::{bus, clock, storage};
 pub use kvtrace_io::{error, interrupt, limits, output};
 pub use kvtrace_lmct as lmct;
+pub use kvtrace_otel as otel;
 pub use kvtrace_report as report;
 
 pub use error::{Error, Result};

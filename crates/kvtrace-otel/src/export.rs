@@ -22,7 +22,7 @@ use opentelemetry_sdk::Resource;
 
 use super::file::JsonLines;
 use super::{Attr, ExportOptions, ExportSummary, Protocol, RequestSpan, Span, SpanSink};
-use crate::error::{Error, Result};
+use kvtrace_io::error::{Error, Result};
 
 /// Spans a batch carries at most (the SDK's own default).
 const BATCH_SPANS: usize = 512;
@@ -37,7 +37,7 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 const BATCH_DELAY: Duration = Duration::from_millis(200);
 
 /// Sends request spans to an OTLP endpoint and/or file (see the module docs of
-/// [`crate::otel`]). The caller only queues each [`RequestSpan`]; the exporter thread builds
+/// [`crate`]). The caller only queues each [`RequestSpan`]; the exporter thread builds
 /// the SDK spans, batches and sends them. Dropping it without [`SpanExport::finish`] still
 /// flushes the endpoint but leaves no file: only a finished run's spans are written.
 pub struct SpanExport {
@@ -154,7 +154,7 @@ impl SpanExport {
         let Some(summary) = self.summary.take() else {
             return ExportSummary::default();
         };
-        let received = match crate::interrupt::requested() {
+        let received = match kvtrace_io::interrupt::requested() {
             Some(_) => summary.recv_timeout(INTERRUPTED_WAIT).ok(),
             None => summary.recv().ok(),
         };
@@ -168,7 +168,7 @@ impl SpanExport {
             // After a signal the thread is left blocked in the endpoint's export; the
             // process exits without it.
             None => ExportSummary {
-                error: Some(match crate::interrupt::requested() {
+                error: Some(match kvtrace_io::interrupt::requested() {
                     Some(_) => "OTLP export: interrupted while the endpoint was still answering; the rest of the spans were not sent".into(),
                     None => "OTLP export: the exporter thread failed".into(),
                 }),
@@ -196,7 +196,7 @@ impl SpanSink for SpanExport {
             match queue.send_timeout(span, SIGNAL_POLL) {
                 Ok(()) | Err(SendTimeoutError::Disconnected(_)) => return,
                 Err(SendTimeoutError::Timeout(back)) => {
-                    if crate::interrupt::requested().is_some() {
+                    if kvtrace_io::interrupt::requested().is_some() {
                         return;
                     }
                     span = back;
@@ -403,7 +403,7 @@ impl Sinks {
         let endpoint = self
             .otlp
             .as_mut()
-            .filter(|e| !e.failed && crate::interrupt::requested().is_none());
+            .filter(|e| !e.failed && kvtrace_io::interrupt::requested().is_none());
         if let Some(file) = &mut self.file {
             // The file takes the batch itself unless the endpoint needs it too.
             let spans = match endpoint {

@@ -17,9 +17,9 @@
 
 mod spans;
 
-#[cfg(feature = "otel")]
+#[cfg(feature = "export")]
 mod export;
-#[cfg(feature = "otel")]
+#[cfg(feature = "export")]
 mod file;
 
 use std::path::PathBuf;
@@ -27,7 +27,7 @@ use std::time::Duration;
 
 pub use spans::{Attr, RequestSpan, Span};
 
-#[cfg(feature = "otel")]
+#[cfg(feature = "export")]
 pub use export::SpanExport;
 
 /// Where finished request spans go.
@@ -81,15 +81,16 @@ pub struct ExportSummary {
     pub error: Option<String>,
 }
 
-/// Without the `otel` feature there is no export: [`SpanExport::start`] is a one-line error.
-#[cfg(not(feature = "otel"))]
+/// Without the `export` feature (kvtrace's `otel`) there is no export: [`SpanExport::start`] is
+/// a one-line error.
+#[cfg(not(feature = "export"))]
 #[derive(Debug)]
 pub struct SpanExport(std::convert::Infallible);
 
-#[cfg(not(feature = "otel"))]
+#[cfg(not(feature = "export"))]
 impl SpanExport {
-    pub fn start(_options: ExportOptions) -> crate::Result<SpanExport> {
-        Err(crate::Error::usage(
+    pub fn start(_options: ExportOptions) -> kvtrace_io::Result<SpanExport> {
+        Err(kvtrace_io::Error::usage(
             "this kvtrace was built without the `otel` feature: --otlp-endpoint and --otlp-file are not available",
         ))
     }
@@ -99,7 +100,7 @@ impl SpanExport {
     }
 }
 
-#[cfg(not(feature = "otel"))]
+#[cfg(not(feature = "export"))]
 impl SpanSink for SpanExport {
     fn request(&self, _span: RequestSpan) {
         match self.0 {}

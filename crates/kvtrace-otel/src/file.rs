@@ -11,8 +11,8 @@ use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_sc
 use opentelemetry_sdk::trace::SpanData;
 use opentelemetry_sdk::Resource;
 
-use crate::error::Result;
-use crate::output::OutputFile;
+use kvtrace_io::error::Result;
+use kvtrace_io::output::OutputFile;
 
 pub struct JsonLines {
     path: PathBuf,
