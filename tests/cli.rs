@@ -1239,3 +1239,25 @@ fn a_json_file_given_for_a_trace_says_what_it_is_and_where_it_goes() {
         ],
     );
 }
+
+#[test]
+fn version_names_the_commit_it_was_built_from() {
+    let out = kvtrace(["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.starts_with(&format!("kvtrace {}", env!("CARGO_PKG_VERSION"))),
+        "{shown}"
+    );
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    match head {
+        Ok(o) if o.status.success() => {
+            let commit = text(&o.stdout).trim().to_owned();
+            assert!(shown.contains(&format!("({commit} ")), "{shown} vs {commit}");
+        }
+        _ => eprintln!("skipped: not a git checkout, the version names no commit"),
+    }
+}

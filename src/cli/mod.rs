@@ -32,7 +32,7 @@ const EXIT_CODES: &str =
 #[derive(Parser)]
 #[command(
     name = "kvtrace",
-    version,
+    version = env!("KVTRACE_LONG_VERSION"),
     about = "Record, inspect, convert and replay the KV-cache storage traffic of LLM serving",
     long_about = "kvtrace reads and writes LMCache's LMCT storage traces (.lct, .lct.zst) in every \
                   variant LMCache has written, and writes files LMCache 0.5.6 accepts byte for byte.",
