@@ -1256,8 +1256,57 @@ fn version_names_the_commit_it_was_built_from() {
     match head {
         Ok(o) if o.status.success() => {
             let commit = text(&o.stdout).trim().to_owned();
-            assert!(shown.contains(&format!("({commit} ")), "{shown} vs {commit}");
+            assert!(
+                shown.contains(&format!("({commit} ")),
+                "{shown} vs {commit}"
+            );
         }
         _ => eprintln!("skipped: not a git checkout, the version names no commit"),
     }
+}
+
+#[test]
+fn runs_that_cannot_mean_what_was_asked_say_so() {
+    // An L1 of no bytes replays (a sweep may include it on purpose), with a warning.
+    let out = kvtrace([
+        "replay",
+        &path("basic_lru"),
+        "-q",
+        "--no-csv",
+        "--l1-size-gb",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--l1-size-gb 0: an L1 of no bytes holds nothing"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A bench of a second cannot fill its percentiles.
+    let dir = tempfile::tempdir().expect("tmp");
+    let result = dir.path().join("r.json");
+    let out = kvtrace([
+        "bench",
+        "-q",
+        "--model",
+        "tiny-1b",
+        "--num-users",
+        "2",
+        "--cpu-mem-gb",
+        "0",
+        "--generation-mode",
+        "none",
+        "--duration",
+        "1",
+        "--cache-dir",
+        dir.path().join("cache").to_str().expect("path"),
+        "--output",
+        result.to_str().expect("path"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("request(s) completed in 1 s: the p95/p99 latencies"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -575,3 +575,34 @@ fn every_point_lies_on_its_lines_model_curve() {
         );
     }
 }
+
+#[test]
+fn an_interrupted_sweep_says_its_outputs_are_partial() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let trace = dir.path().join("long.lct");
+    ok(&kvtrace([
+        "generate",
+        trace.to_str().expect("path"),
+        "--records",
+        "400000",
+    ]));
+    let out = dir.path().join("sweep.json");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_kvtrace"))
+        .args(["sweep", "replay", trace.to_str().expect("path"), "-q"])
+        .args(["--l1-size-gb", "0.5,1,2,4,8,16", "--jobs", "1"])
+        .args(["--json", out.to_str().expect("path")])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let done = child.wait_with_output().expect("wait");
+    let err = text(&done.stderr);
+    assert_eq!(done.status.code(), Some(143), "{err}");
+    assert!(
+        err.contains("interrupted: the outputs hold only the points"),
+        "{err}"
+    );
+    assert_eq!(json(&out)["interrupted"], Value::Bool(true));
+}

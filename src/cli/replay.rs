@@ -21,7 +21,7 @@ use super::otlp::{self, OtlpArgs};
 use super::progress::{Progress, EVERY};
 use super::rank::RankArgs;
 use super::tiers::{apply_toml, positive, TierArgs};
-use super::{print_stdout, warn, ReadArgs};
+use super::{print_stdout, warn, warn_line, ReadArgs};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Pace {
@@ -409,6 +409,9 @@ pub fn run(args: Args) -> Result<i32, Error> {
         plan.export_spans(export.clone());
     }
     let shown = rank_trace(&args, rank.as_ref())?.0.display().to_string();
+    for w in args.tiers.warnings() {
+        warn_line(w);
+    }
     for note in &plan.notes {
         warn(&shown, note);
     }

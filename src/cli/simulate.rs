@@ -278,6 +278,9 @@ pub fn run(args: Args) -> Result<i32, Error> {
         ));
     }
     let plan = Plan::new(&args.options()?)?;
+    for w in args.tiers.warnings() {
+        warn_line(w);
+    }
     for w in &plan.warnings {
         warn_line(w);
     }

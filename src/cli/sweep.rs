@@ -369,6 +369,9 @@ fn finish(
     if !quiet {
         print_stdout(&report.terminal())?;
     }
+    if kvtrace::interrupt::requested().is_some() {
+        warn_line("interrupted: the outputs hold only the points that finished before the signal (the JSON says \"interrupted\": true)");
+    }
     Ok(())
 }
 

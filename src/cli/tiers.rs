@@ -141,6 +141,16 @@ impl TierArgs {
             || self.l2_prefetch_max_in_flight.is_some()
     }
 
+    /// What the flags ask for that runs but cannot mean what the user wants: said as a
+    /// warning, not refused (a sweep may include such a point on purpose).
+    pub fn warnings(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.l1_size_gb == Some(0.0) {
+            out.push("--l1-size-gb 0: an L1 of no bytes holds nothing; every reservation is refused (OUT_OF_MEMORY) and only L2 tiers can hit");
+        }
+        out
+    }
+
     /// Overrides `config` with every flag given, and refuses an L1 with real buffers larger
     /// than the memory available.
     pub fn apply(&self, config: &mut StorageConfig) -> Result<(), Error> {

@@ -34,6 +34,10 @@ fn progress_bar(quiet: bool, duration_s: f64) -> ProgressBar {
     bar
 }
 
+/// Fewer completed requests than this and the run's p99 is one of its slowest few requests:
+/// the percentiles, and the pass/fail assessment built on them, say little.
+const FEW_REQUESTS: usize = 100;
+
 /// Plans and runs once; prints the summary unless quiet. With a barrier, the run starts
 /// once every rank has set up its tiers.
 /// One run, its requests exported as spans when `otlp` asks; the report, and the exit status
@@ -65,6 +69,12 @@ fn run_once(
         bar.set_message(format!("{elapsed:.0}/{duration:.0} s, {done} requests"));
     })?;
     bar.finish_and_clear();
+    let completed = finished.report.requests_completed;
+    if completed < FEW_REQUESTS {
+        warn_line(&format!(
+            "only {completed} request(s) completed in {duration:.0} s: the p95/p99 latencies and the assessment rest on too few samples (a p99 needs {FEW_REQUESTS}); run longer or with more users"
+        ));
+    }
     let exported = otlp::finish(export, quiet);
     if !quiet {
         say_recorded(&finished.recordings);
