@@ -42,20 +42,18 @@
 //! ```
 
 pub mod aggregate;
-pub mod bench;
-pub mod machine;
-pub mod rank;
 pub mod replay;
-pub mod rng;
 pub mod simulate;
 pub mod sweep;
 pub mod trace;
 
 // The crates below this one, under the paths the library has always had.
+pub use kvtrace_bench as bench;
 pub use kvtrace_cache::{bus, clock, storage};
-pub use kvtrace_io::{error, interrupt, limits, output};
+pub use kvtrace_io::{error, interrupt, limits, machine, output, rng};
 pub use kvtrace_lmct as lmct;
 pub use kvtrace_otel as otel;
+pub use kvtrace_rank as rank;
 pub use kvtrace_report as report;
 
 pub use error::{Error, Result};

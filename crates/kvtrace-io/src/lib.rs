@@ -1,12 +1,16 @@
 //! The file and process plumbing every kvtrace command shares, below every other kvtrace
 //! crate: errors that carry the documented exit status and name the file and place
 //! ([`error`]), outputs written under a temporary name and renamed into place, never over an
-//! input ([`output`]), SIGINT/SIGTERM noted for a clean stop ([`interrupt`]), and bounded
-//! reads of untrusted text ([`limits`]).
+//! input ([`output`]), SIGINT/SIGTERM noted for a clean stop ([`interrupt`]), bounded reads
+//! of untrusted text ([`limits`]), what the machine has free for a run ([`machine`]), and
+//! the seeded generator and hash every workload draws from ([`rng`]), so that one seed gives
+//! the same numbers in every crate.
 
 pub mod error;
 pub mod interrupt;
 pub mod limits;
+pub mod machine;
 pub mod output;
+pub mod rng;
 
 pub use error::{Error, Result};

@@ -6,7 +6,7 @@
 use super::report::{BenchReport, LatencyMs, OpTails, Profile, SlaMet, Tail, TierFigures};
 use super::tiers::TierKind;
 use super::users::QosLevel;
-use crate::report::{Cell, Table};
+use kvtrace_report::{Cell, Table};
 
 /// The run's settings, as the workbook's first 27 columns show them.
 #[derive(Clone, Debug, Default, PartialEq)]

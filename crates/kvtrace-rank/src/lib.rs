@@ -5,7 +5,7 @@
 //!
 //! Each rank derives what must differ between ranks from its number: its seed (base +
 //! rank), its output directory ([`Rank::dir_name`]) and its share of a trace
-//! ([`crate::replay::shard`]); every output carries the rank so per-rank files merge back
+//! (`kvtrace::replay::shard`); every output carries the rank so per-rank files merge back
 //! (`kvtrace aggregate`).
 
 pub mod barrier;
@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use kvtrace_io::error::{Error, Result};
 
 /// Where a rank learnt its number: the launcher's variables, in the order they are
 /// consulted. A Kubernetes indexed Job gives only the index; its size comes from
@@ -235,7 +235,7 @@ mod tests {
             };
             assert_eq!(
                 detect(flags, &[]).unwrap_err().kind,
-                crate::error::ErrorKind::Usage
+                kvtrace_io::error::ErrorKind::Usage
             );
         }
         let lonely = RankFlags {

@@ -254,7 +254,7 @@ pub fn run(
     cache: &TierCache,
     calls: &CallTrace,
     progress: &mut (dyn FnMut(f64, u64) + Send),
-) -> crate::Result<RunOutcome> {
+) -> kvtrace_io::Result<RunOutcome> {
     let metrics = Metrics::default();
     let began = Instant::now();
     let shared = Shared {
@@ -396,7 +396,7 @@ pub fn run(
                 });
             }
             let enough = config.max_requests > 0 && done >= config.max_requests;
-            if crate::interrupt::requested().is_some() {
+            if kvtrace_io::interrupt::requested().is_some() {
                 interrupted = true;
                 stopped_early = true;
             }
@@ -407,7 +407,7 @@ pub fn run(
         shared.queue.ready.notify_all();
     });
     if let Some(e) = spawn_error {
-        return Err(crate::Error::io(
+        return Err(kvtrace_io::Error::io(
             "cannot start the benchmark's threads (fewer users or --workers?)",
             e,
         ));
@@ -739,9 +739,9 @@ fn serve(shared: &Shared<'_>, q: &Queued, buf: &mut IoBuffer) -> Option<RequestS
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::autoscale::{AutoscaleConfig, AutoscaleMode};
-    use crate::bench::models::model;
-    use crate::bench::tiers::{TierKind, TierSpec, TierStore};
+    use crate::autoscale::{AutoscaleConfig, AutoscaleMode};
+    use crate::models::model;
+    use crate::tiers::{TierKind, TierSpec, TierStore};
 
     fn config(users: u32, duration_ms: u64) -> BenchConfig {
         BenchConfig {
@@ -770,7 +770,7 @@ mod tests {
     }
 
     fn no_calls() -> CallTrace {
-        CallTrace::new(crate::bus::Tracer::disabled(), "tiny-1b", 24_576)
+        CallTrace::new(kvtrace_cache::bus::Tracer::disabled(), "tiny-1b", 24_576)
     }
 
     fn null_cache() -> TierCache {

@@ -4,7 +4,7 @@
 //! `(seed, user id)`, so the request sequence of a user is the same in every run whatever
 //! the thread scheduling.
 
-use crate::rng::SplitMix64;
+use kvtrace_io::rng::SplitMix64;
 
 /// What kind of traffic a user sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,12 +7,12 @@
 
 use std::sync::Arc;
 
-use crate::bus::Tracer;
-use crate::lmct::calls::StorageCall;
-use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
-use crate::otel::SpanSink;
-use crate::rng::hash32;
-use crate::storage::KeyId;
+use kvtrace_cache::bus::Tracer;
+use kvtrace_cache::storage::KeyId;
+use kvtrace_io::rng::hash32;
+use kvtrace_lmct::calls::StorageCall;
+use kvtrace_lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
+use kvtrace_otel::SpanSink;
 
 pub struct CallTrace {
     tracer: Tracer,

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use crate::rng::SplitMix64;
-use crate::storage::file::{io_len, open_object, with_path, AlignedBuf};
+use kvtrace_cache::storage::file::{io_len, open_object, with_path, AlignedBuf};
+use kvtrace_io::rng::SplitMix64;
 
 /// Bytes moved per system call, and the size of each I/O worker's buffer: 256 KiB keeps the
 /// device busy with large requests while 500 workers (the most a run starts) hold 130 MiB of
@@ -192,7 +192,7 @@ pub fn read_entry(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::file::remove_object;
+    use kvtrace_cache::storage::file::remove_object;
 
     #[test]
     fn entries_round_trip_and_their_blocks_are_distinct() {

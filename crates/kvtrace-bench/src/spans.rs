@@ -1,4 +1,4 @@
-//! The `request` span tree of one benchmark request (see [`crate::otel`]), on the wall clock
+//! The `request` span tree of one benchmark request (see [`kvtrace_otel`]), on the wall clock
 //! as the run measured it: each entry read is an `mp.retrieve` span (its tier, or `miss`),
 //! each entry written an `mp.store`, and the generation time `kvtrace.generation`. The root
 //! carries LMCache's `hit_tokens` (the tokens its prefix reads found: system prompt, earlier
@@ -10,9 +10,9 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use super::tiers::TierKind;
-use crate::clock::wall_secs;
-use crate::otel::{Attr, RequestSpan, Span};
-use crate::report::units::fraction;
+use kvtrace_cache::clock::wall_secs;
+use kvtrace_otel::{Attr, RequestSpan, Span};
+use kvtrace_report::units::fraction;
 
 /// What one request did, gathered while it is served; does nothing when spans are off.
 pub struct Trail {

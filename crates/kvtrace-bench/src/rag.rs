@@ -4,7 +4,7 @@
 //! requests retrieve, which document and which chunks are drawn from the seed and the
 //! request's identity, so a seed gives the same retrievals every run.
 
-use crate::rng::SplitMix64;
+use kvtrace_io::rng::SplitMix64;
 
 /// Tokens per document chunk.
 pub const CHUNK_TOKENS: u64 = 512;

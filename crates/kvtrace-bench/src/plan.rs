@@ -20,17 +20,17 @@ use super::sharegpt::{self, Dataset};
 use super::sheets::RunParameters;
 use super::tiers::{TierCache, TierKind, TierSpec, TierStore};
 use super::users::PersonaSet;
-use crate::bus::recorder::start_recording;
-use crate::bus::{EventBus, SubscriberReport, Tracer};
-use crate::clock::local_stamp;
-use crate::error::{Error, Result};
-use crate::machine::{available_memory, free_bytes};
-use crate::otel::SpanSink;
-use crate::rank::Rank;
-use crate::report::{self, csv::Csv, json::Json, xlsx::Xlsx, Exporter, Target};
-use crate::storage::config::{
+use kvtrace_cache::bus::recorder::start_recording;
+use kvtrace_cache::bus::{EventBus, SubscriberReport, Tracer};
+use kvtrace_cache::clock::local_stamp;
+use kvtrace_cache::storage::config::{
     BackendConfig, EvictionConfig, EvictionTiming, L2Config, Placement, StorageConfig,
 };
+use kvtrace_io::error::{Error, Result};
+use kvtrace_io::machine::{available_memory, free_bytes};
+use kvtrace_otel::SpanSink;
+use kvtrace_rank::Rank;
+use kvtrace_report::{csv::Csv, json::Json, xlsx::Xlsx, Exporter, Target};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -138,7 +138,7 @@ impl ClusterSpec {
     pub fn parse(text: &str) -> Result<ClusterSpec> {
         let flag = |e: String| Error::usage(format!("--storage-tier: {e}"));
         let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| flag(crate::error::json_reason(&e)))?;
+            serde_json::from_str(text).map_err(|e| flag(kvtrace_io::error::json_reason(&e)))?;
         let l2 = L2Config::from_adapter(&v).map_err(flag)?;
         match l2.backend {
             BackendConfig::RespCluster { nodes, .. } => Ok(ClusterSpec {
@@ -271,7 +271,7 @@ fn remove_dead_run_dirs(parent: &Path, tier: &str, notes: &mut Vec<String>) {
         };
         let path = entry.path();
         if entry.file_type().is_ok_and(|t| t.is_dir())
-            && !crate::output::process_alive(pid)
+            && !kvtrace_io::output::process_alive(pid)
             && std::fs::remove_dir_all(&path).is_ok()
         {
             notes.push(format!(
@@ -404,7 +404,7 @@ impl Plan {
                 .clone()
                 .unwrap_or_else(|| format!("benchmark_results_{}.json", local_stamp()).into()),
         );
-        let outputs = report::outputs([
+        let outputs = kvtrace_report::outputs([
             (&Json, Some(Target::File(output.clone()))),
             (
                 &Xlsx,
@@ -428,7 +428,7 @@ impl Plan {
                         format!(
                             "{}-{}",
                             std::process::id(),
-                            crate::clock::wall_secs() as u64
+                            kvtrace_cache::clock::wall_secs() as u64
                         )
                     });
                     format!("kvtrace-bench-{run}")
@@ -644,9 +644,9 @@ impl Plan {
             per_token,
         )
         .with_spans(self.spans.clone());
-        let started_unix_s = crate::clock::wall_secs();
+        let started_unix_s = kvtrace_cache::clock::wall_secs();
         let outcome = run(&self.config, &self.cache, &calls, progress)?;
-        let finished_unix_s = crate::clock::wall_secs();
+        let finished_unix_s = kvtrace_cache::clock::wall_secs();
         drop(calls);
         let recordings = match bus {
             Some(bus) => bus.close()?,
@@ -671,7 +671,7 @@ impl Plan {
             finished_unix_s,
         });
         for (exporter, target) in &self.outputs {
-            report::write(&report, *exporter, target, "")?;
+            kvtrace_report::write(&report, *exporter, target, "")?;
         }
         Ok(Finished {
             report,

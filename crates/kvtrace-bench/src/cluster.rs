@@ -7,7 +7,7 @@
 //! holding its length, written last: a reader that finds the header finds a whole entry.
 //! The braces are a hash tag, so an entry's values share one slot and each batch of
 //! [`GROUP`] chunks is one pipeline to one node; a worker never holds more than a batch.
-//! Routing, `MOVED`/`ASK` and timeouts are [`crate::storage::cluster`]'s.
+//! Routing, `MOVED`/`ASK` and timeouts are [`kvtrace_cache::storage::cluster`]'s.
 //!
 //! Workers take a connection from a pool and put it back after the operation: each
 //! connection serves one thread at a time, and one that failed is dropped, not reused.
@@ -19,8 +19,8 @@ use std::time::Instant;
 use redis::cluster::{ClusterClient, ClusterConnection};
 
 use super::io::{IoBuffer, IoTime, CHUNK};
-use crate::storage::cluster::{batch, client, connect, error};
-use crate::storage::KeyId;
+use kvtrace_cache::storage::cluster::{batch, client, connect, error};
+use kvtrace_cache::storage::KeyId;
 
 /// Chunks per pipeline: 4 MiB in flight per worker.
 const GROUP: u64 = 16;

@@ -16,10 +16,10 @@ use super::run::{BenchConfig, RunOutcome, TimelinePoint};
 use super::sheets::{self, RunParameters};
 use super::tiers::{TierCounters, TierKind};
 use super::users::QosLevel;
-use crate::error::{Error, Result};
-use crate::rank::Rank;
-use crate::report::histogram::LatencyHistogram;
-use crate::report::{JsonStyle, Report, Table};
+use kvtrace_io::error::{Error, Result};
+use kvtrace_rank::Rank;
+use kvtrace_report::histogram::LatencyHistogram;
+use kvtrace_report::{JsonStyle, Report, Table};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -464,7 +464,7 @@ pub struct Extras {
     /// In rank mode, which rank this is.
     pub rank: Option<RankWindow>,
     /// Every latency the report gives percentiles of, as a mergeable HdrHistogram (see
-    /// [`crate::report::histogram`]): `end_to_end`, `storage_io`, `generation`, and
+    /// [`kvtrace_report::histogram`]): `end_to_end`, `storage_io`, `generation`, and
     /// `<tier>_read` / `<tier>_write` per tier that served one.
     pub latency_histograms: BTreeMap<String, String>,
 }
@@ -843,7 +843,7 @@ impl Report for BenchReport {
         let tables = sheets::tables(self);
         match &self.kvtrace.rank {
             Some(r) => {
-                let rank = crate::report::Cell::Count(u64::from(r.rank.rank));
+                let rank = kvtrace_report::Cell::Count(u64::from(r.rank.rank));
                 tables
                     .into_iter()
                     .map(|t| t.with_first_column("rank", &rank))

@@ -4,12 +4,12 @@
 //! the next one late, as a client would. Rows carry no conversation, so every request starts
 //! one. A path may name a file, a directory of CSV files, or a glob.
 
-use crate::limits::{LineLimit, MAX_LINE_BYTES};
+use kvtrace_io::limits::{LineLimit, MAX_LINE_BYTES};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::users::{Phase, QosLevel, Request};
-use crate::error::{Error, Result};
+use kvtrace_io::error::{Error, Result};
 
 /// One logged request.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::Rank;
-use crate::error::{Error, Result};
+use kvtrace_io::error::{Error, Result};
 
 /// How often a waiting rank looks for the others.
 const POLL: Duration = Duration::from_millis(20);
@@ -88,7 +88,7 @@ impl Barrier {
             if arrived.len() as u64 == u64::from(self.world_size) {
                 return Ok(());
             }
-            if crate::interrupt::requested().is_some() {
+            if kvtrace_io::interrupt::requested().is_some() {
                 return Err(Error::usage("start barrier: interrupted"));
             }
             if began.elapsed() >= self.timeout {

@@ -8,9 +8,9 @@ use super::plan::Options;
 use super::report::BenchReport;
 use super::run::{DecodeReads, MultiTurn};
 use super::tiers::TierKind;
-use crate::clock::local_stamp;
-use crate::error::{Error, Result};
-use crate::machine::available_memory;
+use kvtrace_cache::clock::local_stamp;
+use kvtrace_io::error::{Error, Result};
+use kvtrace_io::machine::available_memory;
 
 /// A scenario: a name, what it shows, and how it changes the base run.
 pub struct Scenario {

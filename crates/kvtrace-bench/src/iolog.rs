@@ -8,8 +8,8 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::lmct::TraceSink;
-use crate::storage::KeyId;
+use kvtrace_cache::storage::KeyId;
+use kvtrace_lmct::TraceSink;
 
 /// What happened to an entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,12 +50,12 @@ pub struct IoLog {
 }
 
 impl IoLog {
-    pub fn create(path: &Path) -> crate::Result<IoLog> {
+    pub fn create(path: &Path) -> kvtrace_io::Result<IoLog> {
         let zstd = path.to_string_lossy().ends_with(".zst");
         let shown = path.display().to_string();
         let mut out = TraceSink::create(path, zstd.then_some(3)).map_err(|e| e.in_file(&shown))?;
         out.write_all(b"Timestamp,Operation,Object_Size_Bytes,Tier,Key,Phase\n")
-            .map_err(|e| crate::Error::io("cannot write", e).in_file(&shown))?;
+            .map_err(|e| kvtrace_io::Error::io("cannot write", e).in_file(&shown))?;
         Ok(IoLog {
             sink: Mutex::new(Sink {
                 out: Some(out),

@@ -20,8 +20,8 @@ use serde::Serialize;
 use super::cluster::ClusterStore;
 use super::io::{read_entry, write_entry, FileMode, IoBuffer, IoTime};
 use super::iolog::{IoLog, IoOp};
-use crate::storage::file::{object_path, remove_object};
-use crate::storage::{KeyId, KeyMap};
+use kvtrace_cache::storage::file::{object_path, remove_object};
+use kvtrace_cache::storage::{KeyId, KeyMap};
 
 /// A tier's place in the hierarchy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]

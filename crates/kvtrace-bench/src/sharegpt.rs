@@ -10,8 +10,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::users::{Phase, QosLevel, Request};
-use crate::error::{json_reason, Error, Result};
-use crate::rng::SplitMix64;
+use kvtrace_io::error::{json_reason, Error, Result};
+use kvtrace_io::rng::SplitMix64;
 
 /// Longest prompt and answer a ShareGPT request keeps.
 pub const MAX_CONTEXT_TOKENS: u64 = 16_384;
@@ -285,7 +285,7 @@ mod tests {
     fn a_dataset_without_the_tokenizer_is_a_usage_error() {
         let f = write(r#"[{"conversations": []}]"#);
         let e = load(f.path(), 10).expect_err("no tokenizer");
-        assert_eq!(e.exit_code(), crate::error::EXIT_USAGE);
+        assert_eq!(e.exit_code(), kvtrace_io::error::EXIT_USAGE);
         assert!(e.to_string().contains("`tiktoken` feature"), "{e}");
     }
 
