@@ -1,5 +1,7 @@
 //! The `kvtrace` command line: parses arguments and hands them to the library.
 
+#![warn(unreachable_pub)]
+
 mod cli;
 
 fn main() {

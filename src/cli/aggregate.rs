@@ -17,7 +17,7 @@ use super::print_stdout;
     "kvtrace aggregate run1/rank-* --json run1/aggregate.json --xlsx run1/aggregate.xlsx",
     "kvtrace aggregate bench.rank-*.json --csv bench-aggregate",
 ]))]
-pub struct Args {
+pub(super) struct Args {
     /// Each rank's trace_replay_summary.json (or the rank directory holding it), or each
     /// rank's bench results JSON
     #[arg(value_name = "RANK-OUTPUT", required = true, num_args = 1..)]
@@ -36,7 +36,7 @@ pub struct Args {
     quiet: bool,
 }
 
-pub fn run(args: Args) -> Result<i32, Error> {
+pub(super) fn run(args: Args) -> Result<i32, Error> {
     let files: Vec<PathBuf> = args
         .inputs
         .iter()

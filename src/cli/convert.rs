@@ -20,7 +20,7 @@ use super::{warn, ReadArgs};
     ]) + "\nThe output kind follows OUT's extension (.jsonl, .zst, anything else is .lct) unless --to is given; \
 the input kind is detected from its content. - is standard input or output."
 )]
-pub struct Args {
+pub(super) struct Args {
     #[arg(value_name = "IN")]
     input: PathBuf,
     #[arg(value_name = "OUT")]
@@ -38,7 +38,7 @@ pub struct Args {
     read: ReadArgs,
 }
 
-pub fn run(args: Args) -> Result<i32, Error> {
+pub(super) fn run(args: Args) -> Result<i32, Error> {
     super::guard([args.input.as_path()], [args.output.as_path()])?;
     let to = match &args.to {
         Some(name) => Kind::parse(name).ok_or_else(|| {

@@ -21,7 +21,7 @@ use super::print_stdout;
         "kvtrace diff base/trace_replay_summary.json new/trace_replay_summary.json --max-regression 2",
     ]) + "\nExit status: 0 no regression, 1 a regression (or an unreadable summary), 2 usage error."
 )]
-pub struct Args {
+pub(super) struct Args {
     #[arg(value_name = "BASE.json")]
     base: PathBuf,
     #[arg(value_name = "NEW.json")]
@@ -46,7 +46,7 @@ fn load(path: &Path) -> Result<serde_json::Value, Error> {
         .map_err(|e| Error::line(e.line() as u64, "json", e.to_string()).in_file(&shown))
 }
 
-pub fn run(args: Args) -> Result<i32, Error> {
+pub(super) fn run(args: Args) -> Result<i32, Error> {
     if !(args.max_regression.is_finite() && args.max_regression >= 0.0) {
         return Err(Error::usage(
             "--max-regression must be a non-negative percentage",

@@ -16,7 +16,7 @@ use super::{print_stdout, Cli};
     "kvtrace completions zsh > ~/.zfunc/_kvtrace",
     "kvtrace completions fish > ~/.config/fish/completions/kvtrace.fish",
 ]))]
-pub struct CompletionsArgs {
+pub(super) struct CompletionsArgs {
     /// The shell to complete for
     #[arg(value_enum)]
     shell: Shell,
@@ -27,13 +27,13 @@ pub struct CompletionsArgs {
 #[command(after_help = super::examples(&[
     "kvtrace man ~/.local/share/man/man1 && man kvtrace-replay",
 ]))]
-pub struct ManArgs {
+pub(super) struct ManArgs {
     /// Directory the pages go to (created when missing)
     #[arg(value_name = "DIR")]
     dir: PathBuf,
 }
 
-pub fn completions(args: CompletionsArgs) -> Result<i32, Error> {
+pub(super) fn completions(args: CompletionsArgs) -> Result<i32, Error> {
     let mut command = Cli::command();
     // Into memory first: clap_complete panics on a failed write, and `| head` closes stdout.
     let mut script = Vec::new();
@@ -42,7 +42,7 @@ pub fn completions(args: CompletionsArgs) -> Result<i32, Error> {
     Ok(EXIT_OK)
 }
 
-pub fn man(args: ManArgs) -> Result<i32, Error> {
+pub(super) fn man(args: ManArgs) -> Result<i32, Error> {
     let shown = args.dir.display().to_string();
     std::fs::create_dir_all(&args.dir)
         .map_err(|e| Error::io("cannot create", e).in_file(&shown))?;

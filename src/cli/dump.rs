@@ -27,7 +27,7 @@ enum Format {
         "kvtrace dump trace.lct --qualname '*finish_write' | jq -c '.args.keys | length'",
     ]) + "\nPATTERN is a glob (*, ?, [..]) matched against the whole qualname, or a plain substring when it has no wildcard."
 )]
-pub struct Args {
+pub(super) struct Args {
     /// Trace file (.lct or .lct.zst); - reads standard input
     #[arg(value_name = "FILE")]
     file: PathBuf,
@@ -46,7 +46,7 @@ pub struct Args {
     read: ReadArgs,
 }
 
-pub fn run(args: Args) -> Result<i32, Error> {
+pub(super) fn run(args: Args) -> Result<i32, Error> {
     let shown = args.file.display().to_string();
     let options = DumpOptions {
         format: match args.format {

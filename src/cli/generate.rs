@@ -19,7 +19,7 @@ use super::progress::Progress;
         "kvtrace generate mc.lct --from-mooncake conversation_trace.jsonl --loops 10",
     ])
 )]
-pub struct Args {
+pub(super) struct Args {
     /// Output file; a name ending in .zst is zstd-compressed
     #[arg(value_name = "OUT")]
     out: PathBuf,
@@ -71,7 +71,7 @@ pub struct Args {
     zstd_level: i32,
 }
 
-pub fn run(args: Args) -> Result<i32, Error> {
+pub(super) fn run(args: Args) -> Result<i32, Error> {
     let zstd = args.out.to_string_lossy().ends_with(".zst");
     crate::cli::guard(args.from_mooncake.as_deref(), [args.out.as_path()])?;
     if let Some(input) = &args.from_mooncake {

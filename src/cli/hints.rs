@@ -59,7 +59,7 @@ const FOREIGN_FLAGS: &[(&[&str], &str)] = &[
 
 /// What to type instead of the unknown flag a clap error names, when it is a known one of
 /// another tool.
-pub fn foreign_flag(e: &clap::Error) -> Option<(String, &'static str)> {
+pub(super) fn foreign_flag(e: &clap::Error) -> Option<(String, &'static str)> {
     if e.kind() != clap::error::ErrorKind::UnknownArgument {
         return None;
     }
@@ -74,7 +74,7 @@ pub fn foreign_flag(e: &clap::Error) -> Option<(String, &'static str)> {
 }
 
 /// What to do with a JSON file given where an LMCT trace goes.
-pub fn json_input(e: &Error) -> Option<&'static str> {
+pub(super) fn json_input(e: &Error) -> Option<&'static str> {
     match e.message.as_str() {
         m if m == JSON_LINES_TRACE => Some(
             "convert it back first: kvtrace convert FILE.jsonl FILE.lct",

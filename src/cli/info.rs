@@ -19,7 +19,7 @@ use super::{print_stdout, report, warn, ReadArgs};
         "kvtrace info --json a.lct b.lct.zst | jq '.[].ops'",
     ])
 )]
-pub struct Args {
+pub(super) struct Args {
     /// Trace files (.lct or .lct.zst)
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
@@ -38,7 +38,7 @@ pub struct Args {
     read: ReadArgs,
 }
 
-pub fn run(args: Args) -> Result<i32, Error> {
+pub(super) fn run(args: Args) -> Result<i32, Error> {
     let mut code = EXIT_OK;
     let mut infos = Vec::new();
     let mut events: Vec<&std::path::Path> = Vec::new();

@@ -204,7 +204,7 @@ fn one_line(message: &str) -> String {
         .join(" ")
 }
 
-pub fn run() -> i32 {
+pub(crate) fn run() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {

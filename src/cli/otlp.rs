@@ -18,7 +18,7 @@ enum OtlpProtocol {
 }
 
 #[derive(clap::Args, Clone)]
-pub struct OtlpArgs {
+pub(super) struct OtlpArgs {
     /// Export each request as LMCache's `request` span tree (hit_tokens, requested_tokens,
     /// hit_rate; mp.lookup_prefetch, mp.retrieve, mp.store) to this OTLP collector, e.g.
     /// http://localhost:4317
@@ -47,17 +47,20 @@ pub struct OtlpArgs {
 
 impl OtlpArgs {
     /// The OTLP JSON file asked for, an output like any other.
-    pub fn file(&self) -> Option<&std::path::Path> {
+    pub(super) fn file(&self) -> Option<&std::path::Path> {
         self.otlp_file.as_deref()
     }
 
     /// Whether any export was asked for.
-    pub fn asked(&self) -> bool {
+    pub(super) fn asked(&self) -> bool {
         self.otlp_endpoint.is_some() || self.otlp_file.is_some()
     }
 
     /// The export these flags ask for, labelled with `resource`; `None` when none is asked.
-    pub fn start(&self, resource: Vec<(String, String)>) -> Result<Option<Arc<SpanExport>>, Error> {
+    pub(super) fn start(
+        &self,
+        resource: Vec<(String, String)>,
+    ) -> Result<Option<Arc<SpanExport>>, Error> {
         if !self.asked() {
             return Ok(None);
         }
@@ -84,7 +87,7 @@ impl OtlpArgs {
 
 /// Flushes `export` once the run that fed it has ended: a failure is one line on stderr and
 /// exit status 1 (the reports are already written); otherwise a note of what went where.
-pub fn finish(export: Option<Arc<SpanExport>>, quiet: bool) -> Option<i32> {
+pub(super) fn finish(export: Option<Arc<SpanExport>>, quiet: bool) -> Option<i32> {
     let export = export?;
     let summary = match Arc::try_unwrap(export) {
         Ok(export) => export.finish(),

@@ -9,9 +9,9 @@ use std::path::Path;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvtrace::lmct::reader::ZSTD_MAGIC;
 
-pub use kvtrace::trace::PROGRESS_EVERY as EVERY;
+pub(super) use kvtrace::trace::PROGRESS_EVERY as EVERY;
 
-pub struct Progress {
+pub(super) struct Progress {
     bar: ProgressBar,
     by_bytes: bool,
 }
@@ -45,7 +45,7 @@ impl Progress {
 
     /// Over reading `path`: its bytes when it is a plain file (no second pass over it),
     /// records otherwise. Hidden when `shown` is false or stderr is not a terminal.
-    pub fn reading(path: &Path, shown: bool) -> Progress {
+    pub(super) fn reading(path: &Path, shown: bool) -> Progress {
         if !Progress::visible(shown) {
             return Progress::hidden();
         }
@@ -68,12 +68,12 @@ impl Progress {
 
     /// A spinner of records, for an input whose size says little (a conversion's output
     /// grows at another rate than its input).
-    pub fn records(shown: bool) -> Progress {
+    pub(super) fn records(shown: bool) -> Progress {
         Progress::drawn(shown, None, "{spinner} {pos} records {per_sec}", false)
     }
 
     /// Over writing `total` records.
-    pub fn writing(total: u64, shown: bool) -> Progress {
+    pub(super) fn writing(total: u64, shown: bool) -> Progress {
         Progress::drawn(
             shown,
             Some(total),
@@ -83,7 +83,7 @@ impl Progress {
     }
 
     /// Over the `total` points of a sweep.
-    pub fn points(total: u64, shown: bool) -> Progress {
+    pub(super) fn points(total: u64, shown: bool) -> Progress {
         Progress::drawn(
             shown,
             Some(total),
@@ -93,17 +93,17 @@ impl Progress {
     }
 
     /// One more item done.
-    pub fn inc(&self) {
+    pub(super) fn inc(&self) {
         self.bar.inc(1);
     }
 
     /// Records done so far and the input's byte offset.
-    pub fn set(&self, records: u64, offset: u64) {
+    pub(super) fn set(&self, records: u64, offset: u64) {
         self.bar
             .set_position(if self.by_bytes { offset } else { records });
     }
 
-    pub fn finish(&self) {
+    pub(super) fn finish(&self) {
         self.bar.finish_and_clear();
     }
 }

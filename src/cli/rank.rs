@@ -11,7 +11,7 @@ use super::tiers::positive;
 
 #[derive(clap::Args, Clone, Debug, Default)]
 #[command(next_help_heading = "Rank mode (many processes, one run)")]
-pub struct RankArgs {
+pub(super) struct RankArgs {
     /// This process's rank; without it, the launcher's (OMPI_COMM_WORLD_RANK, PMI_RANK,
     /// SLURM_PROCID, JOB_COMPLETION_INDEX)
     #[arg(long, value_name = "N")]
@@ -36,7 +36,7 @@ pub struct RankArgs {
 impl RankArgs {
     /// This process's rank, from the flags or the launcher's environment; `None` when it
     /// runs on its own.
-    pub fn rank(&self) -> Result<Option<Rank>> {
+    pub(super) fn rank(&self) -> Result<Option<Rank>> {
         let flags = RankFlags {
             rank: self.rank,
             world_size: self.world_size,
@@ -46,7 +46,7 @@ impl RankArgs {
 
     /// The start barrier of `rank`, meeting under `--barrier-dir` or `default_dir`; none
     /// for a run of one.
-    pub fn barrier(&self, rank: &Rank, default_dir: &Path) -> Result<Option<Barrier>> {
+    pub(super) fn barrier(&self, rank: &Rank, default_dir: &Path) -> Result<Option<Barrier>> {
         if !positive(self.barrier_timeout) {
             return Err(Error::usage(format!(
                 "--barrier-timeout {}: must be a positive number of seconds",

@@ -42,7 +42,7 @@ enum Pace {
     ]) + "\nWithout storage flags kvtrace rebuilds the configuration recorded in the trace's header; any flag \
 given overrides it. LMCache's flag names and meanings are kept. Exit status 1 if any call failed."
 )]
-pub struct Args {
+pub(super) struct Args {
     /// Storage trace (.lct or .lct.zst); in rank mode, one per rank (rank i replays the
     /// i-th) or one that --shard splits
     #[arg(value_name = "FILE", required = true, num_args = 1..)]
@@ -219,7 +219,7 @@ fn phase(text: &str) -> Result<PhaseChoice, Error> {
 
 /// Checks `args` as [`plan`] would, without reading the trace (a sweep checks every point
 /// before it runs any), and returns the tiers they configure on top of the defaults.
-pub fn check(args: &Args) -> Result<StorageConfig, Error> {
+pub(super) fn check(args: &Args) -> Result<StorageConfig, Error> {
     pacing(args)?;
     phase(&args.eviction_phase)?;
     let mut config = StorageConfig::default();
@@ -231,13 +231,13 @@ pub fn check(args: &Args) -> Result<StorageConfig, Error> {
 }
 
 /// How `args` read the trace.
-pub fn read_options(args: &Args) -> kvtrace::lmct::ReadOptions {
+pub(super) fn read_options(args: &Args) -> kvtrace::lmct::ReadOptions {
     args.read.options()
 }
 
 /// The replay `args` describe, as rank `rank` of a run when given; without `outputs`, one
 /// that writes no report files (a sweep's point).
-pub fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Plan, Error> {
+pub(super) fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Plan, Error> {
     let (file, shard) = rank_trace(args, rank)?;
     let output_dir = match rank {
         Some(r) => args.output_dir.join(r.dir_name()),
@@ -298,7 +298,7 @@ pub fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Plan, Err
 /// Whether `path` is an events-level trace (an unreadable one is left to the replay's own
 /// error). Only a regular file is looked at: reading a pipe's header here would take it from
 /// the replay that spools the pipe.
-pub fn is_events(path: &Path, args: &Args) -> bool {
+pub(super) fn is_events(path: &Path, args: &Args) -> bool {
     path.is_file()
         && kvtrace::lmct::TraceReader::open(path, args.read.options())
             .is_ok_and(|r| r.header().level == "events")
@@ -306,7 +306,7 @@ pub fn is_events(path: &Path, args: &Args) -> bool {
 
 /// The configuration an events replay runs: `recorded`, the first file's (or the defaults,
 /// when the flags give a whole one), then `--config` and the storage flags.
-pub fn events_config(args: &Args, recorded: &str) -> Result<StorageConfig, Error> {
+pub(super) fn events_config(args: &Args, recorded: &str) -> Result<StorageConfig, Error> {
     let mut config = match StorageConfig::from_lmcache_json(recorded) {
         Some((config, _)) => {
             config
@@ -376,7 +376,7 @@ fn run_events(args: &Args) -> Result<i32, Error> {
 }
 
 /// Refuses, before any work, an output that is one of the replay's inputs.
-pub fn guard(args: &Args) -> Result<(), Error> {
+pub(super) fn guard(args: &Args) -> Result<(), Error> {
     crate::cli::guard(
         args.files.iter().chain(&args.config).map(PathBuf::as_path),
         args.jsonl_out
@@ -386,7 +386,7 @@ pub fn guard(args: &Args) -> Result<(), Error> {
     )
 }
 
-pub fn run(args: Args) -> Result<i32, Error> {
+pub(super) fn run(args: Args) -> Result<i32, Error> {
     guard(&args)?;
     if is_events(&args.files[0], &args) {
         return run_events(&args);

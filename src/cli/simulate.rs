@@ -40,7 +40,7 @@ enum RouterKind {
     "kvtrace simulate trace.jsonl --num-workers 4 --router-mode kv_router --extra-engine-args '{\"block_size\":512}'",
     "kvtrace simulate --input-tokens 5000 --output-tokens 500 --request-count 1000 --replay-concurrency 100",
 ]))]
-pub struct Args {
+pub(super) struct Args {
     /// Mooncake-style JSONL request trace (or give --input-tokens/--output-tokens/--request-count)
     trace: Option<PathBuf>,
     /// offline: virtual time, as fast as possible, reproducible; online: live worker threads
@@ -198,7 +198,7 @@ impl Args {
         Ok(Some(config))
     }
 
-    pub fn options(&self) -> Result<Options, Error> {
+    pub(super) fn options(&self) -> Result<Options, Error> {
         Ok(Options {
             trace: self.trace.clone(),
             online: matches!(self.replay_mode, ReplayMode::Online),
@@ -256,7 +256,7 @@ fn progress_bar(quiet: bool) -> ProgressBar {
     bar
 }
 
-pub fn run(args: Args) -> Result<i32, Error> {
+pub(super) fn run(args: Args) -> Result<i32, Error> {
     crate::cli::guard(
         args.trace.iter().chain(&args.storage).map(PathBuf::as_path),
         [

@@ -19,7 +19,7 @@ use super::{one_line, print_stdout, replay, simulate, warn_line};
 /// Run one trace under many configurations: every flag of `replay` or `simulate` takes a
 /// comma-separated list, and every combination runs, in parallel
 #[derive(clap::Args)]
-pub struct Args {
+pub(super) struct Args {
     #[command(subcommand)]
     command: Kind,
 }
@@ -548,7 +548,7 @@ fn run_simulate(a: SimulateSweep) -> Result<i32, Error> {
     Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK))
 }
 
-pub fn run(args: Args) -> Result<i32, Error> {
+pub(super) fn run(args: Args) -> Result<i32, Error> {
     match args.command {
         Kind::Replay(a) => run_replay(a),
         Kind::Simulate(a) => run_simulate(a),

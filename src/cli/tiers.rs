@@ -42,7 +42,7 @@ enum Timing {
 /// Tier flags; each one given overrides the configuration it is applied to.
 #[derive(clap::Args)]
 #[command(next_help_heading = "Storage tiers")]
-pub struct TierArgs {
+pub(super) struct TierArgs {
     /// L1 memory pool size in GB (GiB, as LMCache reads it)
     #[arg(long, value_name = "GB")]
     pub l1_size_gb: Option<f64>,
@@ -88,7 +88,7 @@ pub struct TierArgs {
 }
 
 /// Finite and above zero (NaN is not).
-pub fn positive(v: f64) -> bool {
+pub(super) fn positive(v: f64) -> bool {
     v.is_finite() && v > 0.0
 }
 
@@ -107,7 +107,7 @@ fn l2_tier(text: &str) -> Result<L2Config, Error> {
 }
 
 /// Applies a TOML hierarchy file to `config`.
-pub fn apply_toml(config: &mut StorageConfig, path: &Path) -> Result<(), Error> {
+pub(super) fn apply_toml(config: &mut StorageConfig, path: &Path) -> Result<(), Error> {
     let file = path.display().to_string();
     let text =
         std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", e).in_file(&file))?;
@@ -118,12 +118,12 @@ pub fn apply_toml(config: &mut StorageConfig, path: &Path) -> Result<(), Error> 
 
 impl TierArgs {
     /// Whether L2 tiers were given by flag.
-    pub fn gives_l2(&self) -> bool {
+    pub(super) fn gives_l2(&self) -> bool {
         !self.l2_adapter.is_empty()
     }
 
     /// Whether any tier flag was given.
-    pub fn given(&self) -> bool {
+    pub(super) fn given(&self) -> bool {
         self.l1_size_gb.is_some()
             || self.eviction_policy.is_some()
             || self.eviction_trigger_watermark.is_some()
@@ -143,7 +143,7 @@ impl TierArgs {
 
     /// What the flags ask for that runs but cannot mean what the user wants: said as a
     /// warning, not refused (a sweep may include such a point on purpose).
-    pub fn warnings(&self) -> Vec<&'static str> {
+    pub(super) fn warnings(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
         if self.l1_size_gb == Some(0.0) {
             out.push("--l1-size-gb 0: an L1 of no bytes holds nothing; every reservation is refused (OUT_OF_MEMORY) and only L2 tiers can hit");
@@ -153,7 +153,7 @@ impl TierArgs {
 
     /// Overrides `config` with every flag given, and refuses an L1 with real buffers larger
     /// than the memory available.
-    pub fn apply(&self, config: &mut StorageConfig) -> Result<(), Error> {
+    pub(super) fn apply(&self, config: &mut StorageConfig) -> Result<(), Error> {
         if let Some(gb) = self.l1_size_gb {
             config.l1_size_bytes = gib("--l1-size-gb", gb)?;
         }

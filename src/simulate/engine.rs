@@ -125,12 +125,12 @@ impl<T> Default for DestinationQueue<T> {
 }
 
 impl<T> DestinationQueue<T> {
-    pub fn push_back(&mut self, item: T) {
+    pub(super) fn push_back(&mut self, item: T) {
         self.waiting.push_back((item, None));
     }
 
     /// The first prompt, when it has not been tried at `generation` yet; marks it tried.
-    pub fn front_due(&mut self, generation: u64) -> Option<&mut T> {
+    pub(super) fn front_due(&mut self, generation: u64) -> Option<&mut T> {
         let (item, attempted) = self.waiting.front_mut()?;
         if *attempted == Some(generation) {
             return None;
@@ -139,16 +139,16 @@ impl<T> DestinationQueue<T> {
         Some(item)
     }
 
-    pub fn pop_front(&mut self) -> Option<T> {
+    pub(super) fn pop_front(&mut self) -> Option<T> {
         self.waiting.pop_front().map(|(item, _)| item)
     }
 
     /// Puts back a first prompt that did not fit at `generation`.
-    pub fn push_front_tried(&mut self, item: T, generation: u64) {
+    pub(super) fn push_front_tried(&mut self, item: T, generation: u64) {
         self.waiting.push_front((item, Some(generation)));
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.waiting.is_empty()
     }
 }

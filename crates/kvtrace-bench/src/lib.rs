@@ -2,6 +2,8 @@
 //! real I/O through kvtrace's tiers. [`models`] sizes entries by model; [`users`] generates
 //! each simulated user's requests from the seed.
 
+#![warn(unreachable_pub)]
+
 pub mod autoscale;
 pub mod burst;
 pub mod calls;

@@ -4,6 +4,8 @@
 //! clocks both stamp time with ([`clock`]). The storage manager publishes to the bus and the
 //! recorder reads the storage configuration, so the two live in one crate.
 
+#![warn(unreachable_pub)]
+
 pub mod bus;
 pub mod clock;
 pub mod storage;

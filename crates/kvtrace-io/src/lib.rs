@@ -6,6 +6,8 @@
 //! the seeded generator and hash every workload draws from ([`rng`]), so that one seed gives
 //! the same numbers in every crate.
 
+#![warn(unreachable_pub)]
+
 pub mod error;
 pub mod interrupt;
 pub mod limits;

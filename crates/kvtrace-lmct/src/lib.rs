@@ -2,6 +2,8 @@
 //! written and written exactly as LMCache 0.5.6 does. `format-spec/LMCT.md` is the
 //! normative description; this module follows it section by section.
 
+#![warn(unreachable_pub)]
+
 pub mod args;
 pub mod blocks;
 pub mod calls;

@@ -14,14 +14,14 @@ use opentelemetry_sdk::Resource;
 use kvtrace_io::error::Result;
 use kvtrace_io::output::OutputFile;
 
-pub struct JsonLines {
+pub(crate) struct JsonLines {
     path: PathBuf,
     out: BufWriter<OutputFile>,
     resource: ResourceAttributesWithSchema,
 }
 
 impl JsonLines {
-    pub fn create(path: &Path, resource: &Resource) -> Result<JsonLines> {
+    pub(crate) fn create(path: &Path, resource: &Resource) -> Result<JsonLines> {
         let file = OutputFile::create(path)?;
         Ok(JsonLines {
             path: path.to_owned(),
@@ -31,7 +31,7 @@ impl JsonLines {
     }
 
     /// Appends one line for `batch`; the error is one line naming the file.
-    pub fn write(&mut self, batch: Vec<SpanData>) -> std::result::Result<(), String> {
+    pub(crate) fn write(&mut self, batch: Vec<SpanData>) -> std::result::Result<(), String> {
         let request = ExportTraceServiceRequest {
             resource_spans: group_spans_by_resource_and_scope(batch, &self.resource),
         };
@@ -44,7 +44,7 @@ impl JsonLines {
 
     /// Flushes the lines and renames the file into place; dropping a `JsonLines` without
     /// this leaves no file (a run that failed).
-    pub fn finish(self) -> std::result::Result<(), String> {
+    pub(crate) fn finish(self) -> std::result::Result<(), String> {
         let path = self.path.clone();
         let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
         self.out

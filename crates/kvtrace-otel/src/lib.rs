@@ -15,6 +15,8 @@
 //! After the first failed export to the endpoint, the rest are not sent (no run waits out one
 //! timeout per batch); the failure is one line at the end, after every report is written.
 
+#![warn(unreachable_pub)]
+
 mod spans;
 
 #[cfg(feature = "export")]

@@ -8,6 +8,8 @@
 //! (`kvtrace::replay::shard`); every output carries the rank so per-rank files merge back
 //! (`kvtrace aggregate`).
 
+#![warn(unreachable_pub)]
+
 pub mod barrier;
 
 use std::path::{Path, PathBuf};

@@ -4,6 +4,8 @@
 //! any report into bytes, and [`write`] puts them where the user asked, through a temporary
 //! name.
 
+#![warn(unreachable_pub)]
+
 pub mod chart;
 pub mod csv;
 pub mod histogram;

@@ -84,7 +84,7 @@ enum Personas {
     "kvtrace bench --suite --duration 20 --output suite-reports",
     "mpirun -np 4 kvtrace bench --num-users 10 --duration 60 --output run.json --storage-tier '{\"type\":\"resp-cluster\",\"nodes\":[\"redis://10.0.0.5:7000\"]}'",
 ]))]
-pub struct Args {
+pub(crate) struct Args {
     /// Model whose KV geometry sizes the entries
     #[arg(long, default_value = "llama3.1-8b")]
     model: String,
@@ -247,7 +247,7 @@ pub struct Args {
 
 impl Args {
     /// Refuses, before any work, an output that is one of the bench's inputs.
-    pub fn guard(&self) -> Result<(), Error> {
+    pub(crate) fn guard(&self) -> Result<(), Error> {
         crate::cli::guard(
             self.dataset_path
                 .iter()
@@ -268,7 +268,7 @@ impl Args {
     }
 
     /// The options, the rank included (from the flags or the launcher's environment).
-    pub fn options(&self) -> Result<Options, Error> {
+    pub(crate) fn options(&self) -> Result<Options, Error> {
         Ok(Options {
             model: self.model.clone(),
             num_users: self.num_users,

@@ -15,7 +15,7 @@ use kvtrace::bench::suite::{Suite, SCENARIOS};
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::rank::barrier::Barrier;
 
-pub use args::Args;
+pub(super) use args::Args;
 
 use super::otlp::{self, OtlpArgs};
 use super::{print_stdout, say_recorded, warn_line};
@@ -87,7 +87,7 @@ fn run_once(
     Ok((finished.report, exported))
 }
 
-pub fn run(args: Args) -> Result<i32, Error> {
+pub(super) fn run(args: Args) -> Result<i32, Error> {
     args.guard()?;
     let options = args.options()?;
     if args.suite {

@@ -69,7 +69,7 @@ struct Staged {
 }
 
 /// Where L1's bytes live.
-pub enum L1Store {
+pub(super) enum L1Store {
     /// A real host pool the size of the heap, as the server's pinned pool: the first object
     /// placed at an address touches its pages, so the replay holds as much resident memory
     /// as the server's pool did. No KV bytes are copied: a storage trace carries none, and
@@ -105,7 +105,7 @@ impl L1Store {
 /// their pages are written only when asked (`touch`), because the kernel's zeroing of each
 /// new page is then most of a replay's time (0.3 s for 2 GiB here) and LMCache's own replay
 /// never writes its pool.
-pub struct HostBuffer {
+pub(super) struct HostBuffer {
     ptr: *mut u8,
     len: usize,
     touch: bool,
@@ -121,7 +121,7 @@ const PAGE: usize = 4096;
 unsafe impl Send for HostBuffer {}
 
 impl HostBuffer {
-    pub fn map(len: u64, touch: bool) -> io::Result<HostBuffer> {
+    pub(super) fn map(len: u64, touch: bool) -> io::Result<HostBuffer> {
         let len = usize::try_from(len.max(1)).map_err(io::Error::other)?;
         // SAFETY: an anonymous, private, read-write mapping; the result is checked.
         let ptr = unsafe {
@@ -202,7 +202,7 @@ pub struct Reservation {
 
 /// A `reserve_write` between its check and its allocation (see [`L1::plan_write`]).
 #[derive(Debug, Default)]
-pub struct WritePlan {
+pub(super) struct WritePlan {
     reservation: Reservation,
     /// Keys that need new memory, each once, in call order.
     pub pending: Vec<KeyId>,
@@ -219,7 +219,7 @@ pub struct Unreadable {
 
 /// Lock and lifecycle counters of L1.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LockStats {
+pub(super) struct LockStats {
     pub read_locks_expired: u64,
     pub write_reservations_expired: u64,
     /// `finish_write` keys with no reservation, or whose reservation lapsed.
@@ -228,7 +228,7 @@ pub struct LockStats {
     pub unlocks_of_unlocked: u64,
 }
 
-pub struct L1 {
+pub(super) struct L1 {
     arena: Arena,
     resident: KeyMap<Resident>,
     staging: KeyMap<Staged>,
@@ -246,7 +246,7 @@ pub struct L1 {
 }
 
 /// An object that left L1 by eviction, for a waterfall to move down.
-pub struct Evicted {
+pub(super) struct Evicted {
     pub key: KeyId,
     pub size: u64,
 }
@@ -261,7 +261,7 @@ fn evictable(resident: &KeyMap<Resident>, staging: &KeyMap<Staged>, key: KeyId, 
 }
 
 impl L1 {
-    pub fn new(
+    pub(super) fn new(
         heap: u64,
         align: u64,
         policy: Box<dyn EvictionPolicy>,
@@ -289,7 +289,7 @@ impl L1 {
         }
     }
 
-    pub fn usage(&self) -> f64 {
+    pub(super) fn usage(&self) -> f64 {
         if self.arena.heap() == 0 {
             0.0
         } else {
@@ -297,7 +297,7 @@ impl L1 {
         }
     }
 
-    pub fn is_resident(&self, key: KeyId) -> bool {
+    pub(super) fn is_resident(&self, key: KeyId) -> bool {
         self.resident.contains_key(&key)
     }
 
@@ -311,14 +311,14 @@ impl L1 {
     }
 
     /// Counts a read of an object, as a load into the engine.
-    pub fn read_bytes(&mut self, key: KeyId) {
+    pub(super) fn read_bytes(&mut self, key: KeyId) {
         if let Some(size) = self.resident.get(&key).map(|r| r.size) {
             self.count_read(size);
         }
     }
 
     /// Counts a read of `size` bytes (a load, or the copy out of an object being demoted).
-    pub fn count_read(&mut self, size: u64) {
+    pub(super) fn count_read(&mut self, size: u64) {
         self.modelled[1] += self.store.modelled_seconds(size);
         self.stats.reads += 1;
         self.stats.bytes_read += size;
@@ -333,7 +333,7 @@ impl L1 {
     /// reservation is handed to this writer; the rest need new memory. Immediate eviction
     /// makes room between the halves, so a key found resident here stays not writable even
     /// if that eviction takes it, as in LMCache, where the check precedes the allocation.
-    pub fn plan_write(&mut self, keys: &[KeyId], now: f64) -> WritePlan {
+    pub(super) fn plan_write(&mut self, keys: &[KeyId], now: f64) -> WritePlan {
         let mut plan = WritePlan::default();
         let seen = &mut self.planned;
         seen.clear();
@@ -359,7 +359,7 @@ impl L1 {
     /// The second half: allocates the pending keys all or nothing (OUT_OF_MEMORY) and tells
     /// the policy what was reserved. Returns the reservation and the keys it refused (none
     /// unless OUT_OF_MEMORY).
-    pub fn commit_write(
+    pub(super) fn commit_write(
         &mut self,
         plan: WritePlan,
         size: u64,
@@ -402,7 +402,7 @@ impl L1 {
 
     /// LMCache's `finish_write`: admits this writer's live reservations (discarding one whose
     /// key became resident meanwhile) and returns the keys that became resident.
-    pub fn finish_write(&mut self, keys: &[KeyId], now: f64) -> Vec<KeyId> {
+    pub(super) fn finish_write(&mut self, keys: &[KeyId], now: f64) -> Vec<KeyId> {
         let mut admitted = Vec::with_capacity(keys.len());
         for &key in keys {
             match self.staging.get(&key) {
@@ -438,13 +438,13 @@ impl L1 {
     }
 
     /// Size of a resident object.
-    pub fn size_of(&self, key: KeyId) -> Option<u64> {
+    pub(super) fn size_of(&self, key: KeyId) -> Option<u64> {
         self.resident.get(&key).map(|r| r.size)
     }
 
     /// LMCache's `reserve_read`: takes `n` read locks on each resident key; true per key that
     /// is resident.
-    pub fn reserve_read(&mut self, keys: &[KeyId], n: u64, now: f64) -> Vec<bool> {
+    pub(super) fn reserve_read(&mut self, keys: &[KeyId], n: u64, now: f64) -> Vec<bool> {
         let n = n.clamp(1, MAX_READ_LOCKS);
         keys.iter()
             .map(|key| match self.resident.get_mut(key) {
@@ -461,7 +461,7 @@ impl L1 {
 
     /// LMCache's `unsafe_read` of every key: Ok when all are resident and read-locked (and
     /// then their bytes are copied out), else what was wrong.
-    pub fn unsafe_read(&mut self, keys: &[KeyId], now: f64) -> Result<(), Unreadable> {
+    pub(super) fn unsafe_read(&mut self, keys: &[KeyId], now: f64) -> Result<(), Unreadable> {
         let mut bad = Unreadable::default();
         for key in keys {
             match self.resident.get_mut(key) {
@@ -483,7 +483,7 @@ impl L1 {
     }
 
     /// The keys among `keys` that are resident and read-locked.
-    pub fn readable(&self, keys: &[KeyId], now: f64) -> Vec<KeyId> {
+    pub(super) fn readable(&self, keys: &[KeyId], now: f64) -> Vec<KeyId> {
         keys.iter()
             .copied()
             .filter(|k| self.resident.get(k).is_some_and(|r| r.read_lock.held(now)))
@@ -492,7 +492,7 @@ impl L1 {
 
     /// LMCache's `finish_read`: releases `n` read locks per key (clamped to 1..=128); a
     /// temporary object whose last lock goes is deleted. Returns the deleted keys.
-    pub fn finish_read(&mut self, keys: &[KeyId], n: u64, now: f64) -> Vec<KeyId> {
+    pub(super) fn finish_read(&mut self, keys: &[KeyId], n: u64, now: f64) -> Vec<KeyId> {
         let n = n.clamp(1, MAX_READ_LOCKS);
         let mut freed = Vec::new();
         for &key in keys {
@@ -521,7 +521,7 @@ impl L1 {
 
     /// Reserves staging buffers for objects a prefetch loads from L2, as one batch; `None`
     /// when they do not all fit (nothing is reserved then).
-    pub fn reserve_for_load(&mut self, keys: &[KeyId], size: u64) -> Option<Vec<u64>> {
+    pub(super) fn reserve_for_load(&mut self, keys: &[KeyId], size: u64) -> Option<Vec<u64>> {
         let addresses = self.arena.allocate(size, keys.len())?;
         self.note_peak();
         self.policy.on_reserved(keys);
@@ -531,7 +531,7 @@ impl L1 {
     /// LMCache's `finish_write_and_reserve_read` for loaded objects: each becomes resident
     /// and read-locked `n` times (temporary unless retained); one whose key became resident
     /// meanwhile is discarded and the resident one is locked instead.
-    pub fn admit_loaded(
+    pub(super) fn admit_loaded(
         &mut self,
         loaded: &[(KeyId, u64)],
         size: u64,
@@ -565,7 +565,7 @@ impl L1 {
     }
 
     /// Gives back staging buffers a prefetch reserved but will not load.
-    pub fn release_loads(&mut self, keys: &[KeyId], addresses: &[u64], size: u64) {
+    pub(super) fn release_loads(&mut self, keys: &[KeyId], addresses: &[u64], size: u64) {
         for &address in addresses {
             self.arena.free(address, size);
         }
@@ -587,7 +587,7 @@ impl L1 {
 
     /// LMCache's `delete` without force: removes unlocked resident objects and reclaims
     /// lapsed reservations; returns the resident objects removed.
-    pub fn delete(&mut self, keys: &[KeyId], now: f64) -> Vec<Evicted> {
+    pub(super) fn delete(&mut self, keys: &[KeyId], now: f64) -> Vec<Evicted> {
         let mut removed = Vec::new();
         let mut gone = Vec::new();
         for &key in keys {
@@ -627,7 +627,7 @@ impl L1 {
     }
 
     /// LMCache's untraced `touch_keys`: tells the policy the keys were used.
-    pub fn touch(&mut self, keys: &[KeyId]) {
+    pub(super) fn touch(&mut self, keys: &[KeyId]) {
         if !keys.is_empty() {
             self.policy.on_touched(keys);
         }
@@ -671,7 +671,12 @@ impl L1 {
 
     /// One pass of LMCache's L1 eviction controller: when usage has reached the watermark,
     /// evicts `int(tracked × ratio)` keys (at least one). `None` when usage was below it.
-    pub fn eviction_pass(&mut self, watermark: f64, ratio: f64, now: f64) -> Option<Vec<Evicted>> {
+    pub(super) fn eviction_pass(
+        &mut self,
+        watermark: f64,
+        ratio: f64,
+        now: f64,
+    ) -> Option<Vec<Evicted>> {
         if self.usage() < watermark {
             return None;
         }
@@ -681,7 +686,7 @@ impl L1 {
 
     /// Evicts one victim at a time until `count` objects of `size` bytes fit (kvtrace's
     /// immediate timing); returns what left.
-    pub fn make_room(&mut self, size: u64, count: usize, now: f64) -> Vec<Evicted> {
+    pub(super) fn make_room(&mut self, size: u64, count: usize, now: f64) -> Vec<Evicted> {
         let mut out = Vec::new();
         while !self.arena.fits(size, count) {
             let victims = self.policy.tracked();
@@ -696,7 +701,7 @@ impl L1 {
 
     /// The earliest time after `now` at which a held lock lapses (and so a key may become
     /// evictable), if any.
-    pub fn next_lapse(&self, now: f64) -> Option<f64> {
+    pub(super) fn next_lapse(&self, now: f64) -> Option<f64> {
         let reads = self
             .resident
             .values()
@@ -711,7 +716,7 @@ impl L1 {
     }
 
     /// Empties L1 of unlocked objects (LMCache's `clear` without force).
-    pub fn clear(&mut self, now: f64) {
+    pub(super) fn clear(&mut self, now: f64) {
         let mut keys: Vec<KeyId> = self.resident.keys().copied().collect();
         keys.extend(self.staging.keys().copied());
         keys.sort_unstable();
@@ -719,7 +724,7 @@ impl L1 {
         self.delete(&keys, now);
     }
 
-    pub fn tier_stats(&self) -> TierStats {
+    pub(super) fn tier_stats(&self) -> TierStats {
         let mut s = self.stats.clone();
         s.resident_bytes = self.arena.used();
         s.resident_objects = self.resident.len() as u64;

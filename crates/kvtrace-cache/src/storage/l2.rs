@@ -48,7 +48,7 @@ fn build_backend(config: &BackendConfig) -> io::Result<Box<dyn Backend>> {
     })
 }
 
-pub struct L2 {
+pub(super) struct L2 {
     pub capacity: Option<u64>,
     pub used: u64,
     pub sizes: KeyMap<u64>,
@@ -63,7 +63,7 @@ pub struct L2 {
 }
 
 impl L2 {
-    pub fn new(index: usize, config: &L2Config) -> io::Result<L2> {
+    pub(super) fn new(index: usize, config: &L2Config) -> io::Result<L2> {
         let backend = build_backend(&config.backend)?;
         Ok(L2 {
             capacity: config.capacity_bytes,
@@ -83,13 +83,13 @@ impl L2 {
         })
     }
 
-    pub fn holds(&self, key: KeyId) -> bool {
+    pub(super) fn holds(&self, key: KeyId) -> bool {
         self.sizes.contains_key(&key)
     }
 
     /// Which of `keys` the tier holds: its own records, or — for a tier other processes
     /// share — the backend's answer, one batch for the call.
-    pub fn lookup(&mut self, keys: &[KeyId]) -> io::Result<Vec<bool>> {
+    pub(super) fn lookup(&mut self, keys: &[KeyId]) -> io::Result<Vec<bool>> {
         if !self.backend.shared() {
             return Ok(keys.iter().map(|&k| self.holds(k)).collect());
         }
@@ -114,7 +114,7 @@ impl L2 {
 
     /// Drops the tier's least valuable object by policy; its size, or `None` when nothing
     /// is left to drop.
-    pub fn drop_victim(&mut self) -> io::Result<Option<(KeyId, u64)>> {
+    pub(super) fn drop_victim(&mut self) -> io::Result<Option<(KeyId, u64)>> {
         let Some(&victim) = self.policy.select(1, &mut |_| true).first() else {
             return Ok(None);
         };
@@ -129,7 +129,7 @@ impl L2 {
     /// Write-through of one object (the store controller's store task); an object the tier
     /// already holds is skipped, as LMCache's file adapter skips an existing file. Evicts by
     /// the tier's policy when it would not fit.
-    pub fn store(&mut self, key: KeyId, size: u64) -> io::Result<()> {
+    pub(super) fn store(&mut self, key: KeyId, size: u64) -> io::Result<()> {
         if self.holds(key) {
             return Ok(());
         }
@@ -149,7 +149,7 @@ impl L2 {
 
     /// Writes an object into this tier and accounts for it (a `null` backend keeps nothing,
     /// so nothing becomes resident).
-    pub fn admit(&mut self, key: KeyId, size: u64) -> io::Result<()> {
+    pub(super) fn admit(&mut self, key: KeyId, size: u64) -> io::Result<()> {
         let began = Instant::now();
         if let Err(e) = self.backend.put(key, size) {
             self.stats.write_errors += 1;
@@ -177,7 +177,7 @@ impl L2 {
     /// capacity is the cluster's own, skipping what it is known to hold already (stored by
     /// this process or found there by a lookup); one object at a time otherwise. On a
     /// refusal every object of the batch counts as refused.
-    pub fn store_many(&mut self, objects: &[(KeyId, u64)]) -> io::Result<()> {
+    pub(super) fn store_many(&mut self, objects: &[(KeyId, u64)]) -> io::Result<()> {
         if !self.backend.shared() {
             let mut first_error = None;
             for &(key, size) in objects {
@@ -206,7 +206,7 @@ impl L2 {
 
     /// Reads an object back for a load into L1; false when the backend no longer has it.
     /// On a shared tier an object this process did not store is a cross-rank hit.
-    pub fn load(&mut self, key: KeyId) -> io::Result<bool> {
+    pub(super) fn load(&mut self, key: KeyId) -> io::Result<bool> {
         let own = self.sizes.get(&key).copied();
         let size = own.or_else(|| self.foreign.get(&key).copied()).unwrap_or(0);
         let began = Instant::now();
@@ -227,7 +227,7 @@ impl L2 {
     }
 
     /// Removes an object (an explicit delete, or a demotion moving it down).
-    pub fn remove(&mut self, key: KeyId) -> io::Result<()> {
+    pub(super) fn remove(&mut self, key: KeyId) -> io::Result<()> {
         if let Some(size) = self.sizes.remove(&key) {
             self.used -= size;
             self.policy.on_removed(&[key]);
@@ -243,7 +243,7 @@ impl L2 {
             .inspect_err(|_| self.stats.delete_errors += 1)
     }
 
-    pub fn tier_stats(&self) -> TierStats {
+    pub(super) fn tier_stats(&self) -> TierStats {
         let mut s = self.stats.clone();
         s.resident_bytes = self.used;
         s.resident_objects = self.sizes.len() as u64;

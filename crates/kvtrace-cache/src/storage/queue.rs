@@ -15,7 +15,7 @@ struct Node {
     newer: usize,
 }
 
-pub struct Queue {
+pub(super) struct Queue {
     slot: KeyMap<usize>,
     nodes: Vec<Node>,
     free: Vec<usize>,
@@ -37,7 +37,7 @@ impl Default for Queue {
 
 impl Queue {
     /// Adds a key as the newest, or makes an existing one the newest.
-    pub fn push(&mut self, key: KeyId) {
+    pub(super) fn push(&mut self, key: KeyId) {
         if let Some(&at) = self.slot.get(&key) {
             self.unlink(at);
             self.link_newest(at);
@@ -63,14 +63,14 @@ impl Queue {
     }
 
     /// Makes an existing key the newest; does nothing for an unknown one.
-    pub fn promote(&mut self, key: KeyId) {
+    pub(super) fn promote(&mut self, key: KeyId) {
         if let Some(&at) = self.slot.get(&key) {
             self.unlink(at);
             self.link_newest(at);
         }
     }
 
-    pub fn remove(&mut self, key: KeyId) -> bool {
+    pub(super) fn remove(&mut self, key: KeyId) -> bool {
         let Some(at) = self.slot.remove(&key) else {
             return false;
         };
@@ -79,22 +79,22 @@ impl Queue {
         true
     }
 
-    pub fn contains(&self, key: KeyId) -> bool {
+    pub(super) fn contains(&self, key: KeyId) -> bool {
         self.slot.contains_key(&key)
     }
 
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.slot.len()
     }
 
-    pub fn pop_oldest(&mut self) -> Option<KeyId> {
+    pub(super) fn pop_oldest(&mut self) -> Option<KeyId> {
         let key = self.nodes.get(self.oldest)?.key;
         self.remove(key);
         Some(key)
     }
 
     /// The keys from the oldest to the newest, walking the links without copying them.
-    pub fn oldest_first(&self) -> impl Iterator<Item = KeyId> + '_ {
+    pub(super) fn oldest_first(&self) -> impl Iterator<Item = KeyId> + '_ {
         let mut at = self.oldest;
         std::iter::from_fn(move || {
             let node = self.nodes.get(at)?;
