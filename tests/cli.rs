@@ -5,7 +5,7 @@ mod common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use common::{kvtrace, sample, text};
+use common::{kvtrace, one_line_error, sample, text, TINY_BENCH};
 
 fn path(name: &str) -> String {
     sample(name).display().to_string()
@@ -1175,10 +1175,7 @@ fn two_replays_of_one_trace_never_regress_and_diff_compares_simulate_reports() {
 
 /// One line, exit `code`, containing every `says`.
 fn says(args: &[&str], code: i32, says: &[&str]) {
-    let out = kvtrace(args);
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
-    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    let err = one_line_error(&kvtrace(args), code);
     for s in says {
         assert!(err.contains(s), "{args:?}: {err}");
     }
@@ -1285,24 +1282,12 @@ fn runs_that_cannot_mean_what_was_asked_say_so() {
     // A bench of a second cannot fill its percentiles.
     let dir = tempfile::tempdir().expect("tmp");
     let result = dir.path().join("r.json");
-    let out = kvtrace([
-        "bench",
-        "-q",
-        "--model",
-        "tiny-1b",
-        "--num-users",
-        "2",
-        "--cpu-mem-gb",
-        "0",
-        "--generation-mode",
-        "none",
-        "--duration",
-        "1",
-        "--cache-dir",
-        dir.path().join("cache").to_str().expect("path"),
-        "--output",
-        result.to_str().expect("path"),
-    ]);
+    let cache = dir.path().join("cache");
+    let mut args = TINY_BENCH.to_vec();
+    args.extend(["--duration", "1"]);
+    args.extend(["--cache-dir", cache.to_str().expect("path")]);
+    args.extend(["--output", result.to_str().expect("path")]);
+    let out = kvtrace(args);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("request(s) completed in 1 s: the p95/p99 latencies"),

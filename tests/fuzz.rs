@@ -10,6 +10,8 @@
 //! refused; none may panic. A panicking input is saved under `target/fuzz-failures/` and
 //! named in the failure.
 
+mod common;
+
 use std::io::Cursor;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -361,19 +363,6 @@ type = "null"
     });
 }
 
-/// The kvtrace binary, run for a seed's sake.
-fn kvtrace_run(args: &[&str]) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtrace"))
-        .args(args)
-        .output()
-        .expect("spawn kvtrace");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// The one file `dir` holds.
 fn only_file(dir: &Path) -> Vec<u8> {
     let mut files: Vec<PathBuf> = walk(dir);
@@ -397,34 +386,13 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn aggregate_rank_reports() {
     let dir = tempfile::tempdir().expect("tmp");
-    let replay = dir.path().join("replay");
     let trace = root().join("testdata/lmcache/basic_lru.lct");
-    kvtrace_run(&[
-        "replay",
-        trace.to_str().expect("path"),
-        "-q",
-        "--json",
-        "--no-csv",
-        "--rank",
-        "0",
-        "--world-size",
-        "1",
-        "--output-dir",
-        replay.to_str().expect("path"),
-    ]);
+    let replay = read(common::one_rank_replay(&trace, &dir.path().join("replay")));
     let bench = dir.path().join("bench");
     std::fs::create_dir(&bench).expect("mkdir");
-    kvtrace_run(&[
-        "bench",
-        "-q",
-        "--model",
-        "tiny-1b",
-        "--num-users",
-        "2",
-        "--cpu-mem-gb",
-        "0",
-        "--generation-mode",
-        "none",
+    let output = bench.join("r.json");
+    let mut args = common::TINY_BENCH.to_vec();
+    args.extend([
         "--seed",
         "1",
         "--duration",
@@ -433,10 +401,11 @@ fn aggregate_rank_reports() {
         "0",
         "--world-size",
         "1",
-        "--output",
-        bench.join("r.json").to_str().expect("path"),
     ]);
-    let seeds = [only_file(&replay), only_file(&bench)];
+    args.extend(["--output", output.to_str().expect("path")]);
+    let out = common::kvtrace(args);
+    assert_eq!(out.status.code(), Some(0), "{}", common::text(&out.stderr));
+    let seeds = [replay, only_file(&bench)];
     let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
     let mut m = Mutator {
         rng: SplitMix64::new(7),

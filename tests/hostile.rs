@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{kvtrace, sample, text};
+use common::{kvtrace, one_line_error, one_rank_replay, sample, text};
 use serde_json::Value;
 
 fn path(p: &Path) -> String {
@@ -21,13 +21,6 @@ fn trace_in(dir: &Path) -> PathBuf {
     let t = dir.join("t.lct");
     std::fs::copy(sample("basic_lru"), &t).expect("copy");
     t
-}
-
-fn one_line_error(out: &std::process::Output, code: i32) -> String {
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    err
 }
 
 /// `bad.lct` beside `trace`: its lossless JSONL with the header's first `from` replaced by
@@ -88,22 +81,7 @@ fn no_output_flag_writes_over_an_input() {
 #[test]
 fn aggregate_never_writes_over_a_rank_report() {
     let dir = tempfile::tempdir().expect("tmp");
-    let t = trace_in(dir.path());
-    let out = kvtrace([
-        "replay",
-        &path(&t),
-        "-q",
-        "--json",
-        "--no-csv",
-        "--rank",
-        "0",
-        "--world-size",
-        "1",
-        "--output-dir",
-        &path(dir.path()),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let r0 = dir.path().join("rank-00000/trace_replay_summary.json");
+    let r0 = one_rank_replay(&trace_in(dir.path()), dir.path());
     let before = std::fs::read(&r0).expect("rank report");
     let err = one_line_error(&kvtrace(["aggregate", &path(&r0), "--json", &path(&r0)]), 2);
     assert!(err.contains("same file"), "{err}");
@@ -242,24 +220,8 @@ fn a_failed_run_leaves_no_otlp_file_and_the_old_one_stands() {
 
 /// A rank report to forge, from a one-rank replay of `basic_lru`.
 fn rank_report(dir: &Path) -> Value {
-    let t = trace_in(dir);
-    let out = kvtrace([
-        "replay",
-        &path(&t),
-        "-q",
-        "--json",
-        "--no-csv",
-        "--rank",
-        "0",
-        "--world-size",
-        "1",
-        "--output-dir",
-        &path(&dir.join("run")),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let text = std::fs::read_to_string(dir.join("run/rank-00000/trace_replay_summary.json"))
-        .expect("report");
-    serde_json::from_str(&text).expect("json")
+    let report = one_rank_replay(&trace_in(dir), &dir.join("run"));
+    serde_json::from_str(&std::fs::read_to_string(report).expect("report")).expect("json")
 }
 
 #[test]
@@ -646,4 +608,38 @@ fn made_up_qualnames_cannot_grow_a_report() {
         summary["kvtrace"]["skipped"].as_u64().expect("skipped")
     );
     assert!(reasons["other reasons"].as_u64().expect("count") >= 68);
+}
+
+#[test]
+fn what_a_killed_bench_left_is_removed_by_the_next_and_a_live_ones_is_kept() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cache = dir.path().join("cache");
+    // A process id no process has (above the kernel's largest), and this test's own.
+    let dead = cache.join("kvtrace-bench-4194304999-cache");
+    let live = cache.join(format!("kvtrace-bench-{}-cache", std::process::id()));
+    for d in [&dead, &live] {
+        std::fs::create_dir_all(d).expect("mkdir");
+        std::fs::write(d.join("entry.kv"), b"kv").expect("write");
+    }
+    let mut args = common::TINY_BENCH.to_vec();
+    args.extend([
+        "--duration",
+        "1",
+        "--cache-dir",
+        cache.to_str().expect("path"),
+    ]);
+    let output = dir.path().join("r.json");
+    args.extend(["--output", output.to_str().expect("path")]);
+    let out = kvtrace(args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!dead.exists(), "the dead run's directory is gone");
+    assert!(
+        live.join("entry.kv").exists(),
+        "a running process's is kept"
+    );
+    assert!(
+        err.contains("left by kvtrace bench process 4194304999, which is no longer running"),
+        "{err}"
+    );
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{kvtrace, sample, text};
+use common::{kvtrace, sample, text, TINY_BENCH};
 use serde_json::Value;
 
 /// Three cluster-enabled redis-server children, all masters, killed when dropped.
@@ -337,21 +337,6 @@ fn bench_storage(s: &Value) -> &Value {
         .expect("a storage tier")["counters"]
 }
 
-/// A small bench: two users of the smallest model, no CPU tier, no generation time.
-const BENCH: [&str; 11] = [
-    "bench",
-    "-q",
-    "--model",
-    "tiny-1b",
-    "--num-users",
-    "2",
-    "--cpu-mem-gb",
-    "0",
-    "--generation-mode",
-    "none",
-    "--seed",
-];
-
 #[test]
 fn mpirun_bench_ranks_share_the_cluster_storage_tier() {
     let Some(cluster) = Cluster::start() else {
@@ -365,8 +350,9 @@ fn mpirun_bench_ranks_share_the_cluster_storage_tier() {
         cluster.ports()[1]
     );
     // Base seed 2: rank 0 (seed 2) looks up shared system prompts in its first requests.
-    let mut args: Vec<&str> = BENCH.to_vec();
+    let mut args: Vec<&str> = TINY_BENCH.to_vec();
     args.extend([
+        "--seed",
         "2",
         "--duration",
         "3",
@@ -422,8 +408,9 @@ fn mpirun_bench_ranks_share_the_cluster_storage_tier() {
     // A process with rank 0's seed draws rank 0's requests: its system-prompt lookups find
     // the entries the ranks wrote, reads of another process's writes.
     let reader = dir.path().join("reader.json");
-    let mut args: Vec<&str> = BENCH.to_vec();
+    let mut args: Vec<&str> = TINY_BENCH.to_vec();
     args.extend([
+        "--seed",
         "2",
         "--duration",
         "2",

@@ -392,7 +392,8 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
         return run_events(&args);
     }
     let rank = args.ranks.rank()?;
-    rank_trace(&args, rank.as_ref())?;
+    // Checked before the output directory is made: a refused run leaves nothing behind.
+    let shown = rank_trace(&args, rank.as_ref())?.0.display().to_string();
     // Held until the reports are written: a second run into the directory is refused.
     let _lock = if args.no_csv && !args.json && !args.xlsx {
         None
@@ -408,7 +409,6 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
     if let Some(export) = &export {
         plan.export_spans(export.clone());
     }
-    let shown = rank_trace(&args, rank.as_ref())?.0.display().to_string();
     for w in args.tiers.warnings() {
         warn_line(w);
     }

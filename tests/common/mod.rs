@@ -45,3 +45,44 @@ pub fn kvtrace<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> Output {
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
+
+/// The error of a refused run: exit `code` and one line on stderr, returned.
+pub fn one_line_error(out: &Output, code: i32) -> String {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+/// A small bench: two users of the smallest model, no CPU tier, no generation time.
+pub const TINY_BENCH: [&str; 10] = [
+    "bench",
+    "-q",
+    "--model",
+    "tiny-1b",
+    "--num-users",
+    "2",
+    "--cpu-mem-gb",
+    "0",
+    "--generation-mode",
+    "none",
+];
+
+/// Replays `trace` as the only rank of a run into `out_dir`; the rank's JSON summary.
+pub fn one_rank_replay(trace: &Path, out_dir: &Path) -> PathBuf {
+    let out = kvtrace([
+        "replay".as_ref(),
+        trace.as_os_str(),
+        "-q".as_ref(),
+        "--json".as_ref(),
+        "--no-csv".as_ref(),
+        "--rank".as_ref(),
+        "0".as_ref(),
+        "--world-size".as_ref(),
+        "1".as_ref(),
+        "--output-dir".as_ref(),
+        out_dir.as_os_str(),
+    ] as [&OsStr; 11]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    out_dir.join("rank-00000/trace_replay_summary.json")
+}

@@ -28,6 +28,7 @@ use kvtrace_cache::storage::config::{
 };
 use kvtrace_io::error::{Error, Result};
 use kvtrace_io::machine::{available_memory, free_bytes};
+use kvtrace_io::output::{remove_dead_leftovers, Leftover};
 use kvtrace_otel::SpanSink;
 use kvtrace_rank::Rank;
 use kvtrace_report::{csv::Csv, json::Json, xlsx::Xlsx, Exporter, Target};
@@ -244,42 +245,27 @@ fn run_dir(
             parent.display()
         )));
     }
-    remove_dead_run_dirs(parent, tier, notes);
+    // `parent/kvtrace-bench-[RANK-]PID-TIER` directories whose PID is not running.
+    let suffix = format!("-{tier}");
+    notes.extend(remove_dead_leftovers(
+        parent,
+        Leftover::Dir,
+        "kvtrace bench process",
+        |name| {
+            name.strip_prefix("kvtrace-bench-")?
+                .strip_suffix(&suffix)?
+                .rsplit('-')
+                .next()?
+                .parse()
+                .ok()
+        },
+    ));
     let rank = rank
         .map(|r| format!("{}-", r.dir_name()))
         .unwrap_or_default();
     let dir = parent.join(format!("kvtrace-bench-{rank}{}-{tier}", std::process::id()));
     std::fs::create_dir(&dir).map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
     Ok(RunDir(dir))
-}
-
-/// Removes `parent/kvtrace-bench-[RANK-]PID-TIER` directories whose PID is not running.
-fn remove_dead_run_dirs(parent: &Path, tier: &str, notes: &mut Vec<String>) {
-    let Ok(listing) = std::fs::read_dir(parent) else {
-        return;
-    };
-    for entry in listing.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("kvtrace-bench-"))
-            .and_then(|n| n.strip_suffix(&format!("-{tier}")))
-            .and_then(|n| n.rsplit('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let path = entry.path();
-        if entry.file_type().is_ok_and(|t| t.is_dir())
-            && !kvtrace_io::output::process_alive(pid)
-            && std::fs::remove_dir_all(&path).is_ok()
-        {
-            notes.push(format!(
-                "removed {}, left by kvtrace bench process {pid}, which is no longer running",
-                path.display()
-            ));
-        }
-    }
 }
 
 fn gib(flag: &str, v: f64) -> Result<u64> {

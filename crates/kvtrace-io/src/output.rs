@@ -44,7 +44,10 @@ pub fn is_temporary(path: &Path) -> bool {
 
 /// The process id in a temporary output's name.
 fn temporary_owner(path: &Path) -> Option<u32> {
-    let name = path.file_name()?.to_str()?;
+    temporary_owner_of(path.file_name()?.to_str()?)
+}
+
+fn temporary_owner_of(name: &str) -> Option<u32> {
     let rest = name.strip_prefix('.')?.strip_suffix(".tmp")?;
     let (_, tail) = rest.rsplit_once(".kvtrace-")?;
     let (pid, serial) = tail.split_once('-')?;
@@ -69,19 +72,44 @@ pub fn process_alive(pid: u32) -> bool {
 /// Removes the temporary outputs (`.NAME.kvtrace-PID-N.tmp`) a kvtrace process that is no
 /// longer alive left in `dir` (killed before it could clean up); one line per removal.
 pub fn remove_dead_temporaries(dir: &Path) -> Vec<String> {
+    remove_dead_leftovers(dir, Leftover::File, "kvtrace process", temporary_owner_of)
+}
+
+/// What a dead process left: a file or a whole directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leftover {
+    File,
+    Dir,
+}
+
+/// Removes each entry of `dir` of the `kind` asked whose name `owner` reads a process id from
+/// and whose process is no longer alive; one line per removal, naming `who` left it.
+pub fn remove_dead_leftovers(
+    dir: &Path,
+    kind: Leftover,
+    who: &str,
+    owner: impl Fn(&str) -> Option<u32>,
+) -> Vec<String> {
     let Ok(listing) = fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut notes = Vec::new();
     for entry in listing.flatten() {
-        let path = entry.path();
-        let Some(pid) = temporary_owner(&path) else {
+        let Some(pid) = entry.file_name().to_str().and_then(&owner) else {
             continue;
         };
-        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
-        if is_file && !process_alive(pid) && fs::remove_file(&path).is_ok() {
+        let path = entry.path();
+        let is_kind = entry.file_type().is_ok_and(|t| match kind {
+            Leftover::File => t.is_file(),
+            Leftover::Dir => t.is_dir(),
+        });
+        let removed = || match kind {
+            Leftover::File => fs::remove_file(&path).is_ok(),
+            Leftover::Dir => fs::remove_dir_all(&path).is_ok(),
+        };
+        if is_kind && !process_alive(pid) && removed() {
             notes.push(format!(
-                "removed {}, left by kvtrace process {pid}, which is no longer running",
+                "removed {}, left by {who} {pid}, which is no longer running",
                 path.display()
             ));
         }
