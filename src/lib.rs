@@ -1,13 +1,15 @@
 //! kvtrace: record, inspect, convert and replay the KV-cache storage traffic of LLM serving.
 //!
-//! The library does the work; the `kvtrace` binary only wires these modules to a command
-//! line. [`lmct`] is the trace format (crate `kvtrace-lmct`); [`error`], [`output`],
-//! [`interrupt`] and [`limits`] are the file and process plumbing (crate `kvtrace-io`);
-//! [`bus`] is the event bus and recorder and [`storage`] the tiered StorageManager (crate
-//! `kvtrace-cache`); [`report`] is the one export layer every command writes through (crate
-//! `kvtrace-report`). This crate holds [`trace`], the whole-file operations (`info`'s summary,
-//! conversions, synthetic traces), and [`replay`], [`simulate`] and [`bench`], the three
-//! engines.
+//! The library does the work, in crates of one job each; this crate gathers them under one
+//! name, and the `kvtrace` binary beside it only turns flags into their objects. [`lmct`] is
+//! the trace format (crate `kvtrace-lmct`); [`error`], [`output`], [`interrupt`] and
+//! [`limits`] are the file and process plumbing (`kvtrace-io`); [`bus`] is the event bus and
+//! recorder and [`storage`] the tiered StorageManager (`kvtrace-cache`); [`report`] is the one
+//! export layer every command writes through (`kvtrace-report`); [`trace`] holds the
+//! whole-file operations (`kvtrace-trace`); [`replay`], [`simulate`] and
+//! [`bench`](mod@crate::bench) are the three engines (`kvtrace-replay`, `kvtrace-simulate`,
+//! `kvtrace-bench`), [`sweep`] runs them over many configurations (`kvtrace-sweep`), and
+//! [`rank`] with [`aggregate`] runs them as many processes (`kvtrace-rank`).
 //!
 //! Writing a trace LMCache 0.5.6 reads, and streaming it back:
 //!
@@ -43,20 +45,19 @@
 
 #![warn(unreachable_pub)]
 
-pub mod aggregate;
-pub mod replay;
-pub mod simulate;
-pub mod sweep;
-pub mod trace;
-
-// The crates below this one, under the paths the library has always had.
+// The crates, under the paths the library has always had.
 pub use kvtrace_bench as bench;
 pub use kvtrace_cache::{bus, clock, storage};
 pub use kvtrace_io::{error, interrupt, limits, machine, output, rng};
 pub use kvtrace_lmct as lmct;
 pub use kvtrace_otel as otel;
 pub use kvtrace_rank as rank;
+pub use kvtrace_rank::aggregate;
+pub use kvtrace_replay as replay;
 pub use kvtrace_report as report;
+pub use kvtrace_simulate as simulate;
+pub use kvtrace_sweep as sweep;
+pub use kvtrace_trace as trace;
 
 pub use error::{Error, Result};
 

@@ -1,14 +1,12 @@
 //! `kvtrace bench` end to end: kv-cache.py's JSON, the 99-column workbook and CSV, the
 //! recording and I/O log, ShareGPT and BurstGPT workloads, the suite, and one-line errors.
 
-mod common;
-
+use crate::util::{kvtrace, scratch, text};
 use calamine::{open_workbook, Data, Reader, Xlsx};
-use common::{kvtrace, text};
 
 #[test]
 fn a_bench_run_writes_kv_cache_py_json_and_the_99_column_workbook_and_csv() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = scratch();
     let p = |name: &str| dir.path().join(name).display().to_string();
     std::fs::create_dir_all(dir.path().join("nvme")).expect("dir");
     std::fs::create_dir_all(dir.path().join("cpu")).expect("dir");
@@ -131,7 +129,10 @@ fn bad_bench_flags_are_one_line_usage_errors() {
         (&["--cpu-mem-gb=-1"], "--cpu-mem-gb -1"),
         (&["--storage-capacity-gb=-2"], "--storage-capacity-gb -2"),
         (&["--cache-dir", "/etc"], "a system directory"),
-        (&["--model", "llama9"], "unknown model \"llama9\""),
+        (
+            &["--model", "llama9"],
+            "invalid value 'llama9' for '--model <MODEL>'",
+        ),
         (&["--tensor-parallel", "2"], "exceeds --num-gpus 1"),
     ];
     for (args, expected) in cases {
@@ -145,7 +146,7 @@ fn bad_bench_flags_are_one_line_usage_errors() {
 
 #[test]
 fn a_bench_io_trace_log_lists_every_tier_operation_without_touching_the_devices() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = scratch();
     let p = |name: &str| dir.path().join(name).display().to_string();
     let out = small_bench(dir.path(), "20", &["--io-trace-log", &p("io.csv")]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -179,10 +180,10 @@ fn a_sharegpt_dataset_drives_the_requests_at_the_asked_rate() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("/no/such/sharegpt.json") && err.contains("cannot read the dataset"));
 
-    let Some(shared) = common::shared() else {
+    let Some(shared) = crate::util::shared() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = scratch();
     let p = |name: &str| dir.path().join(name).display().to_string();
     let dataset = shared.join("traces/sharegpt/sharegpt_llm_test.json");
     let dataset = dataset.display().to_string();
@@ -235,7 +236,7 @@ fn small_bench(dir: &std::path::Path, users: &str, extra: &[&str]) -> std::proce
 
 #[test]
 fn a_burstgpt_log_is_replayed_at_its_recorded_times() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = scratch();
     let log = dir.path().join("burst.csv");
     let mut csv =
         String::from("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n");
@@ -293,7 +294,7 @@ fn a_burstgpt_log_is_replayed_at_its_recorded_times() {
 
 #[test]
 fn the_suite_runs_nine_scenarios_and_prints_one_table() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = scratch();
     let d = dir.path().display().to_string();
     let reports = dir.path().join("suite");
     let out = kvtrace([
@@ -326,7 +327,7 @@ fn the_suite_runs_nine_scenarios_and_prints_one_table() {
 
 #[test]
 fn every_other_bad_bench_input_is_one_line_with_its_exit_code() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = scratch();
     let file = |name: &str, text: &str| {
         let path = dir.path().join(name);
         std::fs::write(&path, text).expect("write");
@@ -418,7 +419,7 @@ fn every_other_bad_bench_input_is_one_line_with_its_exit_code() {
 
 #[test]
 fn a_missing_cache_dir_is_created_and_left_empty() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = scratch();
     let cache = dir.path().join("new/cache");
     let out = kvtrace([
         "bench",

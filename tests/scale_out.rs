@@ -4,14 +4,12 @@
 //! `mpirun` are not installed (`.ci/run` installs them).
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{kvtrace, sample, text, TINY_BENCH};
+use crate::util::{kvtrace, sample, scratch, text, TINY_BENCH};
 use serde_json::Value;
 
 /// Three cluster-enabled redis-server children, all masters, killed when dropped.
@@ -70,7 +68,7 @@ impl Cluster {
         if !installed("redis-server") || !installed("redis-cli") {
             return None;
         }
-        let dir = tempfile::tempdir().expect("tmp");
+        let dir = scratch();
         let mut nodes = Vec::new();
         for _ in 0..3 {
             let port = free_port();
@@ -197,7 +195,7 @@ fn mpirun_ranks_share_the_cluster_and_aggregate_adds_them_up() {
     let Some(cluster) = Cluster::start() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = scratch();
     let trace = sample("basic_lru");
     let trace = trace.to_str().expect("path");
     let run = dir.path().join("run");
@@ -342,7 +340,7 @@ fn mpirun_bench_ranks_share_the_cluster_storage_tier() {
     let Some(cluster) = Cluster::start() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = scratch();
     let output = dir.path().join("bench.json");
     let csv = dir.path().join("bench.csv");
     let tier = format!(
@@ -495,7 +493,7 @@ fn a_resharding_during_a_run_loses_nothing() {
     let Some(cluster) = Cluster::start() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = scratch();
     let trace = paced_trace(dir.path());
     let out = dir.path().join("out");
     let replay = paced_replay(&trace, &out, &cluster.adapter(), &[]);
@@ -528,7 +526,7 @@ fn a_killed_node_is_a_one_line_error_and_the_reports_are_kept() {
     let Some(mut cluster) = Cluster::start() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = scratch();
     let trace = paced_trace(dir.path());
     let out = dir.path().join("out");
     let began = Instant::now();
@@ -574,7 +572,7 @@ fn a_killed_node_is_a_one_line_error_and_the_reports_are_kept() {
 
 #[test]
 fn a_rank_that_never_arrives_is_named_at_the_barrier() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = scratch();
     let trace = sample("basic_lru");
     let out = kvtrace([
         "replay",
@@ -658,7 +656,7 @@ fn rank_flags_that_cannot_mean_anything_are_usage_errors() {
 
 #[test]
 fn aggregate_refuses_reports_that_are_not_one_run_with_one_line() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = scratch();
     let trace = sample("basic_lru");
     let trace = trace.to_str().expect("path");
     let out = dir.path().to_str().expect("path");

@@ -2,12 +2,10 @@
 //! curve is the full replays' curve where its model holds, the workbook reads back with its
 //! charts, and bad lists fail in one line naming the flag.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
+use crate::util::{kvtrace, scratch, shared, text};
 use calamine::{open_workbook, Data, Reader, Xlsx};
-use common::{kvtrace, shared, text};
 use serde_json::Value;
 
 fn churn(name: &str) -> PathBuf {
@@ -65,7 +63,7 @@ fn single_replay(trace: &Path, flags: &[&str], dir: &Path) -> Value {
 
 #[test]
 fn every_replay_point_is_the_single_replay_of_its_flags() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = scratch();
     let trace = churn("lru_seed1");
     let out_json = dir.path().join("sweep.json");
     let out = kvtrace([
@@ -115,7 +113,7 @@ fn every_replay_point_is_the_single_replay_of_its_flags() {
 
 #[test]
 fn a_grid_names_its_points_and_switches_and_repeatables_take_lists() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = scratch();
     let grid = dir.path().join("grid.toml");
     std::fs::write(
         &grid,
@@ -179,7 +177,7 @@ fn a_grid_names_its_points_and_switches_and_repeatables_take_lists() {
 
 #[test]
 fn the_workbook_has_typed_points_family_sheets_and_native_charts() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = scratch();
     let xlsx = dir.path().join("sweep.xlsx");
     let svg = dir.path().join("curve.svg");
     let csv = dir.path().join("csv");
@@ -288,12 +286,13 @@ fn curve_at_points(sweep: &Value) -> Vec<(f64, f64, f64)> {
         .collect()
 }
 
-/// `kvtrace sweep replay TRACE FLAGS... -q --json DIR/sweep.json`, its JSON.
+/// `kvtrace sweep replay TRACE FLAGS... -q --json=DIR/sweep.json`, its JSON.
 fn sweep_replay_json(trace: &Path, flags: &[&str], dir: &Path) -> Value {
     let out_json = dir.join("sweep.json");
     let mut args = vec!["sweep", "replay", trace.to_str().expect("path")];
     args.extend_from_slice(flags);
-    args.extend_from_slice(&["-q", "--json", out_json.to_str().expect("path")]);
+    let flag = format!("--json={}", out_json.display());
+    args.extend_from_slice(&["-q", &flag]);
     ok(&kvtrace(&args));
     json(&out_json)
 }
@@ -312,7 +311,7 @@ fn sweep_immediate_lru(trace: &Path, sizes: &str, dir: &Path) -> Value {
 
 #[test]
 fn the_stack_distance_curve_equals_full_replays_of_a_generated_trace() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = scratch();
     let trace = dir.path().join("mc.lct");
     ok(&kvtrace([
         "generate",
@@ -333,7 +332,7 @@ fn the_stack_distance_curve_equals_full_replays_of_a_generated_trace() {
 #[test]
 fn the_stack_distance_curve_equals_full_replays_of_the_mooncake_synthetic_trace() {
     let Some(shared) = shared() else { return };
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = scratch();
     let trace = dir.path().join("syn.lct");
     ok(&kvtrace([
         "generate",
@@ -358,7 +357,7 @@ fn the_stack_distance_curve_equals_full_replays_of_the_mooncake_synthetic_trace(
 #[test]
 fn on_a_store_on_miss_recording_the_curve_meets_the_replays_once_nothing_is_evicted() {
     let Some(shared) = shared() else { return };
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = scratch();
     let trace = shared.join("lmcache/churn_lru.lct");
     // 128 KiB objects: 0.02 GiB holds all 149 distinct keys.
     let sweep = sweep_immediate_lru(&trace, "0.004,0.01,0.02,0.05", dir.path());
@@ -391,7 +390,7 @@ fn model_curve_at(sweep: &Value, gib: f64) -> f64 {
 #[test]
 fn the_model_curve_is_full_replays_and_meets_the_real_servers() {
     let Some(shared) = shared() else { return };
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = scratch();
     let whatif = shared.join("lmcache/whatif");
     let trace = whatif.join("vllm_s21_0p05_lru.lct");
     let sweep = sweep_replay_json(&trace, &["--l1-size-gb", "0.0125,0.025,0.05"], dir.path());
@@ -440,7 +439,7 @@ fn the_model_curve_is_full_replays_and_meets_the_real_servers() {
 
 #[test]
 fn every_simulate_point_is_the_single_simulation_of_its_flags() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = scratch();
     let trace = mooncake_head();
     let out_json = dir.path().join("sweep.json");
     let xlsx = dir.path().join("sim.xlsx");
@@ -546,7 +545,7 @@ fn bad_lists_fail_in_one_line_naming_the_flag() {
 
 #[test]
 fn every_point_lies_on_its_lines_model_curve() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = scratch();
     let flags = [
         "--l1-size-gb",
         "0.002,0.004,0.008",
@@ -578,7 +577,7 @@ fn every_point_lies_on_its_lines_model_curve() {
 
 #[test]
 fn an_interrupted_sweep_says_its_outputs_are_partial() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = scratch();
     let trace = dir.path().join("long.lct");
     ok(&kvtrace([
         "generate",
@@ -590,6 +589,7 @@ fn an_interrupted_sweep_says_its_outputs_are_partial() {
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_kvtrace"))
         .args(["sweep", "replay", trace.to_str().expect("path"), "-q"])
         .args(["--l1-size-gb", "0.5,1,2,4,8,16", "--jobs", "1"])
+        // The older spelling, still taken with a note.
         .args(["--json", out.to_str().expect("path")])
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -602,6 +602,10 @@ fn an_interrupted_sweep_says_its_outputs_are_partial() {
     assert_eq!(done.status.code(), Some(143), "{err}");
     assert!(
         err.contains("interrupted: the outputs hold only the points"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`--json PATH` is deprecated: write `--json=PATH`"),
         "{err}"
     );
     assert_eq!(json(&out)["interrupted"], Value::Bool(true));

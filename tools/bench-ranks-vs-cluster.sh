@@ -19,7 +19,7 @@ for np in 1 2 4; do
     ./target/release/kvtrace bench -q --model tiny-1b --num-users 4 --duration "$S" \
     --cpu-mem-gb 0 --generation-mode none --output "$OUT/b$np/bench.json" --storage-tier "$TIER" \
     || echo "bench with $np ranks failed"
-  ./target/release/kvtrace aggregate "$OUT"/b$np/bench.rank-*.json -q --json "$OUT/b$np/agg.json"
+  ./target/release/kvtrace aggregate "$OUT"/b$np/bench.rank-*.json -q --json="$OUT/b$np/agg.json"
   python3 -c "
 import json;d=json.load(open('$OUT/b$np/agg.json'));o=d['ops']
 print($np, d['requests_completed'], round(d['window_s'],2), round(d['tokens_per_s'],1), round(d['mean_rank_tokens_per_s'],1), round(d['storage_io_gib_per_s'],3), round(d['cache_hit_rate'],3), d['cross_rank_hits'], round(o['storage_read']['p95_ms'],1), round(o['storage_write']['p95_ms'],1))"

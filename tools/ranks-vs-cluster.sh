@@ -9,7 +9,7 @@ for np in 1 2 4; do
   for p in 7100 7101 7102; do redis-cli -p $p flushall >/dev/null; done
   rm -rf ${OUT:-/tmp}/m$np
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np $np --oversubscribe ./target/release/kvtrace replay $T -q --json --shard by-request --l1-size-gb 0.05 --eviction-timing immediate --output-dir ${OUT:-/tmp}/m$np --l2-adapter '{"type":"resp-cluster","nodes":["redis://127.0.0.1:7100"]}' || echo fail
-  ./target/release/kvtrace aggregate ${OUT:-/tmp}/m$np/rank-* -q --json ${OUT:-/tmp}/m$np/agg.json
+  ./target/release/kvtrace aggregate ${OUT:-/tmp}/m$np/rank-* -q --json=${OUT:-/tmp}/m$np/agg.json
   python3 -c "
 import json;d=json.load(open('${OUT:-/tmp}/m$np/agg.json'));print($np, d['replayed'], round(d['window_s'],3), round(d['calls_per_s']), round(d['mean_rank_calls_per_s']), d['hits']['hit_rate'], sum(r['cross_rank_hits'] for r in d['ranks']), d['ops']['lmcache.v1.distributed.storage_manager.StorageManager.submit_prefetch_task']['p95_ms'], d['ops']['lmcache.v1.distributed.storage_manager.StorageManager.finish_write']['p95_ms'])"
 done

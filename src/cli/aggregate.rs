@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Report, Target};
 
-use super::print_stdout;
+use super::{print_stdout, OutputArg};
 
 /// Merge the per-rank reports of one run (replay or bench in rank mode) into one: summed
 /// counts, throughput over the common window, percentiles from the ranks' merged
@@ -14,23 +14,27 @@ use super::print_stdout;
 #[derive(clap::Args)]
 #[command(after_help = super::examples(&[
     "mpirun -np 4 kvtrace replay trace.lct --json --output-dir run1 --l2-adapter '{\"type\":\"resp-cluster\",\"nodes\":[\"redis://10.0.0.5:7000\"]}'",
-    "kvtrace aggregate run1/rank-* --json run1/aggregate.json --xlsx run1/aggregate.xlsx",
-    "kvtrace aggregate bench.rank-*.json --csv bench-aggregate",
+    "kvtrace aggregate run1/rank-* --json=run1/aggregate.json --xlsx=run1/aggregate.xlsx",
+    "kvtrace aggregate bench.rank-*.json --csv=bench-aggregate",
 ]))]
 pub(super) struct Args {
     /// Each rank's trace_replay_summary.json (or the rank directory holding it), or each
     /// rank's bench results JSON
     #[arg(value_name = "RANK-OUTPUT", required = true, num_args = 1..)]
     inputs: Vec<PathBuf>,
-    /// Write the merged report as JSON
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-    /// Write aggregate_{summary,ops,ranks,tiers}.csv into this directory
-    #[arg(long, value_name = "DIR")]
-    csv: Option<PathBuf>,
-    /// Write the merged report as a workbook (Summary, Ops, Ranks, Tiers)
-    #[arg(long, value_name = "FILE")]
-    xlsx: Option<PathBuf>,
+    /// Write the merged report as JSON [default: aggregate.json]
+    #[arg(long, value_name = "PATH", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_parser = OutputArg::parse)]
+    json: Option<OutputArg>,
+    /// Write aggregate_{summary,ops,ranks,tiers}.csv into DIR [default: the current directory]
+    #[arg(long, value_name = "DIR", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_parser = OutputArg::parse)]
+    csv: Option<OutputArg>,
+    /// Write the merged report as a workbook (Summary, Ops, Ranks, Tiers) [default:
+    /// aggregate.xlsx]
+    #[arg(long, value_name = "PATH", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_parser = OutputArg::parse)]
+    xlsx: Option<OutputArg>,
     /// No terminal summary
     #[arg(short, long)]
     quiet: bool,
@@ -48,17 +52,20 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
             }
         })
         .collect();
+    let json = args.json.map(|o| o.path(|| "aggregate.json".into()));
+    let csv = args.csv.map(|o| o.path(|| ".".into()));
+    let xlsx = args.xlsx.map(|o| o.path(|| "aggregate.xlsx".into()));
     crate::cli::guard(
         files.iter().map(PathBuf::as_path),
-        [&args.json, &args.csv, &args.xlsx]
+        [&json, &csv, &xlsx]
             .into_iter()
             .flatten()
             .map(PathBuf::as_path),
     )?;
     let outputs = kvtrace::report::outputs([
-        (&Json, args.json.clone().map(Target::File)),
-        (&Csv, args.csv.clone().map(Target::Dir)),
-        (&Xlsx, args.xlsx.clone().map(Target::File)),
+        (&Json, json.map(Target::File)),
+        (&Csv, csv.map(Target::Dir)),
+        (&Xlsx, xlsx.map(Target::File)),
     ])?;
     let paths: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
     let run = match kvtrace::aggregate::aggregate(&paths) {

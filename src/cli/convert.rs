@@ -25,8 +25,8 @@ pub(super) struct Args {
     input: PathBuf,
     #[arg(value_name = "OUT")]
     output: PathBuf,
-    /// Output kind: lct, lct.zst or jsonl
-    #[arg(long, value_name = "KIND")]
+    /// Output kind
+    #[arg(long, value_name = "KIND", value_parser = ["lct", "lct.zst", "jsonl"])]
     to: Option<String>,
     /// Rewrite argument shapes into this schema (only 1 is supported)
     #[arg(long, value_name = "VERSION")]

@@ -2,6 +2,8 @@
 //! the first try — a flag of the old tool, a request trace given where a storage trace goes —
 //! the error says which way to go instead of only what failed.
 
+use std::ffi::OsString;
+
 use clap::error::{ContextKind, ContextValue};
 use kvtrace::error::Error;
 use kvtrace::lmct::reader::{JSON_LINES_TRACE, JSON_TEXT};
@@ -56,6 +58,45 @@ const FOREIGN_FLAGS: &[(&[&str], &str)] = &[
         "kv-cache.py's preconditioning and prefill-only/decode-only phases are not in kvtrace bench (see docs/commands/bench.md)",
     ),
 ];
+
+/// The report flags whose path followed them as a separate word before they took the shape
+/// `--json[=PATH]` (see `OutputArg`), and the commands where they did.
+const SPACED_OUTPUTS: [&str; 3] = ["--json", "--csv", "--xlsx"];
+const SPACED_COMMANDS: [&str; 2] = ["sweep", "aggregate"];
+
+/// The command line with the old spelling of `sweep`'s and `aggregate`'s report flags
+/// (`--json PATH`) rewritten to the new one (`--json=PATH`), so scripts written for it keep
+/// working, and a deprecation note for each. Other commands had no such spelling: there the
+/// word after `--json` is an input and stays one.
+pub(super) fn old_spellings(mut args: Vec<OsString>) -> (Vec<OsString>, Vec<String>) {
+    let command = args
+        .iter()
+        .skip(1)
+        .find(|a| !a.to_string_lossy().starts_with('-'));
+    if !command.is_some_and(|c| SPACED_COMMANDS.iter().any(|s| c == *s)) {
+        return (args, Vec::new());
+    }
+    let mut notes = Vec::new();
+    let mut i = 1;
+    while i + 1 < args.len() {
+        let flag = args[i].to_string_lossy().into_owned();
+        if flag == "--" {
+            break;
+        }
+        let value = args[i + 1].to_string_lossy();
+        if SPACED_OUTPUTS.contains(&flag.as_str()) && !value.starts_with('-') {
+            let mut joined = OsString::from(format!("{flag}="));
+            joined.push(&args[i + 1]);
+            notes.push(format!(
+                "`{flag} PATH` is deprecated: write `{flag}=PATH` (`{flag}` alone writes the default file)"
+            ));
+            args[i] = joined;
+            args.remove(i + 1);
+        }
+        i += 1;
+    }
+    (args, notes)
+}
 
 /// What to type instead of the unknown flag a clap error names, when it is a known one of
 /// another tool.

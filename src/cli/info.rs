@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::lmct::ReadOptions;
-use kvtrace::trace::fleet::{summarise, FleetStream};
+use kvtrace::replay::events::fleet::{summarise, FleetStream};
 use kvtrace::trace::inspect::inspect;
 
 use super::progress::Progress;

@@ -18,7 +18,8 @@ mod simulate;
 mod sweep;
 mod tiers;
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
+use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
 use kvtrace::error::{Error, EXIT_OK};
@@ -72,7 +73,42 @@ impl ReadArgs {
     fn options(self) -> ReadOptions {
         ReadOptions {
             max_frame_bytes: self.max_frame_bytes,
+            stop: kvtrace::interrupt::stop_requested,
             ..ReadOptions::default()
+        }
+    }
+}
+
+/// A report output flag of the one shape every command shares, like `--color[=WHEN]`:
+/// `--json` alone writes the command's default file (or directory, for `--csv`), `--json=PATH`
+/// writes PATH. The `=` is required so that the word after the flag stays a command's input.
+#[derive(Clone, Debug, PartialEq)]
+enum OutputArg {
+    Default,
+    At(PathBuf),
+}
+
+impl OutputArg {
+    fn parse(text: &str) -> Result<OutputArg, String> {
+        Ok(match text {
+            "" => OutputArg::Default,
+            path => OutputArg::At(PathBuf::from(path)),
+        })
+    }
+
+    /// Where the output goes: the path given, or `default`.
+    fn path(&self, default: impl FnOnce() -> PathBuf) -> PathBuf {
+        match self {
+            OutputArg::Default => default(),
+            OutputArg::At(path) => path.clone(),
+        }
+    }
+
+    /// The path given with `=`, if one was.
+    fn given(&self) -> Option<&Path> {
+        match self {
+            OutputArg::Default => None,
+            OutputArg::At(path) => Some(path),
         }
     }
 }
@@ -157,8 +193,8 @@ fn report(e: &Error) -> i32 {
 /// The shared check before any work (see [`kvtrace::output::guard_inputs`]), saying what
 /// a dead run left that it removed.
 fn guard<'a>(
-    inputs: impl IntoIterator<Item = &'a std::path::Path>,
-    outputs: impl IntoIterator<Item = &'a std::path::Path>,
+    inputs: impl IntoIterator<Item = &'a Path>,
+    outputs: impl IntoIterator<Item = &'a Path>,
 ) -> Result<(), Error> {
     for note in kvtrace::output::guard_inputs(inputs, outputs)? {
         warn_line(&note);
@@ -182,9 +218,66 @@ fn stdout_error(e: io::Error) -> Option<Error> {
     (e.kind() != io::ErrorKind::BrokenPipe).then(|| Error::io("cannot write to stdout", e))
 }
 
-/// Prints a report's text; a control character a trace slipped into it is shown escaped.
+/// How wide a table may be drawn: `COLUMNS` where the shell exports it (as rich, which
+/// Dynamo's table comes from, reads it), else 100.
+fn columns() -> usize {
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse::<usize>().ok())
+        .filter(|&c| c >= 40)
+        .unwrap_or(100)
+}
+
+/// Whether stdout gets colour: on a terminal (or with `CLICOLOR_FORCE` set), never with
+/// `NO_COLOR` set (<https://no-color.org>).
+fn colour() -> bool {
+    let set = |name| std::env::var_os(name).is_some_and(|v| !v.is_empty() && v != "0");
+    !set("NO_COLOR") && (set("CLICOLOR_FORCE") || io::stdout().is_terminal())
+}
+
+/// The verdicts of a report in colour: a regression or failure red, a pass green, a listed
+/// divergence yellow. Added after escaping, so a trace's own text never chooses a colour.
+fn paint(text: &str) -> String {
+    const RED: &str = "\x1b[1;31m";
+    const GREEN: &str = "\x1b[32m";
+    const YELLOW: &str = "\x1b[33m";
+    const RESET: &str = "\x1b[0m";
+    let mut out = String::with_capacity(text.len() + 64);
+    for line in text.split_inclusive('\n') {
+        let (body, end) = match line.strip_suffix('\n') {
+            Some(body) => (body, "\n"),
+            None => (line, ""),
+        };
+        // A divergence line of the fidelity section: `  record N (byte B, t=…) …`.
+        if body.starts_with("  record ") && body.contains(" (byte ") {
+            out += &format!("{YELLOW}{body}{RESET}{end}");
+            continue;
+        }
+        let mut words = body.split(' ').peekable();
+        while let Some(word) = words.next() {
+            match word {
+                "REGRESSED" | "FAIL" => out += &format!("{RED}{word}{RESET}"),
+                "PASS" => out += &format!("{GREEN}{word}{RESET}"),
+                _ => out += word,
+            }
+            if words.peek().is_some() {
+                out.push(' ');
+            }
+        }
+        out += end;
+    }
+    out
+}
+
+/// Prints a report's text; a control character a trace slipped into it is shown escaped, and
+/// verdicts are coloured where [`colour`] says so.
 fn print_stdout(text: &str) -> Result<(), Error> {
     let text = escape_text(text);
+    let text = if colour() {
+        std::borrow::Cow::Owned(paint(&text))
+    } else {
+        text
+    };
     let mut out = io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
         Ok(()) => Ok(()),
@@ -205,7 +298,11 @@ fn one_line(message: &str) -> String {
 }
 
 pub(crate) fn run() -> i32 {
-    let cli = match Cli::try_parse() {
+    let (args, notes) = hints::old_spellings(std::env::args_os().collect());
+    for note in notes {
+        warn_line(&note);
+    }
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
             // Bare `kvtrace`: the whole help, commands listed, on stderr; a usage error.
@@ -246,4 +343,30 @@ pub(crate) fn run() -> i32 {
         let code = report(&e);
         kvtrace::interrupt::exit_status().unwrap_or(code)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::paint;
+
+    #[test]
+    fn verdicts_are_painted_and_other_words_left_alone() {
+        let text = "p99  1.0  2.0  +100.0%  REGRESSED\nassessment: FAIL (FAILS stays)\n  record 7 (byte 90, t=1.000s) store: x\nPASS";
+        let painted = paint(text);
+        assert!(
+            painted.contains("\x1b[1;31mREGRESSED\x1b[0m\n"),
+            "{painted:?}"
+        );
+        assert!(
+            painted.contains("\x1b[1;31mFAIL\x1b[0m (FAILS stays)"),
+            "{painted:?}"
+        );
+        assert!(
+            painted.contains("\x1b[33m  record 7 (byte 90"),
+            "{painted:?}"
+        );
+        assert!(painted.ends_with("\x1b[32mPASS\x1b[0m"), "{painted:?}");
+        let plain = painted.replace("\x1b[1;31m", "").replace("\x1b[32m", "");
+        assert_eq!(plain.replace("\x1b[33m", "").replace("\x1b[0m", ""), text);
+    }
 }

@@ -8,6 +8,7 @@ use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::rank::Rank;
 use kvtrace::replay::client::{ClientChoice, Shape};
 use kvtrace::replay::dispatch::Outcome;
+use kvtrace::replay::events::fleet::{summarise, FleetStream};
 use kvtrace::replay::events::{replay_events, server_config};
 use kvtrace::replay::phase::PhaseChoice;
 use kvtrace::replay::plan::{Options, Plan, Storage};
@@ -15,13 +16,12 @@ use kvtrace::replay::shard::ShardMode;
 use kvtrace::replay::{Pacing, ReplayOptions};
 use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Exporter, Report, Target};
 use kvtrace::storage::config::{BackendConfig, StorageConfig};
-use kvtrace::trace::fleet::{summarise, FleetStream};
 
 use super::otlp::{self, OtlpArgs};
 use super::progress::{Progress, EVERY};
 use super::rank::RankArgs;
 use super::tiers::{apply_toml, positive, TierArgs};
-use super::{print_stdout, warn, warn_line, ReadArgs};
+use super::{print_stdout, warn, warn_line, OutputArg, ReadArgs};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Pace {
@@ -64,15 +64,18 @@ pub(super) struct Args {
     /// Where the CSV and JSON reports go
     #[arg(long, value_name = "DIR", default_value = ".")]
     output_dir: PathBuf,
-    /// Also write trace_replay_summary.json
-    #[arg(long)]
-    json: bool,
+    /// Also write the JSON summary: trace_replay_summary.json in --output-dir, or PATH
+    #[arg(long, value_name = "PATH", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_parser = OutputArg::parse)]
+    json: Option<OutputArg>,
     /// Do not write the CSV reports
     #[arg(long)]
     no_csv: bool,
-    /// Also write trace_replay.xlsx (sheets Summary, Ops, Requests, Tiers, Config)
-    #[arg(long)]
-    xlsx: bool,
+    /// Also write the workbook (sheets Summary, Ops, Requests, Tiers, Config): trace_replay.xlsx
+    /// in --output-dir, or PATH
+    #[arg(long, value_name = "PATH", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_parser = OutputArg::parse)]
+    xlsx: Option<OutputArg>,
     /// Write one JSON line per record
     #[arg(long, value_name = "PATH")]
     jsonl_out: Option<PathBuf>,
@@ -247,11 +250,25 @@ pub(super) fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Pl
         Some(r) => args.ranks.barrier(r, &args.output_dir)?,
         None => None,
     };
-    let dir = || Target::Dir(output_dir.clone());
-    let formats: [(bool, &'static dyn Exporter, &'static str); 3] = [
-        (!args.no_csv, &Csv, ""),
-        (args.json, &Json, "trace_replay_summary.json"),
-        (args.xlsx, &Xlsx, "trace_replay.xlsx"),
+    // A path given with `=` is this rank's own file beside it in rank mode, as --jsonl-out's.
+    let target = |flag: Option<&OutputArg>| match flag.and_then(OutputArg::given) {
+        Some(path) => Target::File(rank.map_or_else(|| path.to_owned(), |r| r.file_name(path))),
+        None => Target::Dir(output_dir.clone()),
+    };
+    let formats: [(bool, &'static dyn Exporter, Target, &'static str); 3] = [
+        (!args.no_csv, &Csv, target(None), ""),
+        (
+            args.json.is_some(),
+            &Json,
+            target(args.json.as_ref()),
+            "trace_replay_summary.json",
+        ),
+        (
+            args.xlsx.is_some(),
+            &Xlsx,
+            target(args.xlsx.as_ref()),
+            "trace_replay.xlsx",
+        ),
     ];
     let options = Options {
         replay: ReplayOptions {
@@ -266,9 +283,9 @@ pub(super) fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Pl
         },
         phase: phase(&args.eviction_phase)?,
         outputs: formats
-            .iter()
+            .into_iter()
             .filter(|f| outputs && f.0)
-            .map(|&(_, exporter, name)| (exporter, dir(), name))
+            .map(|(_, exporter, target, name)| (exporter, target, name))
             .collect(),
         jsonl: args
             .jsonl_out
@@ -355,13 +372,15 @@ fn run_events(args: &Args) -> Result<i32, Error> {
         ),
         (
             &Json,
-            args.json
-                .then(|| Target::File(args.output_dir.join("events_replay_summary.json"))),
+            args.json.as_ref().map(|o| {
+                Target::File(o.path(|| args.output_dir.join("events_replay_summary.json")))
+            }),
         ),
         (
             &Xlsx,
             args.xlsx
-                .then(|| Target::File(args.output_dir.join("events_replay.xlsx"))),
+                .as_ref()
+                .map(|o| Target::File(o.path(|| args.output_dir.join("events_replay.xlsx")))),
         ),
     ])?;
     let config_for = |server: usize| server_config(&base, server);
@@ -382,6 +401,8 @@ pub(super) fn guard(args: &Args) -> Result<(), Error> {
         args.jsonl_out
             .as_deref()
             .into_iter()
+            .chain(args.json.as_ref().and_then(OutputArg::given))
+            .chain(args.xlsx.as_ref().and_then(OutputArg::given))
             .chain(args.otlp.file()),
     )
 }
@@ -395,7 +416,7 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
     // Checked before the output directory is made: a refused run leaves nothing behind.
     let shown = rank_trace(&args, rank.as_ref())?.0.display().to_string();
     // Held until the reports are written: a second run into the directory is refused.
-    let _lock = if args.no_csv && !args.json && !args.xlsx {
+    let _lock = if args.no_csv && args.json.is_none() && args.xlsx.is_none() {
         None
     } else {
         let dir = match &rank {

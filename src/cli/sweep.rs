@@ -14,7 +14,7 @@ use kvtrace::storage::config::BackendConfig;
 use kvtrace::sweep::{self, Axis, Point};
 
 use super::progress::Progress;
-use super::{one_line, print_stdout, replay, simulate, warn_line};
+use super::{one_line, print_stdout, replay, simulate, warn_line, OutputArg};
 
 /// Run one trace under many configurations: every flag of `replay` or `simulate` takes a
 /// comma-separated list, and every combination runs, in parallel
@@ -45,14 +45,18 @@ struct SweepArgs {
     #[arg(long, value_name = "N")]
     jobs: Option<usize>,
     /// Workbook: a Points sheet, a sheet per family of figures and native charts
-    #[arg(long, value_name = "PATH")]
-    xlsx: Option<PathBuf>,
-    /// One CSV file per table into DIR
-    #[arg(long, value_name = "DIR")]
-    csv: Option<PathBuf>,
-    /// The whole sweep as JSON, each point with its full report
-    #[arg(long, value_name = "PATH")]
-    json: Option<PathBuf>,
+    /// [default: sweep.xlsx]
+    #[arg(long, value_name = "PATH", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_parser = OutputArg::parse)]
+    xlsx: Option<OutputArg>,
+    /// One CSV file per table into DIR [default: the current directory]
+    #[arg(long, value_name = "DIR", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_parser = OutputArg::parse)]
+    csv: Option<OutputArg>,
+    /// The whole sweep as JSON, each point with its full report [default: sweep.json]
+    #[arg(long, value_name = "PATH", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_parser = OutputArg::parse)]
+    json: Option<OutputArg>,
     /// The main chart as an SVG picture
     #[arg(long, value_name = "PATH.svg")]
     plot: Option<PathBuf>,
@@ -64,9 +68,9 @@ struct SweepArgs {
 /// Replay one storage trace under every combination of the listed replay flags
 #[derive(clap::Args)]
 #[command(after_help = super::examples(&[
-    "kvtrace sweep replay trace.lct --l1-size-gb 0.5,1,2,4,8 --eviction-policy LRU,ARC,LFU,FIFO --xlsx sweep.xlsx --plot curve.svg",
+    "kvtrace sweep replay trace.lct --l1-size-gb 0.5,1,2,4,8 --eviction-policy LRU,ARC,LFU,FIFO --xlsx=sweep.xlsx --plot curve.svg",
     "kvtrace sweep replay trace.lct --l1-size-gb 1 --l2-adapter 'none,{\"type\":\"memory\",\"capacity_gb\":8}'",
-    "kvtrace sweep replay trace.lct --grid configs.toml --json sweep.json",
+    "kvtrace sweep replay trace.lct --grid configs.toml --json=sweep.json",
 ]) + "\nEvery `kvtrace replay` flag but its outputs takes a list; a switch takes true,false; a \
 repeatable flag takes none for not given. Points keep L1 sizes only (the counters are those of real \
 buffers) unless --l1-buffers is given. Exit status 1 if any point's calls failed.")]
@@ -86,7 +90,7 @@ struct ReplaySweep {
 /// Simulate serving one request trace under every combination of the listed simulate flags
 #[derive(clap::Args)]
 #[command(after_help = super::examples(&[
-    "kvtrace sweep simulate trace.jsonl --num-workers 2,4,8 --router-mode round_robin,kv_router --sla ttft_p90_ms=500,itl_p90_ms=30 --xlsx sweep.xlsx",
+    "kvtrace sweep simulate trace.jsonl --num-workers 2,4,8 --router-mode round_robin,kv_router --sla ttft_p90_ms=500,itl_p90_ms=30 --xlsx=sweep.xlsx",
     "kvtrace sweep simulate --input-tokens 4000 --output-tokens 200 --request-count 200 --request-rate 5,10,20",
 ]) + "\nEvery `kvtrace simulate` flag but its outputs, --replay-mode and --record takes a list; \
 points run offline (virtual time, deterministic).")]
@@ -328,9 +332,12 @@ fn outputs(
     sweep: &SweepArgs,
     inputs: &[&Path],
 ) -> Result<Vec<(&'static dyn Exporter, Target)>, Error> {
+    let xlsx = sweep.xlsx.as_ref().map(|o| o.path(|| "sweep.xlsx".into()));
+    let csv = sweep.csv.as_ref().map(|o| o.path(|| ".".into()));
+    let json = sweep.json.as_ref().map(|o| o.path(|| "sweep.json".into()));
     crate::cli::guard(
         inputs.iter().copied().chain(sweep.grid.as_deref()),
-        [&sweep.xlsx, &sweep.csv, &sweep.json, &sweep.plot]
+        [&xlsx, &csv, &json, &sweep.plot]
             .into_iter()
             .flatten()
             .map(PathBuf::as_path),
@@ -344,9 +351,9 @@ fn outputs(
         }
     }
     kvtrace::report::outputs([
-        (&Xlsx, sweep.xlsx.clone().map(Target::File)),
-        (&Csv, sweep.csv.clone().map(Target::Dir)),
-        (&Json, sweep.json.clone().map(Target::File)),
+        (&Xlsx, xlsx.map(Target::File)),
+        (&Csv, csv.map(Target::Dir)),
+        (&Json, json.map(Target::File)),
         (&Svg, sweep.plot.clone().map(Target::File)),
     ])
 }
@@ -494,7 +501,7 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
             format!(
                 "{} ({})",
                 p.point.name,
-                kvtrace::replay::failure_summary(&reasons)
+                kvtrace::report::reasons::failure_summary(&reasons)
             )
         })
         .collect();
@@ -530,7 +537,7 @@ fn run_simulate(a: SimulateSweep) -> Result<i32, Error> {
         &a.trace.iter().map(PathBuf::as_path).collect::<Vec<_>>(),
     )?;
     let bar = Progress::points(points.len() as u64, !a.sweep.quiet);
-    let plan = |i: usize| kvtrace::simulate::plan::Plan::new(&options[i]);
+    let plan = |i: usize| simulate::plan::plan(&options[i]);
     let shown = a.trace.as_deref().map_or_else(
         || "synthetic workload".to_string(),
         |t| t.display().to_string(),

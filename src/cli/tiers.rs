@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::ValueEnum;
 use kvtrace::error::Error;
 use kvtrace::storage::config::{
@@ -39,6 +40,19 @@ enum Timing {
     Immediate,
 }
 
+/// `--eviction-policy`'s values, which help and shell completions offer; parsed by the
+/// library's own names.
+fn policies() -> impl TypedValueParser<Value = PolicyKind> {
+    PossibleValuesParser::new([
+        PossibleValue::new("LRU"),
+        PossibleValue::new("ARC"),
+        PossibleValue::new("FIFO"),
+        PossibleValue::new("LFU"),
+        PossibleValue::new("noop").alias("none"),
+    ])
+    .try_map(|name| name.parse::<PolicyKind>())
+}
+
 /// Tier flags; each one given overrides the configuration it is applied to.
 #[derive(clap::Args)]
 #[command(next_help_heading = "Storage tiers")]
@@ -46,8 +60,8 @@ pub(super) struct TierArgs {
     /// L1 memory pool size in GB (GiB, as LMCache reads it)
     #[arg(long, value_name = "GB")]
     pub l1_size_gb: Option<f64>,
-    /// LRU, ARC, FIFO, LFU or noop
-    #[arg(long, value_name = "POLICY")]
+    /// How L1 picks victims (any case, as LMCache reads it)
+    #[arg(long, value_name = "POLICY", ignore_case = true, value_parser = policies())]
     eviction_policy: Option<PolicyKind>,
     #[arg(long, value_name = "FRACTION")]
     eviction_trigger_watermark: Option<f64>,

@@ -38,6 +38,12 @@ pub fn requested() -> Option<i32> {
     }
 }
 
+/// Whether a signal asked the process to stop: the check long reads take as their stop
+/// condition (`ReadOptions::stop` of the trace format).
+pub fn stop_requested() -> bool {
+    requested().is_some()
+}
+
 /// The exit status for a run a signal stopped: 128 + its number.
 pub fn exit_status() -> Option<i32> {
     requested().map(|s| 128 + s)

@@ -23,6 +23,8 @@ pub struct Blocks {
     /// Frames handed out so far.
     frames: u64,
     max_frame_bytes: u32,
+    /// The reader's [`crate::ReadOptions::stop`].
+    stop: fn() -> bool,
     summary: ReadSummary,
     block_bytes: usize,
     /// Bytes read past the last whole frame handed out.
@@ -101,6 +103,7 @@ impl Blocks {
         src: Box<dyn Read + Send>,
         next_offset: u64,
         max_frame_bytes: u32,
+        stop: fn() -> bool,
         summary: ReadSummary,
         block_bytes: usize,
     ) -> Blocks {
@@ -109,6 +112,7 @@ impl Blocks {
             next_offset,
             frames: 0,
             max_frame_bytes,
+            stop,
             summary,
             block_bytes: block_bytes.max(4096),
             carry: Vec::new(),
@@ -399,7 +403,7 @@ pub fn fold_frames<T: Send>(
                         order.absorb(s, part, merge, &spare_tx);
                     }
                     progress(order.records, end);
-                    interrupted = kvtrace_io::interrupt::requested().is_some();
+                    interrupted = (blocks.stop)();
                     if order.stopped || interrupted {
                         break;
                     }

@@ -36,6 +36,16 @@ pub struct ReadOptions {
     /// Threads that decode frames, for the operations whose output allows it (`info`); 0:
     /// one per core. Their results do not depend on it.
     pub threads: usize,
+    /// Asked between blocks by the whole-file reads ([`crate::blocks::fold_frames`]); `true`
+    /// ends the read where it is, with [`ReadSummary::interrupted`] set. The format knows no
+    /// signals: a program that stops on SIGINT passes its own check (kvtrace passes
+    /// `kvtrace_io::interrupt::stop_requested`); the default never stops.
+    pub stop: fn() -> bool,
+}
+
+/// The [`ReadOptions::stop`] that never stops.
+fn never() -> bool {
+    false
 }
 
 impl Default for ReadOptions {
@@ -43,6 +53,7 @@ impl Default for ReadOptions {
         ReadOptions {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             threads: 0,
+            stop: never,
         }
     }
 }
@@ -169,6 +180,7 @@ pub struct TraceReader {
     pending: usize,
     next_offset: u64,
     max_frame_bytes: u32,
+    stop: fn() -> bool,
     done: bool,
     summary: ReadSummary,
 }
@@ -262,6 +274,7 @@ impl TraceReader {
             pending: 0,
             next_offset: 0,
             max_frame_bytes: options.max_frame_bytes,
+            stop: options.stop,
             done: false,
             summary: ReadSummary {
                 compressed,
@@ -518,6 +531,7 @@ impl TraceReader {
             self.src,
             self.next_offset,
             self.max_frame_bytes,
+            self.stop,
             self.summary,
             block_bytes,
         )

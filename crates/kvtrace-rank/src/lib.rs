@@ -10,6 +10,7 @@
 
 #![warn(unreachable_pub)]
 
+pub mod aggregate;
 pub mod barrier;
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,9 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use kvtrace_io::error::{Error, Result};
+use kvtrace_io::{error, interrupt};
+use kvtrace_lmct as lmct;
+use kvtrace_report as report;
 
 /// Where a rank learnt its number: the launcher's variables, in the order they are
 /// consulted. A Kubernetes indexed Job gives only the index; its size comes from

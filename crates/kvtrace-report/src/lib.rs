@@ -11,6 +11,7 @@ pub mod csv;
 pub mod histogram;
 pub mod json;
 pub mod jsonl;
+pub mod reasons;
 pub mod svg;
 pub mod table;
 pub mod terminal;

@@ -11,6 +11,34 @@ impl Exporter for Terminal {
     }
 }
 
+/// The widest a report's text runs, in columns: it fits a 100-column terminal.
+pub const WIDTH: usize = 100;
+
+/// One line of prose (no newline) folded at spaces into lines of at most [`WIDTH`] columns
+/// where it can be, each continuation indented by `indent` spaces; a word longer than a line
+/// stays whole. Ends with a newline.
+pub fn fold(line: &str, indent: usize) -> String {
+    let body = line.trim_start_matches(' ');
+    let lead = line.len() - body.len();
+    let mut out = " ".repeat(lead);
+    let mut width = lead;
+    for (i, word) in body.split(' ').enumerate() {
+        let len = word.chars().count();
+        if i > 0 && width + 1 + len > WIDTH && width > indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(indent));
+            width = indent;
+        } else if i > 0 {
+            out.push(' ');
+            width += 1;
+        }
+        out.push_str(word);
+        width += len;
+    }
+    out.push('\n');
+    out
+}
+
 /// `text` safe for one line of a terminal: every control character (escape sequences, a
 /// carriage return, a newline that would forge a line of its own) shown as its escape, as
 /// Rust writes it (`\u{1b}`, `\n`). Strings a trace carries pass through here before they

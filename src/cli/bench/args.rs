@@ -3,8 +3,10 @@
 
 use std::path::PathBuf;
 
+use clap::builder::PossibleValuesParser;
 use clap::ValueEnum;
 use kvtrace::bench::autoscale::AutoscaleMode;
+use kvtrace::bench::models::MODELS;
 use kvtrace::bench::plan::{ClusterSpec, Generation, Options};
 use kvtrace::bench::report::Profile as ProfileKind;
 use kvtrace::bench::run::{DecodeReads, MultiTurn};
@@ -86,7 +88,8 @@ enum Personas {
 ]))]
 pub(crate) struct Args {
     /// Model whose KV geometry sizes the entries
-    #[arg(long, default_value = "llama3.1-8b")]
+    #[arg(long, default_value = "llama3.1-8b",
+          value_parser = PossibleValuesParser::new(MODELS.map(|m| m.name)))]
     model: String,
     /// Simulated users
     #[arg(long, default_value_t = 100)]

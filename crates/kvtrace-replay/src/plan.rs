@@ -1,0 +1,263 @@
+//! A replay from options to written reports, the same for the command line and a library
+//! caller: the input spooled when it is a pipe, the storage configuration the trace recorded
+//! (or the caller's) with the caller's overrides, the eviction phase settled, every output
+//! checked before the run so a finished replay is never lost to a bad path, then the replay,
+//! its per-record JSONL, and the report files.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::client::{resolve, ClientChoice};
+use super::dispatch::Outcome;
+use super::phase::{settle, PhaseChoice, PhaseReport};
+use super::report::ReplayReport;
+use super::session::SessionModel;
+use super::spool::Spooled;
+use super::{replay, RecordEvent, ReplayOptions};
+use crate::error::{Error, Result};
+use crate::lmct::digest::{config_digest, python_json};
+use crate::lmct::{Header, TraceReader};
+use crate::otel::SpanSink;
+use crate::rank::barrier::Barrier;
+use crate::storage::config::StorageConfig;
+use crate::storage::StorageManager;
+use kvtrace_report::jsonl::JsonlWriter;
+use kvtrace_report::{Exporter, Target};
+
+/// Where the storage configuration comes from.
+pub enum Storage<'a> {
+    /// The configuration recorded in the trace's header, then `overrides`. `own_l2` says the
+    /// overrides bring their own L2 tiers (so recorded adapters kvtrace cannot rebuild need
+    /// no warning); `complete` that they make a whole configuration (an L1 size or a
+    /// configuration file), so a trace that records none starts from the defaults instead
+    /// of failing.
+    Recorded {
+        overrides: &'a dyn Fn(&mut StorageConfig) -> Result<()>,
+        own_l2: bool,
+        complete: bool,
+    },
+    /// This configuration, whatever the trace recorded.
+    Given(StorageConfig),
+}
+
+/// What a replay does and writes, beyond the storage configuration.
+pub struct Options {
+    pub replay: ReplayOptions,
+    pub phase: PhaseChoice,
+    /// Report files: each exporter's output to its target (a directory takes the default
+    /// file names, as LMCache's `trace_replay_*` files).
+    pub outputs: Vec<(&'static dyn Exporter, Target, &'static str)>,
+    /// One JSON line per replayed record.
+    pub jsonl: Option<PathBuf>,
+    /// Where the ranks of a run meet once their tiers are set up, so that their replays
+    /// begin together.
+    pub barrier: Option<Barrier>,
+}
+
+/// A replay ready to run.
+pub struct Plan {
+    input: Spooled,
+    shown: String,
+    config: StorageConfig,
+    phase: Option<PhaseReport>,
+    options: Options,
+    jsonl: Option<JsonlWriter>,
+    /// The digest of the storage configuration the trace recorded.
+    recorded_digest: String,
+    /// What the caller should hear before the run (recorded tiers that cannot be rebuilt).
+    pub notes: Vec<String>,
+}
+
+/// A finished replay: the report, already written to every output.
+pub struct Finished {
+    pub report: ReplayReport,
+}
+
+impl Plan {
+    /// Opens `path` (a pipe is spooled first), settles the configuration and the eviction
+    /// phase, and checks every output.
+    pub fn new(path: &std::path::Path, storage: Storage<'_>, options: Options) -> Result<Plan> {
+        let shown = path.display().to_string();
+        let input = Spooled::open(path)?;
+        let header = TraceReader::open(input.path(), options.replay.read)
+            .map_err(|e| e.in_file(&shown))?
+            .header()
+            .clone();
+        let (mut config, notes) = storage_config(&header, storage, &shown)?;
+        let mut options = options;
+        let client = resolve(input.path(), options.replay.read, &options.replay.client)
+            .map_err(|e| e.in_file(&shown))?;
+        options.replay.client = ClientChoice::Resolved(client.clone());
+        let model = SessionModel {
+            emulate: options.replay.emulate_sessions,
+            client,
+        };
+        let phase = settle(
+            input.path(),
+            options.replay.read,
+            &header.sm_config_json,
+            &mut config,
+            options.phase,
+            &model,
+        )
+        .map_err(|e| e.in_file(&shown))?;
+        // The reports land there after the whole replay: find out now that they can.
+        for (_, target, _) in &options.outputs {
+            target.check()?;
+        }
+        let jsonl = options
+            .jsonl
+            .as_deref()
+            .map(JsonlWriter::create)
+            .transpose()?;
+        Ok(Plan {
+            input,
+            shown,
+            config,
+            phase,
+            options,
+            jsonl,
+            recorded_digest: header.sm_config_digest,
+            notes,
+        })
+    }
+
+    /// The file replayed: the input itself, or its spooled copy.
+    pub fn input(&self) -> &std::path::Path {
+        self.input.path()
+    }
+
+    /// The configuration the replay runs.
+    pub fn config(&self) -> &StorageConfig {
+        &self.config
+    }
+
+    /// Sends each replayed request to `sink` as a span tree.
+    pub fn export_spans(&mut self, sink: Arc<dyn SpanSink>) {
+        self.options.replay.spans = Some(sink);
+    }
+
+    /// The resource attributes that say which replay spans come from: the command, the
+    /// trace and its recorded configuration digest, the configuration replayed, the pacing.
+    pub fn span_resource(&self) -> Vec<(String, String)> {
+        let config = python_json(&self.config.to_lmcache_json());
+        let mut attributes = vec![
+            ("kvtrace.command", "replay".to_owned()),
+            ("kvtrace.trace", self.shown.clone()),
+            (
+                "kvtrace.trace.sm_config_digest",
+                self.recorded_digest.clone(),
+            ),
+            ("kvtrace.config.digest", config_digest(&config)),
+            ("kvtrace.pacing", self.options.replay.pacing.describe()),
+        ];
+        if let Some((rank, _)) = &self.options.replay.rank {
+            attributes.push(("kvtrace.rank", rank.rank.to_string()));
+            attributes.push(("kvtrace.world_size", rank.world_size.to_string()));
+        }
+        attributes
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect()
+    }
+
+    /// Replays, calling `on_record` after each record, and writes the JSONL and the reports.
+    pub fn run(mut self, mut on_record: impl FnMut(&RecordEvent<'_>)) -> Result<Finished> {
+        let mut sm = StorageManager::new(self.config)?;
+        if let Some(barrier) = &self.options.barrier {
+            barrier.wait()?;
+        }
+        let mut jsonl_error = None;
+        let jsonl = &mut self.jsonl;
+        let mut report = replay(self.input.path(), &mut sm, &self.options.replay, |event| {
+            on_record(event);
+            if let Some(w) = jsonl.as_mut() {
+                if let Err(e) = w.write(&record_line(event)) {
+                    jsonl_error.get_or_insert(e);
+                }
+            }
+        })?;
+        // A spooled pipe is named as the user gave it, not by its temporary copy.
+        report.trace = self.shown;
+        report.eviction_phase = self.phase;
+        if let Some(e) = jsonl_error {
+            return Err(e);
+        }
+        if let Some(w) = self.jsonl {
+            w.commit()?;
+        }
+        for (exporter, target, name) in &self.options.outputs {
+            kvtrace_report::write(&report, *exporter, target, name)?;
+        }
+        Ok(Finished { report })
+    }
+}
+
+impl Finished {
+    /// One line saying which calls failed and why, when any did: the exit status alone does
+    /// not tell a full disk from a miss.
+    pub fn failure_line(&self) -> Option<String> {
+        let r = &self.report;
+        (r.failed > 0).then(|| {
+            format!(
+                "{}: {} call(s) failed: {}",
+                r.trace,
+                r.failed,
+                kvtrace_report::reasons::failure_summary(&r.failure_reasons)
+            )
+        })
+    }
+}
+
+/// The per-record JSONL line.
+fn record_line(event: &RecordEvent<'_>) -> serde_json::Value {
+    let (kind, detail) = match event.outcome {
+        Outcome::Ok { detail } => ("ok", detail.to_string()),
+        Outcome::Failed { reason } => ("failed", reason.clone()),
+        Outcome::Skipped { reason } => ("skipped", reason.clone()),
+    };
+    serde_json::json!({
+        "qualname": event.record.qualname,
+        "latency_ms": event.latency_ms,
+        "failed": !matches!(event.outcome, Outcome::Ok { .. }),
+        "outcome": kind,
+        "detail": detail,
+    })
+}
+
+/// The configuration to replay and the notes about what of the recorded one could not be
+/// rebuilt.
+fn storage_config(
+    header: &Header,
+    storage: Storage<'_>,
+    shown: &str,
+) -> Result<(StorageConfig, Vec<String>)> {
+    let (overrides, own_l2, complete) = match storage {
+        Storage::Given(config) => return Ok((config, Vec::new())),
+        Storage::Recorded {
+            overrides,
+            own_l2,
+            complete,
+        } => (overrides, own_l2, complete),
+    };
+    let (mut config, notes) = match StorageConfig::from_lmcache_json(&header.sm_config_json) {
+        Some((config, notes)) => {
+            config.check_recorded().map_err(|e| {
+                Error::data(0, "header.sm_config_json", e).in_file(shown)
+            })?;
+            let notes = notes
+                .into_iter()
+                .filter(|n| !(own_l2 && n.contains("--l2-adapter")))
+                .collect();
+            (config, notes)
+        }
+        None if complete => (StorageConfig::default(), Vec::new()),
+        None => {
+            return Err(Error::usage(
+                "the trace records no storage configuration kvtrace can read; give one with --l1-size-gb or --config",
+            ))
+        }
+    };
+    overrides(&mut config)?;
+    Ok((config, notes))
+}

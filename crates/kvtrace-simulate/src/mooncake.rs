@@ -1,0 +1,319 @@
+//! The Mooncake request-trace format (JSONL, one request per line): read whole into a
+//! [`Workload`] for the simulation, or as bare hash ids for a trace's storage calls
+//! (`kvtrace generate --from-mooncake`). Each line is bounded before it is parsed, and a bad
+//! row names its line and field.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+
+use serde_json::Value as Json;
+
+use crate::error::{Error, Result};
+use crate::limits::{LineLimit, MAX_HASH_IDS_PER_ROW, MAX_LINE_BYTES};
+use crate::workload::{Prompt, Session, Turn, Workload};
+
+/// Reads a Mooncake-style JSONL trace. Hash ids are interned in first-seen order; the first
+/// arrival becomes time 0.
+pub fn read_mooncake(src: impl BufRead, trace_block_size: u32) -> Result<Workload> {
+    let mut interned: HashMap<u64, u32> = HashMap::new();
+    let mut sessions: Vec<Session> = Vec::new();
+    let mut by_id: HashMap<String, (usize, f64)> = HashMap::new();
+    let mut last_timestamp = 0.0f64;
+    for_each_row(src, |number, row| {
+        let turn = row.turn(number, trace_block_size, &mut interned)?;
+        let timestamp = row.timestamp.unwrap_or(last_timestamp);
+        last_timestamp = timestamp;
+        match row.session_id {
+            Some(id) => match by_id.get_mut(&id) {
+                Some((at, previous)) => {
+                    let delay = row.delay.unwrap_or((timestamp - *previous).max(0.0));
+                    *previous = timestamp;
+                    sessions[*at].turns.push(Turn {
+                        delay_ms: delay,
+                        ..turn
+                    });
+                }
+                None => {
+                    if row.delay.is_some() {
+                        return Err(Error::line(
+                            number,
+                            "delay",
+                            "the first turn of a session cannot carry a delay",
+                        ));
+                    }
+                    by_id.insert(id.clone(), (sessions.len(), timestamp));
+                    sessions.push(Session {
+                        id: Some(id),
+                        start_ms: timestamp,
+                        turns: vec![turn],
+                    });
+                }
+            },
+            None => sessions.push(Session {
+                id: None,
+                start_ms: timestamp,
+                turns: vec![turn],
+            }),
+        }
+        Ok(())
+    })?;
+    let origin = sessions
+        .iter()
+        .map(|s| s.start_ms)
+        .fold(f64::INFINITY, f64::min);
+    for s in &mut sessions {
+        s.start_ms -= origin;
+    }
+    Ok(Workload {
+        sessions,
+        planned_outputs: true,
+    })
+}
+
+/// Reads only the hash ids of a Mooncake-style JSONL trace's rows, in file order, each row
+/// checked as [`read_mooncake`] checks it.
+pub fn read_mooncake_hash_ids(src: impl BufRead) -> Result<Vec<Vec<u64>>> {
+    let mut requests = Vec::new();
+    for_each_row(src, |_, row| {
+        requests.push(row.hash_ids);
+        Ok(())
+    })?;
+    Ok(requests)
+}
+
+/// Parses every non-blank line into a [`Row`] and hands it on with its line number.
+fn for_each_row(src: impl BufRead, mut f: impl FnMut(u64, Row) -> Result<()>) -> Result<()> {
+    let src = std::io::BufReader::new(LineLimit::new(src, MAX_LINE_BYTES));
+    for (index, line) in src.lines().enumerate() {
+        let number = index as u64 + 1;
+        let line = line.map_err(|e| Error::io(format!("read failed at line {number}"), e))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row: Json = serde_json::from_str(&line)
+            .map_err(|e| Error::line(number, "json", format!("not a JSON object: {e}")))?;
+        f(number, Row::parse(&row, number)?)?;
+    }
+    Ok(())
+}
+
+/// The fields of one trace row, with their aliases.
+struct Row {
+    timestamp: Option<f64>,
+    input_length: Option<u64>,
+    output_length: u64,
+    hash_ids: Vec<u64>,
+    session_id: Option<String>,
+    delay: Option<f64>,
+    request_id: Option<String>,
+    priority: i64,
+    strict_priority: u64,
+}
+
+fn field<'a>(row: &'a Json, names: &[&'static str]) -> Option<(&'static str, &'a Json)> {
+    names
+        .iter()
+        .find_map(|&n| row.get(n).filter(|v| !v.is_null()).map(|v| (n, v)))
+}
+
+impl Row {
+    fn parse(row: &Json, line: u64) -> Result<Row> {
+        if !row.is_object() {
+            return Err(Error::line(
+                line,
+                "json",
+                "expected one JSON object per line",
+            ));
+        }
+        let wrong =
+            |name: &str, expected: &str| Error::line(line, name, format!("expected {expected}"));
+        let number = |names: &[&'static str]| -> Result<Option<f64>> {
+            field(row, names)
+                .map(|(n, v)| {
+                    v.as_f64()
+                        .filter(|x| x.is_finite() && *x >= 0.0)
+                        .ok_or_else(|| wrong(n, "a non-negative number of milliseconds"))
+                })
+                .transpose()
+        };
+        let count = |names: &[&'static str]| -> Result<Option<u64>> {
+            field(row, names)
+                .map(|(n, v)| {
+                    v.as_u64()
+                        .filter(|&x| x <= u64::from(u32::MAX))
+                        .ok_or_else(|| wrong(n, "a non-negative integer token count"))
+                })
+                .transpose()
+        };
+        let text = |name: &'static str| -> Result<Option<String>> {
+            field(row, &[name])
+                .map(|(n, v)| {
+                    v.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| wrong(n, "a JSON string"))
+                })
+                .transpose()
+        };
+        let hash_ids = match row.get("hash_ids") {
+            None | Some(Json::Null) => {
+                return Err(Error::line(line, "hash_ids", "missing field"));
+            }
+            Some(Json::Array(ids)) if ids.len() > MAX_HASH_IDS_PER_ROW => {
+                return Err(Error::line(
+                    line,
+                    "hash_ids",
+                    format!(
+                        "{} ids: more than the {MAX_HASH_IDS_PER_ROW} one request may name",
+                        ids.len()
+                    ),
+                ));
+            }
+            Some(Json::Array(ids)) => ids
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .ok_or_else(|| wrong("hash_ids", "an array of non-negative integers"))
+                })
+                .collect::<Result<Vec<u64>>>()?,
+            Some(_) => return Err(wrong("hash_ids", "an array of non-negative integers")),
+        };
+        let output_length = count(&["output_length", "output_tokens"])?
+            .ok_or_else(|| Error::line(line, "output_length", "missing field"))?;
+        Ok(Row {
+            timestamp: number(&["timestamp", "created_time"])?,
+            input_length: count(&["input_length", "input_tokens"])?,
+            output_length,
+            hash_ids,
+            session_id: text("session_id")?,
+            delay: number(&["delay", "delay_ms"])?,
+            request_id: text("request_id")?,
+            priority: match field(row, &["priority"]) {
+                None => 0,
+                Some((n, v)) => v.as_i64().ok_or_else(|| wrong(n, "an integer"))?,
+            },
+            strict_priority: count(&["strict_priority"])?.unwrap_or(0),
+        })
+    }
+
+    /// The row's request. A prompt longer than its hash ids cover is an error (the trace was
+    /// written with another block size); ids beyond the prompt are ignored.
+    fn turn(&self, line: u64, block: u32, interned: &mut HashMap<u64, u32>) -> Result<Turn> {
+        let capacity = self.hash_ids.len() as u64 * u64::from(block);
+        let len = self.input_length.unwrap_or(capacity);
+        if len == 0 {
+            let field = if self.input_length.is_some() {
+                "input_length"
+            } else {
+                "hash_ids"
+            };
+            return Err(Error::line(
+                line,
+                field,
+                "a request needs at least one prompt token",
+            ));
+        }
+        if len > capacity {
+            return Err(Error::line(
+                line,
+                "hash_ids",
+                format!(
+                    "{} ids of {block} tokens cover {capacity} tokens but input_length is {len}; \
+                     give the trace's block size with --trace-block-size",
+                    self.hash_ids.len()
+                ),
+            ));
+        }
+        let used = len.div_ceil(u64::from(block.max(1))) as usize;
+        let ids = self.hash_ids[..used]
+            .iter()
+            .map(|&h| {
+                let next = interned.len() as u32;
+                *interned.entry(h).or_insert(next)
+            })
+            .collect();
+        Ok(Turn {
+            prompt: Prompt {
+                ids,
+                block_tokens: block,
+                len: len as u32,
+            },
+            output_length: self.output_length as u32,
+            delay_ms: 0.0,
+            request_id: self.request_id.clone(),
+            priority: self.priority,
+            strict_priority: self.strict_priority,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Workload> {
+        read_mooncake(text.as_bytes(), 512)
+    }
+
+    #[test]
+    fn rows_become_sessions_with_interned_ids_and_aliases() {
+        let w = parse(
+            "{\"timestamp\": 500, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [7, 9]}\n\
+             {\"created_time\": 700, \"input_tokens\": 10, \"output_tokens\": 2, \"hash_ids\": [9, 3], \"session_id\": \"s\"}\n\
+             {\"timestamp\": 900, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [3], \"session_id\": \"s\"}\n\
+             {\"timestamp\": 950, \"output_length\": 2, \"hash_ids\": [3], \"session_id\": \"s\", \"delay_ms\": 40}\n",
+        )
+        .expect("parse");
+        assert_eq!(w.sessions.len(), 2);
+        assert_eq!(w.sessions[0].start_ms, 0.0, "first arrival is time 0");
+        assert_eq!(w.sessions[0].turns[0].prompt.ids, [0, 1]);
+        let s = &w.sessions[1];
+        assert_eq!(s.start_ms, 200.0);
+        assert_eq!(
+            s.turns[0].prompt.ids,
+            [1],
+            "ids beyond the prompt are dropped"
+        );
+        assert_eq!(s.turns[1].delay_ms, 200.0, "timestamp delta");
+        assert_eq!(s.turns[2].delay_ms, 40.0, "explicit delay");
+        assert_eq!(
+            s.turns[2].prompt.len, 512,
+            "input length defaults to capacity"
+        );
+    }
+
+    #[test]
+    fn bad_rows_name_their_line_and_field() {
+        let cases = [
+            ("{\"output_length\": 1}", "line 1: hash_ids: missing field"),
+            (
+                "\n{\"hash_ids\": [1], \"output_length\": \"x\"}",
+                "line 2: output_length: expected",
+            ),
+            (
+                "{\"hash_ids\": [1], \"input_length\": 600, \"output_length\": 1}",
+                "--trace-block-size",
+            ),
+            (
+                "{\"hash_ids\": [1], \"output_length\": 1, \"session_id\": 4}",
+                "session_id: expected a JSON string",
+            ),
+            (
+                "{\"hash_ids\": [1], \"output_length\": 1, \"session_id\": \"a\", \"delay\": 3}",
+                "first turn",
+            ),
+            ("[1]", "line 1: json"),
+            (
+                "{\"timestamp\": 0, \"output_length\": 10, \"hash_ids\": []}",
+                "line 1: hash_ids: a request needs at least one prompt token",
+            ),
+            (
+                "{\"input_length\": 0, \"output_length\": 10, \"hash_ids\": [1]}",
+                "line 1: input_length: a request needs at least one prompt token",
+            ),
+        ];
+        for (text, expected) in cases {
+            let e = parse(text).expect_err(text).to_string();
+            assert!(e.contains(expected), "{text}: {e}");
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! Request workloads for the serving simulation: sessions of turns, from a Mooncake trace
+//! ([`crate::mooncake`]) or seeded and synthetic. Prompts stay compact — one content id per
+//! trace block, never a token vector — so a 145 M-token trace costs a few megabytes.
+
+use std::collections::HashMap;
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// The block size Mooncake traces are written with.
+pub const DEFAULT_TRACE_BLOCK_SIZE: u32 = 512;
+
+/// A prompt as a sequence of content ids, each standing for `block_tokens` identical tokens
+/// (the last block may be partial). Equal ids at equal positions are reusable prefix KV.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prompt {
+    pub ids: Vec<u32>,
+    pub block_tokens: u32,
+    pub len: u32,
+}
+
+impl Prompt {
+    /// Chained hashes of the prompt's full blocks of `block_size` tokens: block `j`'s hash
+    /// covers its content and every block before it, so equal hashes mean equal prefixes
+    /// whatever the trace's own block size.
+    pub fn block_hashes(&self, block_size: u32) -> Vec<u64> {
+        let (b, t) = (
+            u64::from(block_size.max(1)),
+            u64::from(self.block_tokens.max(1)),
+        );
+        let full = u64::from(self.len) / b;
+        let mut out = Vec::with_capacity(full as usize);
+        let mut parent = 0u64;
+        let mut runs: Vec<u8> = Vec::with_capacity(24);
+        for j in 0..full {
+            let (start, end) = (j * b, (j + 1) * b);
+            runs.clear();
+            let mut pos = start;
+            while pos < end {
+                let block = pos / t;
+                let stop = ((block + 1) * t).min(end);
+                let id = self.ids.get(block as usize).copied().unwrap_or(u32::MAX);
+                runs.extend_from_slice(&id.to_le_bytes());
+                runs.extend_from_slice(&((stop - pos) as u32).to_le_bytes());
+                pos = stop;
+            }
+            parent = xxh3_64_with_seed(&runs, parent);
+            out.push(parent);
+        }
+        out
+    }
+}
+
+/// One request of a session.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Turn {
+    pub prompt: Prompt,
+    pub output_length: u32,
+    /// Milliseconds between the previous turn's completion and this turn (0 for the first).
+    pub delay_ms: f64,
+    pub request_id: Option<String>,
+    /// The router queue's priority bump in seconds and its strict tier (engines ignore both).
+    pub priority: i64,
+    pub strict_priority: u64,
+}
+
+/// Turns that run one after another; a trace row without a session id is a session of one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Session {
+    pub id: Option<String>,
+    /// Arrival of the first turn, in milliseconds from the start of the workload.
+    pub start_ms: f64,
+    pub turns: Vec<Turn>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Workload {
+    pub sessions: Vec<Session>,
+    /// Each request comes with its output tokens planned: trace files and session
+    /// workloads do in Dynamo, flat synthetic requests do not. A disaggregated prefill
+    /// worker then generates all of them (hidden) before it hands the request off, as
+    /// Dynamo 1.4.2's does; otherwise one.
+    pub planned_outputs: bool,
+}
+
+impl Workload {
+    pub fn request_count(&self) -> usize {
+        self.sessions.iter().map(|s| s.turns.len()).sum()
+    }
+
+    /// Divides arrival times and inter-turn delays by `ratio` (trace replay faster or slower
+    /// than recorded).
+    pub fn speed_up_arrivals(&mut self, ratio: f64) {
+        if ratio > 0.0 && ratio != 1.0 {
+            for s in &mut self.sessions {
+                s.start_ms /= ratio;
+                for t in &mut s.turns {
+                    t.delay_ms /= ratio;
+                }
+            }
+        }
+    }
+}
+
+/// How synthetic requests arrive when they are not driven by a concurrency limit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SyntheticArrivals {
+    /// All at time 0; a closed-loop concurrency limit releases them.
+    Burst,
+    /// Poisson arrivals at this many requests per second, from this seed.
+    Rate { per_s: f64, seed: u64 },
+    /// A constant gap in milliseconds (0 = all at once).
+    Interval { ms: f64 },
+}
+
+impl SyntheticArrivals {
+    /// The first turn's arrival of each of `count` sessions, in milliseconds. Gaps accumulate
+    /// one after another, and a Poisson gap is `-mean · ln(1 - u)` of rand's `StdRng` uniform,
+    /// as Dynamo's `ArrivalSpec::timestamps` draws them.
+    fn timestamps(&self, count: u32) -> Vec<f64> {
+        let (mean_gap, mut rng) = match *self {
+            SyntheticArrivals::Burst => (0.0, None),
+            SyntheticArrivals::Interval { ms } => (ms, None),
+            SyntheticArrivals::Rate { per_s, seed } => {
+                (1000.0 / per_s, Some(StdRng::seed_from_u64(seed)))
+            }
+        };
+        let mut at = 0.0;
+        (0..count)
+            .map(|i| {
+                if i > 0 {
+                    at += match rng.as_mut() {
+                        Some(rng) => exponential(mean_gap, rng),
+                        None => mean_gap,
+                    };
+                }
+                at
+            })
+            .collect()
+    }
+}
+
+fn exponential(mean: f64, rng: &mut StdRng) -> f64 {
+    if mean == 0.0 {
+        return 0.0;
+    }
+    let u = (1.0 - rng.random::<f64>()).clamp(f64::MIN_POSITIVE, 1.0);
+    -mean * u.ln()
+}
+
+/// A synthetic workload (reference §4.3). With one turn and no shared prefix every prompt
+/// is unique; otherwise sessions of `turns` turns whose prompts start with
+/// `round(ceil(isl / block) · shared_prefix_ratio)` blocks shared by the session's prefix
+/// group. A turn does not extend the previous turn's context.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyntheticSpec {
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+    /// Requests (flat) or sessions.
+    pub count: u32,
+    pub turns: u32,
+    pub shared_prefix_ratio: f64,
+    pub prefix_groups: u32,
+    pub inter_turn_delay_ms: f64,
+    pub block_size: u32,
+    pub arrivals: SyntheticArrivals,
+    /// Picks each session's prefix group.
+    pub seed: u64,
+}
+
+impl SyntheticSpec {
+    /// Draws the workload as Dynamo 1.4.2's `SyntheticTraceSpec` does — one prefix group per
+    /// session from rand's `StdRng` seeded with `seed`, fresh blocks numbered in order — so
+    /// the same flags give the same requests in both tools. Ids are interned in first-seen
+    /// order like a trace file's.
+    pub fn build(&self) -> Workload {
+        let block = self.block_size.max(1);
+        let blocks = self.input_tokens.div_ceil(block);
+        let shared = ((f64::from(blocks) * self.shared_prefix_ratio).round() as u32).min(blocks);
+        let grouped = self.prefix_groups > 0 && self.shared_prefix_ratio > 0.0;
+        let mut rng = StdRng::seed_from_u64(self.seed);
+        let mut interned: HashMap<u64, u32> = HashMap::new();
+        let mut intern = |raw: u64| {
+            let next = interned.len() as u32;
+            *interned.entry(raw).or_insert(next)
+        };
+        let mut next_fresh = 1u64;
+        let sessions = self
+            .arrivals
+            .timestamps(self.count)
+            .into_iter()
+            .enumerate()
+            .map(|(i, start_ms)| {
+                let group =
+                    grouped.then(|| rng.random_range(0..self.prefix_groups as usize) as u64);
+                let turns = (0..self.turns.max(1))
+                    .map(|t| {
+                        let mut ids = Vec::with_capacity(blocks as usize);
+                        if let Some(group) = group {
+                            ids.extend(
+                                (0..u64::from(shared))
+                                    .map(|k| intern(GROUP_PREFIX_TAG | (group << 32) | k)),
+                            );
+                        }
+                        while ids.len() < blocks as usize {
+                            ids.push(intern(next_fresh));
+                            next_fresh += 1;
+                        }
+                        Turn {
+                            prompt: Prompt {
+                                ids,
+                                block_tokens: block,
+                                len: self.input_tokens,
+                            },
+                            output_length: self.output_tokens.max(1),
+                            delay_ms: if t == 0 {
+                                0.0
+                            } else {
+                                self.inter_turn_delay_ms
+                            },
+                            request_id: None,
+                            priority: 0,
+                            strict_priority: 0,
+                        }
+                    })
+                    .collect();
+                Session {
+                    id: (self.turns > 1).then(|| format!("session-{i}")),
+                    start_ms,
+                    turns,
+                }
+            })
+            .collect();
+        Workload {
+            sessions,
+            planned_outputs: self.turns > 1
+                || self.shared_prefix_ratio > 0.0
+                || self.prefix_groups > 0
+                || self.inter_turn_delay_ms > 0.0,
+        }
+    }
+}
+
+/// Marks a prefix group's block ids apart from the fresh ones (which count up from 1).
+const GROUP_PREFIX_TAG: u64 = 0xD00D_0000_0000_0000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_hashes_follow_content_across_block_sizes() {
+        let p = |ids: Vec<u32>, len| Prompt {
+            ids,
+            block_tokens: 512,
+            len,
+        };
+        let a = p(vec![0, 1, 2], 1500).block_hashes(64);
+        let b = p(vec![0, 1, 5], 1500).block_hashes(64);
+        assert_eq!(a.len(), 23, "full 64-token blocks only");
+        assert_eq!(a[..16], b[..16], "shared two trace blocks");
+        assert_ne!(a[16], b[16]);
+        assert_ne!(a[0], a[1], "equal content, different position");
+        let odd = p(vec![0, 1], 1024).block_hashes(300);
+        assert_eq!(odd.len(), 3);
+    }
+
+    #[test]
+    fn synthetic_sessions_share_group_prefixes_and_are_seeded() {
+        let spec = SyntheticSpec {
+            input_tokens: 1000,
+            output_tokens: 10,
+            count: 20,
+            turns: 3,
+            shared_prefix_ratio: 0.5,
+            prefix_groups: 2,
+            inter_turn_delay_ms: 5.0,
+            block_size: 100,
+            arrivals: SyntheticArrivals::Rate {
+                per_s: 10.0,
+                seed: 42,
+            },
+            seed: 42,
+        };
+        let w = spec.build();
+        assert_eq!(w.request_count(), 60);
+        let first = &w.sessions[0].turns[0].prompt.ids;
+        assert_eq!(first.len(), 10);
+        assert!(first[..5].iter().all(|&id| id < 10), "group prefix ids");
+        assert!(w.sessions[1].start_ms > 0.0);
+        assert_eq!(w, spec.build(), "same seed, same workload");
+    }
+}

@@ -1,0 +1,550 @@
+//! `kvtrace convert`: LMCT ↔ lossless JSONL, plain ↔ zstd, and later schemas → schema 1.
+//!
+//! Without a schema change every conversion is lossless, including the parts LMCache would
+//! drop: undecodable frames travel as `$frame_hex` lines and a truncated tail as a final
+//! `$tail_hex` line, so `.lct → .jsonl → .lct` gives back the original bytes.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value as Json;
+
+use super::{Progress, PROGRESS_EVERY};
+use crate::error::{Error, Result};
+use crate::lmct::blocks::fold_frames;
+use crate::lmct::json::{from_lossless, Lossless};
+use crate::lmct::msgpack::{encode, RawValue, MAX_DEPTH};
+use crate::lmct::reader::ZSTD_MAGIC;
+use crate::lmct::schema::Migration;
+use crate::lmct::{write_frame, Frame, Header, ReadOptions, TraceReader, TraceSink, Value};
+
+/// Bytes of frames each converting thread takes at a time.
+const BLOCK_BYTES: usize = 1 << 20;
+
+/// The three file kinds kvtrace converts between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Lct,
+    LctZstd,
+    Jsonl,
+}
+
+impl Kind {
+    /// The kind an output path asks for, by extension.
+    pub fn from_path(path: &Path) -> Kind {
+        let name = path.to_string_lossy();
+        if name.ends_with(".jsonl") {
+            Kind::Jsonl
+        } else if name.ends_with(".zst") {
+            Kind::LctZstd
+        } else {
+            Kind::Lct
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Kind> {
+        match name {
+            "lct" => Some(Kind::Lct),
+            "lct.zst" | "zst" => Some(Kind::LctZstd),
+            "jsonl" => Some(Kind::Jsonl),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct ConvertOptions {
+    pub to: Kind,
+    /// Rewrite schema-2 and early shapes into schema 1.
+    pub to_schema_1: bool,
+    pub zstd_level: i32,
+    pub read: ReadOptions,
+}
+
+/// What a conversion did.
+#[derive(Clone, Debug, Default)]
+pub struct ConvertReport {
+    pub frames: u64,
+    /// A signal stopped the conversion: the output holds the frames before it.
+    pub interrupted: bool,
+    /// Frames kept as raw bytes because they are not valid msgpack.
+    pub raw_frames: u64,
+    /// Bytes of a truncated tail carried over.
+    pub tail_bytes: u64,
+    pub migration: Option<Migration>,
+}
+
+/// One unit of a trace on its way through a conversion.
+enum Item {
+    Frame(Value),
+    RawFrame(Vec<u8>),
+    Tail(Vec<u8>),
+}
+
+/// The destination: a file (fsynced when finished) or standard output.
+enum Output {
+    File(TraceSink),
+    Stream(Box<dyn Write>),
+}
+
+impl Write for Output {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Output::File(s) => s.write(buf),
+            Output::Stream(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Output::File(s) => s.flush(),
+            Output::Stream(s) => s.flush(),
+        }
+    }
+}
+
+impl Output {
+    fn finish(self) -> io::Result<()> {
+        match self {
+            Output::File(s) => s.finish(),
+            Output::Stream(mut s) => s.flush(),
+        }
+    }
+}
+
+/// Where converted items go, in which form.
+struct Sink {
+    jsonl: bool,
+    out: Output,
+}
+
+/// Writes an item in the output's form: a frame, or a lossless JSON line.
+fn put(out: &mut impl Write, jsonl: bool, item: &Item) -> io::Result<()> {
+    if !jsonl {
+        return match item {
+            Item::Frame(v) => {
+                let mut body = Vec::new();
+                encode(v, &mut body);
+                write_frame(out, &body)
+            }
+            Item::RawFrame(body) => write_frame(out, body),
+            Item::Tail(bytes) => out.write_all(bytes),
+        };
+    }
+    match item {
+        Item::Frame(v) => serde_json::to_writer(&mut *out, &Lossless(v))?,
+        Item::RawFrame(body) => serde_json::to_writer(
+            &mut *out,
+            &serde_json::json!({ "$frame_hex": hex::encode(body) }),
+        )?,
+        Item::Tail(bytes) => serde_json::to_writer(
+            &mut *out,
+            &serde_json::json!({ "$tail_hex": hex::encode(bytes) }),
+        )?,
+    }
+    out.write_all(b"\n")
+}
+
+/// Applies the schema-1 rewrite to a header or record frame.
+fn migrate_frame(frame: &mut Value, is_header: bool, migration: &mut Migration) {
+    if is_header {
+        if let Some(map) = frame.as_map_mut() {
+            for (k, v) in map.iter_mut() {
+                if matches!(k.as_str(), Some("trace_schema_version" | "lmcache_version")) {
+                    *k = Value::str("trace_schema_version");
+                    *v = Value::int(1);
+                }
+            }
+        }
+        return;
+    }
+    let qualname = frame
+        .get("qualname")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    if let Some(args) = frame.get_mut("args") {
+        migration.migrate_args(&qualname, args);
+    }
+}
+
+struct Pipeline<'a> {
+    sink: Sink,
+    progress: Progress<'a>,
+    needs_values: bool,
+    migration: Option<Migration>,
+    report: ConvertReport,
+    seen_header: bool,
+    /// The output's name, for write errors (the caller names the input for read errors).
+    shown_out: String,
+}
+
+/// A frame's body as the output needs it: a value tree when it is re-encoded (JSONL, or a
+/// schema rewrite, which `migration` records), else the bytes as they are.
+fn prepare(
+    body: &[u8],
+    needs_values: bool,
+    is_header: bool,
+    migration: Option<&mut Migration>,
+) -> Item {
+    let item = match needs_values.then(|| RawValue::parse(body)) {
+        Some(Ok(v)) => Item::Frame(v.to_value()),
+        _ => Item::RawFrame(body.to_vec()),
+    };
+    match (item, migration) {
+        (Item::Frame(mut v), Some(m)) => {
+            migrate_frame(&mut v, is_header, m);
+            Item::Frame(v)
+        }
+        (other, _) => other,
+    }
+}
+
+impl Pipeline<'_> {
+    fn push(&mut self, item: Item) -> Result<()> {
+        let item = match item {
+            Item::RawFrame(body) => prepare(
+                &body,
+                self.needs_values,
+                !self.seen_header,
+                self.migration.as_mut(),
+            ),
+            other => other,
+        };
+        match &item {
+            Item::Frame(_) | Item::RawFrame(_) => {
+                self.report.frames += 1;
+                if self.report.frames.is_multiple_of(PROGRESS_EVERY) {
+                    (self.progress)(self.report.frames, 0);
+                }
+            }
+            Item::Tail(b) => self.report.tail_bytes += b.len() as u64,
+        }
+        self.seen_header = true;
+        put(&mut self.sink.out, self.sink.jsonl, &item)
+            .map_err(|e| Error::io("cannot write", e).in_file(&self.shown_out))
+    }
+}
+
+/// One block of converted frames, in the output's form.
+#[derive(Default)]
+struct Converted {
+    out: Vec<u8>,
+    frames: u64,
+    raw_frames: u64,
+    migration: Option<Migration>,
+}
+
+fn open_input(path: &Path) -> Result<Box<dyn Read + Send>> {
+    if path.as_os_str() == "-" {
+        return Ok(Box::new(io::stdin()));
+    }
+    let file = File::open(path).map_err(|e| Error::io("cannot open", e))?;
+    Ok(Box::new(file))
+}
+
+fn open_output(path: &Path, kind: Kind, level: i32) -> Result<Sink> {
+    let out = if path.as_os_str() == "-" {
+        let stdout = BufWriter::new(io::stdout());
+        Output::Stream(if kind == Kind::LctZstd {
+            let z =
+                zstd::Encoder::new(stdout, level).map_err(|e| Error::io("cannot start zstd", e))?;
+            Box::new(z.auto_finish())
+        } else {
+            Box::new(stdout)
+        })
+    } else {
+        Output::File(TraceSink::create(
+            path,
+            (kind == Kind::LctZstd).then_some(level),
+        )?)
+    };
+    Ok(Sink {
+        jsonl: kind == Kind::Jsonl,
+        out,
+    })
+}
+
+/// Converts `input` to `output`. The output is flushed and fsynced even when the input turns
+/// out to be bad half-way, so everything converted before the error is kept.
+pub fn convert(
+    input: &Path,
+    output: &Path,
+    options: ConvertOptions,
+    progress: Progress<'_>,
+) -> Result<ConvertReport> {
+    let shown_in = input.display().to_string();
+    let shown_out = output.display().to_string();
+    crate::output::refuse_overwrite(input, output)?;
+    let mut source = BufReader::new(open_input(input).map_err(|e| e.in_file(&shown_in))?);
+    let first = source
+        .fill_buf()
+        .map_err(|e| Error::io("cannot read", e).in_file(&shown_in))?;
+    let input_is_jsonl =
+        first.first().is_some_and(|b| *b == b'{') && !first.starts_with(&ZSTD_MAGIC);
+    let sink =
+        open_output(output, options.to, options.zstd_level).map_err(|e| e.in_file(&shown_out))?;
+    let mut pipeline = Pipeline {
+        progress,
+        needs_values: options.to == Kind::Jsonl || options.to_schema_1,
+        sink,
+        migration: options.to_schema_1.then(Migration::default),
+        report: ConvertReport::default(),
+        seen_header: false,
+        shown_out: shown_out.clone(),
+    };
+    let result = if input_is_jsonl {
+        read_jsonl(source, options.read.max_frame_bytes, &mut pipeline)
+            .map_err(|e| e.in_file(&shown_in))
+    } else {
+        read_lct(source, options.read, &mut pipeline).map_err(|e| e.in_file(&shown_in))
+    };
+    let finished = pipeline
+        .sink
+        .out
+        .finish()
+        .map_err(|e| Error::io("cannot flush and fsync", e).in_file(&shown_out));
+    let mut report = pipeline.report;
+    report.migration = pipeline.migration;
+    result?;
+    finished?;
+    Ok(report)
+}
+
+/// Reads LMCT: the frames after the header are converted a block per thread on every core
+/// (turning msgpack into JSON costs far more than reading it) and written in stream order.
+fn read_lct(
+    source: impl Read + Send + 'static,
+    read: ReadOptions,
+    p: &mut Pipeline<'_>,
+) -> Result<()> {
+    let reader = TraceReader::from_reader(source, read)?;
+    p.push(Item::RawFrame(reader.header_body().to_vec()))?;
+    let (jsonl, needs_values, migrating) = (p.sink.jsonl, p.needs_values, p.migration.is_some());
+    let mut write_error = None;
+    let summary = fold_frames(
+        reader,
+        read.threads(),
+        BLOCK_BYTES,
+        &|| Converted {
+            migration: migrating.then(Migration::default),
+            ..Converted::default()
+        },
+        &|block, _, frame| {
+            let body = match frame {
+                Frame::Record(r) => r.body,
+                Frame::Undecodable { body, .. } => {
+                    block.raw_frames += 1;
+                    body
+                }
+            };
+            let item = prepare(body, needs_values, false, block.migration.as_mut());
+            // Writing into a Vec cannot fail.
+            let _ = put(&mut block.out, jsonl, &item);
+            block.frames += 1;
+        },
+        &mut |block| {
+            if let Err(e) = p.sink.out.write_all(&block.out) {
+                write_error = Some(e);
+                return false;
+            }
+            p.report.frames += block.frames;
+            p.report.raw_frames += block.raw_frames;
+            if let (Some(all), Some(more)) = (p.migration.as_mut(), block.migration) {
+                all.merge(&more);
+            }
+            (p.progress)(p.report.frames, 0);
+            true
+        },
+        &|_, _| {},
+    )?;
+    if let Some(e) = write_error {
+        return Err(Error::io("cannot write", e).in_file(&p.shown_out));
+    }
+    if crate::interrupt::requested().is_some() {
+        p.report.interrupted = true;
+        return Ok(());
+    }
+    if let Some(t) = summary.truncation {
+        p.push(Item::Tail(t.bytes))?;
+    }
+    Ok(())
+}
+
+fn hex_field(obj: &serde_json::Map<String, Json>, key: &str, line: u64) -> Result<Vec<u8>> {
+    let text = obj[key]
+        .as_str()
+        .ok_or_else(|| Error::line(line, key, "expected a hex string"))?;
+    hex::decode(text).map_err(|e| Error::line(line, key, e.to_string()))
+}
+
+/// The deepest JSON nesting a line may have: lossless JSON wraps each msgpack level in at
+/// most four (a form annotation, a `$map` annotation, its pair list, a pair), and a frame
+/// nests at most [`MAX_DEPTH`] levels. The check runs before parsing, so the parser's own
+/// recursion (and the stack) stays bounded without serde_json's fixed 128-level limit,
+/// which would refuse lines `convert` itself wrote.
+const MAX_JSON_DEPTH: usize = 4 * (MAX_DEPTH + 1) + 2;
+
+/// The maximum nesting of brackets and braces outside strings.
+fn json_depth(line: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0, false, false);
+    for b in line.bytes() {
+        match (in_string, escaped, b) {
+            (true, true, _) => escaped = false,
+            (true, false, b'\\') => escaped = true,
+            (true, false, b'"') => in_string = false,
+            (true, false, _) => {}
+            (false, _, b'"') => in_string = true,
+            (false, _, b'[' | b'{') => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (false, _, b']' | b'}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// A frame body a reader will accept: at most `max_frame_bytes` long and, unless it is kept
+/// raw on purpose, msgpack no deeper than [`MAX_DEPTH`].
+fn check_frame(body: &[u8], max_frame_bytes: u32, raw: bool, line: u64) -> Result<()> {
+    if body.len() as u64 > u64::from(max_frame_bytes) {
+        return Err(Error::line(
+            line,
+            "frame",
+            format!(
+                "{} bytes is over the {max_frame_bytes}-byte frame limit readers enforce",
+                body.len()
+            ),
+        ));
+    }
+    if !raw {
+        crate::lmct::msgpack::validate(body, 0)
+            .map_err(|e| Error::line(line, "value", e.to_string()))?;
+    }
+    Ok(())
+}
+
+fn read_jsonl(source: impl BufRead, max_frame_bytes: u32, p: &mut Pipeline<'_>) -> Result<()> {
+    let mut line_no = 0u64;
+    for line in source.lines() {
+        if crate::interrupt::requested().is_some() {
+            p.report.interrupted = true;
+            return Ok(());
+        }
+        line_no += 1;
+        let line = line.map_err(|e| Error::io(format!("cannot read line {line_no}"), e))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let depth = json_depth(&line);
+        if depth > MAX_JSON_DEPTH {
+            return Err(Error::line(
+                line_no,
+                "json",
+                format!("nested {depth} levels deep, over the {MAX_JSON_DEPTH} a frame can need"),
+            ));
+        }
+        let mut parser = serde_json::Deserializer::from_str(&line);
+        parser.disable_recursion_limit();
+        let json = Json::deserialize(&mut parser)
+            .and_then(|j| parser.end().map(|()| j))
+            .map_err(|e| Error::line(line_no, "json", e.to_string()))?;
+        let item = match json.as_object() {
+            Some(obj) if obj.contains_key("$frame_hex") => {
+                let body = hex_field(obj, "$frame_hex", line_no)?;
+                check_frame(&body, max_frame_bytes, true, line_no)?;
+                p.report.raw_frames += 1;
+                Item::RawFrame(body)
+            }
+            Some(obj) if obj.contains_key("$tail_hex") => {
+                Item::Tail(hex_field(obj, "$tail_hex", line_no)?)
+            }
+            _ => {
+                let value = from_lossless(&json).map_err(|e| Error::line(line_no, "value", e))?;
+                let mut body = Vec::new();
+                encode(&value, &mut body);
+                check_frame(&body, max_frame_bytes, false, line_no)?;
+                Item::Frame(value)
+            }
+        };
+        if !p.seen_header {
+            let Item::Frame(v) = &item else {
+                return Err(Error::line(
+                    line_no,
+                    "header",
+                    "the first line must be the header",
+                ));
+            };
+            let mut body = Vec::new();
+            encode(v, &mut body);
+            Header::parse(&body).map_err(|(field, msg)| Error::line(line_no, field, msg))?;
+        }
+        p.push(item)?;
+    }
+    if !p.seen_header {
+        return Err(Error::line(1, "header", "no header line: empty input"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{write_to, SynthOptions};
+    use crate::QUIET;
+
+    /// Blocks converted on several threads land in stream order: a trace of several blocks,
+    /// with an undecodable frame and a cut tail, goes to JSONL identically on 1 and 3
+    /// threads and comes back byte for byte.
+    #[test]
+    fn a_multi_block_trace_converts_the_same_on_any_thread_count() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let options = SynthOptions {
+            records: 6000,
+            ..SynthOptions::default()
+        };
+        let mut bytes = write_to(&options, Vec::new(), QUIET).expect("trace");
+        assert!(bytes.len() > 3 * BLOCK_BYTES, "{} bytes", bytes.len());
+        let middle = {
+            let mut r =
+                TraceReader::from_reader(io::Cursor::new(bytes.clone()), ReadOptions::default())
+                    .expect("header");
+            let mut offset = 0;
+            while let Some(record) = r.next_record().expect("read") {
+                offset = record.offset as usize;
+                if offset > bytes.len() / 2 {
+                    break;
+                }
+            }
+            offset
+        };
+        bytes[middle + 4..middle + 12].fill(0xc1);
+        bytes.truncate(bytes.len() - 5);
+        let original = dir.path().join("t.lct");
+        std::fs::write(&original, &bytes).expect("write");
+        let run = |input: &Path, output: &Path, to: Kind, threads: usize| {
+            let options = ConvertOptions {
+                to,
+                to_schema_1: false,
+                zstd_level: 3,
+                read: ReadOptions {
+                    threads,
+                    ..ReadOptions::default()
+                },
+            };
+            convert(input, output, options, QUIET).expect("convert")
+        };
+        let (one, three) = (dir.path().join("1.jsonl"), dir.path().join("3.jsonl"));
+        let report = run(&original, &one, Kind::Jsonl, 1);
+        run(&original, &three, Kind::Jsonl, 3);
+        assert_eq!(std::fs::read(&one).unwrap(), std::fs::read(&three).unwrap());
+        assert_eq!((report.raw_frames, report.tail_bytes > 0), (1, true));
+        let back = dir.path().join("back.lct");
+        run(&three, &back, Kind::Lct, 3);
+        assert_eq!(std::fs::read(&back).unwrap(), bytes);
+    }
+}

@@ -1,0 +1,332 @@
+//! `kvtrace simulate`: Dynamo's `python -m dynamo.replay` flags, turned into
+//! [`plan::Options`], checked into a library plan by [`plan::plan`]; the library simulates and
+//! reports.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::otel::SpanSink;
+use kvtrace::simulate::offload::DEFAULT_CHUNK_TOKENS;
+use kvtrace::simulate::spans::request_span;
+use kvtrace::simulate::workload::DEFAULT_TRACE_BLOCK_SIZE;
+use kvtrace::storage::config::StorageConfig;
+
+pub(super) mod plan;
+
+use super::otlp::{self, OtlpArgs};
+use super::tiers::{apply_toml, TierArgs};
+use super::{print_stdout, say_recorded, warn_line};
+use plan::{Options, Router};
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ReplayMode {
+    Offline,
+    Online,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RouterKind {
+    #[value(name = "round_robin")]
+    RoundRobin,
+    #[value(name = "kv_router")]
+    KvRouter,
+}
+
+/// Simulate serving a request trace (Mooncake JSONL) or a synthetic workload on mock engines
+/// and report latency and throughput — the flags and report of `python -m dynamo.replay`
+#[derive(clap::Args)]
+#[command(after_help = super::examples(&[
+    "kvtrace simulate trace.jsonl --num-workers 4 --router-mode kv_router --extra-engine-args '{\"block_size\":512}'",
+    "kvtrace simulate --input-tokens 5000 --output-tokens 500 --request-count 1000 --replay-concurrency 100",
+]))]
+pub(super) struct Args {
+    /// Mooncake-style JSONL request trace (or give --input-tokens/--output-tokens/--request-count)
+    trace: Option<PathBuf>,
+    /// offline: virtual time, as fast as possible, reproducible; online: live worker threads
+    /// that sleep through every pass on the wall clock (speed it up with the engines'
+    /// speedup_ratio and --arrival-speedup-ratio)
+    #[arg(long, value_enum, default_value = "offline")]
+    replay_mode: ReplayMode,
+    #[arg(long, value_enum, default_value = "round_robin")]
+    router_mode: RouterKind,
+    /// Aggregated workers [default: 1]
+    #[arg(long)]
+    num_workers: Option<u32>,
+    /// Prefill workers (disaggregated serving) [default: 1]
+    #[arg(long)]
+    num_prefill_workers: Option<u32>,
+    /// Decode workers (disaggregated serving) [default: 1]
+    #[arg(long)]
+    num_decode_workers: Option<u32>,
+    /// Closed loop: keep at most N requests (or multi-turn sessions) in flight
+    #[arg(long, value_name = "N")]
+    replay_concurrency: Option<u32>,
+    /// Divide trace timestamps and inter-turn delays by this
+    #[arg(long, default_value_t = 1.0)]
+    arrival_speedup_ratio: f64,
+    /// Tokens per hash id in the trace
+    #[arg(long, default_value_t = DEFAULT_TRACE_BLOCK_SIZE)]
+    trace_block_size: u32,
+    /// Synthetic workload: prompt tokens per request
+    #[arg(long)]
+    input_tokens: Option<u32>,
+    /// Synthetic workload: output tokens per request
+    #[arg(long)]
+    output_tokens: Option<u32>,
+    /// Synthetic workload: requests (sessions when multi-turn)
+    #[arg(long)]
+    request_count: Option<u32>,
+    /// Synthetic: Poisson arrivals at this many requests per second
+    #[arg(long)]
+    request_rate: Option<f64>,
+    /// Seed of the Poisson arrivals
+    #[arg(long, default_value_t = 42)]
+    arrival_seed: u64,
+    /// Synthetic: constant gap between arrivals (0 = all at once)
+    #[arg(long)]
+    arrival_interval_ms: Option<f64>,
+    /// Synthetic: turns per session
+    #[arg(long)]
+    turns_per_session: Option<u32>,
+    /// Synthetic: fraction of each prompt shared by its prefix group
+    #[arg(long)]
+    shared_prefix_ratio: Option<f64>,
+    /// Synthetic: number of prefix groups
+    #[arg(long)]
+    num_prefix_groups: Option<u32>,
+    /// Synthetic: delay between a turn's completion and the next turn
+    #[arg(long)]
+    inter_turn_delay_ms: Option<f64>,
+    /// Engine arguments (JSON text or a JSON file), Dynamo's MockEngineArgs fields
+    #[arg(long, value_name = "JSON")]
+    extra_engine_args: Option<String>,
+    /// Prefill engine arguments for disaggregated serving
+    #[arg(long, value_name = "JSON")]
+    prefill_engine_args: Option<String>,
+    /// Decode engine arguments for disaggregated serving
+    #[arg(long, value_name = "JSON")]
+    decode_engine_args: Option<String>,
+    /// kv_router configuration (JSON text or a JSON file), Dynamo's KvRouterConfig fields
+    #[arg(long, value_name = "JSON")]
+    router_config: Option<String>,
+    /// Seed of the router's tie-breaking and the synthetic prefix groups
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Report file (default: kvtrace_simulate_report_<local time>.json)
+    #[arg(long, value_name = "PATH")]
+    report_json: Option<PathBuf>,
+    /// One JSON line per request
+    #[arg(long, value_name = "PATH")]
+    report_jsonl: Option<PathBuf>,
+    /// Also write the summary, per-request and tier tables as CSV files into DIR
+    /// (simulate_summary.csv, simulate_requests.csv, simulate_tiers.csv)
+    #[arg(long, value_name = "DIR")]
+    report_csv: Option<PathBuf>,
+    /// Also write them as an XLSX workbook (sheets Summary, Requests, Tiers)
+    #[arg(long, value_name = "PATH")]
+    report_xlsx: Option<PathBuf>,
+    /// Goodput: time-to-first-token target
+    #[arg(long, value_name = "MS")]
+    sla_ttft_ms: Option<f64>,
+    /// Goodput: mean inter-token latency target
+    #[arg(long, value_name = "MS")]
+    sla_itl_ms: Option<f64>,
+    /// Goodput: end-to-end latency target
+    #[arg(long, value_name = "MS")]
+    sla_e2e_ms: Option<f64>,
+    /// Add kvtrace's per-request views beside the pooled ones: each request's own mean
+    /// inter-token latency and output rate (per_request_itl_ms, per_request_output_token_throughput)
+    #[arg(long)]
+    per_request_metrics: bool,
+    /// No table and no progress display
+    #[arg(short, long)]
+    quiet: bool,
+    /// KV offload: a TOML tier hierarchy (as `kvtrace replay --config`) for one StorageManager
+    /// every engine shares; the tier flags below override it. L1 keeps sizes only unless the
+    /// file sets `accounting_only = false`
+    #[arg(long, value_name = "FILE", help_heading = "KV offload")]
+    storage: Option<PathBuf>,
+    /// KV offload: tokens per stored chunk
+    #[arg(long, value_name = "TOKENS", default_value_t = DEFAULT_CHUNK_TOKENS, help_heading = "KV offload")]
+    offload_chunk_size: u32,
+    /// KV offload: GB/s of a load from L1 into the GPU (added to the pass)
+    #[arg(
+        long,
+        value_name = "GBPS",
+        default_value_t = 25.0,
+        help_heading = "KV offload"
+    )]
+    offload_l1_gbps: f64,
+    /// KV offload: GB/s of a load that comes from an L2 tier
+    #[arg(
+        long,
+        value_name = "GBPS",
+        default_value_t = 5.0,
+        help_heading = "KV offload"
+    )]
+    offload_l2_gbps: f64,
+    /// KV offload: record every StorageManager call as an LMCT trace (a name ending in .zst
+    /// is compressed), stamped with simulated time
+    #[arg(long, value_name = "PATH", help_heading = "KV offload")]
+    record: Option<PathBuf>,
+    #[command(flatten)]
+    tiers: TierArgs,
+    #[command(flatten)]
+    otlp: OtlpArgs,
+}
+
+impl Args {
+    /// The StorageManager of a KV-offload run: `--storage` overridden by the tier flags.
+    fn storage(&self) -> Result<Option<StorageConfig>, Error> {
+        if self.storage.is_none() && self.tiers.l1_size_gb.is_none() {
+            if self.tiers.given() {
+                return Err(Error::usage(
+                    "tier flags and --record need KV offload: give --storage FILE or --l1-size-gb",
+                ));
+            }
+            return Ok(None);
+        }
+        let mut config = StorageConfig {
+            l1_buffers: false,
+            ..StorageConfig::default()
+        };
+        if let Some(path) = &self.storage {
+            apply_toml(&mut config, path)?;
+        }
+        self.tiers.apply(&mut config)?;
+        Ok(Some(config))
+    }
+
+    pub(super) fn options(&self) -> Result<Options, Error> {
+        Ok(Options {
+            trace: self.trace.clone(),
+            online: matches!(self.replay_mode, ReplayMode::Online),
+            router: match self.router_mode {
+                RouterKind::RoundRobin => Router::RoundRobin,
+                RouterKind::KvRouter => Router::KvRouter,
+            },
+            num_workers: self.num_workers,
+            num_prefill_workers: self.num_prefill_workers,
+            num_decode_workers: self.num_decode_workers,
+            replay_concurrency: self.replay_concurrency,
+            arrival_speedup_ratio: self.arrival_speedup_ratio,
+            trace_block_size: self.trace_block_size,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            request_count: self.request_count,
+            request_rate: self.request_rate,
+            arrival_seed: self.arrival_seed,
+            arrival_interval_ms: self.arrival_interval_ms,
+            turns_per_session: self.turns_per_session,
+            shared_prefix_ratio: self.shared_prefix_ratio,
+            num_prefix_groups: self.num_prefix_groups,
+            inter_turn_delay_ms: self.inter_turn_delay_ms,
+            extra_engine_args: self.extra_engine_args.clone(),
+            prefill_engine_args: self.prefill_engine_args.clone(),
+            decode_engine_args: self.decode_engine_args.clone(),
+            router_config: self.router_config.clone(),
+            seed: self.seed,
+            sla_ttft_ms: self.sla_ttft_ms,
+            sla_itl_ms: self.sla_itl_ms,
+            sla_e2e_ms: self.sla_e2e_ms,
+            per_request_metrics: self.per_request_metrics,
+            storage: self.storage()?,
+            offload_chunk_size: self.offload_chunk_size,
+            offload_l1_gbps: self.offload_l1_gbps,
+            offload_l2_gbps: self.offload_l2_gbps,
+            record: self.record.clone(),
+            report_json: self.report_json.clone(),
+            report_jsonl: self.report_jsonl.clone(),
+            report_csv: self.report_csv.clone(),
+            report_xlsx: self.report_xlsx.clone(),
+            write_reports: true,
+        })
+    }
+}
+
+fn progress_bar(quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{spinner} {msg}") {
+        bar.set_style(style);
+    }
+    // A message changes no spinner frame: the bar ticks on its own, so it moves between a
+    // simulation's progress reports too.
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
+pub(super) fn run(args: Args) -> Result<i32, Error> {
+    crate::cli::guard(
+        args.trace.iter().chain(&args.storage).map(PathBuf::as_path),
+        [
+            &args.report_json,
+            &args.report_jsonl,
+            &args.report_csv,
+            &args.report_xlsx,
+            &args.record,
+        ]
+        .into_iter()
+        .flatten()
+        .map(PathBuf::as_path)
+        .chain(args.otlp.file()),
+    )?;
+    let online = matches!(args.replay_mode, ReplayMode::Online);
+    if online && args.tiers.given() {
+        return Err(Error::usage(
+            "KV offload (--storage, tier flags, --record) runs offline only: its calls follow the simulated clock",
+        ));
+    }
+    let plan = plan::plan(&args.options()?)?;
+    for w in args.tiers.warnings() {
+        warn_line(w);
+    }
+    for w in &plan.warnings {
+        warn_line(w);
+    }
+    let mut resource = vec![
+        ("kvtrace.command".to_owned(), "simulate".to_owned()),
+        ("kvtrace.seed".to_owned(), args.seed.to_string()),
+    ];
+    if let Some(trace) = &args.trace {
+        resource.push(("kvtrace.trace".to_owned(), trace.display().to_string()));
+    }
+    let export = args.otlp.start(resource)?;
+    let wall_start = kvtrace::clock::wall_secs();
+    let bar = progress_bar(args.quiet);
+    let total = plan.request_count();
+    let clock = if plan.online() {
+        "wall time"
+    } else {
+        "virtual time"
+    };
+    let finished = plan.run(&mut |ms, done| {
+        bar.set_message(format!(
+            "{clock} {:.1} s, {done}/{total} requests done",
+            ms / 1e3
+        ));
+    })?;
+    bar.finish_and_clear();
+    if let Some(export) = &export {
+        for r in &finished.report.requests {
+            export.request(request_span(r, wall_start));
+        }
+    }
+    let exported = otlp::finish(export, args.quiet);
+    if !args.quiet {
+        say_recorded(&finished.recordings);
+        print_stdout(&format!(
+            "{}Saved full report to: {}\n",
+            finished.report.table(super::columns()),
+            finished.report_path.display()
+        ))?;
+    }
+    Ok(kvtrace::interrupt::exit_status()
+        .or(exported)
+        .unwrap_or(EXIT_OK))
+}

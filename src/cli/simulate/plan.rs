@@ -1,0 +1,476 @@
+//! From `simulate`'s flags to a [`Plan`]: [`Options`] holds what the user asked for (the flags
+//! of Dynamo's `python -m dynamo.replay`, and kvtrace's KV offload) and [`plan`] checks it all,
+//! naming the flag at fault — engine arguments, worker pools, workload, router, SLA, offload,
+//! every output path — before any time is spent.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::PathBuf;
+
+use kvtrace::clock::local_stamp;
+use kvtrace::error::{Error, Result};
+use kvtrace::report::{csv::Csv, json::Json, jsonl::Jsonl, xlsx::Xlsx, Target};
+use kvtrace::simulate::args::{EngineArgs, EngineType, WorkerType};
+use kvtrace::simulate::collector::Sla;
+use kvtrace::simulate::event_loop::{PrefillPool, SimConfig};
+use kvtrace::simulate::mooncake::read_mooncake;
+use kvtrace::simulate::offload::{OffloadConfig, DEFAULT_CHUNK_TOKENS, DEFAULT_KV_BYTES_PER_TOKEN};
+use kvtrace::simulate::plan::{Plan, Setup};
+use kvtrace::simulate::router::{KvRouterConfig, QueuePolicy, RouterMode};
+use kvtrace::simulate::workload::{
+    SyntheticArrivals, SyntheticSpec, Workload, DEFAULT_TRACE_BLOCK_SIZE,
+};
+use kvtrace::storage::config::StorageConfig;
+
+/// How requests are placed on workers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Router {
+    #[default]
+    RoundRobin,
+    KvRouter,
+}
+
+/// Everything a simulation can be asked for; [`Default`] is Dynamo's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Options {
+    /// A Mooncake-style JSONL trace; `None`: the synthetic workload below.
+    pub(crate) trace: Option<PathBuf>,
+    /// Live worker threads on the wall clock instead of virtual time.
+    pub(crate) online: bool,
+    pub(crate) router: Router,
+    pub(crate) num_workers: Option<u32>,
+    pub(crate) num_prefill_workers: Option<u32>,
+    pub(crate) num_decode_workers: Option<u32>,
+    pub(crate) replay_concurrency: Option<u32>,
+    pub(crate) arrival_speedup_ratio: f64,
+    pub(crate) trace_block_size: u32,
+    pub(crate) input_tokens: Option<u32>,
+    pub(crate) output_tokens: Option<u32>,
+    pub(crate) request_count: Option<u32>,
+    pub(crate) request_rate: Option<f64>,
+    pub(crate) arrival_seed: u64,
+    pub(crate) arrival_interval_ms: Option<f64>,
+    pub(crate) turns_per_session: Option<u32>,
+    pub(crate) shared_prefix_ratio: Option<f64>,
+    pub(crate) num_prefix_groups: Option<u32>,
+    pub(crate) inter_turn_delay_ms: Option<f64>,
+    /// Engine arguments: JSON text, or the name of a file holding it.
+    pub(crate) extra_engine_args: Option<String>,
+    pub(crate) prefill_engine_args: Option<String>,
+    pub(crate) decode_engine_args: Option<String>,
+    pub(crate) router_config: Option<String>,
+    pub(crate) seed: u64,
+    pub(crate) sla_ttft_ms: Option<f64>,
+    pub(crate) sla_itl_ms: Option<f64>,
+    pub sla_e2e_ms: Option<f64>,
+    /// Add each request's inter-token latency and output rate to the summary.
+    pub(crate) per_request_metrics: bool,
+    /// KV offload through a shared StorageManager of this configuration.
+    pub(crate) storage: Option<StorageConfig>,
+    pub(crate) offload_chunk_size: u32,
+    pub offload_l1_gbps: f64,
+    pub offload_l2_gbps: f64,
+    /// Record the offload's StorageManager calls as LMCT.
+    pub(crate) record: Option<PathBuf>,
+    /// The JSON report; `kvtrace_simulate_report_<local time>.json` when not given.
+    pub(crate) report_json: Option<PathBuf>,
+    pub(crate) report_jsonl: Option<PathBuf>,
+    /// A directory for `simulate_{summary,requests,tiers}.csv`.
+    pub(crate) report_csv: Option<PathBuf>,
+    pub(crate) report_xlsx: Option<PathBuf>,
+    /// Write the report files (off for a sweep's point, which reports through the sweep).
+    pub(crate) write_reports: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            trace: None,
+            online: false,
+            router: Router::RoundRobin,
+            num_workers: None,
+            num_prefill_workers: None,
+            num_decode_workers: None,
+            replay_concurrency: None,
+            arrival_speedup_ratio: 1.0,
+            trace_block_size: DEFAULT_TRACE_BLOCK_SIZE,
+            input_tokens: None,
+            output_tokens: None,
+            request_count: None,
+            request_rate: None,
+            arrival_seed: 42,
+            arrival_interval_ms: None,
+            turns_per_session: None,
+            shared_prefix_ratio: None,
+            num_prefix_groups: None,
+            inter_turn_delay_ms: None,
+            extra_engine_args: None,
+            prefill_engine_args: None,
+            decode_engine_args: None,
+            router_config: None,
+            seed: 42,
+            sla_ttft_ms: None,
+            sla_itl_ms: None,
+            sla_e2e_ms: None,
+            per_request_metrics: false,
+            storage: None,
+            offload_chunk_size: DEFAULT_CHUNK_TOKENS,
+            offload_l1_gbps: 25.0,
+            offload_l2_gbps: 5.0,
+            record: None,
+            report_json: None,
+            report_jsonl: None,
+            report_csv: None,
+            report_xlsx: None,
+            write_reports: true,
+        }
+    }
+}
+
+/// The worker pools a run serves with.
+struct Pools {
+    /// The engines that generate tokens (aggregated, or the decode pool).
+    engine: EngineArgs,
+    workers: u32,
+    prefill: Option<PrefillPool>,
+    /// The router queue policy the engine arguments override, if any.
+    queue: Option<QueuePolicy>,
+}
+
+/// The simulation `o` asks for, every flag checked.
+pub(crate) fn plan(o: &Options) -> Result<Plan> {
+    if o.online && (o.storage.is_some() || o.record.is_some()) {
+        return Err(Error::usage(
+            "KV offload (--storage, tier flags, --record) runs offline only: its calls follow the simulated clock",
+        ));
+    }
+    if o.record.is_some() && o.storage.is_none() {
+        return Err(Error::usage(
+            "tier flags and --record need KV offload: give --storage FILE or --l1-size-gb",
+        ));
+    }
+    if o.replay_concurrency == Some(0) {
+        return Err(Error::usage("--replay-concurrency must be at least 1"));
+    }
+    let mut warnings = Vec::new();
+    let pools = pools(o, &mut warnings)?;
+    let router = router_mode(o, pools.queue)?;
+    let workload = workload(o, pools.engine.block_size)?;
+    let sla = Sla {
+        ttft_ms: o
+            .sla_ttft_ms
+            .map(|v| positive("--sla-ttft-ms", v))
+            .transpose()?,
+        itl_ms: o
+            .sla_itl_ms
+            .map(|v| positive("--sla-itl-ms", v))
+            .transpose()?,
+        e2e_ms: o
+            .sla_e2e_ms
+            .map(|v| positive("--sla-e2e-ms", v))
+            .transpose()?,
+    };
+    let report_path = o.report_json.clone().unwrap_or_else(|| {
+        PathBuf::from(format!("kvtrace_simulate_report_{}.json", local_stamp()))
+    });
+    let asked = |target: Option<Target>| target.filter(|_| o.write_reports);
+    let outputs = kvtrace::report::outputs([
+        (&Json, asked(Some(Target::File(report_path.clone())))),
+        (&Jsonl, asked(o.report_jsonl.clone().map(Target::File))),
+        (&Csv, asked(o.report_csv.clone().map(Target::Dir))),
+        (&Xlsx, asked(o.report_xlsx.clone().map(Target::File))),
+    ])?;
+    let offload = match &o.storage {
+        Some(storage) => {
+            if o.offload_chunk_size == 0 {
+                return Err(Error::usage("--offload-chunk-size must be at least 1"));
+            }
+            let config = OffloadConfig {
+                chunk_tokens: o.offload_chunk_size,
+                kv_bytes_per_token: pools
+                    .engine
+                    .kv_bytes_per_token
+                    .unwrap_or(DEFAULT_KV_BYTES_PER_TOKEN),
+                l1_load_gbps: positive("--offload-l1-gbps", o.offload_l1_gbps)?,
+                l2_load_gbps: positive("--offload-l2-gbps", o.offload_l2_gbps)?,
+                model_name: "kvtrace/simulate".into(),
+            };
+            Some((storage.clone(), config))
+        }
+        None => None,
+    };
+    Plan::new(Setup {
+        workload,
+        config: SimConfig {
+            engine: pools.engine,
+            workers: pools.workers,
+            prefill: pools.prefill,
+            router,
+            concurrency: o.replay_concurrency,
+            seed: o.seed,
+            online: o.online,
+        },
+        sla,
+        per_request_metrics: o.per_request_metrics,
+        offload,
+        record: o.record.clone(),
+        report_path,
+        outputs,
+        warnings,
+    })
+}
+
+/// JSON given inline or as a file name.
+fn json_text(flag: &str, value: &str) -> Result<String> {
+    if value.trim_start().starts_with('{') {
+        Ok(value.to_owned())
+    } else {
+        std::fs::read_to_string(value)
+            .map_err(|e| Error::io(format!("{flag}: cannot read"), e).in_file(value))
+    }
+}
+
+/// Engine arguments and the router queue policy they override, if any.
+fn engine_args(
+    flag: &str,
+    value: Option<&str>,
+    warnings: &mut Vec<String>,
+) -> Result<(EngineArgs, Option<QueuePolicy>)> {
+    let text = match value {
+        Some(v) => json_text(flag, v)?,
+        None => "{}".into(),
+    };
+    let parsed = EngineArgs::from_json(&text).map_err(|e| Error::usage(format!("{flag}: {e}")))?;
+    warnings.extend(parsed.warnings.iter().map(|w| format!("{flag}: {w}")));
+    let queue_policy = parsed
+        .router_queue_policy
+        .map(|p| QueuePolicy::parse(&p).map_err(|e| Error::usage(format!("{flag}: {e}"))))
+        .transpose()?;
+    Ok((parsed.args, queue_policy))
+}
+
+fn at_least_one(flag: &str, n: Option<u32>) -> Result<u32> {
+    match n {
+        Some(0) => Err(Error::usage(format!("{flag} must be at least 1"))),
+        n => Ok(n.unwrap_or(1)),
+    }
+}
+
+/// The decode (or aggregated) engines and their count, the prefill pool of a disaggregated
+/// run, and the router queue policy the engine arguments override.
+fn pools(o: &Options, warnings: &mut Vec<String>) -> Result<Pools> {
+    let staged = o.prefill_engine_args.is_some() || o.decode_engine_args.is_some();
+    let staged_counts = o.num_prefill_workers.is_some() || o.num_decode_workers.is_some();
+    if !staged {
+        if staged_counts {
+            return Err(Error::usage(
+                "--num-prefill-workers/--num-decode-workers need --prefill-engine-args and --decode-engine-args",
+            ));
+        }
+        let workers = at_least_one("--num-workers", o.num_workers)?;
+        let (engine, queue) = engine_args(
+            "--extra-engine-args",
+            o.extra_engine_args.as_deref(),
+            warnings,
+        )?;
+        if engine.worker_type != WorkerType::Aggregated {
+            return Err(Error::usage(
+                "--extra-engine-args: worker_type prefill/decode belongs in --prefill-engine-args/--decode-engine-args",
+            ));
+        }
+        return Ok(Pools {
+            engine,
+            workers,
+            prefill: None,
+            queue,
+        });
+    }
+    let (Some(p), Some(d)) = (&o.prefill_engine_args, &o.decode_engine_args) else {
+        return Err(Error::usage(
+            "disaggregated serving needs both --prefill-engine-args and --decode-engine-args",
+        ));
+    };
+    if o.extra_engine_args.is_some() || o.num_workers.is_some() {
+        return Err(Error::usage(
+            "--extra-engine-args/--num-workers describe aggregated workers; a disaggregated run takes --prefill-engine-args/--decode-engine-args and --num-prefill-workers/--num-decode-workers",
+        ));
+    }
+    let (mut prefill, queue) = engine_args("--prefill-engine-args", Some(p), warnings)?;
+    let (mut decode, _) = engine_args("--decode-engine-args", Some(d), warnings)?;
+    for (flag, a, want) in [
+        ("--prefill-engine-args", &prefill, WorkerType::Prefill),
+        ("--decode-engine-args", &decode, WorkerType::Decode),
+    ] {
+        if a.worker_type != want && a.worker_type != WorkerType::Aggregated {
+            let name = if want == WorkerType::Prefill {
+                "prefill"
+            } else {
+                "decode"
+            };
+            return Err(Error::usage(format!(
+                "{flag}: worker_type must be \"{name}\" (or left out)"
+            )));
+        }
+    }
+    prefill.worker_type = WorkerType::Prefill;
+    decode.worker_type = WorkerType::Decode;
+    if prefill.engine_type != decode.engine_type {
+        return Err(Error::usage(
+            "prefill and decode engine_type differ: the KV handoff needs one engine on both sides",
+        ));
+    }
+    if prefill.engine_type == EngineType::Trtllm {
+        return Err(Error::usage(
+            "disaggregated serving is modelled for vllm and sglang engines, not trtllm (as in Dynamo)",
+        ));
+    }
+    if prefill.block_size != decode.block_size {
+        return Err(Error::usage(format!(
+            "prefill and decode block sizes differ ({} and {}): the KV handoff needs one block size",
+            prefill.block_size, decode.block_size
+        )));
+    }
+    let pool = PrefillPool {
+        engine: prefill,
+        workers: at_least_one("--num-prefill-workers", o.num_prefill_workers)?,
+    };
+    let workers = at_least_one("--num-decode-workers", o.num_decode_workers)?;
+    Ok(Pools {
+        engine: decode,
+        workers,
+        prefill: Some(pool),
+        queue,
+    })
+}
+
+fn positive(flag: &str, v: f64) -> Result<f64> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(Error::usage(format!(
+            "{flag} {v}: expected a positive number"
+        )))
+    }
+}
+
+fn workload(o: &Options, block_size: u32) -> Result<Workload> {
+    let synthetic = [
+        o.input_tokens.is_some(),
+        o.output_tokens.is_some(),
+        o.request_count.is_some(),
+    ];
+    let synthetic_only = [
+        ("--arrival-interval-ms", o.arrival_interval_ms.is_some()),
+        ("--request-rate", o.request_rate.is_some()),
+        ("--turns-per-session", o.turns_per_session.is_some()),
+        ("--shared-prefix-ratio", o.shared_prefix_ratio.is_some()),
+        ("--num-prefix-groups", o.num_prefix_groups.is_some()),
+        ("--inter-turn-delay-ms", o.inter_turn_delay_ms.is_some()),
+    ];
+    positive("--arrival-speedup-ratio", o.arrival_speedup_ratio)?;
+    if let Some(path) = &o.trace {
+        if synthetic.iter().any(|&s| s) {
+            return Err(Error::usage(
+                "give either a trace file or --input-tokens/--output-tokens/--request-count, not both",
+            ));
+        }
+        if let Some((flag, _)) = synthetic_only.iter().find(|(_, set)| *set) {
+            return Err(Error::usage(format!(
+                "{flag} applies to synthetic workloads only, not to a trace file"
+            )));
+        }
+        if o.trace_block_size == 0 {
+            return Err(Error::usage("--trace-block-size must be at least 1"));
+        }
+        let shown = path.display().to_string();
+        let file = File::open(path).map_err(|e| Error::io("cannot open", e).in_file(&shown))?;
+        let mut w = read_mooncake(BufReader::new(file), o.trace_block_size)
+            .map_err(|e| e.in_file(&shown))?;
+        w.speed_up_arrivals(o.arrival_speedup_ratio);
+        return Ok(w);
+    }
+    let (Some(input), Some(output), Some(count)) =
+        (o.input_tokens, o.output_tokens, o.request_count)
+    else {
+        return Err(Error::usage(
+            "give a trace file, or all of --input-tokens, --output-tokens and --request-count",
+        ));
+    };
+    let drivers = [
+        o.replay_concurrency.is_some(),
+        o.request_rate.is_some(),
+        o.arrival_interval_ms.is_some(),
+    ];
+    if drivers.iter().filter(|&&d| d).count() != 1 {
+        return Err(Error::usage(
+            "a synthetic workload needs exactly one of --replay-concurrency, --request-rate and --arrival-interval-ms",
+        ));
+    }
+    let arrivals = match (o.request_rate, o.arrival_interval_ms) {
+        (Some(rate), _) => SyntheticArrivals::Rate {
+            per_s: positive("--request-rate", rate)?,
+            seed: o.arrival_seed,
+        },
+        (_, Some(ms)) if ms.is_finite() && ms >= 0.0 => SyntheticArrivals::Interval { ms },
+        (_, Some(ms)) => {
+            return Err(Error::usage(format!(
+                "--arrival-interval-ms {ms}: expected a number >= 0"
+            )))
+        }
+        _ => SyntheticArrivals::Burst,
+    };
+    let ratio = o.shared_prefix_ratio.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&ratio) {
+        return Err(Error::usage(format!(
+            "--shared-prefix-ratio {ratio}: expected a fraction between 0 and 1"
+        )));
+    }
+    let delay = o.inter_turn_delay_ms.unwrap_or(0.0);
+    if !(delay.is_finite() && delay >= 0.0) {
+        return Err(Error::usage(format!(
+            "--inter-turn-delay-ms {delay}: expected a number >= 0"
+        )));
+    }
+    if input == 0 || count == 0 || o.turns_per_session == Some(0) {
+        return Err(Error::usage(
+            "--input-tokens, --request-count and --turns-per-session must be at least 1",
+        ));
+    }
+    Ok(SyntheticSpec {
+        input_tokens: input,
+        output_tokens: output,
+        count,
+        turns: o.turns_per_session.unwrap_or(1),
+        shared_prefix_ratio: ratio,
+        prefix_groups: o.num_prefix_groups.unwrap_or(0),
+        inter_turn_delay_ms: delay,
+        block_size,
+        arrivals,
+        seed: o.seed,
+    }
+    .build())
+}
+
+fn router_mode(o: &Options, queue_override: Option<QueuePolicy>) -> Result<RouterMode> {
+    match o.router {
+        Router::RoundRobin => {
+            if o.router_config.is_some() {
+                return Err(Error::usage(
+                    "--router-config configures the kv_router; add --router-mode kv_router",
+                ));
+            }
+            Ok(RouterMode::RoundRobin)
+        }
+        Router::KvRouter => {
+            let mut config = match &o.router_config {
+                Some(v) => KvRouterConfig::from_json(&json_text("--router-config", v)?)
+                    .map_err(|e| Error::usage(format!("--router-config: {e}")))?,
+                None => KvRouterConfig::default(),
+            };
+            if let Some(policy) = queue_override {
+                config.router_queue_policy = policy;
+            }
+            Ok(RouterMode::KvRouter(config))
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! Replay: LMCache's replayed/skipped/failed counts, the client's hits, the digest check,
+//! determinism, eviction and L2 behaviour, and record → replay round trips.
+
+use std::path::Path;
+
+use crate::util::{sample, sample_text, scratch, shared};
+use kvtrace::bus::recorder::{Recorder, RecorderOptions};
+use kvtrace::bus::{BusOptions, EventBus};
+use kvtrace::replay::report::ReplayReport;
+use kvtrace::replay::{replay, ReplayOptions};
+use kvtrace::storage::config::{
+    BackendConfig, EvictionTiming, L2Config, PrefetchPolicy, StorageConfig, StorePolicy,
+};
+use kvtrace::storage::eviction::PolicyKind;
+use kvtrace::storage::StorageManager;
+use kvtrace::trace::synth::{self, SynthOptions};
+
+fn run(path: &Path, config: StorageConfig) -> ReplayReport {
+    let mut sm = StorageManager::new(config).expect("manager");
+    replay(path, &mut sm, &ReplayOptions::default(), |_| {}).expect("replay")
+}
+
+fn recorded_config(path: &Path) -> StorageConfig {
+    let reader = kvtrace::lmct::TraceReader::open(path, Default::default()).expect("open");
+    StorageConfig::from_lmcache_json(&reader.header().sm_config_json)
+        .expect("LMCache config")
+        .0
+}
+
+#[test]
+fn replayed_skipped_failed_match_lmcache_replay() {
+    // From LMCache 0.5.6's `trace replay` of the same files (shared/lmcache/replay/*/stdout.txt).
+    for (name, want) in [
+        ("basic_lru", (41, 0, 0)),
+        ("empty_arc", (0, 0, 0)),
+        ("unknown_qualname", (2, 2, 0)),
+    ] {
+        let r = run(&sample(name), recorded_config(&sample(name)));
+        assert_eq!((r.replayed, r.skipped, r.failed), want, "{name}");
+    }
+    let Some(shared) = shared() else { return };
+    for (name, dir) in [
+        ("basic_lru", "basic"),
+        ("empty_arc", "empty"),
+        ("unknown_qualname", "unknown"),
+    ] {
+        let stdout =
+            std::fs::read_to_string(shared.join(format!("lmcache/replay/{dir}/stdout.txt")))
+                .expect("stdout");
+        let field = |label: &str| -> u64 {
+            let line = stdout.lines().find(|l| l.starts_with(label)).expect(label);
+            line.split_whitespace()
+                .last()
+                .expect("n")
+                .parse()
+                .expect("int")
+        };
+        let r = run(&sample(name), recorded_config(&sample(name)));
+        assert_eq!(r.replayed, field("Records replayed:"), "{name}");
+        assert_eq!(r.skipped, field("Records skipped:"), "{name}");
+        assert_eq!(r.failed, field("Records failed:"), "{name}");
+    }
+}
+
+#[test]
+fn the_recorded_config_reproduces_the_hits_the_client_saw() {
+    let r = run(&sample("basic_lru"), recorded_config(&sample("basic_lru")));
+    let client: Vec<(u64, u64)> = sample_text("basic_lru.client.txt")
+        .lines()
+        .filter_map(|l| l.strip_prefix("CLIENT retrieve "))
+        .map(|l| {
+            let mut n = l.split_whitespace().map(|x| x.parse::<u64>().expect("n"));
+            (n.next().expect("req"), n.next().expect("hit"))
+        })
+        .collect();
+    let ours: Vec<(u64, u64)> = r
+        .requests
+        .iter()
+        .map(|q| (q.requested_chunks, q.hit_chunks))
+        .collect();
+    assert_eq!(ours, client);
+    assert_eq!(r.hits.requested_tokens, 41 * 64);
+    assert_eq!(r.hits.hit_tokens, 27 * 64);
+    assert_eq!(r.hits.l2_hit_chunks, 0);
+    assert_eq!((r.calls.keys_reserved, r.calls.keys_not_writable), (13, 6));
+    assert_eq!(r.failed, 0);
+}
+
+#[test]
+fn digest_check_matches_the_recording_and_names_what_differs() {
+    let r = run(&sample("basic_lru"), recorded_config(&sample("basic_lru")));
+    assert_eq!(r.digest.result, "match");
+    assert_eq!(r.digest.run, r.digest.recorded);
+    let mut smaller = recorded_config(&sample("basic_lru"));
+    smaller.l1_size_bytes /= 2;
+    smaller.eviction.policy = PolicyKind::Arc;
+    let r = run(&sample("basic_lru"), smaller);
+    assert_eq!(r.digest.result, "MISMATCH");
+    assert!(r
+        .digest
+        .differing_paths
+        .contains(&"$.l1_manager_config.memory_config.size_in_bytes".to_string()));
+    assert!(r
+        .digest
+        .differing_paths
+        .contains(&"$.eviction_config.eviction_policy".to_string()));
+}
+
+fn generated(dir: &Path, records: u64) -> std::path::PathBuf {
+    let path = dir.join("gen.lct");
+    let options = SynthOptions {
+        records,
+        chunk_tokens: 16,
+        num_layers: 2,
+        hidden: 64,
+        mean_gap_s: 0.01,
+        ..SynthOptions::default()
+    };
+    synth::write_file(&options, &path, None, kvtrace::trace::QUIET).expect("generate");
+    path
+}
+
+fn small(policy: PolicyKind, timing: EvictionTiming) -> StorageConfig {
+    let mut c = StorageConfig {
+        l1_size_bytes: 600 * 8192,
+        ..StorageConfig::default()
+    };
+    c.eviction.policy = policy;
+    c.eviction.timing = timing;
+    c
+}
+
+#[test]
+fn as_fast_as_possible_is_deterministic() {
+    let dir = scratch();
+    let path = generated(dir.path(), 20_000);
+    let config = small(
+        PolicyKind::Arc,
+        EvictionTiming::Periodic {
+            interval_s: 1.0,
+            phase_s: 0.0,
+        },
+    );
+    let a = run(&path, config.clone());
+    let b = run(&path, config);
+    assert_eq!(a.requests, b.requests);
+    assert_eq!(a.calls, b.calls);
+    assert_eq!(a.tiers, b.tiers);
+    assert!(a.tiers[0].evictions > 0, "the small L1 must evict");
+}
+
+#[test]
+fn periodic_eviction_runs_out_of_memory_in_bursts_and_immediate_does_not() {
+    let dir = scratch();
+    let path = generated(dir.path(), 20_000);
+    let periodic = run(
+        &path,
+        small(
+            PolicyKind::Lru,
+            EvictionTiming::Periodic {
+                interval_s: 1.0,
+                phase_s: 0.0,
+            },
+        ),
+    );
+    let immediate = run(&path, small(PolicyKind::Lru, EvictionTiming::Immediate));
+    assert!(periodic.calls.out_of_memory_calls > 0);
+    assert_eq!(immediate.calls.out_of_memory_calls, 0);
+    let noop = run(&path, small(PolicyKind::Noop, EvictionTiming::Immediate));
+    assert_eq!(noop.tiers[0].evictions, 0);
+    assert!(noop.calls.out_of_memory_calls > 0);
+}
+
+#[test]
+fn every_policy_evicts_differently() {
+    let dir = scratch();
+    let path = generated(dir.path(), 20_000);
+    let mut hits = Vec::new();
+    for policy in [
+        PolicyKind::Lru,
+        PolicyKind::Arc,
+        PolicyKind::Fifo,
+        PolicyKind::Lfu,
+    ] {
+        let r = run(&path, small(policy, EvictionTiming::Immediate));
+        // The generated reads assume an unbounded cache, so a small L1 misses some of them:
+        // misses, not failed calls.
+        assert_eq!(r.failed, 0);
+        assert!(r.tiers[0].evictions > 0, "{policy}");
+        hits.push(r.hits.hit_chunks);
+    }
+    hits.sort_unstable();
+    hits.dedup();
+    assert!(
+        hits.len() >= 3,
+        "policies should not all behave alike: {hits:?}"
+    );
+}
+
+#[test]
+fn write_through_l2_serves_what_l1_evicted() {
+    let dir = scratch();
+    let path = generated(dir.path(), 20_000);
+    let base = small(PolicyKind::Lru, EvictionTiming::Immediate);
+    let l1_only = run(&path, base.clone());
+    let with_l2 = StorageConfig {
+        l2: vec![L2Config {
+            backend: BackendConfig::Memory { buffers: false },
+            capacity_bytes: None,
+            policy: PolicyKind::Lru,
+        }],
+        ..base.clone()
+    };
+    let r = run(&path, with_l2.clone());
+    assert!(r.hits.l2_hit_chunks > 0);
+    assert!(r.hits.hit_chunks > l1_only.hits.hit_chunks);
+    assert_eq!(
+        r.tiers[1].bytes_written + r.tiers[1].bytes_read,
+        r.tiers[0].bytes_written,
+        "write-through: L1 writes are admissions plus loads from L2"
+    );
+    assert_eq!(
+        r.hits.hit_chunks,
+        r.hits.l1_hit_chunks + r.hits.l2_hit_chunks
+    );
+
+    let retain = run(
+        &path,
+        StorageConfig {
+            prefetch_policy: PrefetchPolicy::Retain,
+            ..with_l2.clone()
+        },
+    );
+    assert!(
+        retain.hits.l1_hit_chunks > r.hits.l1_hit_chunks,
+        "retained loads hit L1 later"
+    );
+    let skip = run(
+        &path,
+        StorageConfig {
+            store_policy: StorePolicy::SkipL1,
+            ..with_l2
+        },
+    );
+    assert_eq!(
+        skip.hits.l1_hit_chunks, 0,
+        "skip_l1 keeps nothing in L1 after the store"
+    );
+    assert!(skip.hits.l2_hit_chunks > 0);
+
+    let null_l2 = run(
+        &path,
+        StorageConfig {
+            l2: vec![L2Config {
+                backend: BackendConfig::Null,
+                capacity_bytes: None,
+                policy: PolicyKind::Lru,
+            }],
+            ..base
+        },
+    );
+    assert_eq!(null_l2.hits.l2_hit_chunks, 0);
+    assert!(null_l2.tiers[1].bytes_written > 0);
+}
+
+#[test]
+fn a_kvtrace_driven_manager_records_a_trace_that_replays_to_the_same_counters() {
+    let dir = scratch();
+    let source = generated(dir.path(), 5_000);
+    let recorded = dir.path().join("recorded.lct");
+    let config = small(PolicyKind::Lru, EvictionTiming::Immediate);
+    let mut recorder = Recorder::create(&recorded, RecorderOptions::default()).expect("recorder");
+    let json = kvtrace::lmct::digest::python_json(&config.to_lmcache_json());
+    recorder.attach_storage_config(&json).expect("attach");
+    let bus = EventBus::start(BusOptions::default(), vec![Box::new(recorder)]).expect("bus");
+    let mut sm = StorageManager::new(config.clone()).expect("manager");
+    let options = ReplayOptions {
+        tracer: bus.tracer(),
+        ..ReplayOptions::default()
+    };
+    let first = replay(&source, &mut sm, &options, |_| {}).expect("drive");
+    drop(options);
+    drop(sm);
+    bus.close().expect("close");
+
+    let second = run(&recorded, recorded_config(&recorded));
+    assert_eq!(second.digest.result, "match");
+    assert_eq!(second.requests.len(), first.requests.len());
+    let hits = |r: &ReplayReport| r.requests.iter().map(|q| q.hit_chunks).collect::<Vec<_>>();
+    assert_eq!(hits(&first), hits(&second));
+    assert_eq!(first.calls, second.calls);
+    assert_eq!(
+        second.skip_reasons.get("kvtrace recorder trailer"),
+        Some(&1)
+    );
+    // The recording has the source's calls, the exits the replayer closed for contexts the
+    // source left open, and the trailer.
+    let info =
+        kvtrace::trace::inspect::inspect(&recorded, Default::default(), kvtrace::trace::QUIET)
+            .expect("info");
+    assert_eq!(info.total_records, 5_000 + first.forced_exits + 1);
+}
+
+#[test]
+fn a_read_of_what_the_replay_did_not_keep_is_a_miss_not_a_failure() {
+    let dir = scratch();
+    let path = generated(dir.path(), 2_000);
+    // No L1 room at all: every prefetch misses, so recorded reads find nothing.
+    let r = run(
+        &path,
+        StorageConfig {
+            l1_size_bytes: 0,
+            ..StorageConfig::default()
+        },
+    );
+    assert_eq!(
+        r.failed, 0,
+        "LMCache's read yields nothing and does not raise"
+    );
+    assert!(r.calls.read_failures > 0);
+    let enter = &r.ops
+        ["lmcache.v1.distributed.storage_manager.StorageManager.read_prefetched_results.__enter__"];
+    assert_eq!(enter.errors, 0);
+    let f = &r.fidelity;
+    assert_eq!(f.replayed_hit_chunks, 0);
+    assert!(f.recorded_hit_chunks > 0 && f.divergences > 0);
+    let d = f
+        .first_divergences
+        .iter()
+        .find(|d| d.kind == "retrieve")
+        .expect("a retrieve diverges");
+    assert!(d.recorded > d.replayed);
+    assert!(d.reason.starts_with("allocation refused"), "{}", d.reason);
+}
+
+/// The manual's `--config` example, as a user pastes it (the block's two-space indent
+/// removed), is a hierarchy kvtrace accepts, with every table and key it shows.
+#[test]
+fn the_manuals_config_example_parses_as_pasted() {
+    let page = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/commands/replay.md"),
+    )
+    .expect("docs/commands/replay.md");
+    let block = page
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a toml block");
+    let pasted: String = block
+        .lines()
+        .map(|l| l.strip_prefix("  ").unwrap_or(l))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut config = StorageConfig::default();
+    config.apply_toml(&pasted).expect("the example parses");
+    assert_eq!(config.l2.len(), 3, "{pasted}");
+}

@@ -1,0 +1,97 @@
+//! `kvtrace simulate` against NVIDIA Dynamo 1.4.2: the reports Dynamo's own
+//! `python -m dynamo.replay` wrote for each case of `testdata/dynamo/cases.json`
+//! (`tools/dynamo-reference.sh` regenerates them), and, when a Dynamo venv is named, the
+//! live differential matrix of `tools/simulate-vs-dynamo.sh`.
+
+use std::path::Path;
+
+use crate::util::{kvtrace, scratch, text};
+use serde_json::Value;
+
+/// Keys that measure the simulator's own speed, not the simulated system.
+const LIVE: [&str; 3] = [
+    "wall_time_ms",
+    "processed_tokens_per_s",
+    "processed_output_tokens_per_s",
+];
+
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn round_robin_reports_match_dynamos_on_every_key() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let data = root.join("testdata/dynamo");
+    let slice = root.join("testdata/mooncake/conversation_head300.jsonl");
+    let cases = read_json(&data.join("cases.json"));
+    let dir = scratch();
+    let mut differ = Vec::new();
+    for case in cases.as_array().expect("cases") {
+        let name = case["name"].as_str().expect("name");
+        let report = dir.path().join(format!("{name}.json"));
+        let mut args = vec!["simulate".to_string()];
+        args.extend(case["args"].as_array().expect("args").iter().map(|a| {
+            a.as_str()
+                .expect("arg")
+                .replace("{slice}", &slice.display().to_string())
+        }));
+        args.extend([
+            "--router-mode".into(),
+            "round_robin".into(),
+            "--report-json".into(),
+            report.display().to_string(),
+            "-q".into(),
+        ]);
+        let out = kvtrace(&args);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
+        let ours = read_json(&report);
+        let theirs = read_json(&data.join(format!("{name}.report.json")));
+        let (ours, theirs) = (ours.as_object().expect("o"), theirs.as_object().expect("t"));
+        assert_eq!(
+            ours.keys().collect::<Vec<_>>(),
+            theirs.keys().collect::<Vec<_>>(),
+            "{name}: the same keys"
+        );
+        for (key, want) in theirs {
+            if LIVE.contains(&key.as_str()) {
+                continue;
+            }
+            let got = &ours[key];
+            let same = match (got.as_f64(), want.as_f64()) {
+                (Some(x), Some(y)) => x == y || (x - y).abs() <= 1e-9 * x.abs().max(y.abs()),
+                _ => got == want,
+            };
+            if !same {
+                differ.push(format!("{name}: {key}: kvtrace {got}, dynamo {want}"));
+            }
+        }
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+}
+
+/// Runs the differential matrix against a live Dynamo when `KVTRACE_DYNAMO_VENV` names a venv
+/// with `ai-dynamo==1.4.2` (see docs/commands/simulate.md); `KVTRACE_DYNAMO_SCOPE=full` adds the
+/// whole Mooncake traces (tens of minutes).
+#[test]
+fn live_dynamo_differential_matrix() {
+    let Some(venv) = std::env::var_os("KVTRACE_DYNAMO_VENV") else {
+        eprintln!("skipped: set KVTRACE_DYNAMO_VENV to a venv with ai-dynamo 1.4.2 to run tools/simulate-vs-dynamo.sh");
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scope = std::env::var("KVTRACE_DYNAMO_SCOPE").unwrap_or_else(|_| "quick".into());
+    let out = std::process::Command::new(root.join("tools/simulate-vs-dynamo.sh"))
+        .arg(scope)
+        .env("DYNAMO_VENV", venv)
+        .env("KVTRACE", env!("CARGO_BIN_EXE_kvtrace"))
+        .output()
+        .expect("run tools/simulate-vs-dynamo.sh");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}

@@ -1,0 +1,54 @@
+//! kvtrace's integration tests, one binary (as ripgrep's are): a module per crate or concern,
+//! each file a concern within it, every file sharing the fixtures of [`util`]. One binary
+//! links once, where twenty linked twenty times.
+//!
+//! Tests that compare against `../shared` (real LMCache, Dynamo and MLPerf recordings) skip
+//! with a message when it is absent; CI always has it.
+
+mod util;
+
+/// The trace format: spec vectors, damaged input, schema variants, LMCache's own files.
+mod lmct {
+    mod lmcache_samples;
+    mod reader_robustness;
+    mod schema_and_digest;
+    mod spec_vectors;
+}
+
+/// The tiered StorageManager's tiers and the event bus's recorder.
+mod cache {
+    mod file_tier;
+    mod recorder;
+    mod redis_tier;
+}
+
+/// Replay: counts, fidelity against real servers, request spans.
+mod replay {
+    mod counts;
+    mod fidelity;
+    mod otel;
+}
+
+/// The serving simulation, and parity with Dynamo's own reports.
+mod simulate {
+    mod dynamo_parity;
+    mod engines;
+}
+
+mod bench;
+mod scale_out;
+mod sweep;
+
+/// The export layer: golden outputs, the workbook read back.
+mod report {
+    mod golden;
+    mod xlsx_export;
+}
+
+/// The binary as users meet it: commands, exit codes, hostile input, fuzzing.
+mod cli {
+    mod commands;
+    mod fuzz;
+    mod hostile;
+    mod reliability;
+}
