@@ -250,25 +250,24 @@ pub(super) fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Pl
         Some(r) => args.ranks.barrier(r, &args.output_dir)?,
         None => None,
     };
-    // A path given with `=` is this rank's own file beside it in rank mode, as --jsonl-out's.
-    let target = |flag: Option<&OutputArg>| match flag.and_then(OutputArg::given) {
-        Some(path) => Target::File(rank.map_or_else(|| path.to_owned(), |r| r.file_name(path))),
+    // A file named by a flag is, in rank mode, this rank's own file beside it.
+    let per_rank = |path: &Path| rank.map_or_else(|| path.to_owned(), |r| r.file_name(path));
+    let target = |flag: &OutputArg| match flag.given() {
+        Some(path) => Target::File(per_rank(path)),
         None => Target::Dir(output_dir.clone()),
     };
-    let formats: [(bool, &'static dyn Exporter, Target, &'static str); 3] = [
-        (!args.no_csv, &Csv, target(None), ""),
+    let formats: [(Option<Target>, &'static dyn Exporter, &'static str); 3] = [
         (
-            args.json.is_some(),
+            (!args.no_csv).then(|| Target::Dir(output_dir.clone())),
+            &Csv,
+            "",
+        ),
+        (
+            args.json.as_ref().map(target),
             &Json,
-            target(args.json.as_ref()),
             "trace_replay_summary.json",
         ),
-        (
-            args.xlsx.is_some(),
-            &Xlsx,
-            target(args.xlsx.as_ref()),
-            "trace_replay.xlsx",
-        ),
+        (args.xlsx.as_ref().map(target), &Xlsx, "trace_replay.xlsx"),
     ];
     let options = Options {
         replay: ReplayOptions {
@@ -284,14 +283,10 @@ pub(super) fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Pl
         phase: phase(&args.eviction_phase)?,
         outputs: formats
             .into_iter()
-            .filter(|f| outputs && f.0)
-            .map(|(_, exporter, target, name)| (exporter, target, name))
-            .collect(),
-        jsonl: args
-            .jsonl_out
-            .as_deref()
             .filter(|_| outputs)
-            .map(|p| rank.map_or_else(|| p.to_owned(), |r| r.file_name(p))),
+            .filter_map(|(target, exporter, name)| Some((exporter, target?, name)))
+            .collect(),
+        jsonl: args.jsonl_out.as_deref().filter(|_| outputs).map(per_rank),
         barrier,
     };
     let overrides = |config: &mut StorageConfig| {
