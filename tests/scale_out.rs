@@ -547,7 +547,7 @@ fn a_killed_node_is_a_one_line_error_and_the_reports_are_kept() {
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 2, "{err}");
     assert!(
-        lines[0].contains("--fail-fast") && lines[0].contains("resp-cluster"),
+        lines[0].contains("fail fast: stopped") && lines[0].contains("resp-cluster"),
         "{err}"
     );
     // The count line says why too, the cluster named with its ports.
@@ -562,7 +562,7 @@ fn a_killed_node_is_a_one_line_error_and_the_reports_are_kept() {
     let tier = cluster_tier(&s);
     assert!(n(tier, "writes") > 0);
     let warnings = s["kvtrace"]["warnings"].to_string();
-    assert!(warnings.contains("--fail-fast"), "{warnings}");
+    assert!(warnings.contains("fail fast: stopped"), "{warnings}");
     let reasons = s["kvtrace"]["failure_reasons"].to_string();
     assert!(
         reasons.contains("tier I/O failed") && reasons.contains(&first),

@@ -54,7 +54,8 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
             Format::Json => dump::Format::Json,
         },
         limit: args.limit,
-        filter: Filter::new(args.qualname.as_deref())?,
+        filter: Filter::new(args.qualname.as_deref())
+            .map_err(|e| Error::usage(format!("--qualname {}", e.message)))?,
         header: !args.no_header,
         threads: 0,
     };

@@ -44,6 +44,7 @@ pub(super) struct Args {
     #[arg(
         long,
         default_value_t = 1,
+        value_parser = clap::value_parser!(u32).range(1..),
         requires = "from_mooncake",
         help_heading = "From a request trace"
     )]
@@ -53,6 +54,7 @@ pub(super) struct Args {
         long,
         value_name = "N",
         default_value_t = 2048,
+        value_parser = clap::value_parser!(u64).range(1..),
         requires = "from_mooncake",
         help_heading = "From a request trace"
     )]
@@ -62,6 +64,7 @@ pub(super) struct Args {
         long,
         value_name = "M",
         default_value_t = 1,
+        value_parser = clap::value_parser!(u64).range(1..=1 << 20),
         requires = "from_mooncake",
         help_heading = "From a request trace"
     )]

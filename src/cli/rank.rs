@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use kvtrace::error::{Error, Result};
 use kvtrace::rank::barrier::Barrier;
-use kvtrace::rank::{launcher_run_id, Rank, RankFlags};
+use kvtrace::rank::{launcher_run_id, Given, Rank};
 
 use super::tiers::positive;
 
@@ -37,11 +37,13 @@ impl RankArgs {
     /// This process's rank, from the flags or the launcher's environment; `None` when it
     /// runs on its own.
     pub(super) fn rank(&self) -> Result<Option<Rank>> {
-        let flags = RankFlags {
+        let given = Given {
             rank: self.rank,
             world_size: self.world_size,
+            rank_name: "--rank",
+            world_size_name: "--world-size",
         };
-        Rank::detect(&flags, |name| std::env::var(name).ok())
+        Rank::detect(&given, |name| std::env::var(name).ok())
     }
 
     /// The start barrier of `rank`, meeting under `--barrier-dir` or `default_dir`; none

@@ -11,11 +11,11 @@ use kvtrace::replay::dispatch::Outcome;
 use kvtrace::replay::events::fleet::{summarise, FleetStream};
 use kvtrace::replay::events::{replay_events, server_config};
 use kvtrace::replay::phase::PhaseChoice;
-use kvtrace::replay::plan::{Options, Plan, Storage};
+use kvtrace::replay::plan::{Options, Plan, Storage, NO_RECORDED_CONFIG};
 use kvtrace::replay::shard::ShardMode;
 use kvtrace::replay::{Pacing, ReplayOptions};
 use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Exporter, Report, Target};
-use kvtrace::storage::config::{BackendConfig, StorageConfig};
+use kvtrace::storage::config::{BackendConfig, StorageConfig, NAME_L2};
 
 use super::otlp::{self, OtlpArgs};
 use super::progress::{Progress, EVERY};
@@ -304,7 +304,20 @@ pub(super) fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Pl
         own_l2: args.tiers.gives_l2() || args.config.is_some(),
         complete: args.tiers.l1_size_gb.is_some() || args.config.is_some(),
     };
-    Plan::new(file, storage, options)
+    Plan::new(file, storage, options).map_err(|e| {
+        if e.message == NO_RECORDED_CONFIG {
+            no_recorded_config()
+        } else {
+            e
+        }
+    })
+}
+
+/// A trace without a readable configuration, replayed without a whole one.
+fn no_recorded_config() -> Error {
+    Error::usage(format!(
+        "{NO_RECORDED_CONFIG}; give one with --l1-size-gb or --config"
+    ))
 }
 
 /// Whether `path` is an events-level trace (an unreadable one is left to the replay's own
@@ -321,21 +334,15 @@ pub(super) fn is_events(path: &Path, args: &Args) -> bool {
 pub(super) fn events_config(args: &Args, recorded: &str) -> Result<StorageConfig, Error> {
     let mut config = match StorageConfig::from_lmcache_json(recorded) {
         Some((config, _)) => {
-            config
-                .check_recorded()
-                .map_err(|e| {
-                    Error::data(0, "header.sm_config_json", e).in_file(args.files[0].display())
-                })?;
+            config.check_recorded().map_err(|e| {
+                Error::data(0, "header.sm_config_json", e).in_file(args.files[0].display())
+            })?;
             config
         }
         None if args.tiers.l1_size_gb.is_some() || args.config.is_some() => {
             StorageConfig::default()
         }
-        None => {
-            return Err(Error::usage(
-                "the trace records no storage configuration kvtrace can read; give one with --l1-size-gb or --config",
-            ))
-        }
+        None => return Err(no_recorded_config()),
     };
     if let Some(path) = &args.config {
         apply_toml(&mut config, path)?;
@@ -429,7 +436,11 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
         warn_line(w);
     }
     for note in &plan.notes {
-        warn(&shown, note);
+        if note.ends_with(NAME_L2) {
+            warn(&shown, &format!("{note} (--l2-adapter or --config)"));
+        } else {
+            warn(&shown, note);
+        }
     }
     let bar = Progress::reading(plan.input(), !args.quiet && !args.verbose);
     let mut out = std::io::stdout().lock();

@@ -490,13 +490,13 @@ fn rank_environments() {
             .collect();
         let env = |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
         let world = vars.first().and_then(|(_, v)| v.parse().ok());
-        for flags in [
-            kvtrace::rank::RankFlags::default(),
-            kvtrace::rank::RankFlags {
+        for world_size in [None, world] {
+            let flags = kvtrace::rank::Given {
                 rank: None,
-                world_size: world,
-            },
-        ] {
+                world_size,
+                rank_name: "--rank",
+                world_size_name: "--world-size",
+            };
             if let Ok(Some(rank)) = kvtrace::rank::Rank::detect(&flags, env) {
                 assert!(rank.rank < rank.world_size.max(1) || rank.world_size == 0);
                 let _ = rank.dir_name();

@@ -277,7 +277,10 @@ fn a_time_compressed_trace_gets_one_warning_with_the_remedy() {
         .filter(|l| l.contains("OUT_OF_MEMORY"))
         .collect();
     assert_eq!(warnings.len(), 1, "{err}");
-    assert!(warnings[0].contains("--eviction-timing immediate"), "{err}");
+    assert!(
+        warnings[0].contains("replay with immediate eviction timing"),
+        "{err}"
+    );
     let fixed = kvtrace([
         "replay",
         path,

@@ -37,7 +37,11 @@ fn files(path: &Path) -> Result<Vec<PathBuf>> {
         return Ok(vec![path.to_path_buf()]);
     }
     let mut out: Vec<PathBuf> = glob::glob(&shown)
-        .map_err(|e| Error::usage(format!("--burst-trace-path {shown}: {e}")))?
+        .map_err(|e| {
+            Error::usage(format!(
+                "{shown}: not a BurstGPT file, directory or glob: {e}"
+            ))
+        })?
         .flatten()
         .collect();
     out.sort();
@@ -49,7 +53,7 @@ pub fn load(path: &Path) -> Result<Vec<BurstRow>> {
     let paths = files(path)?;
     if paths.is_empty() {
         return Err(Error::usage(format!(
-            "--burst-trace-path {}: no such file, and no CSV file matches it",
+            "{}: no such BurstGPT file, and no CSV file matches it",
             path.display()
         )));
     }

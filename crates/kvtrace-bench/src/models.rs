@@ -48,12 +48,15 @@ const fn standard(
     }
 }
 
+/// kv-cache.py's default model.
+pub const DEFAULT_MODEL: ModelConfig = standard("llama3.1-8b", 32, 32, 8, 4096, 128);
+
 /// Every model, fp16 KV.
 pub const MODELS: [ModelConfig; 9] = [
     standard("tiny-1b", 12, 8, 4, 1024, 128),
     standard("mistral-7b", 32, 32, 8, 4096, 128),
     standard("llama2-7b", 32, 32, 32, 4096, 128),
-    standard("llama3.1-8b", 32, 32, 8, 4096, 128),
+    DEFAULT_MODEL,
     standard("llama3.1-70b-instruct", 80, 64, 8, 8192, 128),
     ModelConfig {
         mla: Some((512, 64)),

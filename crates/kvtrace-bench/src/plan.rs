@@ -1,7 +1,7 @@
-//! From options to a run: [`Options`] holds what a user asks for (kv-cache.py's flags and
-//! their defaults), [`Plan::new`] checks it all and sets the run up — tiers, run
-//! directories, dataset, recording, every output path — before any time is spent, and
-//! [`Plan::run`] runs it and writes the reports.
+//! From a checked setup to a run: [`Setup`] holds what a user asks for (kv-cache.py's
+//! settings and their defaults, checked by the caller), [`Plan::new`] sets the run up —
+//! tiers, run directories, dataset, recording, every output path — before any time is
+//! spent, and [`Plan::run`] runs it and writes the reports.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use super::burst::{self, BurstReplay};
 use super::calls::CallTrace;
 use super::io::FileMode;
 use super::iolog::IoLog;
-use super::models::model;
+use super::models::{ModelConfig, DEFAULT_MODEL};
 use super::rag::Corpus;
 use super::report::{BenchReport, Profile, RankWindow, ReportInput};
 use super::run::{run, BenchConfig, DecodeReads, MultiTurn, MAX_WORKERS};
@@ -61,15 +61,20 @@ impl Generation {
     }
 }
 
-/// Everything a run can be asked for; [`Default`] is kv-cache.py's defaults.
+/// A run as its caller checked it: counts in range, sizes finite and >= 0, the GPU tier's
+/// bandwidth and the autoscaler's interval positive. [`Default`] is kv-cache.py's defaults.
+/// [`Plan::new`] refuses only what cannot be set up (a system directory, a missing parent,
+/// a dataset and a log together), so a caller's own messages can name its own flags.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Options {
-    pub model: String,
-    pub num_users: i64,
-    pub duration_s: f64,
+pub struct Setup {
+    pub model: ModelConfig,
+    pub users: u32,
+    pub duration: Duration,
+    /// GiB of GPU memory on each GPU (the modelled GPU tier holds this on every one).
     pub gpu_mem_gb: f64,
-    pub num_gpus: i64,
-    pub tensor_parallel: i64,
+    pub num_gpus: u32,
+    /// Entries are split over this many GPUs (at most `num_gpus`); one share is stored.
+    pub tensor_parallel: u32,
     /// The CPU tier's capacity; 0: no CPU tier.
     pub cpu_mem_gb: f64,
     /// Where the storage tier's files go (created when missing); the system temp
@@ -80,10 +85,11 @@ pub struct Options {
     pub multi_turn: MultiTurn,
     pub prefix_caching: bool,
     pub seed: u64,
-    pub max_concurrent_allocs: i64,
-    pub max_requests: i64,
-    /// The storage tier's capacity; 0: 95 % of the free space.
-    pub storage_capacity_gb: f64,
+    /// Entry writes in flight at once; 0: unlimited.
+    pub max_concurrent_allocs: u32,
+    /// Completed requests that end the run; 0: it runs for `duration`.
+    pub max_requests: u64,
+    pub storage: StorageTier,
     /// A modelled GPU tier (a capacity and bandwidth budget, no bytes moved).
     pub gpu_tier: bool,
     pub gpu_bandwidth_gbps: f64,
@@ -99,10 +105,12 @@ pub struct Options {
     pub rag_docs: u32,
     pub dataset_path: Option<PathBuf>,
     pub max_conversations: usize,
-    /// A BurstGPT log to replay.
+    /// A BurstGPT log to replay (not with a dataset).
     pub burst_trace: Option<PathBuf>,
+    /// The log's times are divided by this; 0: no waiting.
     pub trace_speedup: f64,
     pub replay_cycles: u32,
+    /// Submissions per second over all users; 0: as fast as users send.
     pub request_rate: f64,
     pub io_trace_log: Option<PathBuf>,
     pub record: Option<PathBuf>,
@@ -110,22 +118,29 @@ pub struct Options {
     pub autoscale: Option<AutoscaleMode>,
     /// Storage saturation the qos mode aims at, 0–1.
     pub target_saturation: f64,
-    pub autoscale_interval_s: f64,
+    pub autoscale_interval: Duration,
     /// The JSON report; `benchmark_results_<local time>.json` when not given.
     pub output: Option<PathBuf>,
     pub xlsx_output: Option<PathBuf>,
     pub csv: Option<PathBuf>,
-    /// The storage tier in a cluster every rank shares, instead of files under `cache_dir`.
-    pub storage_cluster: Option<ClusterSpec>,
     /// This process's place in a run of many: its seed is `seed` + rank, its files and
     /// cache directory carry the rank, its users' entries are its own.
     pub rank: Option<Rank>,
-    /// Names the run (a launcher's job id or `--run-id`): the default key prefix of a
-    /// cluster storage tier, so ranks of one run share keys and runs do not.
+    /// Names the run (a launcher's job id or a name the user gives): the default key prefix
+    /// of a cluster storage tier, so ranks of one run share keys and runs do not.
     pub run_id: Option<String>,
 }
 
-/// `--storage-tier`: a `resp-cluster` tier, written as replay's `--l2-adapter` is.
+/// Where the storage tier keeps its entries.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StorageTier {
+    /// Files under the cache directory, holding this many GiB; 0: 95 % of the free space.
+    Files { capacity_gb: f64 },
+    /// A cluster every rank shares; its capacity is the cluster's maxmemory.
+    Cluster(ClusterSpec),
+}
+
+/// A `resp-cluster` storage tier, written as replay's L2 adapters are.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClusterSpec {
     pub nodes: Vec<String>,
@@ -135,30 +150,29 @@ pub struct ClusterSpec {
 
 impl ClusterSpec {
     /// Reads `{"type":"resp-cluster","nodes":[...],"prefix":...}`; any other tier type is
-    /// a usage error (files under `--cache-dir` are the default storage tier).
-    pub fn parse(text: &str) -> Result<ClusterSpec> {
-        let flag = |e: String| Error::usage(format!("--storage-tier: {e}"));
+    /// refused (files under the cache directory are the default storage tier).
+    pub fn parse(text: &str) -> Result<ClusterSpec, String> {
         let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| flag(kvtrace_io::error::json_reason(&e)))?;
-        let l2 = L2Config::from_adapter(&v).map_err(flag)?;
-        match l2.backend {
+            serde_json::from_str(text).map_err(|e| kvtrace_io::error::json_reason(&e))?;
+        match L2Config::from_adapter(&v)?.backend {
             BackendConfig::RespCluster { nodes, .. } => Ok(ClusterSpec {
                 nodes,
                 prefix: v.get("prefix").and_then(|p| p.as_str()).map(str::to_owned),
             }),
-            _ => Err(flag(
-                "bench's storage tier is files under --cache-dir or a \"resp-cluster\"".into(),
-            )),
+            _ => Err(
+                "bench's storage tier is files under the cache directory or a \"resp-cluster\""
+                    .into(),
+            ),
         }
     }
 }
 
-impl Default for Options {
-    fn default() -> Options {
-        Options {
-            model: "llama3.1-8b".into(),
-            num_users: 100,
-            duration_s: 60.0,
+impl Default for Setup {
+    fn default() -> Setup {
+        Setup {
+            model: DEFAULT_MODEL,
+            users: 100,
+            duration: Duration::from_secs(60),
             gpu_mem_gb: 16.0,
             num_gpus: 1,
             tensor_parallel: 1,
@@ -171,7 +185,7 @@ impl Default for Options {
             seed: 0,
             max_concurrent_allocs: 0,
             max_requests: 0,
-            storage_capacity_gb: 0.0,
+            storage: StorageTier::Files { capacity_gb: 0.0 },
             gpu_tier: false,
             gpu_bandwidth_gbps: 25.0,
             cpu_tier_dir: PathBuf::from("/dev/shm"),
@@ -192,11 +206,10 @@ impl Default for Options {
             record: None,
             autoscale: None,
             target_saturation: 0.8,
-            autoscale_interval_s: 10.0,
+            autoscale_interval: Duration::from_secs(10),
             output: None,
             xlsx_output: None,
             csv: None,
-            storage_cluster: None,
             rank: None,
             run_id: None,
         }
@@ -268,25 +281,14 @@ fn run_dir(
     Ok(RunDir(dir))
 }
 
-fn gib(flag: &str, v: f64) -> Result<u64> {
-    if v.is_finite() && v >= 0.0 {
-        Ok((v * GIB) as u64)
-    } else {
-        Err(Error::usage(format!("{flag} {v}: expected a size >= 0")))
-    }
-}
-
-fn count(flag: &str, v: i64, min: i64, max: i64) -> Result<u32> {
-    if (min..=max).contains(&v) {
-        Ok(v as u32)
-    } else {
-        Err(Error::usage(format!("{flag} {v}: expected {min} to {max}")))
-    }
+/// GiB to bytes; a size the caller did not check (negative, not finite) is 0.
+fn gib(v: f64) -> u64 {
+    (v * GIB) as u64
 }
 
 /// The storage tier's parent directory: created when missing, never a system directory.
-fn cache_parent(options: &Options) -> Result<PathBuf> {
-    let parent = options.cache_dir.clone().unwrap_or_else(std::env::temp_dir);
+fn cache_parent(setup: &Setup) -> Result<PathBuf> {
+    let parent = setup.cache_dir.clone().unwrap_or_else(std::env::temp_dir);
     let s = parent.display().to_string();
     let root = parent.canonicalize().is_ok_and(|p| p == Path::new("/"));
     if root
@@ -295,11 +297,13 @@ fn cache_parent(options: &Options) -> Result<PathBuf> {
             .any(|d| s == *d || s.starts_with(&format!("{d}/")))
     {
         return Err(Error::usage(format!(
-            "--cache-dir {s}: a system directory; choose another"
+            "{s}: a system directory; the storage tier's files go elsewhere"
         )));
     }
     if parent.exists() && !parent.is_dir() {
-        return Err(Error::usage(format!("--cache-dir {s}: not a directory")));
+        return Err(Error::usage(format!(
+            "{s}: not a directory (the storage tier's files go in one)"
+        )));
     }
     std::fs::create_dir_all(&parent).map_err(|e| Error::io("cannot create", e).in_file(&s))?;
     Ok(parent)
@@ -339,47 +343,15 @@ pub struct Finished {
 }
 
 impl Plan {
-    pub fn new(options: &Options) -> Result<Plan> {
-        let o = options;
-        let model = *model(&o.model).map_err(|e| Error::usage(format!("--model: {e}")))?;
-        let users = count("--num-users", o.num_users, 1, 100_000)?;
-        if !(o.duration_s.is_finite() && o.duration_s > 0.0 && o.duration_s <= 86_400.0) {
-            return Err(Error::usage(format!(
-                "--duration {}: expected seconds between 0 and 86400",
-                o.duration_s
-            )));
-        }
-        let num_gpus = count("--num-gpus", o.num_gpus, 1, 65_536)?;
-        let tp = count("--tensor-parallel", o.tensor_parallel, 1, 65_536)?;
-        if tp > num_gpus {
-            return Err(Error::usage(format!(
-                "--tensor-parallel {tp} exceeds --num-gpus {num_gpus}"
-            )));
-        }
-        let gpu_bytes = gib("--gpu-mem-gb", o.gpu_mem_gb)? * u64::from(num_gpus);
-        let cpu_bytes = gib("--cpu-mem-gb", o.cpu_mem_gb)?;
-        let storage_bytes = gib("--storage-capacity-gb", o.storage_capacity_gb)?;
-        let allocs = count(
-            "--max-concurrent-allocs",
-            o.max_concurrent_allocs,
-            0,
-            i64::from(u32::MAX),
-        )?;
-        if o.max_requests < 0 {
-            return Err(Error::usage(format!(
-                "--max-requests {}: expected 0 or more",
-                o.max_requests
-            )));
-        }
-        if !(o.request_rate.is_finite() && o.request_rate >= 0.0) {
-            return Err(Error::usage(format!(
-                "--request-rate {}: expected requests per second >= 0",
-                o.request_rate
-            )));
-        }
-        if !(o.gpu_bandwidth_gbps.is_finite() && o.gpu_bandwidth_gbps > 0.0) {
-            return Err(Error::usage("--gpu-bandwidth-gbps must be positive"));
-        }
+    pub fn new(setup: &Setup) -> Result<Plan> {
+        let o = setup;
+        let model = o.model;
+        let users = o.users;
+        // Entries are divided by it.
+        let tp = o.tensor_parallel.max(1);
+        let num_gpus = o.num_gpus;
+        let gpu_bytes = gib(o.gpu_mem_gb).saturating_mul(u64::from(num_gpus));
+        let cpu_bytes = gib(o.cpu_mem_gb);
         let per_rank = |p: &Path| {
             o.rank
                 .as_ref()
@@ -398,17 +370,14 @@ impl Plan {
             ),
             (&Csv, o.csv.as_deref().map(|p| Target::File(per_rank(p)))),
         ])?;
-        let autoscale = autoscale(o, users)?;
+        let autoscale = autoscale(o, users);
         let dataset = dataset(o)?;
         let burst = burst(o)?;
         let mut warnings = dataset.1;
         let parent = cache_parent(o)?;
         let storage_dir = run_dir(&parent, "cache", o.rank.as_ref(), &mut warnings)?;
-        let storage = match &o.storage_cluster {
-            Some(cluster) => {
-                if storage_bytes > 0 {
-                    return Err(Error::usage("--storage-capacity-gb: a resp-cluster storage tier is shared by every rank, so its capacity is the cluster's maxmemory"));
-                }
+        let storage = match &o.storage {
+            StorageTier::Cluster(cluster) => {
                 let prefix = cluster.prefix.clone().unwrap_or_else(|| {
                     let run = o.run_id.clone().unwrap_or_else(|| {
                         format!(
@@ -425,10 +394,9 @@ impl Plan {
                     prefix,
                 }
             }
-            None => Storage::Files(if storage_bytes > 0 {
-                storage_bytes
-            } else {
-                free_bytes(&storage_dir.0).map_or(u64::MAX, |b| b / 20 * 19)
+            StorageTier::Files { capacity_gb } => Storage::Files(match gib(*capacity_gb) {
+                0 => free_bytes(&storage_dir.0).map_or(u64::MAX, |b| b / 20 * 19),
+                bytes => bytes,
             }),
         };
         let mut specs = Vec::new();
@@ -447,7 +415,7 @@ impl Plan {
             let room = free_bytes(&d.0).into_iter().chain(available_memory()).min();
             if let Some(room) = room.filter(|&r| cpu_bytes > r) {
                 warnings.push(format!(
-                    "--cpu-mem-gb {}: {} has room for {:.1} GiB; the CPU tier will fail its writes past that",
+                    "the CPU tier's {} GiB: {} has room for {:.1} GiB; the CPU tier will fail its writes past that",
                     o.cpu_mem_gb,
                     o.cpu_tier_dir.display(),
                     room as f64 / GIB
@@ -503,8 +471,8 @@ impl Plan {
             model,
             users,
             workers: o.workers.unwrap_or(users.min(500)).max(1),
-            duration: Duration::from_secs_f64(o.duration_s),
-            max_requests: o.max_requests as u64,
+            duration: o.duration,
+            max_requests: o.max_requests,
             seed,
             personas: o.personas,
             multi_turn: o.multi_turn,
@@ -512,7 +480,7 @@ impl Plan {
             system_prompt_tokens: [512, 1024, 2048],
             generation_ms_per_token: o.generation.ms_per_token(),
             decode_reads: o.decode_reads,
-            max_concurrent_allocs: allocs,
+            max_concurrent_allocs: o.max_concurrent_allocs,
             tensor_parallel: tp,
             autoscale,
             dataset: dataset.0,
@@ -541,7 +509,7 @@ impl Plan {
             timestamp: local_stamp(),
             model: config.model.name.into(),
             num_users: users,
-            duration_s: o.duration_s,
+            duration_s: o.duration.as_secs_f64(),
             gpu_mem_per_card_gib: o.gpu_mem_gb,
             num_gpus,
             tensor_parallel: tp,
@@ -558,7 +526,7 @@ impl Plan {
             rag: config.rag.is_some(),
             autoscaling: config.autoscale.is_some(),
             seed: config.seed,
-            max_concurrent_allocs: allocs,
+            max_concurrent_allocs: o.max_concurrent_allocs,
             request_rate: config.request_rate,
             max_requests: config.max_requests,
             dataset_path: o.dataset_path.as_ref().map(|p| p.display().to_string()),
@@ -729,32 +697,26 @@ impl Storage {
 fn cluster_store(nodes: &[String], prefix: &str) -> Result<TierStore> {
     super::cluster::ClusterStore::connect(nodes, prefix)
         .map(|c| TierStore::Cluster(Arc::new(c)))
-        .map_err(|e| Error::io("--storage-tier", e))
+        .map_err(|e| Error::io("the resp-cluster storage tier", e))
 }
 
 #[cfg(not(feature = "redis"))]
 fn cluster_store(nodes: &[String], _: &str) -> Result<TierStore> {
     Err(Error::usage(format!(
-        "--storage-tier: the resp-cluster tier at {} needs a kvtrace built with the `redis` feature",
+        "the resp-cluster storage tier at {} needs a kvtrace built with the `redis` feature",
         nodes.join(",")
     )))
 }
 
 /// The BurstGPT log, when one is given.
-fn burst(o: &Options) -> Result<Option<BurstReplay>> {
+fn burst(o: &Setup) -> Result<Option<BurstReplay>> {
     let Some(path) = &o.burst_trace else {
         return Ok(None);
     };
     if o.dataset_path.is_some() {
         return Err(Error::usage(
-            "give either --dataset-path or --use-burst-trace, not both",
+            "a run sends a ShareGPT dataset's requests or a BurstGPT log's, not both",
         ));
-    }
-    if !(o.trace_speedup.is_finite() && o.trace_speedup >= 0.0) {
-        return Err(Error::usage(format!(
-            "--trace-speedup {}: expected a number >= 0",
-            o.trace_speedup
-        )));
     }
     Ok(Some(BurstReplay {
         rows: Arc::new(burst::load(path)?),
@@ -763,7 +725,7 @@ fn burst(o: &Options) -> Result<Option<BurstReplay>> {
 }
 
 /// The ShareGPT dataset, if one is given, and what could not be paired.
-fn dataset(o: &Options) -> Result<(Option<Arc<Dataset>>, Vec<String>)> {
+fn dataset(o: &Setup) -> Result<(Option<Arc<Dataset>>, Vec<String>)> {
     let Some(path) = &o.dataset_path else {
         return Ok((None, Vec::new()));
     };
@@ -775,7 +737,7 @@ fn dataset(o: &Options) -> Result<(Option<Arc<Dataset>>, Vec<String>)> {
         .collect();
     if d.conversations.is_empty() {
         return Err(Error::usage(format!(
-            "--dataset-path {}: none of its {} conversations has a human message followed by a gpt message",
+            "{}: none of its {} conversations has a human message followed by a gpt message",
             path.display(),
             d.read
         )));
@@ -783,25 +745,13 @@ fn dataset(o: &Options) -> Result<(Option<Arc<Dataset>>, Vec<String>)> {
     Ok((Some(Arc::new(d)), warnings))
 }
 
-fn autoscale(o: &Options, users: u32) -> Result<Option<AutoscaleConfig>> {
-    let Some(mode) = o.autoscale else {
-        return Ok(None);
-    };
-    if !(0.0..=1.0).contains(&o.target_saturation) {
-        return Err(Error::usage(format!(
-            "--target-saturation {}: expected 0 to 1",
-            o.target_saturation
-        )));
-    }
-    if !(o.autoscale_interval_s.is_finite() && o.autoscale_interval_s > 0.0) {
-        return Err(Error::usage("--autoscale-interval must be positive"));
-    }
-    Ok(Some(AutoscaleConfig {
+fn autoscale(o: &Setup, users: u32) -> Option<AutoscaleConfig> {
+    o.autoscale.map(|mode| AutoscaleConfig {
         mode,
         target_saturation: o.target_saturation,
-        interval_s: o.autoscale_interval_s,
+        interval_s: o.autoscale_interval.as_secs_f64(),
         max_users: users.max(MAX_WORKERS),
-    }))
+    })
 }
 
 impl BenchReport {

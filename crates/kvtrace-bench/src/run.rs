@@ -408,7 +408,7 @@ pub fn run(
     });
     if let Some(e) = spawn_error {
         return Err(kvtrace_io::Error::io(
-            "cannot start the benchmark's threads (fewer users or --workers?)",
+            "cannot start the benchmark's threads (fewer users or worker threads?)",
             e,
         ));
     }

@@ -171,7 +171,7 @@ fn token_counter() -> Result<impl Fn(&str) -> u64> {
 #[cfg(not(feature = "tiktoken"))]
 fn token_counter() -> Result<fn(&str) -> u64> {
     Err(Error::usage(
-        "--dataset-path needs a kvtrace built with the `tiktoken` feature (it counts cl100k_base tokens)",
+        "a ShareGPT dataset needs a kvtrace built with the `tiktoken` feature (it counts cl100k_base tokens)",
     ))
 }
 

@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 
 use super::autoscale::AutoscaleMode;
-use super::plan::Options;
+use std::time::Duration;
+
+use super::plan::Setup;
 use super::report::BenchReport;
 use super::run::{DecodeReads, MultiTurn};
 use super::tiers::TierKind;
@@ -16,7 +18,7 @@ use kvtrace_io::machine::available_memory;
 pub struct Scenario {
     pub name: &'static str,
     pub what: &'static str,
-    change: fn(&mut Options),
+    change: fn(&mut Setup),
 }
 
 pub const SCENARIOS: [Scenario; 9] = [
@@ -71,19 +73,19 @@ pub const SCENARIOS: [Scenario; 9] = [
 pub struct Suite {
     pub cores: usize,
     pub memory_gib: f64,
-    pub users: i64,
+    pub users: u32,
     pub cpu_gb: f64,
     pub dir: PathBuf,
-    base: Options,
+    base: Setup,
 }
 
 impl Suite {
     /// Sizes the base run to this machine: at most 8 users a core, a CPU tier of a quarter
     /// of the available memory (0.5 to 32 GiB, no more than asked for); one JSON report per
-    /// scenario in the directory `options.output` names (`kvtrace_suite_<local time>` when
+    /// scenario in the directory `setup.output` names (`kvtrace_suite_<local time>` when
     /// it names none), created here; nothing else written.
-    pub fn create(options: &Options) -> Result<Suite> {
-        let dir = options
+    pub fn create(setup: &Setup) -> Result<Suite> {
+        let dir = setup
             .output
             .clone()
             .unwrap_or_else(|| PathBuf::from(format!("kvtrace_suite_{}", local_stamp())));
@@ -91,19 +93,22 @@ impl Suite {
             .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let memory_gib = available_memory().unwrap_or(8 << 30) as f64 / (1u64 << 30) as f64;
-        let users = options.num_users.min(8 * cores as i64).max(1);
+        let users = setup
+            .users
+            .min(u32::try_from(8 * cores).unwrap_or(u32::MAX))
+            .max(1);
         let cpu_gb = (memory_gib / 4.0)
             .clamp(0.5, 32.0)
-            .min(options.cpu_mem_gb.max(0.5));
-        let base = Options {
-            num_users: users,
+            .min(setup.cpu_mem_gb.max(0.5));
+        let base = Setup {
+            users,
             cpu_mem_gb: cpu_gb,
             xlsx_output: None,
             csv: None,
             record: None,
             io_trace_log: None,
-            autoscale_interval_s: (options.duration_s / 6.0).max(1.0),
-            ..options.clone()
+            autoscale_interval: (setup.duration / 6).max(Duration::from_secs(1)),
+            ..setup.clone()
         };
         Ok(Suite {
             cores,
@@ -123,13 +128,13 @@ impl Suite {
             self.memory_gib,
             self.users,
             self.cpu_gb,
-            self.base.duration_s,
+            self.base.duration.as_secs_f64(),
             self.dir.display()
         )
     }
 
-    /// The options of one scenario.
-    pub fn options(&self, scenario: &Scenario) -> Options {
+    /// The setup of one scenario.
+    pub fn setup(&self, scenario: &Scenario) -> Setup {
         let mut o = self.base.clone();
         (scenario.change)(&mut o);
         o.output = Some(self.report_path(scenario.name));

@@ -169,10 +169,15 @@ const MAX_DEPTH: usize = 10;
 const TARGET: f64 = 0.8;
 const TOO_LARGE: f64 = 0.95;
 
-/// Sleeps through a modelled transfer, in steps so a cancelled run stops it.
+/// Sleeps through a modelled transfer, in steps so a cancelled run stops it. A bandwidth
+/// that is not positive (the caller's to refuse) moves the entry in no time.
 fn sleep_modelled(gbps: f64, size: u64, buf: &IoBuffer) -> io::Result<f64> {
     let secs = size as f64 / (gbps * 1e9);
-    let until = Instant::now() + Duration::from_secs_f64(secs);
+    let Ok(wait) = Duration::try_from_secs_f64(secs) else {
+        return Ok(0.0);
+    };
+    // A century: far past any run, and no overflow of the clock.
+    let until = Instant::now() + wait.min(Duration::from_secs(100 * 365 * 86_400));
     loop {
         buf.check()?;
         let now = Instant::now();

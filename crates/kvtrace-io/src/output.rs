@@ -242,7 +242,7 @@ impl DirLock {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::WouldBlock {
                     return Err(Error::usage(
-                        "another kvtrace run is writing its reports here; give each run its own --output-dir",
+                        "another kvtrace run is writing its reports here; give each run its own output directory",
                     )
                     .in_file(&shown));
                 }

@@ -90,7 +90,7 @@ impl SpanExport {
                         built
                     }
                 }
-                .map_err(|e| Error::usage(format!("--otlp-endpoint {url}: {e}")))?,
+                .map_err(|e| Error::usage(format!("OTLP endpoint {url}: {e}")))?,
             ),
         };
         if let Some(exporter) = &mut otlp {
@@ -351,7 +351,7 @@ fn check_url(url: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::usage(format!(
-            "--otlp-endpoint {url}: expected an http:// or https:// URL"
+            "OTLP endpoint {url}: expected an http:// or https:// URL"
         )))
     }
 }

@@ -93,7 +93,7 @@ pub struct SpanExport(std::convert::Infallible);
 impl SpanExport {
     pub fn start(_options: ExportOptions) -> kvtrace_io::Result<SpanExport> {
         Err(kvtrace_io::Error::usage(
-            "this kvtrace was built without the `otel` feature: --otlp-endpoint and --otlp-file are not available",
+            "this kvtrace was built without the `otel` feature: it exports no spans",
         ))
     }
 

@@ -42,7 +42,7 @@ fn check_run_id(id: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::usage(format!(
-            "--run-id {id:?}: expected 1 to 128 letters, digits, '-', '_' or '.', not starting with '.'"
+            "run id {id:?}: expected 1 to 128 letters, digits, '-', '_' or '.', not starting with '.'"
         )))
     }
 }
@@ -74,7 +74,7 @@ impl Barrier {
         let mine = self.file_of(self.rank);
         if mine.exists() {
             return Err(Error::usage(format!(
-                "start barrier: {} exists from an earlier run with this run id; give a new --run-id or remove {shown}",
+                "start barrier: {} exists from an earlier run with this run id; use a new run id or remove {shown}",
                 mine.display()
             )));
         }

@@ -41,15 +41,18 @@ pub const LAUNCHERS: [(&str, &str, Option<&str>); 4] = [
 pub struct Rank {
     pub rank: u32,
     pub world_size: u32,
-    /// What said so: a launcher's variable or `--rank`.
+    /// What said so: a launcher's variable, or the name of the caller's rank setting.
     pub source: String,
 }
 
-/// What the command line says about the rank.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RankFlags {
+/// What a caller was given about the rank (by flags, a configuration, its own code), and
+/// the names it gives those two settings: the messages and a rank's source use them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Given<'a> {
     pub rank: Option<u32>,
     pub world_size: Option<u32>,
+    pub rank_name: &'a str,
+    pub world_size_name: &'a str,
 }
 
 fn number(name: &str, text: &str) -> Result<u32> {
@@ -61,12 +64,12 @@ fn number(name: &str, text: &str) -> Result<u32> {
 }
 
 impl Rank {
-    /// The rank from `flags`, else from the first launcher whose rank variable `env` has;
-    /// `None` for a process started on its own (no flag, no launcher). Flags win over the
-    /// environment, so a rank can be pinned under any launcher.
-    pub fn detect(flags: &RankFlags, env: impl Fn(&str) -> Option<String>) -> Result<Option<Rank>> {
-        let (rank, world_size, source) = match (flags.rank, flags.world_size) {
-            (Some(rank), world) => (rank, world, "--rank".to_owned()),
+    /// The rank `given`, else from the first launcher whose rank variable `env` has;
+    /// `None` for a process started on its own (nothing given, no launcher). What is given
+    /// wins over the environment, so a rank can be pinned under any launcher.
+    pub fn detect(given: &Given<'_>, env: impl Fn(&str) -> Option<String>) -> Result<Option<Rank>> {
+        let (rank, world_size, source) = match (given.rank, given.world_size) {
+            (Some(rank), world) => (rank, world, given.rank_name.to_owned()),
             (None, world) => {
                 let Some((launcher, rank_var, size_var, text)) = LAUNCHERS
                     .iter()
@@ -74,7 +77,9 @@ impl Rank {
                 else {
                     return match world {
                         Some(n) if n > 1 => Err(Error::usage(format!(
-                            "--world-size {n} needs --rank or a launcher's rank variable ({})",
+                            "{} {n} needs {} or a launcher's rank variable ({})",
+                            given.world_size_name,
+                            given.rank_name,
                             LAUNCHERS.map(|l| l.1).join(", ")
                         ))),
                         _ => Ok(None),
@@ -91,7 +96,8 @@ impl Rank {
         };
         let Some(world_size) = world_size else {
             return Err(Error::usage(format!(
-                "rank {rank} from {source}: the world size is unknown; give --world-size"
+                "rank {rank} from {source}: the world size is unknown; give {}",
+                given.world_size_name
             )));
         };
         if world_size == 0 || rank >= world_size {
@@ -179,8 +185,17 @@ mod tests {
         move |name| pairs.iter().find(|p| p.0 == name).map(|p| p.1.to_owned())
     }
 
-    fn detect(flags: RankFlags, pairs: &[(&str, &str)]) -> Result<Option<Rank>> {
-        Rank::detect(&flags, env(pairs))
+    fn given(rank: Option<u32>, world_size: Option<u32>) -> Given<'static> {
+        Given {
+            rank,
+            world_size,
+            rank_name: "--rank",
+            world_size_name: "--world-size",
+        }
+    }
+
+    fn detect(given: Given<'_>, pairs: &[(&str, &str)]) -> Result<Option<Rank>> {
+        Rank::detect(&given, env(pairs))
     }
 
     #[test]
@@ -194,7 +209,7 @@ mod tests {
             ([("PMI_RANK", "1"), ("PMI_SIZE", "2")], 1, 2),
             ([("SLURM_PROCID", "0"), ("SLURM_NTASKS", "8")], 0, 8),
         ] {
-            let r = detect(RankFlags::default(), &vars).unwrap().unwrap();
+            let r = detect(given(None, None), &vars).unwrap().unwrap();
             assert_eq!((r.rank, r.world_size), (rank, size), "{vars:?}");
             assert!(r.source.starts_with(vars[0].0), "{}", r.source);
         }
@@ -215,12 +230,9 @@ mod tests {
     #[test]
     fn an_indexed_job_needs_the_size_flag() {
         let vars = [("JOB_COMPLETION_INDEX", "2")];
-        let e = detect(RankFlags::default(), &vars).unwrap_err();
+        let e = detect(given(None, None), &vars).unwrap_err();
         assert!(e.to_string().contains("--world-size"), "{e}");
-        let flags = RankFlags {
-            rank: None,
-            world_size: Some(5),
-        };
+        let flags = given(None, Some(5));
         let r = detect(flags, &vars).unwrap().unwrap();
         assert_eq!((r.rank, r.world_size), (2, 5));
     }
@@ -228,42 +240,30 @@ mod tests {
     #[test]
     fn flags_win_and_are_checked() {
         let vars = [("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "4")];
-        let flags = RankFlags {
-            rank: Some(1),
-            world_size: Some(2),
-        };
+        let flags = given(Some(1), Some(2));
         let r = detect(flags, &vars).unwrap().unwrap();
         assert_eq!((r.rank, r.world_size, r.source.as_str()), (1, 2, "--rank"));
         for (rank, world) in [(Some(2), Some(2)), (Some(0), Some(0)), (Some(0), None)] {
-            let flags = RankFlags {
-                rank,
-                world_size: world,
-            };
+            let flags = given(rank, world);
             assert_eq!(
                 detect(flags, &[]).unwrap_err().kind,
                 kvtrace_io::error::ErrorKind::Usage
             );
         }
-        let lonely = RankFlags {
-            rank: None,
-            world_size: Some(3),
-        };
+        let lonely = given(None, Some(3));
         assert!(detect(lonely, &[]).is_err());
     }
 
     #[test]
     fn a_process_on_its_own_has_no_rank() {
-        assert_eq!(detect(RankFlags::default(), &[]).unwrap(), None);
-        let one = RankFlags {
-            rank: None,
-            world_size: Some(1),
-        };
+        assert_eq!(detect(given(None, None), &[]).unwrap(), None);
+        let one = given(None, Some(1));
         assert_eq!(detect(one, &[]).unwrap(), None);
     }
 
     #[test]
     fn a_bad_variable_is_named() {
-        let e = detect(RankFlags::default(), &[("SLURM_PROCID", "x")]).unwrap_err();
+        let e = detect(given(None, None), &[("SLURM_PROCID", "x")]).unwrap_err();
         assert!(e.to_string().contains("SLURM_PROCID"), "{e}");
     }
 

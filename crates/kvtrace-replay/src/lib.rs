@@ -319,7 +319,7 @@ pub fn replay(
         });
         if let (true, Outcome::Failed { reason }) = (options.fail_fast, &outcome) {
             report.warnings.push(format!(
-                "--fail-fast: stopped after record {} (byte {}), the first call that failed: {reason}",
+                "fail fast: stopped after record {} (byte {}), the first call that failed: {reason}",
                 report.records, record.offset
             ));
             return Ok(false);
@@ -395,7 +395,7 @@ fn time_compressed(
     }
     Some(format!(
         "the trace spans {:.3} s of trace time, so LMCache's eviction controller (one pass every {interval_s} s) ran {} time(s) while {} reservation(s) failed with OUT_OF_MEMORY; \
-         its records are closer together than a serving server's (written through the recorder API?): replay with --eviction-timing immediate to evict as allocations need room",
+         its records are closer together than a serving server's (written through the recorder API?): replay with immediate eviction timing to evict as allocations need room",
         span.max(0.0),
         calls.eviction_passes,
         calls.out_of_memory_calls

@@ -19,7 +19,7 @@ use crate::lmct::digest::{config_digest, python_json};
 use crate::lmct::{Header, TraceReader};
 use crate::otel::SpanSink;
 use crate::rank::barrier::Barrier;
-use crate::storage::config::StorageConfig;
+use crate::storage::config::{StorageConfig, NAME_L2};
 use crate::storage::StorageManager;
 use kvtrace_report::jsonl::JsonlWriter;
 use kvtrace_report::{Exporter, Target};
@@ -225,6 +225,10 @@ fn record_line(event: &RecordEvent<'_>) -> serde_json::Value {
     })
 }
 
+/// The error of a replay whose trace records no configuration it can read and whose caller
+/// gave no whole one ([`Storage::Given`], or overrides that are `complete`).
+pub const NO_RECORDED_CONFIG: &str = "the trace records no storage configuration kvtrace can read";
+
 /// The configuration to replay and the notes about what of the recorded one could not be
 /// rebuilt.
 fn storage_config(
@@ -242,21 +246,17 @@ fn storage_config(
     };
     let (mut config, notes) = match StorageConfig::from_lmcache_json(&header.sm_config_json) {
         Some((config, notes)) => {
-            config.check_recorded().map_err(|e| {
-                Error::data(0, "header.sm_config_json", e).in_file(shown)
-            })?;
+            config
+                .check_recorded()
+                .map_err(|e| Error::data(0, "header.sm_config_json", e).in_file(shown))?;
             let notes = notes
                 .into_iter()
-                .filter(|n| !(own_l2 && n.contains("--l2-adapter")))
+                .filter(|n| !(own_l2 && n.ends_with(NAME_L2)))
                 .collect();
             (config, notes)
         }
         None if complete => (StorageConfig::default(), Vec::new()),
-        None => {
-            return Err(Error::usage(
-                "the trace records no storage configuration kvtrace can read; give one with --l1-size-gb or --config",
-            ))
-        }
+        None => return Err(Error::usage(NO_RECORDED_CONFIG)),
     };
     overrides(&mut config)?;
     Ok((config, notes))

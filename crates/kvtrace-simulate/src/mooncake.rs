@@ -12,6 +12,10 @@ use crate::error::{Error, Result};
 use crate::limits::{LineLimit, MAX_HASH_IDS_PER_ROW, MAX_LINE_BYTES};
 use crate::workload::{Prompt, Session, Turn, Workload};
 
+/// How the error for a row whose hash ids cover fewer tokens than its prompt ends: the
+/// trace's block size is not the one the reader was given.
+pub const GIVE_BLOCK_SIZE: &str = "give the trace's block size (tokens per hash id)";
+
 /// Reads a Mooncake-style JSONL trace. Hash ids are interned in first-seen order; the first
 /// arrival becomes time 0.
 pub fn read_mooncake(src: impl BufRead, trace_block_size: u32) -> Result<Workload> {
@@ -218,7 +222,7 @@ impl Row {
                 "hash_ids",
                 format!(
                     "{} ids of {block} tokens cover {capacity} tokens but input_length is {len}; \
-                     give the trace's block size with --trace-block-size",
+                     {GIVE_BLOCK_SIZE}",
                     self.hash_ids.len()
                 ),
             ));
@@ -291,7 +295,7 @@ mod tests {
             ),
             (
                 "{\"hash_ids\": [1], \"input_length\": 600, \"output_length\": 1}",
-                "--trace-block-size",
+                "give the trace's block size",
             ),
             (
                 "{\"hash_ids\": [1], \"output_length\": 1, \"session_id\": 4}",

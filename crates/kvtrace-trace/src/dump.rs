@@ -40,7 +40,7 @@ impl Filter {
             None => Filter::All,
             Some(p) if p.contains(['*', '?', '[']) => Filter::Glob(
                 glob::Pattern::new(p)
-                    .map_err(|e| Error::usage(format!("--qualname {p:?}: {e}")))?,
+                    .map_err(|e| Error::usage(format!("{p:?}: not a glob pattern: {e}")))?,
             ),
             Some(p) => Filter::Substring(p.to_owned()),
         })

@@ -58,13 +58,11 @@ impl MooncakeOptions {
     pub fn validate(&self) -> Result<()> {
         if self.loops == 0 || self.l1_chunks == 0 || self.chunk_mib == 0 {
             return Err(Error::usage(
-                "--loops, --l1-chunks and --chunk-mib must be at least 1",
+                "loops, L1 chunks and MiB per chunk must be at least 1",
             ));
         }
         if self.chunk_mib > 1 << 20 {
-            return Err(Error::usage(
-                "--chunk-mib is at most 1048576 (1 TiB chunks)",
-            ));
+            return Err(Error::usage("a chunk is at most 1048576 MiB (1 TiB)"));
         }
         Ok(())
     }

@@ -1,13 +1,14 @@
-//! `kvtrace bench`'s flags: MLPerf Storage kv-cache.py's names and defaults, turned into
-//! [`kvtrace::bench::plan::Options`].
+//! `kvtrace bench`'s flags: MLPerf Storage kv-cache.py's names and defaults, checked under
+//! their names and turned into a [`kvtrace::bench::plan::Setup`].
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::builder::PossibleValuesParser;
 use clap::ValueEnum;
 use kvtrace::bench::autoscale::AutoscaleMode;
-use kvtrace::bench::models::MODELS;
-use kvtrace::bench::plan::{ClusterSpec, Generation, Options};
+use kvtrace::bench::models::{model, MODELS};
+use kvtrace::bench::plan::{ClusterSpec, Generation, Setup, StorageTier};
 use kvtrace::bench::report::Profile as ProfileKind;
 use kvtrace::bench::run::{DecodeReads, MultiTurn};
 use kvtrace::bench::users::PersonaSet;
@@ -270,16 +271,79 @@ impl Args {
         )
     }
 
-    /// The options, the rank included (from the flags or the launcher's environment).
-    pub(crate) fn options(&self) -> Result<Options, Error> {
-        Ok(Options {
-            model: self.model.clone(),
-            num_users: self.num_users,
-            duration_s: self.duration,
-            gpu_mem_gb: self.gpu_mem_gb,
-            num_gpus: self.num_gpus,
-            tensor_parallel: self.tensor_parallel,
-            cpu_mem_gb: self.cpu_mem_gb,
+    /// The checked setup, the rank included (from the flags or the launcher's environment).
+    pub(crate) fn setup(&self) -> Result<Setup, Error> {
+        let users = count("--num-users", self.num_users, 1, 100_000)?;
+        if !(self.duration.is_finite() && self.duration > 0.0 && self.duration <= 86_400.0) {
+            return Err(Error::usage(format!(
+                "--duration {}: expected seconds between 0 and 86400",
+                self.duration
+            )));
+        }
+        let num_gpus = count("--num-gpus", self.num_gpus, 1, 65_536)?;
+        let tensor_parallel = count("--tensor-parallel", self.tensor_parallel, 1, 65_536)?;
+        if tensor_parallel > num_gpus {
+            return Err(Error::usage(format!(
+                "--tensor-parallel {tensor_parallel} exceeds --num-gpus {num_gpus}"
+            )));
+        }
+        let max_concurrent_allocs = count(
+            "--max-concurrent-allocs",
+            self.max_concurrent_allocs,
+            0,
+            i64::from(u32::MAX),
+        )?;
+        let max_requests = u64::try_from(self.max_requests).map_err(|_| {
+            Error::usage(format!(
+                "--max-requests {}: expected 0 or more",
+                self.max_requests
+            ))
+        })?;
+        at_least("--request-rate", self.request_rate, "requests per second")?;
+        if !(self.gpu_bandwidth_gbps.is_finite() && self.gpu_bandwidth_gbps > 0.0) {
+            return Err(Error::usage("--gpu-bandwidth-gbps must be positive"));
+        }
+        let storage = match &self.storage_tier {
+            Some(json) => {
+                if self.storage_capacity_gb != 0.0 {
+                    return Err(Error::usage("--storage-capacity-gb: a resp-cluster storage tier is shared by every rank, so its capacity is the cluster's maxmemory"));
+                }
+                StorageTier::Cluster(
+                    ClusterSpec::parse(json)
+                        .map_err(|e| Error::usage(format!("--storage-tier: {e}")))?,
+                )
+            }
+            None => StorageTier::Files {
+                capacity_gb: size("--storage-capacity-gb", self.storage_capacity_gb)?,
+            },
+        };
+        if self.use_burst_trace {
+            if self.dataset_path.is_some() {
+                return Err(Error::usage(
+                    "give either --dataset-path or --use-burst-trace, not both",
+                ));
+            }
+            at_least("--trace-speedup", self.trace_speedup, "a number")?;
+        }
+        if self.enable_autoscaling {
+            if !(0.0..=1.0).contains(&self.target_saturation) {
+                return Err(Error::usage(format!(
+                    "--target-saturation {}: expected 0 to 1",
+                    self.target_saturation
+                )));
+            }
+            if !(self.autoscale_interval.is_finite() && self.autoscale_interval > 0.0) {
+                return Err(Error::usage("--autoscale-interval must be positive"));
+            }
+        }
+        Ok(Setup {
+            model: *model(&self.model).map_err(|e| Error::usage(format!("--model: {e}")))?,
+            users,
+            duration: Duration::from_secs_f64(self.duration),
+            gpu_mem_gb: size("--gpu-mem-gb", self.gpu_mem_gb)?,
+            num_gpus,
+            tensor_parallel,
+            cpu_mem_gb: size("--cpu-mem-gb", self.cpu_mem_gb)?,
             cache_dir: self.cache_dir.clone(),
             generation: match self.generation_mode {
                 GenerationMode::None => Generation::None,
@@ -297,9 +361,9 @@ impl Args {
             },
             prefix_caching: !self.disable_prefix_caching,
             seed: self.seed,
-            max_concurrent_allocs: self.max_concurrent_allocs,
-            max_requests: self.max_requests,
-            storage_capacity_gb: self.storage_capacity_gb,
+            max_concurrent_allocs,
+            max_requests,
+            storage,
             gpu_tier: self.gpu_tier == GpuTier::Model,
             gpu_bandwidth_gbps: self.gpu_bandwidth_gbps,
             cpu_tier_dir: self.cpu_tier_dir.clone(),
@@ -331,15 +395,12 @@ impl Args {
                     AutoscalerModeArg::Capacity => AutoscaleMode::Capacity,
                 }),
             target_saturation: self.target_saturation,
-            autoscale_interval_s: self.autoscale_interval,
+            // Checked above when the autoscaler runs; unused when it does not.
+            autoscale_interval: Duration::try_from_secs_f64(self.autoscale_interval)
+                .unwrap_or_default(),
             output: self.output.clone(),
             xlsx_output: self.xlsx_output.clone(),
             csv: self.csv.clone(),
-            storage_cluster: self
-                .storage_tier
-                .as_deref()
-                .map(ClusterSpec::parse)
-                .transpose()?,
             rank: self.ranks.rank()?,
             run_id: self
                 .ranks
@@ -347,5 +408,57 @@ impl Args {
                 .clone()
                 .or_else(|| launcher_run_id(|name| std::env::var(name).ok())),
         })
+    }
+}
+
+/// A size in GiB: finite and >= 0.
+fn size(flag: &str, v: f64) -> Result<f64, Error> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(Error::usage(format!("{flag} {v}: expected a size >= 0")))
+    }
+}
+
+/// A rate or factor: finite and >= 0.
+fn at_least(flag: &str, v: f64, what: &str) -> Result<(), Error> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(Error::usage(format!("{flag} {v}: expected {what} >= 0")))
+    }
+}
+
+fn count(flag: &str, v: i64, min: i64, max: i64) -> Result<u32, Error> {
+    match u32::try_from(v) {
+        Ok(n) if (min..=max).contains(&v) => Ok(n),
+        _ => Err(Error::usage(format!("{flag} {v}: expected {min} to {max}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Bench {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn the_flags_defaults_are_the_librarys() {
+        let bench = Bench::try_parse_from(["bench"]).unwrap();
+        let setup = bench.args.setup().unwrap();
+        // The launcher's environment may name a run; nothing else comes from outside.
+        assert_eq!(
+            Setup {
+                run_id: None,
+                ..setup
+            },
+            Setup::default()
+        );
     }
 }

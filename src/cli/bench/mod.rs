@@ -1,5 +1,5 @@
 //! `kvtrace bench`: MLPerf Storage's KV-cache benchmark. [`args`] turns its flags into
-//! [`kvtrace::bench::plan::Options`]; the library plans, runs and reports; this file shows
+//! [`kvtrace::bench::plan::Setup`]; the library plans, runs and reports; this file shows
 //! progress and picks the exit status.
 
 mod args;
@@ -9,7 +9,7 @@ use std::io::IsTerminal;
 use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvtrace::bench::plan::{Options, Plan};
+use kvtrace::bench::plan::{Plan, Setup};
 use kvtrace::bench::report::BenchReport;
 use kvtrace::bench::suite::{Suite, SCENARIOS};
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
@@ -43,12 +43,12 @@ const FEW_REQUESTS: usize = 100;
 /// One run, its requests exported as spans when `otlp` asks; the report, and the exit status
 /// the export calls for (1 when it failed).
 fn run_once(
-    options: &Options,
+    setup: &Setup,
     quiet: bool,
     barrier: Option<&Barrier>,
     otlp: Option<&OtlpArgs>,
 ) -> Result<(BenchReport, Option<i32>), Error> {
-    let mut plan = Plan::new(options)?;
+    let mut plan = Plan::new(setup)?;
     for w in &plan.warnings {
         warn_line(w);
     }
@@ -89,24 +89,24 @@ fn run_once(
 
 pub(super) fn run(args: Args) -> Result<i32, Error> {
     args.guard()?;
-    let options = args.options()?;
+    let setup = args.setup()?;
     if args.suite {
         if args.otlp.asked() {
             return Err(Error::usage(
                 "--suite runs many scenarios: export spans from one bench run at a time",
             ));
         }
-        if let Some(r) = &options.rank {
+        if let Some(r) = &setup.rank {
             return Err(Error::usage(format!(
                 "--suite runs its scenarios one after another; as rank {} of {} ({}) run one bench per rank",
                 r.rank, r.world_size, r.source
             )));
         }
-        return suite(&options);
+        return suite(&setup);
     }
-    let barrier = match &options.rank {
+    let barrier = match &setup.rank {
         Some(r) => {
-            let dir = options
+            let dir = setup
                 .output
                 .as_deref()
                 .and_then(Path::parent)
@@ -116,7 +116,7 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
         }
         None => None,
     };
-    let (report, exported) = run_once(&options, args.quiet, barrier.as_ref(), Some(&args.otlp))?;
+    let (report, exported) = run_once(&setup, args.quiet, barrier.as_ref(), Some(&args.otlp))?;
     Ok(exit_status(&report).max(exported.unwrap_or(EXIT_OK)))
 }
 
@@ -136,14 +136,14 @@ fn exit_status(report: &BenchReport) -> i32 {
 }
 
 /// `--suite`: every scenario in turn, one comparison table.
-fn suite(options: &Options) -> Result<i32, Error> {
-    let suite = Suite::create(options)?;
+fn suite(setup: &Setup) -> Result<i32, Error> {
+    let suite = Suite::create(setup)?;
     eprintln!("kvtrace: {}", suite.describe());
     let mut table = Suite::header().to_string();
     let mut status = EXIT_OK;
     for scenario in &SCENARIOS {
         eprintln!("kvtrace: {}: {}", scenario.name, scenario.what);
-        let (report, _) = run_once(&suite.options(scenario), true, None, None)?;
+        let (report, _) = run_once(&suite.setup(scenario), true, None, None)?;
         table += &Suite::row(scenario.name, &report);
         status = status.max(exit_status(&report));
         if kvtrace::interrupt::requested().is_some() {

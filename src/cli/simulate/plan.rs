@@ -13,7 +13,7 @@ use kvtrace::report::{csv::Csv, json::Json, jsonl::Jsonl, xlsx::Xlsx, Target};
 use kvtrace::simulate::args::{EngineArgs, EngineType, WorkerType};
 use kvtrace::simulate::collector::Sla;
 use kvtrace::simulate::event_loop::{PrefillPool, SimConfig};
-use kvtrace::simulate::mooncake::read_mooncake;
+use kvtrace::simulate::mooncake::{read_mooncake, GIVE_BLOCK_SIZE};
 use kvtrace::simulate::offload::{OffloadConfig, DEFAULT_CHUNK_TOKENS, DEFAULT_KV_BYTES_PER_TOKEN};
 use kvtrace::simulate::plan::{Plan, Setup};
 use kvtrace::simulate::router::{KvRouterConfig, QueuePolicy, RouterMode};
@@ -384,8 +384,12 @@ fn workload(o: &Options, block_size: u32) -> Result<Workload> {
         }
         let shown = path.display().to_string();
         let file = File::open(path).map_err(|e| Error::io("cannot open", e).in_file(&shown))?;
-        let mut w = read_mooncake(BufReader::new(file), o.trace_block_size)
-            .map_err(|e| e.in_file(&shown))?;
+        let mut w = read_mooncake(BufReader::new(file), o.trace_block_size).map_err(|mut e| {
+            if e.message.ends_with(GIVE_BLOCK_SIZE) {
+                e.message += " with --trace-block-size";
+            }
+            e.in_file(&shown)
+        })?;
         w.speed_up_arrivals(o.arrival_speedup_ratio);
         return Ok(w);
     }

@@ -358,13 +358,17 @@ impl StorageConfig {
                 notes.extend(config.drop_external_tiers());
             }
             None => notes.push(format!(
-                "the recording had {} L2 adapter(s) kvtrace cannot rebuild; give them with --l2-adapter",
+                "the recording had {} L2 adapter(s) kvtrace cannot rebuild; {NAME_L2}",
                 adapters.len()
             )),
         }
         Some((config, notes))
     }
 }
+
+/// How a note of [`StorageConfig::from_lmcache_json`] about a recorded L2 tier it did not
+/// rebuild ends: such notes say nothing new to a replay that names its own L2 tiers.
+pub const NAME_L2: &str = "name the L2 tiers to replay against";
 
 impl StorageConfig {
     /// Removes the L2 tiers that would touch the file system or the network (`fs`, `redis`)
@@ -389,7 +393,7 @@ impl StorageConfig {
             };
             notes.push(format!(
                 "recorded L2 tier {index} ({what}) was not rebuilt: a trace never chooses a path \
-                 or a server; give it with --l2-adapter or --config to replay against it"
+                 or a server; {NAME_L2}"
             ));
             false
         });
