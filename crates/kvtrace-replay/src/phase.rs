@@ -7,8 +7,10 @@
 //! phase produced: each retrieve's hits and each store's admitted keys. So replay estimates
 //! the phase as the one under which a replay of the recorded configuration reproduces the
 //! most of those outcomes: a coarse grid over one interval, then a fine one around the best,
-//! taking the middle of the widest run of best-scoring phases. Deterministic for a given
-//! trace and configuration; `--eviction-phase` pins it instead.
+//! taking the middle of the widest run of best-scoring phases. Phases whose first pass comes
+//! after the calls estimated on run none and are replayed once for all, so a trace shorter
+//! than one interval costs one replay, not hundreds. Deterministic for a given trace and
+//! configuration; the caller may pin the phase instead.
 
 use std::path::Path;
 
@@ -92,16 +94,49 @@ fn decode(path: &Path, read: ReadOptions) -> Result<Vec<(Position, Call)>> {
     Ok(calls)
 }
 
-/// Replays the calls under `config`: (sessions reproduced, sessions, L1 peak usage reached
-/// the watermark).
-fn score(
+/// What one replay of the estimate's calls found.
+struct Score {
+    /// Sessions (retrieves and stores) reproduced.
+    matched: u64,
+    sessions: u64,
+    /// L1's peak usage reached the watermark.
+    pressured: bool,
+    /// The latest trace time the replay moved its clock to: its calls' times and the
+    /// session ends after them. A phase runs a pass only if its first one (`phase +
+    /// interval`) comes by the horizon of a replay without passes, since until its first
+    /// pass it replays exactly as that one does.
+    horizon: f64,
+}
+
+/// Replays the calls under `config`.
+fn score(calls: &[(Position, Call)], config: &StorageConfig, follow: &SessionModel) -> Score {
+    let Some((sm, fidelity)) = replay(calls, config, follow) else {
+        return Score {
+            matched: 0,
+            sessions: 0,
+            pressured: false,
+            horizon: 0.0,
+        };
+    };
+    let r = &fidelity.report;
+    let l1 = &sm.tier_stats()[0];
+    let heap = l1.capacity_bytes.unwrap_or(0).max(1) as f64;
+    Score {
+        matched: r.requests_matching + r.stores_matching,
+        sessions: r.requests + r.stores,
+        pressured: l1.peak_bytes as f64 / heap >= config.eviction.trigger_watermark,
+        horizon: sm.now(),
+    }
+}
+
+/// The storage manager after replaying the calls under `config`, and how many sessions
+/// it reproduced; `None` when `config` cannot make one.
+fn replay(
     calls: &[(Position, Call)],
     config: &StorageConfig,
     follow: &SessionModel,
-) -> (u64, u64, bool) {
-    let Ok(mut sm) = StorageManager::new(config.clone()) else {
-        return (0, 0, false);
-    };
+) -> Option<(StorageManager, Fidelity)> {
+    let mut sm = StorageManager::new(config.clone()).ok()?;
     let mut dispatcher = Dispatcher::default();
     let tracer = Tracer::disabled();
     let mut sessions = Sessions::new(follow);
@@ -123,24 +158,41 @@ fn score(
     if let Some(closed) = sessions.close(&mut sm, f64::INFINITY) {
         fidelity.add(&sm, &closed);
     }
-    let r = &fidelity.report;
-    let l1 = &sm.tier_stats()[0];
-    let heap = l1.capacity_bytes.unwrap_or(0).max(1) as f64;
-    let pressured = l1.peak_bytes as f64 / heap >= config.eviction.trigger_watermark;
-    (
-        r.requests_matching + r.stores_matching,
-        r.requests + r.stores,
-        pressured,
-    )
+    Some((sm, fidelity))
 }
 
-/// Scores every candidate phase, over the machine's cores.
+/// Scores every candidate phase of a `period`, over the machine's cores. A phase whose
+/// first pass (`phase + period`) comes after the horizon of the replay `without_passes`
+/// runs none, and scores as that replay did.
 fn scores(
     calls: &[(Position, Call)],
     config: &StorageConfig,
     follow: &SessionModel,
     phases: &[f64],
+    (period, without_passes): (f64, &Score),
 ) -> Vec<u64> {
+    let passes = |p: f64| p + period <= without_passes.horizon;
+    let replayed: Vec<f64> = phases.iter().copied().filter(|&p| passes(p)).collect();
+    let mut replayed = replay_all(calls, config, follow, &replayed).into_iter();
+    phases
+        .iter()
+        .map(|&p| match passes(p) {
+            true => replayed.next().unwrap_or(0),
+            false => without_passes.matched,
+        })
+        .collect()
+}
+
+/// Replays every phase of `phases`, over the machine's cores.
+fn replay_all(
+    calls: &[(Position, Call)],
+    config: &StorageConfig,
+    follow: &SessionModel,
+    phases: &[f64],
+) -> Vec<u64> {
+    if phases.is_empty() {
+        return Vec::new();
+    }
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(phases.len().max(1));
@@ -151,7 +203,7 @@ fn scores(
             .map(|part| {
                 s.spawn(move || {
                     part.iter()
-                        .map(|&p| score(calls, &with_phase(config, p), follow).0)
+                        .map(|&p| score(calls, &with_phase(config, p), follow).matched)
                         .collect::<Vec<u64>>()
                 })
             })
@@ -228,14 +280,22 @@ pub fn estimate(
     };
     let calls = decode(path, read)?;
     let config = model(recorded);
-    let (matched, sessions, pressured) = score(&calls, &with_phase(&config, 0.0), follow);
-    if !pressured {
+    let first = score(&calls, &with_phase(&config, 0.0), follow);
+    let (matched, sessions) = (first.matched, first.sessions);
+    if !first.pressured {
         return Ok(prior(matched, sessions, interval_s));
     }
     let period = interval_s.max(1e-3);
+    // Phase 0 ran no pass (its first came after its last call: a trace shorter than one
+    // controller interval), so no candidate can: each replays as phase 0 did.
+    if period > first.horizon {
+        return Ok(prior(matched, sessions, interval_s));
+    }
+    let without_passes = score(&calls, &with_phase(&config, f64::INFINITY), follow);
+    let horizon = (period, &without_passes);
     let coarse_step = (period / 200.0).max(1e-4);
     let coarse: Vec<f64> = (0..200).map(|i| i as f64 * coarse_step).collect();
-    let coarse_scores = scores(&calls, &config, follow, &coarse);
+    let coarse_scores = scores(&calls, &config, follow, &coarse, horizon);
     let (a, len) = best_run(&coarse_scores, true);
     if len == coarse.len() {
         return Ok(prior(coarse_scores[0], sessions, interval_s));
@@ -259,7 +319,7 @@ pub fn estimate(
         .map(|i| lo + i as f64 * fine_step)
         .take_while(|&p| p <= hi + 1e-12)
         .collect();
-    let fine_scores = scores(&calls, &config, follow, &fine);
+    let fine_scores = scores(&calls, &config, follow, &fine, horizon);
     let (a, len) = best_run(&fine_scores, false);
     let (first, last) = (fine[a], fine[a + len.max(1) - 1]);
     Ok(PhaseReport {
@@ -328,7 +388,60 @@ pub fn settle(
 
 #[cfg(test)]
 mod tests {
-    use super::best_run;
+    use std::path::Path;
+
+    use super::super::client::{resolve, ClientChoice};
+    use super::*;
+
+    /// The calls of a real LMCache 0.5.6 recording under eviction pressure, its recorded
+    /// configuration, and the session model a default replay infers for it.
+    fn churn(name: &str) -> (Vec<(Position, Call)>, StorageConfig, SessionModel) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/lmcache/churn")
+            .join(name);
+        let read = ReadOptions::default();
+        let header = TraceReader::open(&path, read).unwrap().header().clone();
+        let (recorded, _) = StorageConfig::from_lmcache_json(&header.sm_config_json).unwrap();
+        let client = resolve(&path, read, &ClientChoice::Infer).unwrap();
+        let follow = SessionModel {
+            emulate: true,
+            client,
+        };
+        (decode(&path, read).unwrap(), model(&recorded), follow)
+    }
+
+    #[test]
+    fn phases_without_a_pass_score_as_one_replay_without_passes_does() {
+        for name in ["lru_seed1.lct", "arc_seed2.lct"] {
+            let (calls, config, follow) = churn(name);
+            let EvictionTiming::Periodic { interval_s, .. } = config.eviction.timing else {
+                panic!("{name}: periodic eviction recorded");
+            };
+            let without = score(&calls, &with_phase(&config, f64::INFINITY), &follow);
+            // Candidates on both sides of the horizon: some run passes, some cannot.
+            let phases: Vec<f64> = (0..40)
+                .map(|i| without.horizon - interval_s - 0.2 + i as f64 * 0.01)
+                .filter(|&p| p >= 0.0)
+                .collect();
+            assert!(
+                phases.iter().any(|&p| p + interval_s > without.horizon)
+                    && phases.iter().any(|&p| p + interval_s <= without.horizon),
+                "{name}: horizon {}",
+                without.horizon
+            );
+            let every = replay_all(&calls, &config, &follow, &phases);
+            let shortcut = scores(&calls, &config, &follow, &phases, (interval_s, &without));
+            assert_eq!(shortcut, every, "{name}");
+            // Exactly the phases past the horizon run no pass: the last one before it does
+            // (under pressure, so it evicts), and none after it.
+            for &p in &phases {
+                let (sm, _) = replay(&calls, &with_phase(&config, p), &follow).unwrap();
+                let passes = sm.call_stats().eviction_passes;
+                let past = p + interval_s > without.horizon;
+                assert_eq!(passes == 0, past, "{name}: phase {p}: {passes} pass(es)");
+            }
+        }
+    }
 
     #[test]
     fn the_widest_run_of_best_scores_wins_and_ties_go_to_the_earliest() {
