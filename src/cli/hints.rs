@@ -57,6 +57,10 @@ const FOREIGN_FLAGS: &[(&[&str], &str)] = &[
         ],
         "kv-cache.py's preconditioning and prefill-only/decode-only phases are not in kvtrace bench (see docs/commands/bench.md)",
     ),
+    (
+        &["--config"],
+        "kvtrace bench takes kv-cache.py's settings as flags, not its YAML file; --config is replay's TOML tier configuration (see docs/commands/bench.md)",
+    ),
 ];
 
 /// The report flags whose path followed them as a separate word before they took the shape
@@ -143,6 +147,7 @@ mod tests {
         for (args, hint) in [
             (vec!["x", "--block-size", "16"], Some("--block-size")),
             (vec!["x", "--trace-file=t.lct"], Some("--trace-file")),
+            (vec!["x", "--config", "bench.yaml"], Some("--config")),
             (vec!["x", "--no-such-flag"], None),
         ] {
             let e = Cli::command().try_get_matches_from(args).unwrap_err();
