@@ -302,7 +302,7 @@ pub(super) fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Pl
     let storage = Storage::Recorded {
         overrides: &overrides,
         own_l2: args.tiers.gives_l2() || args.config.is_some(),
-        complete: args.tiers.l1_size_gb.is_some() || args.config.is_some(),
+        complete: gives_whole_config(args),
     };
     Plan::new(file, storage, options).map_err(|e| {
         if e.message == NO_RECORDED_CONFIG {
@@ -311,6 +311,11 @@ pub(super) fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Pl
             e
         }
     })
+}
+
+/// Whether the flags make a whole configuration without the trace's: an L1 size or a file.
+fn gives_whole_config(args: &Args) -> bool {
+    args.tiers.l1_size_gb.is_some() || args.config.is_some()
 }
 
 /// A trace without a readable configuration, replayed without a whole one.
@@ -339,9 +344,7 @@ pub(super) fn events_config(args: &Args, recorded: &str) -> Result<StorageConfig
             })?;
             config
         }
-        None if args.tiers.l1_size_gb.is_some() || args.config.is_some() => {
-            StorageConfig::default()
-        }
+        None if gives_whole_config(args) => StorageConfig::default(),
         None => return Err(no_recorded_config()),
     };
     if let Some(path) = &args.config {

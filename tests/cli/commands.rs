@@ -1232,6 +1232,11 @@ fn flags_of_the_tools_users_come_from_point_the_right_way() {
         2,
         &["'--precondition'", "not in kvtrace bench"],
     );
+    says(
+        &["bench", "--config", "kv-cache.yaml"],
+        2,
+        &["'--config'", "not its YAML file"],
+    );
 }
 
 #[test]

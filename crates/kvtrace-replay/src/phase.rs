@@ -169,7 +169,8 @@ fn scores(
     config: &StorageConfig,
     follow: &SessionModel,
     phases: &[f64],
-    (period, without_passes): (f64, &Score),
+    period: f64,
+    without_passes: &Score,
 ) -> Vec<u64> {
     let passes = |p: f64| p + period <= without_passes.horizon;
     let replayed: Vec<f64> = phases.iter().copied().filter(|&p| passes(p)).collect();
@@ -190,9 +191,6 @@ fn replay_all(
     follow: &SessionModel,
     phases: &[f64],
 ) -> Vec<u64> {
-    if phases.is_empty() {
-        return Vec::new();
-    }
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(phases.len().max(1));
@@ -292,10 +290,9 @@ pub fn estimate(
         return Ok(prior(matched, sessions, interval_s));
     }
     let without_passes = score(&calls, &with_phase(&config, f64::INFINITY), follow);
-    let horizon = (period, &without_passes);
     let coarse_step = (period / 200.0).max(1e-4);
     let coarse: Vec<f64> = (0..200).map(|i| i as f64 * coarse_step).collect();
-    let coarse_scores = scores(&calls, &config, follow, &coarse, horizon);
+    let coarse_scores = scores(&calls, &config, follow, &coarse, period, &without_passes);
     let (a, len) = best_run(&coarse_scores, true);
     if len == coarse.len() {
         return Ok(prior(coarse_scores[0], sessions, interval_s));
@@ -319,7 +316,7 @@ pub fn estimate(
         .map(|i| lo + i as f64 * fine_step)
         .take_while(|&p| p <= hi + 1e-12)
         .collect();
-    let fine_scores = scores(&calls, &config, follow, &fine, horizon);
+    let fine_scores = scores(&calls, &config, follow, &fine, period, &without_passes);
     let (a, len) = best_run(&fine_scores, false);
     let (first, last) = (fine[a], fine[a + len.max(1) - 1]);
     Ok(PhaseReport {
@@ -430,7 +427,7 @@ mod tests {
                 without.horizon
             );
             let every = replay_all(&calls, &config, &follow, &phases);
-            let shortcut = scores(&calls, &config, &follow, &phases, (interval_s, &without));
+            let shortcut = scores(&calls, &config, &follow, &phases, interval_s, &without);
             assert_eq!(shortcut, every, "{name}");
             // Exactly the phases past the horizon run no pass: the last one before it does
             // (under pressure, so it evicts), and none after it.

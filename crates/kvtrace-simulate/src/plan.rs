@@ -37,19 +37,8 @@ pub struct Setup {
     pub warnings: Vec<String>,
 }
 
-/// A simulation, checked and set up, ready to start.
-pub struct Plan {
-    workload: Workload,
-    config: SimConfig,
-    sla: Sla,
-    per_request_metrics: bool,
-    offload: Option<(StorageConfig, OffloadConfig)>,
-    record: Option<PathBuf>,
-    report_path: PathBuf,
-    outputs: Vec<(&'static dyn Exporter, Target)>,
-    /// What the user should know before the run starts.
-    pub warnings: Vec<String>,
-}
+/// A simulation whose parts run together, ready to start.
+pub struct Plan(Setup);
 
 /// A finished simulation.
 pub struct Finished {
@@ -76,35 +65,40 @@ impl Plan {
                 "KV offload models LMCache's vLLM connector: use it with the vllm engine, not sglang",
             ));
         }
-        Ok(Plan {
-            workload: setup.workload,
-            config: setup.config,
-            sla: setup.sla,
-            per_request_metrics: setup.per_request_metrics,
-            offload: setup.offload,
-            record: setup.record,
-            report_path: setup.report_path,
-            outputs: setup.outputs,
-            warnings: setup.warnings,
-        })
+        Ok(Plan(setup))
+    }
+
+    /// What the user should know before the run starts.
+    pub fn warnings(&self) -> &[String] {
+        &self.0.warnings
     }
 
     /// Requests the workload holds.
     pub fn request_count(&self) -> usize {
-        self.workload.request_count()
+        self.0.workload.request_count()
     }
 
     pub fn online(&self) -> bool {
-        self.config.online
+        self.0.config.online
     }
 
     /// Simulates and writes the reports. `progress` hears the clock's milliseconds (virtual,
     /// or wall time online) and the requests done.
     pub fn run(self, progress: &mut dyn FnMut(f64, usize)) -> Result<Finished> {
-        let mut offload = match self.offload {
+        let Setup {
+            workload,
+            config,
+            sla,
+            per_request_metrics,
+            offload,
+            record,
+            report_path,
+            outputs,
+            warnings: _,
+        } = self.0;
+        let mut offload = match offload {
             Some((storage, config)) => {
-                let bus = self
-                    .record
+                let bus = record
                     .as_ref()
                     .map(|path| start_recording(path, &storage, true))
                     .transpose()?;
@@ -115,11 +109,11 @@ impl Plan {
             None => None,
         };
         let connector = offload.as_mut().map(|(o, _)| o);
-        let result = simulate(&self.workload, &self.config, connector, progress)?;
+        let result = simulate(&workload, &config, connector, progress)?;
         let mut summary = result
             .collector
-            .summary(result.provision, result.wall_ms, self.sla);
-        if self.per_request_metrics {
+            .summary(result.provision, result.wall_ms, sla);
+        if per_request_metrics {
             summary.per_request = Some(result.collector.per_request());
         }
         summary.interrupted = result.interrupted;
@@ -135,12 +129,12 @@ impl Plan {
             summary,
             requests: result.collector.records,
         };
-        for (exporter, target) in &self.outputs {
+        for (exporter, target) in &outputs {
             kvtrace_report::write(&report, *exporter, target, "")?;
         }
         Ok(Finished {
             report,
-            report_path: self.report_path,
+            report_path,
             recordings,
         })
     }

@@ -17,6 +17,7 @@ use kvtrace::rank::launcher_run_id;
 
 use crate::cli::otlp::OtlpArgs;
 use crate::cli::rank::RankArgs;
+use crate::cli::tiers::positive;
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 enum GenerationMode {
@@ -274,7 +275,7 @@ impl Args {
     /// The checked setup, the rank included (from the flags or the launcher's environment).
     pub(crate) fn setup(&self) -> Result<Setup, Error> {
         let users = count("--num-users", self.num_users, 1, 100_000)?;
-        if !(self.duration.is_finite() && self.duration > 0.0 && self.duration <= 86_400.0) {
+        if !(positive(self.duration) && self.duration <= 86_400.0) {
             return Err(Error::usage(format!(
                 "--duration {}: expected seconds between 0 and 86400",
                 self.duration
@@ -299,8 +300,8 @@ impl Args {
                 self.max_requests
             ))
         })?;
-        at_least("--request-rate", self.request_rate, "requests per second")?;
-        if !(self.gpu_bandwidth_gbps.is_finite() && self.gpu_bandwidth_gbps > 0.0) {
+        not_negative("--request-rate", self.request_rate, "requests per second")?;
+        if !positive(self.gpu_bandwidth_gbps) {
             return Err(Error::usage("--gpu-bandwidth-gbps must be positive"));
         }
         let storage = match &self.storage_tier {
@@ -314,7 +315,11 @@ impl Args {
                 )
             }
             None => StorageTier::Files {
-                capacity_gb: size("--storage-capacity-gb", self.storage_capacity_gb)?,
+                capacity_gb: not_negative(
+                    "--storage-capacity-gb",
+                    self.storage_capacity_gb,
+                    "a size",
+                )?,
             },
         };
         if self.use_burst_trace {
@@ -323,7 +328,7 @@ impl Args {
                     "give either --dataset-path or --use-burst-trace, not both",
                 ));
             }
-            at_least("--trace-speedup", self.trace_speedup, "a number")?;
+            not_negative("--trace-speedup", self.trace_speedup, "a number")?;
         }
         if self.enable_autoscaling {
             if !(0.0..=1.0).contains(&self.target_saturation) {
@@ -332,7 +337,7 @@ impl Args {
                     self.target_saturation
                 )));
             }
-            if !(self.autoscale_interval.is_finite() && self.autoscale_interval > 0.0) {
+            if !positive(self.autoscale_interval) {
                 return Err(Error::usage("--autoscale-interval must be positive"));
             }
         }
@@ -340,10 +345,10 @@ impl Args {
             model: *model(&self.model).map_err(|e| Error::usage(format!("--model: {e}")))?,
             users,
             duration: Duration::from_secs_f64(self.duration),
-            gpu_mem_gb: size("--gpu-mem-gb", self.gpu_mem_gb)?,
+            gpu_mem_gb: not_negative("--gpu-mem-gb", self.gpu_mem_gb, "a size")?,
             num_gpus,
             tensor_parallel,
-            cpu_mem_gb: size("--cpu-mem-gb", self.cpu_mem_gb)?,
+            cpu_mem_gb: not_negative("--cpu-mem-gb", self.cpu_mem_gb, "a size")?,
             cache_dir: self.cache_dir.clone(),
             generation: match self.generation_mode {
                 GenerationMode::None => Generation::None,
@@ -411,19 +416,11 @@ impl Args {
     }
 }
 
-/// A size in GiB: finite and >= 0.
-fn size(flag: &str, v: f64) -> Result<f64, Error> {
+/// `v`, a size or a rate, when it is finite and >= 0; else the flag's error saying `what` it
+/// should be.
+fn not_negative(flag: &str, v: f64, what: &str) -> Result<f64, Error> {
     if v.is_finite() && v >= 0.0 {
         Ok(v)
-    } else {
-        Err(Error::usage(format!("{flag} {v}: expected a size >= 0")))
-    }
-}
-
-/// A rate or factor: finite and >= 0.
-fn at_least(flag: &str, v: f64, what: &str) -> Result<(), Error> {
-    if v.is_finite() && v >= 0.0 {
-        Ok(())
     } else {
         Err(Error::usage(format!("{flag} {v}: expected {what} >= 0")))
     }

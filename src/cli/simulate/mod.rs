@@ -286,7 +286,7 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
     for w in args.tiers.warnings() {
         warn_line(w);
     }
-    for w in &plan.warnings {
+    for w in plan.warnings() {
         warn_line(w);
     }
     let mut resource = vec![
