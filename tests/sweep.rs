@@ -544,7 +544,7 @@ fn bad_lists_fail_in_one_line_naming_the_flag() {
 }
 
 #[test]
-fn every_point_lies_on_its_lines_model_curve() {
+fn every_point_lies_on_its_lines_model_curve_and_the_sizes_between_are_full_replays() {
     let dir = scratch();
     let flags = [
         "--l1-size-gb",
@@ -570,6 +570,28 @@ fn every_point_lies_on_its_lines_model_curve() {
             .expect("the point's size on its curve");
         assert_eq!(
             at["hit_rate"], p["figures"]["hit_rate"],
+            "{policy} at {gib} GiB"
+        );
+    }
+    // A size no point replayed is the single replay of the line's flags at that size (the
+    // points' own sizes are taken from the points).
+    for line in lines {
+        let policy = line["line"]
+            .as_str()
+            .and_then(|l| l.strip_prefix("eviction-policy="))
+            .expect("policy line");
+        let between = &line["points"].as_array().expect("curve")[5];
+        let gib = between["l1_size_gb"].as_f64().expect("size");
+        assert!(gib > 0.002 && gib < 0.004, "{gib}");
+        let flags = [
+            format!("--l1-size-gb={gib}"),
+            format!("--eviction-policy={policy}"),
+            "--l1-accounting-only".into(),
+        ];
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let single = single_replay(&churn("lru_seed1"), &flags, &dir.path().join("single"));
+        assert_eq!(
+            between["hit_rate"], single["hits"]["hit_rate"],
             "{policy} at {gib} GiB"
         );
     }

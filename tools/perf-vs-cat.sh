@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# kvtrace's whole-process times beside `cat FILE > /dev/null` and, when LMCACHE_VENV names a
-# virtual environment with LMCache 0.5.6 (and torch) installed, beside `lmcache trace info` and
-# `lmcache trace replay` — all in one run, on the traces of docs/performance.md:
-#   mc10.lct  `kvtrace generate --from-mooncake conversation_trace.jsonl --loops 10` (721,620
-#             records, 1.32 GB)
-#   mc1.lct   the same with --loops 1 (72,162 records), for replay
-# Each figure is the best of RUNS (default 3) runs, warm page cache (every file is read once
-# first), with peak RSS from /usr/bin/time. Ratios are what to compare: the machines are shared.
-# Usage: [LMCACHE_VENV=/path/to/venv] [RUNS=3] tools/perf-vs-cat.sh [MOONCAKE_TRACE]
+# kvtrace's whole-process times on the traces users have, beside `cat FILE > /dev/null` and
+# the peers, all in one run:
+#   big_10x.lct  the Mooncake conversation trace walked 10 times, written by LMCache 0.5.6's own
+#                recorder (../shared/lmcache/scripts/make_big.py: 721,620 records, 1.29 GB)
+#   big_1x.lct   the same with --loops 1 (72,162 records), for replay and sweep
+# LMCACHE_VENV names a virtual environment with LMCache 0.5.6 and torch: it writes the two traces
+# and runs `lmcache trace info` and `lmcache trace replay` beside kvtrace. Without it, kvtrace's
+# own twins (`kvtrace generate --from-mooncake`) stand in, and the peer rows are left out.
+# DYNAMO_VENV names one with ai-dynamo 1.6.1 (../shared/dynamo/README.md): `simulate` runs
+# beside its replay API (../shared/dynamo/run161.py), whole process.
+# Each figure is the best of RUNS (default 3) runs, warm page cache, with peak RSS from
+# /usr/bin/time. Ratios are what to compare: the machines are shared.
+# Usage: [LMCACHE_VENV=…] [DYNAMO_VENV=…] [RUNS=3] tools/perf-vs-cat.sh [MOONCAKE_TRACE]
 #        (default ../shared/traces/mooncake/conversation_trace.jsonl); files go to a temporary
 #        directory under $TMPDIR.
 set -euo pipefail
@@ -17,15 +21,27 @@ runs="${RUNS:-3}"
 [ -f "$mooncake" ] || { echo "no Mooncake trace at $mooncake" >&2; exit 2; }
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
+export LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1 LMCACHE_DISABLE_BANNER=1
 
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r)"
 cargo build --release --quiet
 bin=target/release/kvtrace
-"$bin" generate "$tmp/mc10.lct" --from-mooncake "$mooncake" --loops 10 2>/dev/null
-"$bin" generate "$tmp/mc1.lct" --from-mooncake "$mooncake" --loops 1 2>/dev/null
-"$bin" convert "$tmp/mc10.lct" "$tmp/mc10.lct.zst" 2>/dev/null
-ls -l "$tmp"/mc*.lct* | awk '{printf "%-14s %14d bytes\n", $NF, $5}' | sed "s|$tmp/||"
-cat "$tmp"/mc*.lct* >/dev/null
+big10="$tmp/big_10x.lct" big1="$tmp/big_1x.lct"
+if [ -n "${LMCACHE_VENV:-}" ]; then
+    echo "traces: written by LMCache's recorder (make_big.py)"
+    for loops in 10 1; do
+        "$LMCACHE_VENV/bin/python" ../shared/lmcache/scripts/make_big.py --trace "$mooncake" \
+            --loops "$loops" --out "$tmp/big_${loops}x.lct" >/dev/null 2>&1
+    done
+else
+    echo "traces: kvtrace's twins (name LMCACHE_VENV for LMCache-written ones and the peer rows)"
+    "$bin" generate "$big10" --from-mooncake "$mooncake" --loops 10 2>/dev/null
+    "$bin" generate "$big1" --from-mooncake "$mooncake" --loops 1 2>/dev/null
+fi
+"$bin" convert "$big10" "$big10.zst" 2>/dev/null
+ls -l "$tmp"/big_*.lct* | awk '{printf "%-18s %14d bytes\n", $NF, $5}' | sed "s|$tmp/||"
+cat "$tmp"/big_*.lct* >/dev/null
+mkdir -p "$tmp/out"
 
 # best LABEL COMMAND...: the fastest of $runs runs, wall seconds and peak RSS; a failed run
 # (any exit status but 0) is shown with its status, as LMCache's replay exits 1 on misses.
@@ -42,34 +58,50 @@ best() {
     done
     local note=""
     [ "$status" = 0 ] || note="  (exit $status)"
-    printf '%-58s %8.2f s  %8.1f MiB%s\n' "$label" "$best_s" "$(echo "$best_kib / 1024" | bc -l)" "$note"
+    printf '%-66s %8.2f s  %8.1f MiB%s\n' "$label" "$best_s" "$(echo "$best_kib / 1024" | bc -l)" "$note"
     echo "$best_s" >"$tmp/last"
 }
 ratio() { echo "scale=1; $1 / $2" | bc -l; }
+last() { cat "$tmp/last"; }
 
 echo
-best "cat mc10.lct > /dev/null" sh -c "cat '$tmp/mc10.lct' > /dev/null"; cat_s="$(cat "$tmp/last")"
-best "kvtrace info mc10.lct" "$bin" info "$tmp/mc10.lct"; info_s="$(cat "$tmp/last")"
-best "kvtrace info mc10.lct.zst" "$bin" info "$tmp/mc10.lct.zst"
-best "kvtrace dump mc10.lct > /dev/null" "$bin" dump "$tmp/mc10.lct"
-best "kvtrace convert mc10.lct -> .jsonl" "$bin" convert "$tmp/mc10.lct" "$tmp/mc10.jsonl"
-rm -f "$tmp/mc10.jsonl"
+best "cat big_10x.lct > /dev/null" sh -c "cat '$big10' > /dev/null"; cat_s=$(last)
+best "kvtrace info big_10x.lct" "$bin" info "$big10"; info_s=$(last)
+for threads in 1 2 $( [ "$(nproc)" -gt 2 ] && nproc ); do
+    best "kvtrace info big_10x.lct --threads $threads" "$bin" info --threads "$threads" "$big10"
+done
+best "kvtrace info big_10x.lct.zst" "$bin" info "$big10.zst"
+best "kvtrace dump big_10x.lct > /dev/null" "$bin" dump "$big10"
+best "kvtrace convert big_10x.lct -> .jsonl" "$bin" convert "$big10" "$tmp/big_10x.jsonl"
+rm -f "$tmp/big_10x.jsonl"
 sync # the JSONL's write-back would otherwise compete with the replays below for the CPU
-replay=(replay "$tmp/mc1.lct" --pace afap -q --no-csv --l1-size-gb 2 --eviction-policy LRU)
-best "kvtrace replay mc1.lct afap, L1 2 GiB LRU, buffers" "$bin" "${replay[@]}"; replay_s="$(cat "$tmp/last")"
-best "kvtrace replay ... --l1-touch-pages" "$bin" "${replay[@]}" --l1-touch-pages
-best "kvtrace replay ... --l1-accounting-only" "$bin" "${replay[@]}" --l1-accounting-only; accounting_s="$(cat "$tmp/last")"
-best "kvtrace replay ... --eviction-timing immediate" "$bin" "${replay[@]}" --eviction-timing immediate
-best "kvtrace replay ... immediate, accounting-only" "$bin" "${replay[@]}" --eviction-timing immediate --l1-accounting-only
-echo "kvtrace info: $(ratio "$info_s" "$cat_s")x cat"
+replay=(replay "$big1" --pace afap -q --output-dir "$tmp/out" --l1-size-gb 2 --eviction-policy LRU)
+best "kvtrace replay big_1x.lct afap, L1 2 GiB LRU (defaults otherwise)" "$bin" "${replay[@]}"; replay_s=$(last)
+best "kvtrace replay ... --eviction-phase 0" "$bin" "${replay[@]}" --eviction-phase 0; pinned_s=$(last)
+sizes=$(awk 'BEGIN { for (i = 0; i < 64; i++) printf "%s%g", (i ? "," : ""), 0.25 + i * 0.0625 }')
+best "kvtrace sweep replay big_1x.lct, 64 L1 sizes 0.25-4.19 GiB, LRU" "$bin" sweep replay "$big1" \
+    --pace afap -q --eviction-policy LRU --l1-size-gb "$sizes"; sweep_s=$(last)
+echo "info: $(ratio "$info_s" "$cat_s")x cat; replay: default $(ratio "$replay_s" "$pinned_s")x the pinned phase; sweep of 64: $(ratio "$sweep_s" "$replay_s")x one replay"
 
 if [ -n "${LMCACHE_VENV:-}" ]; then
     lmcache=("$LMCACHE_VENV/bin/lmcache")
-    export LMCACHE_TRACK_USAGE=false
-    best "lmcache trace info mc10.lct" "${lmcache[@]}" trace info "$tmp/mc10.lct"; lmc_info="$(cat "$tmp/last")"
-    best "lmcache trace replay mc1.lct, L1 2 GiB LRU (whole process)" "${lmcache[@]}" trace replay \
-        "$tmp/mc1.lct" -q --no-csv --output-dir "$tmp" --l1-size-gb 2 --eviction-policy LRU \
-        --disable-metrics; lmc_replay="$(cat "$tmp/last")"
+    best "lmcache trace info big_10x.lct" "${lmcache[@]}" trace info "$big10"; lmc_info=$(last)
+    best "lmcache trace replay big_1x.lct, L1 2 GiB LRU (whole process)" "${lmcache[@]}" trace replay \
+        "$big1" -q --no-csv --output-dir "$tmp/out" --l1-size-gb 2 --eviction-policy LRU \
+        --disable-metrics; lmc_replay=$(last)
     echo "info: kvtrace $(ratio "$lmc_info" "$info_s")x faster than lmcache trace info"
-    echo "replay: kvtrace $(ratio "$lmc_replay" "$replay_s")x faster than lmcache trace replay with buffers, $(ratio "$lmc_replay" "$accounting_s")x accounting-only"
+    echo "replay: kvtrace $(ratio "$lmc_replay" "$replay_s")x faster than lmcache trace replay"
 fi
+
+echo
+engine='{"block_size":512}'
+for router in round_robin kv_router; do
+    best "kvtrace simulate conversation, 4 workers, $router" "$bin" simulate "$mooncake" \
+        --num-workers 4 --router-mode "$router" --extra-engine-args "$engine" \
+        --report-json "$tmp/sim.json" -q; sim_s=$(last)
+    if [ -n "${DYNAMO_VENV:-}" ]; then
+        best "Dynamo 1.6.1 replay API, the same (whole process)" "$DYNAMO_VENV/bin/python" \
+            ../shared/dynamo/run161.py "$mooncake:$router" "$tmp/dyn.json"
+        echo "simulate $router: kvtrace $(ratio "$(last)" "$sim_s")x faster than Dynamo 1.6.1"
+    fi
+done

@@ -2,6 +2,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use clap::ValueEnum;
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
@@ -10,6 +11,7 @@ use kvtrace::replay::client::{ClientChoice, Shape};
 use kvtrace::replay::dispatch::Outcome;
 use kvtrace::replay::events::fleet::{summarise, FleetStream};
 use kvtrace::replay::events::{replay_events, server_config};
+use kvtrace::replay::loaded::Loaded;
 use kvtrace::replay::phase::PhaseChoice;
 use kvtrace::replay::plan::{Options, Plan, Storage, NO_RECORDED_CONFIG};
 use kvtrace::replay::shard::ShardMode;
@@ -240,7 +242,13 @@ pub(super) fn read_options(args: &Args) -> kvtrace::lmct::ReadOptions {
 
 /// The replay `args` describe, as rank `rank` of a run when given; without `outputs`, one
 /// that writes no report files (a sweep's point).
-pub(super) fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Plan, Error> {
+/// `loaded`: the trace decoded before, which many plans share.
+pub(super) fn plan(
+    args: &Args,
+    outputs: bool,
+    rank: Option<&Rank>,
+    loaded: Option<Arc<Loaded>>,
+) -> Result<Plan, Error> {
     let (file, shard) = rank_trace(args, rank)?;
     let output_dir = match rank {
         Some(r) => args.output_dir.join(r.dir_name()),
@@ -288,6 +296,7 @@ pub(super) fn plan(args: &Args, outputs: bool, rank: Option<&Rank>) -> Result<Pl
             .collect(),
         jsonl: args.jsonl_out.as_deref().filter(|_| outputs).map(per_rank),
         barrier,
+        loaded,
     };
     let overrides = |config: &mut StorageConfig| {
         if let Some(path) = &args.config {
@@ -430,7 +439,7 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
         };
         Some(kvtrace::output::DirLock::acquire(&dir)?)
     };
-    let mut plan = plan(&args, true, rank.as_ref())?;
+    let mut plan = plan(&args, true, rank.as_ref(), None)?;
     let export = args.otlp.start(plan.span_resource())?;
     if let Some(export) = &export {
         plan.export_spans(export.clone());
@@ -450,14 +459,14 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
     let mut io_error = None;
     let finished = plan.run(|event| {
         if event.index.is_multiple_of(EVERY) {
-            bar.set(event.index, event.record.offset);
+            bar.set(event.index, event.offset);
         }
         if args.verbose {
             let failed = !matches!(event.outcome, Outcome::Ok { .. });
             let status = if failed { "FAIL" } else { "OK" };
             let line = format!(
                 "  [{}]  {status:<4}  {:.3}ms  {}\n",
-                event.index, event.latency_ms, event.record.qualname
+                event.index, event.latency_ms, event.qualname
             );
             if let Err(e) = out.write_all(line.as_bytes()) {
                 io_error.get_or_insert(e);

@@ -437,10 +437,10 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
     let sizes: std::collections::BTreeSet<&str> =
         points.iter().filter_map(|p| p.get("l1-size-gb")).collect();
     let bar = Progress::points(points.len() as u64, !a.sweep.quiet);
-    let plan = |i: usize| replay::plan(&parsed[i], false, None);
+    let plan = |i: usize, loaded| replay::plan(&parsed[i], false, None, loaded);
     // The model curves: each line's flags (a point's, less the L1 size) at many L1 sizes.
     // Not with a file or Redis tier, whose objects one replay would leave for the next.
-    let curve_plan = |first: usize, gib: f64, phase: Option<f64>| {
+    let curve_plan = |first: usize, gib: f64, phase: Option<f64>, loaded| {
         let mut point = points[first].clone();
         point.name = format!("model curve at {gib} GiB");
         point.settings.retain(|(flag, _)| flag != "l1-size-gb");
@@ -455,9 +455,9 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
             argv.push("--l1-accounting-only".into());
         }
         let one: OneReplay = parse_point(argv, &point)?;
-        replay::plan(&one.args, false, None)
+        replay::plan(&one.args, false, None, loaded)
     };
-    let mut lines: Vec<(String, usize)> = Vec::new();
+    let mut lines: Vec<sweep::replay::Line> = Vec::new();
     for (i, p) in points.iter().enumerate() {
         let others: Vec<String> = p
             .settings
@@ -470,8 +470,12 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
         } else {
             others.join(", ")
         };
-        if !lines.iter().any(|(n, _)| *n == name) {
-            lines.push((name, i));
+        match lines.iter_mut().find(|line| line.name == name) {
+            Some(line) => line.points.push(i),
+            None => lines.push(sweep::replay::Line {
+                name,
+                points: vec![i],
+            }),
         }
     }
     let model = (sizes.len() > 1 && !external).then_some(sweep::replay::CurvePlan {

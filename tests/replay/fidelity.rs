@@ -9,7 +9,7 @@ use kvtrace::replay::client::{resolve, ClientChoice};
 use kvtrace::replay::phase::{settle, PhaseChoice};
 use kvtrace::replay::report::ReplayReport;
 use kvtrace::replay::session::SessionModel;
-use kvtrace::replay::{replay, ReplayOptions};
+use kvtrace::replay::{replay, ReplayOptions, Source};
 use kvtrace::storage::config::{L2Config, StorageConfig};
 use kvtrace::storage::StorageManager;
 
@@ -37,14 +37,14 @@ fn replay_recorded(trace: &Path, l2_dir: Option<&Path>) -> ReplayReport {
         config.l2 = vec![L2Config::from_adapter(&adapter).expect("fs adapter")];
     }
     let mut options = ReplayOptions::default();
-    let client = resolve(trace, options.read, &options.client).expect("client");
+    let client = resolve(Source::File(trace), options.read, &options.client).expect("client");
     options.client = ClientChoice::Resolved(client.clone());
     let follow = SessionModel {
         emulate: true,
         client,
     };
     let phase = settle(
-        trace,
+        Source::File(trace),
         options.read,
         &recorded,
         &mut config,

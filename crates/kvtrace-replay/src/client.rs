@@ -38,6 +38,7 @@ use crate::storage::{KeyId, KeyMap, KeySet, PrefetchGroup};
 
 use super::dispatch::{Call, Decoder};
 use super::session::membership;
+use super::Source;
 
 /// How the recorded client stores after a lookup (see the module documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -116,12 +117,9 @@ pub const DROPPED: &str =
 /// Records read to infer the shape: the phase estimate's head of the trace.
 const INFER_RECORDS: usize = super::phase::ESTIMATE_RECORDS;
 
-/// Resolves a choice: infers the shape from the head of `path` when asked to.
-pub fn resolve(
-    path: &std::path::Path,
-    read: ReadOptions,
-    choice: &ClientChoice,
-) -> Result<ClientInfo> {
+/// Resolves a choice: infers the shape from the head of the trace when asked to (once for a
+/// loaded trace, whatever the number of replays).
+pub fn resolve(source: Source<'_>, read: ReadOptions, choice: &ClientChoice) -> Result<ClientInfo> {
     match choice {
         ClientChoice::Resolved(info) => Ok(info.clone()),
         ClientChoice::Given(shape) => Ok(ClientInfo {
@@ -129,7 +127,13 @@ pub fn resolve(
             source: "given",
             evidence: String::new(),
         }),
-        ClientChoice::Infer => infer(path, read),
+        ClientChoice::Infer => match source {
+            Source::File(path) => infer(path, read),
+            Source::Loaded(loaded) => Ok(loaded.client(|| {
+                let head = loaded.head(INFER_RECORDS, usize::MAX);
+                infer_from(head.iter().map(|(_, call)| call))
+            })),
+        },
     }
 }
 
@@ -141,18 +145,26 @@ pub fn resolve(
 pub fn infer(path: &std::path::Path, read: ReadOptions) -> Result<ClientInfo> {
     let mut reader = TraceReader::open(path, read)?;
     let mut decoder = Decoder::default();
-    let mut prompts = Prompts::default();
-    let (mut tail, mut whole, mut last_lookup) = (0u64, 0u64, None::<u64>);
+    let mut head = Vec::new();
     let mut n = 0;
     while let Some(record) = reader.next_record()? {
         n += 1;
         if n > INFER_RECORDS {
             break;
         }
-        let Ok(call) = decoder.decode(&record) else {
-            continue;
-        };
-        match &call {
+        if let Ok(call) = decoder.decode(&record) {
+            head.push(call);
+        }
+    }
+    Ok(infer_from(head.iter()))
+}
+
+/// [`infer`] from the decoded calls of the head of a trace.
+fn infer_from<'a>(head: impl Iterator<Item = &'a Call>) -> ClientInfo {
+    let mut prompts = Prompts::default();
+    let (mut tail, mut whole, mut last_lookup) = (0u64, 0u64, None::<u64>);
+    for call in head {
+        match call {
             Call::Prefetch { groups, .. } => last_lookup = Some(prompts.add(groups)),
             Call::ReadEnter { keys } => {
                 // The lookup's read names what the recording hit.
@@ -192,11 +204,11 @@ pub fn infer(path: &std::path::Path, read: ReadOptions) -> Result<ClientInfo> {
     } else {
         Shape::Literal
     };
-    Ok(ClientInfo {
+    ClientInfo {
         model,
         source: "inferred",
         evidence: seen,
-    })
+    }
 }
 
 /// How many recent lookups a store can be tied to: the requests a server has in flight

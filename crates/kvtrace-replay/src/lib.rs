@@ -17,6 +17,7 @@ pub mod diff;
 pub mod dispatch;
 pub mod events;
 pub mod fidelity;
+pub mod loaded;
 pub mod phase;
 pub mod plan;
 pub mod report;
@@ -41,7 +42,7 @@ use crate::bus::Tracer;
 use crate::error::{Error, Result};
 use crate::lmct::blocks::read_ahead;
 use crate::lmct::digest::{compare_configs, config_digest, python_json, DigestMatch};
-use crate::lmct::{ReadOptions, RecordRef, TraceReader};
+use crate::lmct::{ReadOptions, TraceReader};
 use crate::rank::Rank;
 use crate::storage::config::{EvictionTiming, StorageConfig};
 use crate::storage::{CallStats, StorageManager};
@@ -50,6 +51,7 @@ use dispatch::{Call, Decoder, Dispatcher, Outcome};
 use fidelity::Fidelity;
 use kvtrace_report::histogram::LatencyHistogram;
 use kvtrace_report::reasons::{add_reason, count_failure, OTHER_SKIPS};
+use loaded::Loaded;
 use report::{ConfigLine, DigestReport, HitSummary, OpStats, RankReport, ReplayReport};
 use session::{Closed, Position, SessionModel, Sessions};
 use shard::{ShardMode, Sharder};
@@ -119,9 +121,30 @@ impl Default for ReplayOptions {
 pub struct RecordEvent<'a> {
     /// 1-based.
     pub index: u64,
-    pub record: &'a RecordRef<'a>,
+    /// Byte offset of the record's frame.
+    pub offset: u64,
+    pub qualname: &'a str,
     pub outcome: &'a Outcome,
     pub latency_ms: f64,
+}
+
+/// Where a replay's records come from.
+#[derive(Clone, Copy)]
+pub enum Source<'a> {
+    /// A trace file, decoded on a second thread as it is read.
+    File(&'a Path),
+    /// A trace decoded before, whose records many replays share.
+    Loaded(&'a Loaded),
+}
+
+/// What the replay loop reads of a record besides its decoded call.
+struct At<'r> {
+    offset: u64,
+    t_mono: f64,
+    qualname: &'r str,
+    /// The recorded argument bytes, republished by a recording tracer (empty for a
+    /// [`Loaded`] trace, which a recording replay does not use).
+    args: &'r [u8],
 }
 
 fn digest_report(
@@ -152,11 +175,47 @@ pub fn replay(
     path: &Path,
     sm: &mut StorageManager,
     options: &ReplayOptions,
+    on_record: impl FnMut(&RecordEvent<'_>),
+) -> Result<ReplayReport> {
+    replay_from(Source::File(path), sm, options, on_record)
+}
+
+/// [`replay`] of records from either source: the same loop, the same report. A [`Loaded`]
+/// trace keeps no argument bytes, so a replay whose tracer records must read the file.
+pub fn replay_from(
+    source: Source<'_>,
+    sm: &mut StorageManager,
+    options: &ReplayOptions,
     mut on_record: impl FnMut(&RecordEvent<'_>),
 ) -> Result<ReplayReport> {
-    let shown = path.display().to_string();
-    let reader = TraceReader::open(path, options.read).map_err(|e| e.in_file(&shown))?;
-    let header = reader.header().clone();
+    /// The source, opened.
+    enum Input<'a> {
+        Reader(Box<TraceReader>),
+        Loaded(&'a Loaded),
+    }
+    let (input, header, header_warnings, shown) = match source {
+        Source::File(path) => {
+            let shown = path.display().to_string();
+            let reader = TraceReader::open(path, options.read).map_err(|e| e.in_file(&shown))?;
+            let (header, warnings) = (reader.header().clone(), reader.header_warnings());
+            (Input::Reader(Box::new(reader)), header, warnings, shown)
+        }
+        Source::Loaded(loaded) => {
+            if options.tracer.is_recording() {
+                return Err(Error::usage(
+                    "a replay that records its calls reads the trace file: a loaded trace keeps no argument bytes",
+                ));
+            }
+            let shown = loaded.shown().to_owned();
+            let header = loaded.header().clone();
+            (
+                Input::Loaded(loaded),
+                header,
+                loaded.header_warnings(),
+                shown,
+            )
+        }
+    };
     if header.level != "storage" {
         return Err(Error::data(
             0,
@@ -175,11 +234,11 @@ pub fn replay(
         pacing: options.pacing.describe(),
         digest: digest_report(&header.sm_config_json, &header.sm_config_digest, &config),
         config,
-        warnings: reader.header_warnings(),
+        warnings: header_warnings,
         ..ReplayReport::default()
     };
     let client =
-        client::resolve(path, options.read, &options.client).map_err(|e| e.in_file(&shown))?;
+        client::resolve(source, options.read, &options.client).map_err(|e| e.in_file(&shown))?;
     sm.keep_journal();
     let mut latencies: BTreeMap<&'static str, (Vec<f64>, u64)> = BTreeMap::new();
     let mut dispatcher = Dispatcher::default();
@@ -212,7 +271,7 @@ pub fn replay(
     let (mut first_t, mut last_t) = (f64::INFINITY, f64::NEG_INFINITY);
     let mut decoder = Decoder::default();
     let mut object_bytes = None;
-    let mut consume = |record: &RecordRef<'_>, decoded: &mut std::result::Result<Call, Outcome>| {
+    let mut consume = |record: At<'_>, decoded: &std::result::Result<Call, Outcome>| {
         if crate::interrupt::requested().is_some() {
             report.interrupted = true;
             return Ok(false);
@@ -287,7 +346,7 @@ pub fn replay(
                         sm.advance_to(record.t_mono);
                         let began = Instant::now();
                         let (outcome, effect) =
-                            dispatcher.apply(sm, &options.tracer, applied, record.args.bytes());
+                            dispatcher.apply(sm, &options.tracer, applied, record.args);
                         let latency_ms = began.elapsed().as_secs_f64() * 1e3;
                         sessions.after(call, applied, &effect, at, latency_ms / 1e3);
                         (outcome, latency_ms, call.qualname())
@@ -313,7 +372,8 @@ pub fn replay(
         }
         on_record(&RecordEvent {
             index: report.records,
-            record,
+            offset: record.offset,
+            qualname: record.qualname,
             outcome: &outcome,
             latency_ms,
         });
@@ -326,13 +386,37 @@ pub fn replay(
         }
         Ok(true)
     };
-    let summary = read_ahead(
-        reader,
-        READ_AHEAD_BLOCK_BYTES,
-        &mut |record| decoder.decode(record),
-        &mut consume,
-    )
-    .map_err(|e| e.in_file(&shown))?;
+    let summary = match input {
+        Input::Loaded(loaded) => {
+            for r in &loaded.records {
+                let at = At {
+                    offset: r.offset,
+                    t_mono: r.t_mono,
+                    qualname: &r.qualname,
+                    args: &[],
+                };
+                if !consume(at, &r.call).map_err(|e| e.in_file(&shown))? {
+                    break;
+                }
+            }
+            loaded.summary.clone()
+        }
+        Input::Reader(reader) => read_ahead(
+            *reader,
+            READ_AHEAD_BLOCK_BYTES,
+            &mut |record| decoder.decode(record),
+            &mut |record, decoded| {
+                let at = At {
+                    offset: record.offset,
+                    t_mono: record.t_mono,
+                    qualname: record.qualname,
+                    args: record.args.bytes(),
+                };
+                consume(at, decoded)
+            },
+        )
+        .map_err(|e| e.in_file(&shown))?,
+    };
     if let Some(closed) = sessions.close(sm, f64::INFINITY) {
         absorb(sm, closed, &mut report);
     }

@@ -12,8 +12,6 @@
 //! than one interval costs one replay, not hundreds. Deterministic for a given trace and
 //! configuration; the caller may pin the phase instead.
 
-use std::path::Path;
-
 use serde::Serialize;
 
 use crate::bus::Tracer;
@@ -26,6 +24,7 @@ use super::client::Rewrite;
 use super::dispatch::{Call, Decoder, Dispatcher};
 use super::fidelity::Fidelity;
 use super::session::{Position, SessionModel, Sessions};
+use super::Source;
 
 /// Records the estimate replays at most: enough for the evidence of many passes, small
 /// enough that hundreds of candidate replays stay quick.
@@ -72,7 +71,11 @@ fn with_phase(config: &StorageConfig, phase_s: f64) -> StorageConfig {
 }
 
 /// The first [`ESTIMATE_RECORDS`] calls of a trace, decoded once.
-fn decode(path: &Path, read: ReadOptions) -> Result<Vec<(Position, Call)>> {
+fn decode(source: Source<'_>, read: ReadOptions) -> Result<Vec<(Position, Call)>> {
+    let path = match source {
+        Source::File(path) => path,
+        Source::Loaded(loaded) => return Ok(loaded.head(usize::MAX, ESTIMATE_RECORDS)),
+    };
     let mut reader = TraceReader::open(path, read)?;
     let mut decoder = Decoder::default();
     let mut calls = Vec::new();
@@ -262,7 +265,7 @@ fn prior(matched: u64, sessions: u64, interval_s: f64) -> PhaseReport {
 /// Estimates the phase for replaying `path`, whose server ran `recorded` (see the module
 /// documentation). Periodic timing only; the phase is returned unchanged otherwise.
 pub fn estimate(
-    path: &Path,
+    source: Source<'_>,
     read: ReadOptions,
     recorded: &StorageConfig,
     follow: &SessionModel,
@@ -276,7 +279,7 @@ pub fn estimate(
             plateau_s: [0.0, 0.0],
         });
     };
-    let calls = decode(path, read)?;
+    let calls = decode(source, read)?;
     let config = model(recorded);
     let first = score(&calls, &with_phase(&config, 0.0), follow);
     let (matched, sessions) = (first.matched, first.sessions);
@@ -337,12 +340,12 @@ pub enum PhaseChoice {
     Estimate,
 }
 
-/// Sets the eviction phase of `config` (the replay's) for replaying `path`: pinned, or
+/// Sets the eviction phase of `config` (the replay's) for replaying `source`: pinned, or
 /// estimated against the configuration the trace records (`recorded_json`; the replay's own
 /// when the trace records none, and the replay's L2 tiers where the recording had adapters
 /// kvtrace cannot rebuild). `None` for immediate timing, which has no passes.
 pub fn settle(
-    path: &Path,
+    source: Source<'_>,
     read: ReadOptions,
     recorded_json: &str,
     config: &mut StorageConfig,
@@ -376,7 +379,13 @@ pub fn settle(
                 }
                 None => config.clone(),
             };
-            estimate(path, read, &recorded, follow)?
+            match source {
+                Source::File(_) => estimate(source, read, &recorded, follow)?,
+                Source::Loaded(loaded) => loaded
+                    .phase(format!("{recorded:?} {follow:?}"), || {
+                        estimate(source, read, &recorded, follow)
+                    })?,
+            }
         }
     };
     *config = with_phase(config, report.phase_s);
@@ -399,12 +408,16 @@ mod tests {
         let read = ReadOptions::default();
         let header = TraceReader::open(&path, read).unwrap().header().clone();
         let (recorded, _) = StorageConfig::from_lmcache_json(&header.sm_config_json).unwrap();
-        let client = resolve(&path, read, &ClientChoice::Infer).unwrap();
+        let client = resolve(Source::File(&path), read, &ClientChoice::Infer).unwrap();
         let follow = SessionModel {
             emulate: true,
             client,
         };
-        (decode(&path, read).unwrap(), model(&recorded), follow)
+        (
+            decode(Source::File(&path), read).unwrap(),
+            model(&recorded),
+            follow,
+        )
     }
 
     #[test]

@@ -9,11 +9,12 @@ use std::sync::Arc;
 
 use super::client::{resolve, ClientChoice};
 use super::dispatch::Outcome;
-use super::phase::{settle, PhaseChoice, PhaseReport};
+use super::loaded::Loaded;
+use super::phase::{settle, PhaseChoice, PhaseReport, ESTIMATE_RECORDS};
 use super::report::ReplayReport;
 use super::session::SessionModel;
 use super::spool::Spooled;
-use super::{replay, RecordEvent, ReplayOptions};
+use super::{replay_from, RecordEvent, ReplayOptions, Source};
 use crate::error::{Error, Result};
 use crate::lmct::digest::{config_digest, python_json};
 use crate::lmct::{Header, TraceReader};
@@ -52,6 +53,10 @@ pub struct Options {
     /// Where the ranks of a run meet once their tiers are set up, so that their replays
     /// begin together.
     pub barrier: Option<Barrier>,
+    /// The trace, decoded before and shared by many plans (a sweep's): the plan reads
+    /// nothing of the file, and the phase and client it shares are settled once. Not used by
+    /// a replay whose tracer records (its argument bytes are not kept).
+    pub loaded: Option<Arc<Loaded>>,
 }
 
 /// A replay ready to run.
@@ -79,13 +84,33 @@ impl Plan {
     pub fn new(path: &std::path::Path, storage: Storage<'_>, options: Options) -> Result<Plan> {
         let shown = path.display().to_string();
         let input = Spooled::open(path)?;
-        let header = TraceReader::open(input.path(), options.replay.read)
-            .map_err(|e| e.in_file(&shown))?
-            .header()
-            .clone();
-        let (mut config, notes) = storage_config(&header, storage, &shown)?;
         let mut options = options;
-        let client = resolve(input.path(), options.replay.read, &options.replay.client)
+        if options.replay.tracer.is_recording() {
+            options.loaded = None;
+        }
+        let source = match &options.loaded {
+            Some(loaded) => Source::Loaded(loaded),
+            None => Source::File(input.path()),
+        };
+        let header = match source {
+            Source::Loaded(loaded) => loaded.header().clone(),
+            Source::File(path) => TraceReader::open(path, options.replay.read)
+                .map_err(|e| e.in_file(&shown))?
+                .header()
+                .clone(),
+        };
+        let (mut config, notes) = storage_config(&header, storage, &shown)?;
+        // The client and the phase are told by the head of the trace: decoded once for both.
+        let head = match (source, &options.replay.client, options.phase) {
+            (Source::File(path), ClientChoice::Infer, _)
+            | (Source::File(path), _, PhaseChoice::Estimate) => {
+                Loaded::load_head(path, options.replay.read, ESTIMATE_RECORDS)
+                    .map_err(|e| e.in_file(&shown))?
+            }
+            _ => None,
+        };
+        let told_by = head.as_ref().map_or(source, Source::Loaded);
+        let client = resolve(told_by, options.replay.read, &options.replay.client)
             .map_err(|e| e.in_file(&shown))?;
         options.replay.client = ClientChoice::Resolved(client.clone());
         let model = SessionModel {
@@ -93,7 +118,7 @@ impl Plan {
             client,
         };
         let phase = settle(
-            input.path(),
+            told_by,
             options.replay.read,
             &header.sm_config_json,
             &mut config,
@@ -169,7 +194,11 @@ impl Plan {
         }
         let mut jsonl_error = None;
         let jsonl = &mut self.jsonl;
-        let mut report = replay(self.input.path(), &mut sm, &self.options.replay, |event| {
+        let source = match &self.options.loaded {
+            Some(loaded) => Source::Loaded(loaded),
+            None => Source::File(self.input.path()),
+        };
+        let mut report = replay_from(source, &mut sm, &self.options.replay, |event| {
             on_record(event);
             if let Some(w) = jsonl.as_mut() {
                 if let Err(e) = w.write(&record_line(event)) {
@@ -217,7 +246,7 @@ fn record_line(event: &RecordEvent<'_>) -> serde_json::Value {
         Outcome::Skipped { reason } => ("skipped", reason.clone()),
     };
     serde_json::json!({
-        "qualname": event.record.qualname,
+        "qualname": event.qualname,
         "latency_ms": event.latency_ms,
         "failed": !matches!(event.outcome, Outcome::Ok { .. }),
         "outcome": kind,

@@ -6,17 +6,19 @@
 //! timings, so a point can be compared field for field with a single replay.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{json, Value as Json};
 
-use super::stack::{lru_curve, LruCurve};
+use super::stack::{lru_curve, lru_curve_of, LruCurve};
 use super::{run_points, Point};
 use crate::error::{Error, Result};
 use crate::lmct::ReadOptions;
 use crate::storage::config::StorageConfig;
 use kvtrace_replay::events::fleet::{summarise, FleetStream};
 use kvtrace_replay::events::{replay_events, server_config, EventsReplayReport};
+use kvtrace_replay::loaded::Loaded;
 use kvtrace_replay::plan::Plan;
 use kvtrace_replay::report::ReplayReport;
 use kvtrace_report::units::fraction;
@@ -244,20 +246,41 @@ pub fn comparable_summary(report: &ReplayReport) -> Result<Json> {
     Ok(summary)
 }
 
-/// How a sweep draws its model curves: each line's name (its other flags) and its first
-/// point, and the replay of a line at an L1 size in GiB, built as `kvtrace replay` with the
-/// line's flags and that size would be, with the eviction phase the line's first point settled
-/// on when it is given (the phase is the recording's, whatever the size: estimating it once
-/// is enough).
-pub struct CurvePlan<'a> {
-    pub lines: Vec<(String, usize)>,
-    pub plan: &'a (dyn Fn(usize, f64, Option<f64>) -> Result<Plan> + Sync),
+/// One model curve's points: a combination of the flags other than the L1 size, and the
+/// sweep points that have it (the first one's flags and phase are the line's).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Line {
+    pub name: String,
+    pub points: Vec<usize>,
 }
 
+/// A plan for point `i`'s replay, sharing the trace decoded once when there is one.
+pub type PointPlan<'a> = dyn Fn(usize, Option<Arc<Loaded>>) -> Result<Plan> + Sync + 'a;
+
+/// A plan for a line's replay at an L1 size in GiB: the line's first point, the size, the
+/// eviction phase that point settled on (when given), the trace decoded once.
+pub type LinePlan<'a> =
+    dyn Fn(usize, f64, Option<f64>, Option<Arc<Loaded>>) -> Result<Plan> + Sync + 'a;
+
+/// How a sweep draws its model curves: each line, and the replay of a line at an L1 size,
+/// built as `kvtrace replay` with the line's flags and that size would be, with the eviction
+/// phase the line's first point settled on when it is given (the phase is the recording's,
+/// whatever the size: estimating it once is enough).
+pub struct CurvePlan<'a> {
+    pub lines: Vec<Line>,
+    pub plan: &'a LinePlan<'a>,
+}
+
+/// Bytes of decoded records a sweep holds to replay every point from memory; a larger trace
+/// is read again by each point.
+pub const LOAD_BUDGET_BYTES: usize = 1 << 30;
+
 /// Replays `trace` at every point, `jobs` at a time. `plan` builds point `i`'s replay as
-/// `kvtrace replay` with its flags would; `done` hears each finished point. With
+/// `kvtrace replay` with its flags would; `done` hears each finished point. The trace is
+/// decoded once (within [`LOAD_BUDGET_BYTES`]) and every replay runs from memory. With
 /// `curve_wanted`, one more pass gives the idealised stack-distance curve; with `model`, full
-/// replays at [`MODEL_CURVE_SIZES`] sizes give each line's model curve.
+/// replays at [`MODEL_CURVE_SIZES`] sizes give each line's model curve, taking the points'
+/// own figures at the sizes they replayed.
 #[allow(clippy::too_many_arguments)]
 pub fn sweep(
     trace: &Path,
@@ -266,7 +289,7 @@ pub fn sweep(
     curve_wanted: bool,
     model: Option<CurvePlan<'_>>,
     read: ReadOptions,
-    plan: &(dyn Fn(usize) -> Result<Plan> + Sync),
+    plan: &PointPlan<'_>,
     done: &(dyn Fn(usize) + Sync),
 ) -> Result<ReplaySweep> {
     if !trace.is_file() {
@@ -275,10 +298,11 @@ pub fn sweep(
             trace.display()
         )));
     }
+    let loaded = Loaded::load(trace, read, LOAD_BUDGET_BYTES)?.map(Arc::new);
     let run = |i: usize| -> Result<ReplayPoint> {
         let point = &points[i];
         let start = Instant::now();
-        let finished = plan(i)?.run(|_| {})?;
+        let finished = plan(i, loaded.clone())?.run(|_| {})?;
         let report = &finished.report;
         Ok(ReplayPoint {
             point: point.clone(),
@@ -289,7 +313,11 @@ pub fn sweep(
     };
     let results = run_points(points.len(), jobs, &run, done)?;
     let (curve, curve_note) = if curve_wanted {
-        match lru_curve(trace, read) {
+        let curve = match &loaded {
+            Some(loaded) => lru_curve_of(loaded),
+            None => lru_curve(trace, read),
+        };
+        match curve {
             Ok(c) => (Some(c), None),
             Err(e) if e.exit_code() == crate::error::EXIT_DATA => (None, Some(e.to_string())),
             Err(e) => return Err(e),
@@ -299,9 +327,20 @@ pub fn sweep(
     };
     let mut model_curves = Vec::new();
     if let Some(model) = model {
+        const GIB: f64 = (1u64 << 30) as f64;
         let sizes = curve_sizes(&results);
+        // A size a point of the line replayed is that point's figure: the same flags, the
+        // same size, the same phase.
+        let known = |line: &Line, gib: f64| {
+            line.points
+                .iter()
+                .map(|&i| &results[i])
+                .find(|p| p.figures.l1_size_bytes as f64 / GIB == gib)
+                .map(|p| p.figures.hit_rate)
+        };
         let runs: Vec<(usize, f64)> = (0..model.lines.len())
             .flat_map(|line| sizes.iter().map(move |&gib| (line, gib)))
+            .filter(|&(line, gib)| known(&model.lines[line], gib).is_none())
             .collect();
         let phase = |first: usize| {
             results
@@ -310,25 +349,34 @@ pub fn sweep(
                 .and_then(|p| p.get("phase_s"))
                 .and_then(Json::as_f64)
         };
+        let first = |line: &Line| line.points.first().copied().unwrap_or(0);
         let rates = run_points(
             runs.len(),
             jobs,
             &|i| {
                 let (line, gib) = runs[i];
-                let first = model.lines[line].1;
-                let finished = (model.plan)(first, gib, phase(first))?.run(|_| {})?;
+                let first = first(&model.lines[line]);
+                let finished =
+                    (model.plan)(first, gib, phase(first), loaded.clone())?.run(|_| {})?;
                 Ok(Figures::of(&finished.report).hit_rate)
             },
             &|_| {},
         )?;
-        for (line, (name, _)) in model.lines.iter().enumerate() {
+        for (l, line) in model.lines.iter().enumerate() {
+            let replayed = runs.iter().zip(&rates).filter(|((of, _), _)| *of == l);
             model_curves.push(ModelCurve {
-                line: name.clone(),
-                points: runs
+                line: line.name.clone(),
+                points: sizes
                     .iter()
-                    .zip(&rates)
-                    .filter(|((l, _), _)| *l == line)
-                    .map(|(&(_, gib), &rate)| (gib, rate))
+                    .map(|&gib| {
+                        let rate = known(line, gib).or_else(|| {
+                            replayed
+                                .clone()
+                                .find(|((_, at), _)| *at == gib)
+                                .map(|(_, &rate)| rate)
+                        });
+                        (gib, rate.unwrap_or(0.0))
+                    })
                     .collect(),
             });
         }

@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::lmct::{ReadOptions, TraceReader};
 use crate::storage::KeyId;
 use kvtrace_replay::dispatch::{Call, Decoder};
+use kvtrace_replay::loaded::Loaded;
 
 /// Hits of every L1 capacity, from one pass.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -160,61 +161,92 @@ pub fn lru_curve(path: &Path, read: ReadOptions) -> Result<LruCurve> {
     let shown = path.display().to_string();
     let mut reader = TraceReader::open(path, read).map_err(|e| e.in_file(&shown))?;
     let mut decoder = Decoder::default();
-    let mut stack = Stack::default();
-    let mut curve = LruCurve::default();
-    let mut size = None;
-    let mut same_size = |bytes: u64, offset: u64| match size {
-        None => {
-            size = Some(bytes);
-            Ok(())
-        }
-        Some(s) if s == bytes => Ok(()),
-        Some(s) => Err(Error::data(
-            offset,
-            "layout_desc",
-            format!("objects of {s} and {bytes} bytes: the stack-distance curve needs one size"),
-        )
-        .in_file(&shown)),
-    };
+    let mut pass = Pass::default();
     while let Some(record) = reader.next_record().map_err(|e| e.in_file(&shown))? {
-        let offset = record.offset;
-        match decoder.decode(&record) {
-            Ok(Call::Prefetch { groups, .. }) => {
+        if let Ok(call) = decoder.decode(&record) {
+            pass.add(record.offset, &call)
+                .map_err(|e| e.in_file(&shown))?;
+        }
+    }
+    Ok(pass.finish())
+}
+
+/// [`lru_curve`] of a trace decoded before.
+pub fn lru_curve_of(loaded: &Loaded) -> Result<LruCurve> {
+    let mut pass = Pass::default();
+    for (offset, call) in loaded.calls() {
+        pass.add(offset, call)
+            .map_err(|e| e.in_file(loaded.shown()))?;
+    }
+    Ok(pass.finish())
+}
+
+/// The stack-distance pass, one call at a time.
+#[derive(Default)]
+struct Pass {
+    stack: Stack,
+    curve: LruCurve,
+    size: Option<u64>,
+}
+
+impl Pass {
+    fn same_size(&mut self, bytes: u64, offset: u64) -> Result<()> {
+        match self.size {
+            None => {
+                self.size = Some(bytes);
+                Ok(())
+            }
+            Some(s) if s == bytes => Ok(()),
+            Some(s) => Err(Error::data(
+                offset,
+                "layout_desc",
+                format!(
+                    "objects of {s} and {bytes} bytes: the stack-distance curve needs one size"
+                ),
+            )),
+        }
+    }
+
+    fn add(&mut self, offset: u64, call: &Call) -> Result<()> {
+        match call {
+            Call::Prefetch { groups, .. } => {
                 let [group] = groups.as_slice() else {
                     return Err(Error::data(
                         offset,
                         "spec",
                         "a lookup of several groups: the stack-distance curve models one",
-                    )
-                    .in_file(&shown));
+                    ));
                 };
                 if group.window > 0 {
                     return Err(Error::data(
                         offset,
                         "spec",
                         "a sliding-window lookup: the stack-distance curve models full attention",
-                    )
-                    .in_file(&shown));
+                    ));
                 }
-                same_size(group.object_bytes, offset)?;
-                look_up(&mut stack, &mut curve, &group.keys);
+                self.same_size(group.object_bytes, offset)?;
+                look_up(&mut self.stack, &mut self.curve, &group.keys);
                 // Last chunk first, as the server's policy takes a batch: the prefix ends
                 // up the most recently used, so it is the last to go.
                 for &key in group.keys.iter().rev() {
-                    stack.touch(key);
+                    self.stack.touch(key);
                 }
             }
-            Ok(Call::ReserveWrite { keys, object_bytes }) => {
-                same_size(object_bytes, offset)?;
+            Call::ReserveWrite { keys, object_bytes } => {
+                self.same_size(*object_bytes, offset)?;
                 for &key in keys.iter().rev() {
-                    stack.touch(key);
+                    self.stack.touch(key);
                 }
             }
             _ => {}
         }
+        Ok(())
     }
-    curve.object_bytes = size.unwrap_or(0);
-    Ok(curve)
+
+    fn finish(mut self) -> LruCurve {
+        self.curve.object_bytes = self.size.unwrap_or(0);
+        self.curve
+    }
 }
 
 /// Adds one lookup's chunks to the histogram of prefix maxima.
