@@ -33,10 +33,11 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::lmct::{ReadOptions, TraceReader};
+use crate::lmct::ReadOptions;
 use crate::storage::{KeyId, KeyMap, KeySet, PrefetchGroup};
 
-use super::dispatch::{Call, Decoder};
+use super::dispatch::Call;
+use super::loaded::Loaded;
 use super::session::membership;
 use super::Source;
 
@@ -129,10 +130,7 @@ pub fn resolve(source: Source<'_>, read: ReadOptions, choice: &ClientChoice) -> 
         }),
         ClientChoice::Infer => match source {
             Source::File(path) => infer(path, read),
-            Source::Loaded(loaded) => Ok(loaded.client(|| {
-                let head = loaded.head(INFER_RECORDS, usize::MAX);
-                infer_from(head.iter().map(|(_, call)| call))
-            })),
+            Source::Loaded(loaded) => Ok(loaded.client(|| infer_head(loaded))),
         },
     }
 }
@@ -143,20 +141,13 @@ pub fn resolve(source: Source<'_>, read: ReadOptions, choice: &ClientChoice) -> 
 /// to one, or with neither (no lookup that hit part of its prompt and was followed by a store
 /// of it), is replayed literally.
 pub fn infer(path: &std::path::Path, read: ReadOptions) -> Result<ClientInfo> {
-    let mut reader = TraceReader::open(path, read)?;
-    let mut decoder = Decoder::default();
-    let mut head = Vec::new();
-    let mut n = 0;
-    while let Some(record) = reader.next_record()? {
-        n += 1;
-        if n > INFER_RECORDS {
-            break;
-        }
-        if let Ok(call) = decoder.decode(&record) {
-            head.push(call);
-        }
-    }
-    Ok(infer_from(head.iter()))
+    Ok(infer_head(&Loaded::load_head(path, read, INFER_RECORDS)?))
+}
+
+/// [`infer`] from a trace's head decoded before.
+fn infer_head(loaded: &Loaded) -> ClientInfo {
+    let head = loaded.head(INFER_RECORDS, usize::MAX);
+    infer_from(head.iter().map(|(_, call)| call))
 }
 
 /// [`infer`] from the decoded calls of the head of a trace.

@@ -58,7 +58,7 @@ enum Next {
     More,
     /// Enough: keep what was read.
     Done,
-    /// Give up: the load gives `None`.
+    /// Give up: [`Loaded::load`] gives `None`.
     Abandon,
 }
 
@@ -67,32 +67,32 @@ impl Loaded {
     /// more than `budget_bytes` (the caller then replays the file as usual) or a signal asks
     /// to stop.
     pub fn load(path: &Path, read: ReadOptions, budget_bytes: usize) -> Result<Option<Loaded>> {
-        Loaded::load_while(path, read, |held, _| match held > budget_bytes {
-            true => Next::Abandon,
-            false => Next::More,
-        })
+        let (loaded, abandoned) = Loaded::load_while(path, read, |held, _| {
+            match held > budget_bytes || crate::interrupt::requested().is_some() {
+                true => Next::Abandon,
+                false => Next::More,
+            }
+        })?;
+        Ok((!abandoned).then_some(loaded))
     }
 
     /// The head of `path`: its records up to the one that makes `calls` decoded calls, all of
-    /// a shorter trace (`None` when a signal asks to stop). What a plan infers its client and
-    /// estimates its phase from, decoded once for both.
-    pub(crate) fn load_head(
-        path: &Path,
-        read: ReadOptions,
-        calls: usize,
-    ) -> Result<Option<Loaded>> {
-        Loaded::load_while(path, read, |_, decoded| match decoded >= calls {
+    /// a shorter trace. What the client inference and the phase estimate read, decoded once
+    /// for both by a plan.
+    pub(crate) fn load_head(path: &Path, read: ReadOptions, calls: usize) -> Result<Loaded> {
+        let (head, _) = Loaded::load_while(path, read, |_, decoded| match decoded >= calls {
             true => Next::Done,
             false => Next::More,
-        })
+        })?;
+        Ok(head)
     }
 
-    /// Reads records until `next(bytes held, calls decoded)` says to stop.
+    /// Reads records until `next(bytes held, calls decoded)` says to stop; whether it gave up.
     fn load_while(
         path: &Path,
         read: ReadOptions,
         mut next: impl FnMut(usize, usize) -> Next,
-    ) -> Result<Option<Loaded>> {
+    ) -> Result<(Loaded, bool)> {
         let shown = path.display().to_string();
         let reader = TraceReader::open(path, read).map_err(|e| e.in_file(&shown))?;
         let header = reader.header().clone();
@@ -100,17 +100,13 @@ impl Loaded {
         let mut records = Vec::new();
         let mut names: Vec<Arc<str>> = Vec::new();
         let (mut held, mut calls) = (0usize, 0usize);
-        let mut over = false;
+        let mut abandoned = false;
         let mut decoder = Decoder::default();
         let summary = read_ahead(
             reader,
-            1 << 20,
+            super::READ_AHEAD_BLOCK_BYTES,
             &mut |record| Some(decoder.decode(record)),
             &mut |record, decoded| {
-                if crate::interrupt::requested().is_some() {
-                    over = true;
-                    return Ok(false);
-                }
                 let Some(call) = decoded.take() else {
                     return Ok(true);
                 };
@@ -118,7 +114,7 @@ impl Loaded {
                 calls += usize::from(call.is_ok());
                 let next = next(held, calls);
                 if let Next::Abandon = next {
-                    over = true;
+                    abandoned = true;
                     return Ok(false);
                 }
                 let qualname = match names.iter().find(|n| ***n == *record.qualname) {
@@ -138,10 +134,7 @@ impl Loaded {
             },
         )
         .map_err(|e| e.in_file(&shown))?;
-        if over {
-            return Ok(None);
-        }
-        Ok(Some(Loaded {
+        let loaded = Loaded {
             shown,
             header,
             header_warnings,
@@ -149,7 +142,8 @@ impl Loaded {
             summary,
             client: OnceLock::new(),
             phases: Mutex::new(HashMap::new()),
-        }))
+        };
+        Ok((loaded, abandoned))
     }
 
     pub fn shown(&self) -> &str {
@@ -244,9 +238,7 @@ mod tests {
         let loaded: Vec<u64> = all.records.iter().map(|r| r.offset).collect();
         assert_eq!(loaded, offsets);
         assert!(Loaded::load(&churn(), read, 1000).unwrap().is_none());
-        let head = Loaded::load_head(&churn(), read, 10)
-            .unwrap()
-            .expect("head");
+        let head = Loaded::load_head(&churn(), read, 10).unwrap();
         let calls = head.records.iter().filter(|r| r.call.is_ok()).count();
         assert_eq!(calls, 10);
         assert_eq!(head.head(usize::MAX, 10), all.head(usize::MAX, 10));

@@ -16,13 +16,14 @@ use serde::Serialize;
 
 use crate::bus::Tracer;
 use crate::error::Result;
-use crate::lmct::{ReadOptions, TraceReader};
+use crate::lmct::ReadOptions;
 use crate::storage::config::{BackendConfig, EvictionTiming, StorageConfig};
 use crate::storage::StorageManager;
 
 use super::client::Rewrite;
-use super::dispatch::{Call, Decoder, Dispatcher};
+use super::dispatch::{Call, Dispatcher};
 use super::fidelity::Fidelity;
+use super::loaded::Loaded;
 use super::session::{Position, SessionModel, Sessions};
 use super::Source;
 
@@ -72,29 +73,12 @@ fn with_phase(config: &StorageConfig, phase_s: f64) -> StorageConfig {
 
 /// The first [`ESTIMATE_RECORDS`] calls of a trace, decoded once.
 fn decode(source: Source<'_>, read: ReadOptions) -> Result<Vec<(Position, Call)>> {
-    let path = match source {
-        Source::File(path) => path,
-        Source::Loaded(loaded) => return Ok(loaded.head(usize::MAX, ESTIMATE_RECORDS)),
-    };
-    let mut reader = TraceReader::open(path, read)?;
-    let mut decoder = Decoder::default();
-    let mut calls = Vec::new();
-    let mut n = 0;
-    while let Some(record) = reader.next_record()? {
-        n += 1;
-        if let Ok(call) = decoder.decode(&record) {
-            let at = Position {
-                record: n,
-                offset: record.offset,
-                t: record.t_mono,
-            };
-            calls.push((at, call));
+    Ok(match source {
+        Source::File(path) => {
+            Loaded::load_head(path, read, ESTIMATE_RECORDS)?.head(usize::MAX, ESTIMATE_RECORDS)
         }
-        if calls.len() >= ESTIMATE_RECORDS {
-            break;
-        }
-    }
-    Ok(calls)
+        Source::Loaded(loaded) => loaded.head(usize::MAX, ESTIMATE_RECORDS),
+    })
 }
 
 /// What one replay of the estimate's calls found.
@@ -398,6 +382,7 @@ mod tests {
 
     use super::super::client::{resolve, ClientChoice};
     use super::*;
+    use crate::lmct::TraceReader;
 
     /// The calls of a real LMCache 0.5.6 recording under eviction pressure, its recorded
     /// configuration, and the session model a default replay infers for it.

@@ -88,10 +88,7 @@ impl Plan {
         if options.replay.tracer.is_recording() {
             options.loaded = None;
         }
-        let source = match &options.loaded {
-            Some(loaded) => Source::Loaded(loaded),
-            None => Source::File(input.path()),
-        };
+        let source = source(&options.loaded, &input);
         let header = match source {
             Source::Loaded(loaded) => loaded.header().clone(),
             Source::File(path) => TraceReader::open(path, options.replay.read)
@@ -103,10 +100,10 @@ impl Plan {
         // The client and the phase are told by the head of the trace: decoded once for both.
         let head = match (source, &options.replay.client, options.phase) {
             (Source::File(path), ClientChoice::Infer, _)
-            | (Source::File(path), _, PhaseChoice::Estimate) => {
+            | (Source::File(path), _, PhaseChoice::Estimate) => Some(
                 Loaded::load_head(path, options.replay.read, ESTIMATE_RECORDS)
-                    .map_err(|e| e.in_file(&shown))?
-            }
+                    .map_err(|e| e.in_file(&shown))?,
+            ),
             _ => None,
         };
         let told_by = head.as_ref().map_or(source, Source::Loaded);
@@ -194,10 +191,7 @@ impl Plan {
         }
         let mut jsonl_error = None;
         let jsonl = &mut self.jsonl;
-        let source = match &self.options.loaded {
-            Some(loaded) => Source::Loaded(loaded),
-            None => Source::File(self.input.path()),
-        };
+        let source = source(&self.options.loaded, &self.input);
         let mut report = replay_from(source, &mut sm, &self.options.replay, |event| {
             on_record(event);
             if let Some(w) = jsonl.as_mut() {
@@ -235,6 +229,14 @@ impl Finished {
                 kvtrace_report::reasons::failure_summary(&r.failure_reasons)
             )
         })
+    }
+}
+
+/// Where a plan's records come from: the trace decoded before, or the file.
+fn source<'a>(loaded: &'a Option<Arc<Loaded>>, input: &'a Spooled) -> Source<'a> {
+    match loaded {
+        Some(loaded) => Source::Loaded(loaded),
+        None => Source::File(input.path()),
     }
 }
 

@@ -330,17 +330,34 @@ pub fn sweep(
         const GIB: f64 = (1u64 << 30) as f64;
         let sizes = curve_sizes(&results);
         // A size a point of the line replayed is that point's figure: the same flags, the
-        // same size, the same phase.
-        let known = |line: &Line, gib: f64| {
-            line.points
-                .iter()
-                .map(|&i| &results[i])
-                .find(|p| p.figures.l1_size_bytes as f64 / GIB == gib)
-                .map(|p| p.figures.hit_rate)
-        };
-        let runs: Vec<(usize, f64)> = (0..model.lines.len())
-            .flat_map(|line| sizes.iter().map(move |&gib| (line, gib)))
-            .filter(|&(line, gib)| known(&model.lines[line], gib).is_none())
+        // same size, the same phase. The others are replayed.
+        let mut curves: Vec<Vec<(f64, Option<f64>)>> = model
+            .lines
+            .iter()
+            .map(|line| {
+                sizes
+                    .iter()
+                    .map(|&gib| {
+                        let point = line
+                            .points
+                            .iter()
+                            .map(|&i| &results[i])
+                            .find(|p| p.figures.l1_size_bytes as f64 / GIB == gib);
+                        (gib, point.map(|p| p.figures.hit_rate))
+                    })
+                    .collect()
+            })
+            .collect();
+        let runs: Vec<(usize, usize)> = curves
+            .iter()
+            .enumerate()
+            .flat_map(|(l, curve)| {
+                let open = curve
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (_, rate))| rate.is_none());
+                open.map(move |(at, _)| (l, at))
+            })
             .collect();
         let phase = |first: usize| {
             results
@@ -349,34 +366,28 @@ pub fn sweep(
                 .and_then(|p| p.get("phase_s"))
                 .and_then(Json::as_f64)
         };
-        let first = |line: &Line| line.points.first().copied().unwrap_or(0);
         let rates = run_points(
             runs.len(),
             jobs,
             &|i| {
-                let (line, gib) = runs[i];
-                let first = first(&model.lines[line]);
+                let (line, at) = runs[i];
+                let first = model.lines[line].points.first().copied().unwrap_or(0);
+                let gib = sizes[at];
                 let finished =
                     (model.plan)(first, gib, phase(first), loaded.clone())?.run(|_| {})?;
                 Ok(Figures::of(&finished.report).hit_rate)
             },
             &|_| {},
         )?;
-        for (l, line) in model.lines.iter().enumerate() {
-            let replayed = runs.iter().zip(&rates).filter(|((of, _), _)| *of == l);
+        for (&(line, at), rate) in runs.iter().zip(rates) {
+            curves[line][at].1 = Some(rate);
+        }
+        for (line, curve) in model.lines.iter().zip(curves) {
             model_curves.push(ModelCurve {
                 line: line.name.clone(),
-                points: sizes
-                    .iter()
-                    .map(|&gib| {
-                        let rate = known(line, gib).or_else(|| {
-                            replayed
-                                .clone()
-                                .find(|((_, at), _)| *at == gib)
-                                .map(|(_, &rate)| rate)
-                        });
-                        (gib, rate.unwrap_or(0.0))
-                    })
+                points: curve
+                    .into_iter()
+                    .filter_map(|(gib, rate)| Some((gib, rate?)))
                     .collect(),
             });
         }
