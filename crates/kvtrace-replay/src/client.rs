@@ -245,8 +245,12 @@ impl Prompt {
 #[derive(Default)]
 struct Prompts {
     ring: VecDeque<Prompt>,
-    /// A key's lookup and chunk index.
+    /// A key's latest lookup and chunk index. An entry whose lookup has left the ring is stale
+    /// and reads as absent: entries are not removed as lookups leave (that would cost a map
+    /// operation per key of every lookup) but swept when stale ones could outnumber the rest.
     at: KeyMap<(u64, usize)>,
+    /// Keys named by the lookups in the ring, repeats included: at least the live entries.
+    held: usize,
     next: u64,
 }
 
@@ -256,12 +260,14 @@ impl Prompts {
         self.next += 1;
         if self.ring.len() == PROMPTS {
             if let Some(old) = self.ring.pop_front() {
-                for key in old.groups.iter().flatten() {
-                    if self.at.get(key).is_some_and(|&(s, _)| s == old.seq) {
-                        self.at.remove(key);
-                    }
-                }
+                self.held -= old.groups.iter().map(Vec::len).sum::<usize>();
             }
+        }
+        let added: usize = groups.iter().map(|g| g.keys.len()).sum();
+        self.held += added;
+        if self.at.len() + added > 2 * self.held {
+            let oldest = self.ring.front().map_or(seq, |p| p.seq);
+            self.at.retain(|_, &mut (s, _)| s >= oldest);
         }
         for group in groups {
             for (i, &key) in group.keys.iter().enumerate() {
@@ -275,6 +281,12 @@ impl Prompts {
             hit: 0,
         });
         seq
+    }
+
+    /// A key's lookup and chunk index, while that lookup is in the ring.
+    fn at(&self, key: &KeyId) -> Option<(u64, usize)> {
+        let front = self.ring.front()?.seq;
+        self.at.get(key).copied().filter(|&(s, _)| s >= front)
     }
 
     fn get(&self, seq: u64) -> Option<&Prompt> {
@@ -292,12 +304,12 @@ impl Prompts {
     /// The lookup a store of `keys` belongs to, the chunk it begins at and the chunk after its
     /// last: the store's keys must all be that lookup's.
     fn locate(&self, keys: &[KeyId]) -> Option<(u64, usize, usize)> {
-        let &(seq, start) = self.at.get(keys.first()?)?;
+        let (seq, start) = self.at(keys.first()?)?;
         let prompt = self.get(seq)?;
         let mut end = 0;
         for key in keys {
-            match self.at.get(key) {
-                Some(&(s, i)) if s == seq => end = end.max(i + 1),
+            match self.at(key) {
+                Some((s, i)) if s == seq => end = end.max(i + 1),
                 _ => return None,
             }
         }
@@ -569,5 +581,46 @@ mod tests {
         // A store of keys no lookup named touches its own keys.
         let stray = keys(100..103);
         assert_eq!(m.store_touch(&stray), stray);
+    }
+
+    #[test]
+    fn a_store_is_tied_to_a_lookup_only_while_it_is_among_the_last_prompts() {
+        let mut m = ClientModel::new(ClientInfo::default());
+        let group = |range| PrefetchGroup {
+            keys: keys(range),
+            object_bytes: 4096,
+            chunk_tokens: Some(64),
+            window: -1,
+        };
+        // Lookup i names chunks 10i..10i+10: every key belongs to one lookup.
+        let lookups = PROMPTS as u32 + 3 * PROMPTS as u32 / 2;
+        for i in 0..lookups {
+            m.looked_up(&[group(10 * i..10 * i + 10)]);
+            // What the index holds stays within twice the keys of the lookups it remembers.
+            let held = m.prompts.held;
+            assert!(
+                m.prompts.at.len() <= 2 * held,
+                "{} > 2 × {held}",
+                m.prompts.at.len()
+            );
+        }
+        // The lookups that left the window no longer tie their stores: those touch their own
+        // keys, while a store of the oldest lookup still remembered touches its prompt's head.
+        let gone = lookups - PROMPTS as u32 - 1;
+        let stale = keys(10 * gone + 4..10 * gone + 6);
+        assert_eq!(m.store_touch(&stale), stale);
+        let oldest = gone + 1;
+        let kept = keys(10 * oldest + 4..10 * oldest + 6);
+        assert_eq!(m.store_touch(&kept), keys(10 * oldest..10 * oldest + 6));
+        // Keys a later lookup names again belong to that lookup: a store of them touches its
+        // head, one with a key only the earlier lookup named is tied to neither.
+        let last = lookups - 1;
+        m.looked_up(&[group(10 * last..10 * last + 4)]);
+        assert_eq!(
+            m.store_touch(&keys(10 * last + 2..10 * last + 4)),
+            keys(10 * last..10 * last + 4)
+        );
+        let mixed = keys(10 * last + 2..10 * last + 5);
+        assert_eq!(m.store_touch(&mixed), mixed);
     }
 }

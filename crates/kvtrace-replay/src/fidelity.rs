@@ -85,6 +85,13 @@ impl Fidelity {
         }
     }
 
+    /// Whether every further divergence is only counted: its reason is no longer needed, nor
+    /// what reasons are found from (the manager's journal of departures, the server's refused
+    /// keys).
+    pub fn listed_all(&self) -> bool {
+        self.report.first_divergences.len() >= LISTED_DIVERGENCES
+    }
+
     fn retrieve(&mut self, sm: &StorageManager, r: &Retrieve) {
         let o = &r.outcome;
         let recorded = o.recorded_hit_chunks.unwrap_or(0);
@@ -99,6 +106,10 @@ impl Fidelity {
             return;
         }
         let chunk = recorded.min(o.hit_chunks);
+        if self.listed_all() {
+            self.report.divergences += 1;
+            return;
+        }
         let key = r.keys.get(chunk as usize).copied();
         let reason = match key {
             None => "the request has fewer chunks than were hit".to_string(),
@@ -146,11 +157,13 @@ impl Fidelity {
     }
 
     fn store(&mut self, s: &Store) {
-        for (key, _) in membership(&s.keys, &s.recorded).filter(|&(_, admitted)| !admitted) {
-            self.refused_on_server.insert(key, s.at.t);
-        }
-        for key in &s.recorded {
-            self.refused_on_server.remove(key);
+        if !self.listed_all() {
+            for (key, _) in membership(&s.keys, &s.recorded).filter(|&(_, admitted)| !admitted) {
+                self.refused_on_server.insert(key, s.at.t);
+            }
+            for key in &s.recorded {
+                self.refused_on_server.remove(key);
+            }
         }
         let (recorded, replayed) = (s.recorded.len() as u64, s.replayed.len() as u64);
         let rep = &mut self.report;
@@ -183,8 +196,11 @@ impl Fidelity {
 
     fn diverge(&mut self, d: Divergence) {
         self.report.divergences += 1;
-        if self.report.first_divergences.len() < LISTED_DIVERGENCES {
+        if !self.listed_all() {
             self.report.first_divergences.push(d);
+            if self.listed_all() {
+                self.refused_on_server = KeyMap::default();
+            }
         }
     }
 }

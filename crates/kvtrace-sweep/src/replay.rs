@@ -203,11 +203,14 @@ pub struct ModelCurve {
     pub points: Vec<(f64, f64)>,
 }
 
-/// How many sizes the model curve replays between the sweep's smallest and largest L1.
+/// How many sizes the model curve spreads over the sweep's smallest and largest L1.
 pub const MODEL_CURVE_SIZES: usize = 24;
 
-/// The sizes (GiB) the model curve replays: [`MODEL_CURVE_SIZES`] spread evenly on a log
-/// scale over the points' L1 range, and every size a point replayed.
+/// The sizes (GiB) the model curve replays: every size a point replayed, and those of
+/// [`MODEL_CURVE_SIZES`] sizes spread evenly on a log scale over the points' L1 range that
+/// lie in a gap between them — at least half a step of that scale from every point's size.
+/// A sweep of a few sizes gets a curve of about [`MODEL_CURVE_SIZES`]; one of many sizes
+/// already draws its own and gets the grid only where its sizes are sparse.
 fn curve_sizes(points: &[ReplayPoint]) -> Vec<f64> {
     const GIB: f64 = (1u64 << 30) as f64;
     let sizes: Vec<f64> = points
@@ -215,6 +218,11 @@ fn curve_sizes(points: &[ReplayPoint]) -> Vec<f64> {
         .map(|p| p.figures.l1_size_bytes as f64 / GIB)
         .filter(|&g| g > 0.0)
         .collect();
+    curve_sizes_around(&sizes)
+}
+
+/// [`curve_sizes`] of the points' sizes (GiB, all positive).
+fn curve_sizes_around(sizes: &[f64]) -> Vec<f64> {
     let (lo, hi) = sizes.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &g| {
         (lo.min(g), hi.max(g))
     });
@@ -222,9 +230,16 @@ fn curve_sizes(points: &[ReplayPoint]) -> Vec<f64> {
         return Vec::new();
     }
     let steps = (MODEL_CURVE_SIZES - 1) as f64;
+    let half_step = (hi / lo).powf(0.5 / steps);
+    let in_gap = |g: f64| {
+        sizes
+            .iter()
+            .all(|&s| (g / s).max(s / g) >= half_step * (1.0 - 1e-9))
+    };
     let mut at: Vec<f64> = (0..MODEL_CURVE_SIZES)
         .map(|i| lo * (hi / lo).powf(i as f64 / steps))
-        .chain(sizes)
+        .filter(|&g| in_gap(g))
+        .chain(sizes.iter().copied())
         .collect();
     at.sort_by(f64::total_cmp);
     at.dedup_by(|a, b| (*a - *b).abs() <= 1e-9 * b.abs());
@@ -399,4 +414,37 @@ pub fn sweep(
         curve_note,
         model_curves,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_few_sizes_get_the_whole_grid_and_many_only_their_gaps() {
+        // Three sizes over a 4x range: the 24-size grid, its two ends being the points,
+        // and the middle point between two grid sizes.
+        let few = curve_sizes_around(&[0.0125, 0.025, 0.05]);
+        assert_eq!(few.len(), 25, "{few:?}");
+        // 64 sizes 1/16 GiB apart from 0.25 GiB: the log grid's step (1.13x) is finer than
+        // theirs only below about 0.48 GiB, and there only two grid sizes are at least half
+        // a step (1.063x) from every point (worked out by hand: 0.2826 and 0.4081 GiB).
+        let many: Vec<f64> = (0..64).map(|i| 0.25 + f64::from(i) * 0.0625).collect();
+        let curve = curve_sizes_around(&many);
+        let extra: Vec<f64> = curve
+            .iter()
+            .copied()
+            .filter(|g| !many.contains(g))
+            .collect();
+        assert_eq!(extra.len(), 2, "{extra:?}");
+        assert!((extra[0] - 0.2826).abs() < 1e-4 && (extra[1] - 0.4081).abs() < 1e-4);
+        // No two neighbours on either curve are more than two grid steps apart: a grid size
+        // left out lies within half a step of a point, so a gap holds at most two of them.
+        for (sizes, curve) in [(&[0.0125, 0.025, 0.05][..], &few), (&many[..], &curve)] {
+            let step = (sizes[sizes.len() - 1] / sizes[0]).powf(1.0 / 23.0);
+            for pair in curve.windows(2) {
+                assert!(pair[1] / pair[0] <= step.powi(2) * (1.0 + 1e-9), "{pair:?}");
+            }
+        }
+    }
 }

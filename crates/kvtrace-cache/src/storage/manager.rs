@@ -112,6 +112,11 @@ impl StorageManager {
         self.journal.get_or_insert_with(KeyMap::default);
     }
 
+    /// Stops the journal and frees it: nothing will ask for a departure again.
+    pub fn drop_journal(&mut self) {
+        self.journal = None;
+    }
+
     /// When and how a key last left L1, if the journal is kept and it did.
     pub fn departure(&self, key: KeyId) -> Option<(f64, Departure)> {
         self.journal.as_ref()?.get(&key).copied()
