@@ -20,6 +20,7 @@ mod cache {
     mod file_tier;
     mod recorder;
     mod redis_tier;
+    mod s3_tier;
 }
 
 /// Replay: counts, fidelity against real servers, request spans.
@@ -32,7 +33,7 @@ mod replay {
 /// The serving simulation, and parity with Dynamo's own reports.
 mod simulate {
     mod dynamo_parity;
-    mod engines;
+    pub(crate) mod engines;
 }
 
 mod bench;

@@ -409,6 +409,7 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
                 BackendConfig::File { .. }
                     | BackendConfig::Redis { .. }
                     | BackendConfig::RespCluster { .. }
+                    | BackendConfig::S3(_)
             )
         });
         parsed.push(one.args);
@@ -417,7 +418,7 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
     if external && jobs > 1 {
         // Points at once would share the tier's directory or keys: one's eviction would
         // delete another's object.
-        warn_line("points with a file or Redis tier run one at a time (--jobs 1)");
+        warn_line("points with a file, Redis or S3 tier run one at a time (--jobs 1)");
         jobs = 1;
     }
     let outputs = outputs(&a.sweep, &[a.file.as_path()])?;

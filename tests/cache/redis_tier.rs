@@ -3,37 +3,24 @@
 #![cfg(feature = "redis")]
 
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::{kvtrace, sample, scratch, text};
-use kvtrace::bus::Tracer;
+use crate::util::{free_port, kvtrace, sample, scratch, text, KillOnDrop};
 use kvtrace::replay::{replay, ReplayOptions};
 use kvtrace::storage::config::{BackendConfig, EvictionTiming, L2Config, StorageConfig};
 use kvtrace::storage::eviction::PolicyKind;
-use kvtrace::storage::{StorageManager, Traced};
+use kvtrace::storage::StorageManager;
 
 /// A redis-server child on 127.0.0.1, killed when dropped.
 struct Server {
-    child: Child,
+    _child: KillOnDrop,
     port: u16,
     _dir: tempfile::TempDir,
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start() -> Option<Server> {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("port")
-        .local_addr()
-        .expect("addr")
-        .port();
-    start_on(port)
+    start_on(free_port())
 }
 
 fn start_on(port: u16) -> Option<Server> {
@@ -63,7 +50,7 @@ fn start_on(port: u16) -> Option<Server> {
         .spawn()
         .expect("spawn redis-server");
     let server = Server {
-        child,
+        _child: KillOnDrop(child),
         port,
         _dir: dir,
     };
@@ -138,26 +125,9 @@ fn a_replay_writes_every_object_through_to_a_real_redis_server() {
 
 #[test]
 fn prefetches_load_what_l1_lost_back_from_redis() {
-    use kvtrace::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
     let Some(server) = start() else { return };
-    let mut sm = StorageManager::new(config(server.url(), 1 << 30))
-        .map(|m| Traced::new(m, Tracer::disabled()))
-        .expect("connect");
-    let layout = MemoryLayoutDesc {
-        shapes: vec![vec![2, 4, 64, 128]],
-        dtypes: vec!["torch.bfloat16".into()],
-    };
-    let keys: Vec<ObjectKey> = (0..3u8).map(|i| crate::util::key(vec![i; 32])).collect();
-    sm.reserve_write(&keys, &layout);
-    assert_eq!(sm.finish_write(&keys).expect("stored").len(), 3);
-    sm.manager_mut().clear();
-    let spec = PrefetchTaskSpec::single_group(keys.clone(), layout, "prefix", LockMode::Lock);
-    let hit = sm
-        .submit_prefetch_task(&spec, "r", false)
-        .expect("prefetch");
-    assert_eq!((hit.l1_hit_chunks, hit.l2_hit_chunks), (0, 3));
-    assert!(sm.read_prefetched_enter(&keys).is_ok());
-    assert_eq!(sm.manager().tier_stats()[1].bytes_read, 3 * 131_072);
+    let sm = StorageManager::new(config(server.url(), 1 << 30)).expect("connect");
+    crate::util::l2_serves_what_l1_lost(sm, |_| {});
 }
 
 #[test]
@@ -173,11 +143,7 @@ fn the_cli_takes_lmcache_style_resp_adapters() {
 
 #[test]
 fn an_unreachable_server_is_a_clear_error() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("port")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = free_port();
     let err = StorageManager::new(config(format!("redis://127.0.0.1:{port}/0"), 1 << 30))
         .err()
         .expect("nothing listens there");

@@ -353,5 +353,5 @@ fn the_manuals_config_example_parses_as_pasted() {
         .collect();
     let mut config = StorageConfig::default();
     config.apply_toml(&pasted).expect("the example parses");
-    assert_eq!(config.l2.len(), 3, "{pasted}");
+    assert_eq!(config.l2.len(), 4, "{pasted}");
 }

@@ -372,12 +372,7 @@ fn hex(bytes: &[u8]) -> String {
 
 #[test]
 fn an_endpoint_that_is_down_is_one_line_and_exit_1_with_the_reports_written() {
-    // A port nothing listens on: bound, then released.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = crate::util::free_port();
     let dir = scratch();
     let trace = sample("basic_lru");
     let url = format!("http://127.0.0.1:{port}");

@@ -543,7 +543,7 @@ fn disaggregated_pools_hand_prompts_to_decode_workers_under_both_routers() {
 
 /// A shared-prefix workload on small GPU caches: prefixes evicted from the GPU come back
 /// from the store.
-fn offload_workload(extra: &[&str]) -> Vec<String> {
+pub(crate) fn offload_workload(extra: &[&str]) -> Vec<String> {
     let base = [
         "--input-tokens",
         "4096",

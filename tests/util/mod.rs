@@ -54,6 +54,28 @@ pub fn scratch() -> tempfile::TempDir {
     tempfile::tempdir().expect("scratch directory")
 }
 
+/// A loopback port nothing listens on: bound, then released (a server a test starts takes it,
+/// or a client finds it refused).
+#[cfg(any(feature = "redis", feature = "s3", feature = "otel"))]
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A server process a test started, killed and reaped when the test drops it.
+#[cfg(any(feature = "redis", feature = "s3"))]
+pub struct KillOnDrop(pub std::process::Child);
+
+#[cfg(any(feature = "redis", feature = "s3"))]
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The key of the chunk whose hash is `chunk_hash`, in the shape LMCache writes (model `m`,
 /// its usual packed rank, no group, no salt).
 pub fn key(chunk_hash: impl Into<Vec<u8>>) -> ObjectKey {
@@ -171,4 +193,34 @@ pub fn one_rank_replay(trace: &Path, out_dir: &Path) -> PathBuf {
     ] as [&OsStr; 11]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     out_dir.join("rank-00000/trace_replay_summary.json")
+}
+
+/// Stores three 128 KiB objects through `sm` (L1, written through to its first L2 tier),
+/// empties L1, and prefetches them again: every chunk must come back from the L2 tier, its
+/// bytes read. `after_store` sees the manager in between (a test checks the tier's server).
+#[cfg(any(feature = "redis", feature = "s3"))]
+pub fn l2_serves_what_l1_lost(
+    sm: kvtrace::storage::StorageManager,
+    after_store: impl FnOnce(&kvtrace::storage::StorageManager),
+) {
+    use kvtrace::bus::Tracer;
+    use kvtrace::lmct::codec::{LockMode, PrefetchTaskSpec};
+    use kvtrace::storage::Traced;
+    let mut sm = Traced::new(sm, Tracer::disabled());
+    let layout = MemoryLayoutDesc {
+        shapes: vec![vec![2, 4, 64, 128]],
+        dtypes: vec!["torch.bfloat16".into()],
+    };
+    let keys: Vec<ObjectKey> = (0..3u8).map(|i| key(vec![i; 32])).collect();
+    sm.reserve_write(&keys, &layout);
+    assert_eq!(sm.finish_write(&keys).expect("stored").len(), 3);
+    after_store(sm.manager());
+    sm.manager_mut().clear();
+    let spec = PrefetchTaskSpec::single_group(keys.clone(), layout, "prefix", LockMode::Lock);
+    let hit = sm
+        .submit_prefetch_task(&spec, "r", false)
+        .expect("prefetch");
+    assert_eq!((hit.l1_hit_chunks, hit.l2_hit_chunks), (0, 3));
+    assert!(sm.read_prefetched_enter(&keys).is_ok());
+    assert_eq!(sm.manager().tier_stats()[1].bytes_read, 3 * 131_072);
 }

@@ -4,7 +4,7 @@
 //! input ([`output`]), SIGINT/SIGTERM noted for a clean stop ([`interrupt`]), bounded reads
 //! of untrusted text ([`limits`]), what the machine has free for a run ([`machine`]), and
 //! the seeded generator and hash every workload draws from ([`rng`]), so that one seed gives
-//! the same numbers in every crate.
+//! the same numbers in every crate, and the TLS provider HTTPS clients share ([`tls`]).
 
 #![warn(unreachable_pub)]
 
@@ -14,5 +14,6 @@ pub mod limits;
 pub mod machine;
 pub mod output;
 pub mod rng;
+pub mod tls;
 
 pub use error::{Error, Result};

@@ -59,6 +59,7 @@ impl SpanExport {
     /// line) on a malformed endpoint or a file that cannot be created; an endpoint that does
     /// not answer is found out at the first export.
     pub fn start(options: ExportOptions) -> Result<SpanExport> {
+        kvtrace_io::tls::install_provider();
         let resource = resource(&options);
         let mut runtime = None;
         let mut otlp = match &options.endpoint {

@@ -22,7 +22,7 @@ use std::time::Duration;
 use redis::cluster::{cluster_pipe, ClusterClient, ClusterClientBuilder, ClusterConnection};
 
 use super::backend::Backend;
-use super::redis::one_line;
+use super::one_line;
 use super::KeyId;
 
 /// How long connecting to one node may take.

@@ -77,6 +77,19 @@ pub enum Placement {
     Waterfall,
 }
 
+/// Where an `s3` tier keeps its objects. Its credentials are not here: they come from the
+/// environment, as the AWS tools read them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct S3Location {
+    /// `http(s)://host[:port]` of an S3-compatible server; `None` for AWS S3 itself.
+    pub endpoint: Option<String>,
+    pub bucket: String,
+    /// The objects' common name prefix (a "directory" of the bucket).
+    pub prefix: String,
+    /// The signing region; `None`: `AWS_REGION`, `AWS_DEFAULT_REGION`, else `us-east-1`.
+    pub region: Option<String>,
+}
+
 /// The backend kinds a tier can use.
 #[derive(Clone, Debug, PartialEq)]
 pub enum BackendConfig {
@@ -102,6 +115,8 @@ pub enum BackendConfig {
         nodes: Vec<String>,
         prefix: String,
     },
+    /// An S3-compatible object store; objects live under `<prefix>/<key hash>`.
+    S3(S3Location),
     /// A GPU memory budget: holds no bytes, charges `size / bandwidth` per transfer.
     Gpu {
         bandwidth_gbps: f64,
@@ -389,6 +404,11 @@ impl StorageConfig {
                     "a resp-cluster tier at {} under prefix {prefix:?}",
                     nodes.join(",")
                 ),
+                BackendConfig::S3(at) => format!(
+                    "an s3 tier at {} bucket {:?}",
+                    at.endpoint.as_deref().unwrap_or("AWS"),
+                    at.bucket
+                ),
                 _ => return true,
             };
             notes.push(format!(
@@ -439,6 +459,12 @@ impl L2Config {
                     .collect::<Option<_>>()?,
                 prefix: tier.get("prefix")?.as_str()?.to_owned(),
             },
+            "s3" => BackendConfig::S3(S3Location {
+                endpoint: tier.get("endpoint")?.as_str().map(str::to_owned),
+                bucket: tier.get("bucket")?.as_str()?.to_owned(),
+                prefix: tier.get("prefix")?.as_str()?.to_owned(),
+                region: tier.get("region")?.as_str().map(str::to_owned),
+            }),
             "gpu" => BackendConfig::Gpu {
                 bandwidth_gbps: tier.get("bandwidth_gbps")?.as_f64()?,
             },
@@ -470,6 +496,13 @@ impl L2Config {
             BackendConfig::RespCluster { nodes, prefix } => {
                 json!({"type": "resp-cluster", "nodes": nodes, "prefix": prefix})
             }
+            BackendConfig::S3(at) => json!({
+                "type": "s3",
+                "endpoint": at.endpoint,
+                "bucket": at.bucket,
+                "prefix": at.prefix,
+                "region": at.region,
+            }),
             BackendConfig::Gpu { bandwidth_gbps } => {
                 json!({"type": "gpu", "bandwidth_gbps": bandwidth_gbps})
             }
@@ -481,6 +514,49 @@ impl L2Config {
             "eviction_policy": self.policy.name(),
         })
     }
+}
+
+/// An s3 tier's place: `bucket` (required), `endpoint` (an `http://` or `https://` URL),
+/// `prefix` (default `kvtrace`), `region`. Credentials are refused here: they belong in the
+/// environment, where the AWS tools keep them, not in a file a run's outputs may quote.
+fn s3_location(v: &Json) -> Result<S3Location, String> {
+    let text = |field: &str| -> Result<Option<String>, String> {
+        match v.get(field) {
+            None | Some(Json::Null) => Ok(None),
+            Some(Json::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(format!("an s3 tier's {field} must be a string")),
+        }
+    };
+    for secret in [
+        "access_key_id",
+        "secret_access_key",
+        "session_token",
+        "aws_secret_access_key",
+    ] {
+        if v.get(secret).is_some() {
+            return Err(format!(
+                "an s3 tier takes no {secret}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY \
+                 (or a profile of ~/.aws/credentials) in the environment"
+            ));
+        }
+    }
+    let endpoint = text("endpoint")?;
+    if let Some(e) = &endpoint {
+        if !(e.starts_with("http://") || e.starts_with("https://")) {
+            return Err(format!(
+                "endpoint {e:?}: expected an http:// or https:// URL"
+            ));
+        }
+    }
+    let bucket = text("bucket")?
+        .filter(|b| !b.is_empty())
+        .ok_or("an s3 tier needs \"bucket\"")?;
+    Ok(S3Location {
+        endpoint,
+        bucket,
+        prefix: text("prefix")?.unwrap_or_else(|| "kvtrace".into()),
+        region: text("region")?,
+    })
 }
 
 /// A cluster tier's seed nodes: a non-empty list of `redis://host:port` URLs.
@@ -559,10 +635,12 @@ impl L2Config {
                         .to_owned(),
                 }
             }
+            Some("s3") => BackendConfig::S3(s3_location(v)?),
             Some(other) => {
                 return Err(format!(
-                "tier type {other:?} is not available (memory, gpu, fs, redis, resp-cluster, null)"
-            ))
+                    "tier type {other:?} is not available \
+                     (memory, gpu, fs, redis, resp-cluster, s3, null)"
+                ))
             }
             None => return Err("missing \"type\"".into()),
         };
@@ -782,6 +860,7 @@ impl StorageConfig {
                         BackendConfig::File { .. } => "file",
                         BackendConfig::Redis { .. } => "redis",
                         BackendConfig::RespCluster { .. } => "redis cluster",
+                        BackendConfig::S3(_) => "s3",
                         BackendConfig::Gpu { .. } => "gpu",
                         BackendConfig::Null => "null",
                     };

@@ -1,4 +1,4 @@
-//! One L2 tier: a backend (memory, file, Redis, GPU budget, null) with an optional capacity
+//! One L2 tier: a backend (memory, file, Redis, S3, GPU budget, null) with an optional capacity
 //! and its own eviction policy, written through from L1 or fed by a waterfall.
 
 use std::io;
@@ -41,6 +41,15 @@ fn build_backend(config: &BackendConfig) -> io::Result<Box<dyn Backend>> {
             return Err(io::Error::other(format!(
                 "the resp-cluster tier at {} needs a kvtrace built with the `redis` feature",
                 nodes.join(",")
+            )))
+        }
+        #[cfg(feature = "s3")]
+        BackendConfig::S3(at) => Box::new(super::s3::S3Tier::connect(at)?),
+        #[cfg(not(feature = "s3"))]
+        BackendConfig::S3(at) => {
+            return Err(io::Error::other(format!(
+                "the s3 tier of bucket {} needs a kvtrace built with the `s3` feature",
+                at.bucket
             )))
         }
         BackendConfig::Gpu { bandwidth_gbps } => Box::new(GpuBudget::new(*bandwidth_gbps)),
@@ -272,6 +281,35 @@ mod tests {
             .to_string();
         assert!(
             e.contains("needs a kvtrace built with the `redis` feature") && !e.contains('\n'),
+            "{e}"
+        );
+    }
+}
+
+#[cfg(all(test, not(feature = "s3")))]
+mod without_s3 {
+    use super::*;
+    use crate::storage::config::S3Location;
+    use crate::storage::eviction::PolicyKind;
+
+    #[test]
+    fn an_s3_tier_without_the_feature_is_a_one_line_error() {
+        let config = L2Config {
+            backend: BackendConfig::S3(S3Location {
+                endpoint: Some("http://127.0.0.1:9000".into()),
+                bucket: "kv-cache".into(),
+                prefix: "p".into(),
+                region: None,
+            }),
+            capacity_bytes: None,
+            policy: PolicyKind::Lru,
+        };
+        let e = L2::new(0, &config)
+            .err()
+            .expect("no s3 feature")
+            .to_string();
+        assert!(
+            e.contains("needs a kvtrace built with the `s3` feature") && !e.contains('\n'),
             "{e}"
         );
     }

@@ -23,6 +23,8 @@ pub mod prefetch;
 mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "s3")]
+pub mod s3;
 pub mod traced;
 
 use std::collections::HashMap;
@@ -146,6 +148,13 @@ impl std::hash::Hasher for KeyIdHasher {
     fn write_u128(&mut self, n: u128) {
         self.0 = (n as u64) ^ ((n >> 64) as u64);
     }
+}
+
+/// One line, whatever a server or a client library said: a peer's reply, or an error's
+/// chain of causes, can hold newlines.
+#[cfg(any(feature = "redis", feature = "s3"))]
+fn one_line(text: String) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// A map keyed by object identity.

@@ -9,7 +9,7 @@ use std::io;
 use redis::{Commands, Connection};
 
 use super::backend::Backend;
-use super::{KeyId, KeyMap};
+use super::{one_line, KeyId, KeyMap};
 
 pub struct RedisTier {
     client: redis::Client,
@@ -31,12 +31,6 @@ const BACKOFF_MS: [u64; 5] = [50, 100, 200, 400, 800];
 
 /// How long a connection attempt, a send or a reply may take.
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// One line, whatever the server or the library said: a non-RESP peer's reply can hold
-/// newlines.
-pub(super) fn one_line(text: String) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
 
 fn io_error(url: &str, e: redis::RedisError) -> io::Error {
     io::Error::other(one_line(format!("redis {url}: {e}")))
