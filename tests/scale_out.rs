@@ -458,6 +458,43 @@ fn mpirun_bench_ranks_share_the_cluster_storage_tier() {
     );
     let reads: u64 = reports.iter().map(|s| n(bench_storage(s), "reads")).sum();
     assert_eq!(n(&merged, "ops.storage_read.count"), reads);
+    // MLPerf Storage v3.0's trial (Rules.md §6.3.4): bandwidths and storage throughput are
+    // the ranks' sums, device P95s the worst rank's, from the ranks' own reports.
+    let x = |v: &Value, path: &str| -> f64 {
+        path.split('.')
+            .fold(v, |v, k| &v[k])
+            .as_f64()
+            .unwrap_or(0.0)
+    };
+    let stats = "summary.cache_stats";
+    for (merged_key, rank_key) in [
+        (
+            "aggregated_read_bandwidth_gbps",
+            "tier_storage_read_bandwidth_gbps",
+        ),
+        (
+            "aggregated_write_bandwidth_gbps",
+            "tier_storage_write_bandwidth_gbps",
+        ),
+    ] {
+        let sum: f64 = reports
+            .iter()
+            .map(|s| x(s, &format!("{stats}.{rank_key}")))
+            .sum();
+        assert!(sum > 0.0, "{rank_key}");
+        assert!(
+            (x(&merged["mlperf"], merged_key) - sum).abs() <= 1e-9 * sum,
+            "{merged_key}"
+        );
+    }
+    let worst = reports
+        .iter()
+        .map(|s| x(s, &format!("{stats}.storage_write_device_p95_ms")))
+        .fold(0.0, f64::max);
+    assert_eq!(
+        x(&merged["mlperf"], "aggregated_device_write_p95_ms"),
+        worst
+    );
 }
 
 /// The generated trace the longer runs replay: 3,000 records over about 5 s of trace time,

@@ -9,8 +9,9 @@ use super::{print_stdout, OutputArg};
 
 /// Merge the per-rank reports of one run (replay or bench in rank mode) into one: summed
 /// counts, throughput over the common window, percentiles from the ranks' merged
-/// histograms, the spread over ranks and MLPerf's cross-rank rules (mean of rank
-/// throughputs, max of rank P95)
+/// histograms, the spread over ranks, each operation's worst rank P95, and for bench results
+/// MLPerf Storage v3.0's aggregate of a trial (§6.3.4: storage bandwidths and throughput
+/// summed over ranks, device P95s the worst rank's)
 #[derive(clap::Args)]
 #[command(after_help = super::examples(&[
     "mpirun -np 4 kvtrace replay trace.lct --json --output-dir run1 --l2-adapter '{\"type\":\"resp-cluster\",\"nodes\":[\"redis://10.0.0.5:7000\"]}'",

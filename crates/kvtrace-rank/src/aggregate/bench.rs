@@ -1,7 +1,10 @@
 //! Bench results of ranks merged: requests, tokens, hits, bytes and tier counters add up;
 //! the hit rate comes from the summed hits and misses; throughput is tokens (and requests,
-//! and storage bytes) over the common window, beside MLPerf's mean of the ranks' own
-//! tokens/s.
+//! and storage bytes) over the common window. Beside them, the figures MLPerf Storage v3.0
+//! aggregates a trial's ranks into (its rules, §6.3.4): the ranks' storage read and write
+//! bandwidth and storage throughput summed, their device read and write P95s reduced to the
+//! largest (a worst-client bound, not a pooled percentile), and the ranks that never read
+//! from storage listed apart.
 
 use std::collections::BTreeMap;
 
@@ -31,6 +34,54 @@ struct RankInput {
     io_errors: u64,
     late: u64,
     cross_rank_hits: u64,
+    mlperf: RankMlperf,
+}
+
+/// What MLPerf Storage reads from one rank's result (`summary` and its `cache_stats`); a
+/// figure the result lacks counts as 0, as MLPerf's aggregation takes it.
+#[derive(Default)]
+struct RankMlperf {
+    read_gbps: f64,
+    write_gbps: f64,
+    storage_tokens_per_s: f64,
+    device_read_p95_ms: f64,
+    device_write_p95_ms: f64,
+    storage_entries: u64,
+}
+
+impl RankMlperf {
+    fn read(doc: &Json) -> RankMlperf {
+        let number = |path: &str| doc.pointer(path).and_then(Json::as_f64).unwrap_or(0.0);
+        let stats = |key: &str| number(&format!("/summary/cache_stats/{key}"));
+        RankMlperf {
+            read_gbps: stats("tier_storage_read_bandwidth_gbps"),
+            write_gbps: stats("tier_storage_write_bandwidth_gbps"),
+            storage_tokens_per_s: number("/summary/storage_throughput_tokens_per_sec"),
+            device_read_p95_ms: stats("storage_read_device_p95_ms"),
+            device_write_p95_ms: stats("storage_write_device_p95_ms"),
+            storage_entries: doc
+                .pointer("/summary/cache_stats/storage_entries")
+                .and_then(Json::as_u64)
+                .unwrap_or(0),
+        }
+    }
+}
+
+/// One trial's ranks as MLPerf Storage v3.0 aggregates them (§6.3.4): sums across ranks,
+/// and the largest per-rank device P95s. With one trial, MLPerf's mean over trials is these
+/// figures; the keys are those of its `kvcache_run_summary.json` option entries.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct MlperfTrial {
+    pub total_ranks: u32,
+    pub aggregated_read_bandwidth_gbps: f64,
+    pub aggregated_write_bandwidth_gbps: f64,
+    pub aggregated_storage_throughput_tokens_per_sec: f64,
+    /// The largest per-rank device read P95 (ms): a worst-client bound.
+    pub aggregated_device_read_p95_ms: f64,
+    pub aggregated_device_write_p95_ms: f64,
+    /// Ranks that held nothing in the storage tier (`storage_entries` 0): they read from
+    /// memory only, and their device latencies count as 0.
+    pub cpu_tier_ranks: Vec<u32>,
 }
 
 /// Folds one rank's result into the merged operations and tiers; what the run keeps of it.
@@ -91,6 +142,7 @@ fn read_rank(
         write_bytes: count("summary.cache_stats.total_write_bytes")?,
         io_errors: count("kvtrace.io_errors")?,
         late: count("kvtrace.requests_after_deadline")?,
+        mlperf: RankMlperf::read(doc),
         cross_rank_hits,
         id,
     })
@@ -122,8 +174,8 @@ pub struct BenchRun {
     /// Over the window.
     pub requests_per_s: f64,
     pub tokens_per_s: f64,
-    /// MLPerf's rule: the mean of the ranks' own tokens per second.
-    pub mean_rank_tokens_per_s: f64,
+    /// The trial as MLPerf Storage v3.0 aggregates it (§6.3.4).
+    pub mlperf: MlperfTrial,
     /// Bytes read and written over every tier, over the window.
     pub storage_io_gib_per_s: f64,
     pub cache_hits: u64,
@@ -137,6 +189,31 @@ pub struct BenchRun {
     pub ops: BTreeMap<String, OpSummary>,
     pub spread: BTreeMap<String, Spread>,
     pub ranks: Vec<BenchRankLine>,
+}
+
+/// MLPerf Storage v3.0's aggregate of one trial's ranks (§6.3.4).
+fn mlperf_trial(ranks: &[RankInput], total_ranks: u32) -> MlperfTrial {
+    let mut trial = MlperfTrial {
+        total_ranks,
+        ..MlperfTrial::default()
+    };
+    for r in ranks {
+        let m = &r.mlperf;
+        trial.aggregated_read_bandwidth_gbps += m.read_gbps;
+        trial.aggregated_write_bandwidth_gbps += m.write_gbps;
+        trial.aggregated_storage_throughput_tokens_per_sec += m.storage_tokens_per_s;
+        if m.storage_entries == 0 {
+            trial.cpu_tier_ranks.push(r.id.rank);
+            continue;
+        }
+        trial.aggregated_device_read_p95_ms = trial
+            .aggregated_device_read_p95_ms
+            .max(m.device_read_p95_ms);
+        trial.aggregated_device_write_p95_ms = trial
+            .aggregated_device_write_p95_ms
+            .max(m.device_write_p95_ms);
+    }
+    trial
 }
 
 /// Merges the bench results of one run's ranks.
@@ -186,8 +263,7 @@ pub fn aggregate(docs: impl Iterator<Item = Result<(String, Json)>>) -> Result<B
         total_tokens: tokens,
         requests_per_s: per_s(requests as f64, window_s),
         tokens_per_s: per_s(tokens as f64, window_s),
-        mean_rank_tokens_per_s: lines.iter().map(|l| l.tokens_per_s).sum::<f64>()
-            / lines.len() as f64,
+        mlperf: mlperf_trial(&ranks, world_size),
         storage_io_gib_per_s: per_s(bytes as f64 / GIB, window_s),
         cache_hits: hits,
         cache_misses: misses,
@@ -226,8 +302,24 @@ impl Report for BenchRun {
             ),
             ("tokens/s over the window", Cell::Number(self.tokens_per_s)),
             (
-                "mean of rank tokens/s (MLPerf)",
-                Cell::Number(self.mean_rank_tokens_per_s),
+                "MLPerf storage read GB/s (sum of ranks)",
+                Cell::Number(self.mlperf.aggregated_read_bandwidth_gbps),
+            ),
+            (
+                "MLPerf storage write GB/s (sum of ranks)",
+                Cell::Number(self.mlperf.aggregated_write_bandwidth_gbps),
+            ),
+            (
+                "MLPerf storage throughput tok/s (sum of ranks)",
+                Cell::Number(self.mlperf.aggregated_storage_throughput_tokens_per_sec),
+            ),
+            (
+                "MLPerf device read P95 ms (max of ranks)",
+                Cell::Number(self.mlperf.aggregated_device_read_p95_ms),
+            ),
+            (
+                "MLPerf device write P95 ms (max of ranks)",
+                Cell::Number(self.mlperf.aggregated_device_write_p95_ms),
             ),
             ("storage I/O GiB/s", Cell::Number(self.storage_io_gib_per_s)),
             ("cache hits", Cell::Count(self.cache_hits)),
@@ -279,18 +371,31 @@ impl Report for BenchRun {
     }
 
     fn terminal(&self) -> String {
+        let m = &self.mlperf;
         let mut s = format!(
-            "{} ranks, {} requests, {} tokens in {:.3} s: {:.1} tok/s (mean of ranks {:.1}, MLPerf's rule), {:.2} req/s, {:.3} GiB/s storage I/O; hit rate {}\n",
+            "{} ranks, {} requests, {} tokens in {:.3} s: {:.1} tok/s, {:.2} req/s, {:.3} GiB/s storage I/O; hit rate {}\n\
+             MLPerf Storage v3.0 §6.3.4, this trial: storage read {:.3} GB/s, write {:.3} GB/s,\n  \
+             {:.1} storage tok/s (sums of ranks); device P95 read {:.2} ms, write {:.2} ms (worst rank)\n",
             self.world_size,
             self.requests_completed,
             self.total_tokens,
             self.window_s,
             self.tokens_per_s,
-            self.mean_rank_tokens_per_s,
             self.requests_per_s,
             self.storage_io_gib_per_s,
-            crate::report::units::percent(self.cache_hit_rate)
+            crate::report::units::percent(self.cache_hit_rate),
+            m.aggregated_read_bandwidth_gbps,
+            m.aggregated_write_bandwidth_gbps,
+            m.aggregated_storage_throughput_tokens_per_sec,
+            m.aggregated_device_read_p95_ms,
+            m.aggregated_device_write_p95_ms,
         );
+        if !m.cpu_tier_ranks.is_empty() {
+            s.push_str(&format!(
+                "rank(s) {:?} held nothing in storage: their device latencies count as 0\n",
+                m.cpu_tier_ranks
+            ));
+        }
         if self.io_errors > 0 {
             s.push_str(&format!("{} storage I/O error(s)\n", self.io_errors));
         }
@@ -331,11 +436,17 @@ mod tests {
             "total_tokens_generated": tokens,
             "summary": {
                 "avg_throughput_tokens_per_sec": tokens as f64 / 10.0,
+                "storage_throughput_tokens_per_sec": 50.0 + f64::from(rank),
                 "cache_stats": {
                     "cache_hits": 3 * u64::from(rank + 1),
                     "cache_misses": 1,
                     "total_read_bytes": 1u64 << 30,
                     "total_write_bytes": 1u64 << 30,
+                    "storage_entries": 4,
+                    "tier_storage_read_bandwidth_gbps": 1.25 * f64::from(rank + 1),
+                    "tier_storage_write_bandwidth_gbps": 0.5,
+                    "storage_read_device_p95_ms": 7.0 - f64::from(rank),
+                    "storage_write_device_p95_ms": 2.0 + f64::from(rank),
                 },
             },
             "kvtrace": {
@@ -367,10 +478,25 @@ mod tests {
         assert_eq!(run.total_tokens, 400);
         assert!((run.window_s - 11.0).abs() < 1e-9, "100 s to 111 s");
         assert!((run.tokens_per_s - 400.0 / 11.0).abs() < 1e-9);
+        // MLPerf's trial: bandwidths and storage tokens/s add up over the ranks, device
+        // P95s are the worse rank's.
+        let m = &run.mlperf;
+        assert_eq!(m.total_ranks, 2);
         assert!(
-            (run.mean_rank_tokens_per_s - 20.0).abs() < 1e-9,
-            "(10 + 30) / 2"
+            (m.aggregated_read_bandwidth_gbps - 3.75).abs() < 1e-12,
+            "1.25 + 2.5"
         );
+        assert!((m.aggregated_write_bandwidth_gbps - 1.0).abs() < 1e-12);
+        assert!((m.aggregated_storage_throughput_tokens_per_sec - 101.0).abs() < 1e-12);
+        assert_eq!(
+            (
+                m.aggregated_device_read_p95_ms,
+                m.aggregated_device_write_p95_ms
+            ),
+            (7.0, 3.0),
+            "rank 0's read P95, rank 1's write P95"
+        );
+        assert!(m.cpu_tier_ranks.is_empty());
         assert_eq!((run.cache_hits, run.cache_misses), (9, 2));
         assert_eq!(run.cross_rank_hits, 1);
         assert_eq!(run.requests_after_deadline, 1);
@@ -386,6 +512,23 @@ mod tests {
         assert_eq!(run.tiers[0]["writes"], json!(10));
         assert!(!run.tiers[0].contains_key("write_s"), "seconds do not add");
         assert_eq!(run.ranks.iter().map(|l| l.rank).collect::<Vec<_>>(), [0, 1]);
+    }
+
+    #[test]
+    fn a_rank_that_never_read_from_storage_is_listed_and_adds_no_device_latency() {
+        let (file, mut doc) = result(1, 300, &[0.4]);
+        doc["summary"]["cache_stats"]["storage_entries"] = json!(0);
+        doc["summary"]["cache_stats"]["storage_read_device_p95_ms"] = json!(99.0);
+        let run = aggregate([result(0, 100, &[0.1]), (file, doc)].into_iter().map(Ok))
+            .expect("aggregate");
+        assert_eq!(run.mlperf.cpu_tier_ranks, [1]);
+        assert_eq!(
+            run.mlperf.aggregated_device_read_p95_ms, 7.0,
+            "rank 0's only"
+        );
+        assert!(run
+            .terminal()
+            .contains("rank(s) [1] held nothing in storage"));
     }
 
     #[test]

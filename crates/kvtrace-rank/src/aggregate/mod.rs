@@ -325,7 +325,8 @@ pub struct OpSummary {
     pub p95_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
-    /// MLPerf's rule: the largest of the ranks' own P95.
+    /// The largest of the ranks' own P95s: a worst-client bound, as MLPerf Storage reduces
+    /// device latencies (not a pooled percentile).
     pub max_rank_p95_ms: f64,
 }
 

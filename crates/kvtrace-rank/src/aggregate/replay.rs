@@ -58,7 +58,8 @@ pub struct RunReport {
     pub failure_reasons: BTreeMap<String, u64>,
     /// Calls per second over the window.
     pub calls_per_s: f64,
-    /// MLPerf's rule: the mean of the ranks' own calls per second.
+    /// The mean of the ranks' own calls per second: how much each rank got, where the rate
+    /// over the window says how much they got together.
     pub mean_rank_calls_per_s: f64,
     pub hits: BTreeMap<String, Json>,
     pub calls: BTreeMap<String, u64>,
@@ -222,7 +223,7 @@ impl Report for RunReport {
             ("failed", Cell::Count(self.failed)),
             ("calls/s over the window", Cell::Number(self.calls_per_s)),
             (
-                "mean of rank calls/s (MLPerf)",
+                "mean of rank calls/s",
                 Cell::Number(self.mean_rank_calls_per_s),
             ),
         ];
@@ -259,13 +260,16 @@ impl Report for RunReport {
 
     fn terminal(&self) -> String {
         let mut s = format!(
-            "{} ranks, {} calls in {:.3} s: {:.0} calls/s (mean of ranks {:.0}, MLPerf's rule); hit rate {}\n",
+            "{} ranks, {} calls in {:.3} s: {:.0} calls/s (mean of ranks {:.0}); hit rate {}\n",
             self.world_size,
             self.replayed,
             self.window_s,
             self.calls_per_s,
             self.mean_rank_calls_per_s,
-            self.hits.get("hit_rate").and_then(Json::as_f64).map_or("-".into(), crate::report::units::percent)
+            self.hits
+                .get("hit_rate")
+                .and_then(Json::as_f64)
+                .map_or("-".into(), crate::report::units::percent)
         );
         if self.failed > 0 {
             s.push_str(&format!(
