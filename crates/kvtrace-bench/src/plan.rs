@@ -24,7 +24,7 @@ use kvtrace_cache::bus::recorder::start_recording;
 use kvtrace_cache::bus::{EventBus, SubscriberReport, Tracer};
 use kvtrace_cache::clock::local_stamp;
 use kvtrace_cache::storage::config::{
-    BackendConfig, EvictionConfig, EvictionTiming, L2Config, Placement, StorageConfig,
+    BackendConfig, EvictionConfig, EvictionTiming, L2Config, Placement, S3Location, StorageConfig,
 };
 use kvtrace_io::error::{Error, Result};
 use kvtrace_io::machine::{available_memory, free_bytes};
@@ -138,6 +138,30 @@ pub enum StorageTier {
     Files { capacity_gb: f64 },
     /// A cluster every rank shares; its capacity is the cluster's maxmemory.
     Cluster(ClusterSpec),
+    /// One object per entry in an S3-compatible bucket; its capacity is the bucket's.
+    Object(S3Location),
+}
+
+impl StorageTier {
+    /// Reads `--storage-tier`: `{"type":"resp-cluster",...}` or `{"type":"s3",...}`, as
+    /// replay's L2 adapters are written; any other tier type is refused (files under the
+    /// cache directory are the default storage tier).
+    pub fn parse(text: &str) -> Result<StorageTier, String> {
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| kvtrace_io::error::json_reason(&e))?;
+        match L2Config::from_adapter(&v)?.backend {
+            BackendConfig::RespCluster { nodes, .. } => Ok(StorageTier::Cluster(ClusterSpec {
+                nodes,
+                prefix: v.get("prefix").and_then(|p| p.as_str()).map(str::to_owned),
+            })),
+            BackendConfig::S3(location) => Ok(StorageTier::Object(location)),
+            _ => Err(
+                "bench's storage tier is files under the cache directory, a \
+                 \"resp-cluster\" or an \"s3\" bucket"
+                    .into(),
+            ),
+        }
+    }
 }
 
 /// A `resp-cluster` storage tier, written as replay's L2 adapters are.
@@ -146,25 +170,6 @@ pub struct ClusterSpec {
     pub nodes: Vec<String>,
     /// `None`: `kvtrace-bench-<run id>`.
     pub prefix: Option<String>,
-}
-
-impl ClusterSpec {
-    /// Reads `{"type":"resp-cluster","nodes":[...],"prefix":...}`; any other tier type is
-    /// refused (files under the cache directory are the default storage tier).
-    pub fn parse(text: &str) -> Result<ClusterSpec, String> {
-        let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| kvtrace_io::error::json_reason(&e))?;
-        match L2Config::from_adapter(&v)?.backend {
-            BackendConfig::RespCluster { nodes, .. } => Ok(ClusterSpec {
-                nodes,
-                prefix: v.get("prefix").and_then(|p| p.as_str()).map(str::to_owned),
-            }),
-            _ => Err(
-                "bench's storage tier is files under the cache directory or a \"resp-cluster\""
-                    .into(),
-            ),
-        }
-    }
 }
 
 impl Default for Setup {
@@ -394,6 +399,10 @@ impl Plan {
                     prefix,
                 }
             }
+            StorageTier::Object(location) => Storage::Object {
+                store: object_store(location)?,
+                location: location.clone(),
+            },
             StorageTier::Files { capacity_gb } => Storage::Files(match gib(*capacity_gb) {
                 0 => free_bytes(&storage_dir.0).map_or(u64::MAX, |b| b / 20 * 19),
                 bytes => bytes,
@@ -447,7 +456,7 @@ impl Plan {
                         drop_cache_before_read: true,
                     },
                 },
-                Storage::Cluster { store, .. } => store.clone(),
+                Storage::Cluster { store, .. } | Storage::Object { store, .. } => store.clone(),
             },
         });
         if o.io_trace_log.is_some() {
@@ -533,6 +542,11 @@ impl Plan {
             cache_dir: match &storage {
                 Storage::Files(_) => parent.display().to_string(),
                 Storage::Cluster { nodes, .. } => format!("resp-cluster {}", nodes.join(",")),
+                Storage::Object { location, .. } => format!(
+                    "s3 {} bucket {}",
+                    location.endpoint.as_deref().unwrap_or("(AWS)"),
+                    location.bucket
+                ),
             },
             storage_capacity_gib: storage.capacity().unwrap_or(0).min(u64::MAX / 2) as f64 / GIB,
             trace_speedup: config.burst.as_ref().map_or(1.0, |b| b.speedup),
@@ -665,6 +679,10 @@ enum Storage {
         nodes: Vec<String>,
         prefix: String,
     },
+    Object {
+        store: TierStore,
+        location: S3Location,
+    },
 }
 
 impl Storage {
@@ -672,7 +690,7 @@ impl Storage {
     fn capacity(&self) -> Option<u64> {
         match self {
             Storage::Files(bytes) => Some(*bytes),
-            Storage::Cluster { .. } => None,
+            Storage::Cluster { .. } | Storage::Object { .. } => None,
         }
     }
 
@@ -688,6 +706,13 @@ impl Storage {
                 "type": "resp-cluster",
                 "nodes": nodes,
                 "prefix": prefix,
+            }),
+            Storage::Object { location, .. } => serde_json::json!({
+                "type": "s3",
+                "endpoint": location.endpoint,
+                "bucket": location.bucket,
+                "prefix": location.prefix,
+                "region": location.region,
             }),
         }
     }
@@ -705,6 +730,21 @@ fn cluster_store(nodes: &[String], _: &str) -> Result<TierStore> {
     Err(Error::usage(format!(
         "the resp-cluster storage tier at {} needs a kvtrace built with the `redis` feature",
         nodes.join(",")
+    )))
+}
+
+#[cfg(feature = "s3")]
+fn object_store(location: &S3Location) -> Result<TierStore> {
+    kvtrace_cache::storage::s3::S3Client::connect(location)
+        .map(|c| TierStore::Object(Arc::new(c)))
+        .map_err(|e| Error::io("the s3 storage tier", e))
+}
+
+#[cfg(not(feature = "s3"))]
+fn object_store(location: &S3Location) -> Result<TierStore> {
+    Err(Error::usage(format!(
+        "the s3 storage tier of bucket {} needs a kvtrace built with the `s3` feature",
+        location.bucket
     )))
 }
 

@@ -55,6 +55,9 @@ pub enum TierStore {
     /// A Redis Cluster every rank of the run shares (the last tier only).
     #[cfg(feature = "redis")]
     Cluster(Arc<ClusterStore>),
+    /// One object per entry in an S3-compatible bucket (the last tier only).
+    #[cfg(feature = "s3")]
+    Object(Arc<kvtrace_cache::storage::s3::S3Client>),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -206,6 +209,25 @@ fn store_write(
         TierStore::Null => Ok(IoTime::default()),
         #[cfg(feature = "redis")]
         TierStore::Cluster(cluster) => cluster.write(key, size, stamp, buf),
+        #[cfg(feature = "s3")]
+        TierStore::Object(bucket) => {
+            let began = std::time::Instant::now();
+            bucket.put(key, size, &mut |offset, len| {
+                // The entry's stamped bytes, a buffer chunk at a time.
+                let mut part = Vec::with_capacity(len);
+                let mut at = offset;
+                while part.len() < len {
+                    let n = (len - part.len()).min(super::io::CHUNK);
+                    part.extend_from_slice(buf.fill(n, stamp, at));
+                    at += n as u64;
+                }
+                part.into()
+            })?;
+            Ok(IoTime {
+                host_s: 0.0,
+                device_s: began.elapsed().as_secs_f64(),
+            })
+        }
     }
 }
 
@@ -226,6 +248,25 @@ fn store_read(spec: &TierSpec, key: KeyId, size: u64, buf: &mut IoBuffer) -> io:
                 format!("resp-cluster {}: entry evicted", cluster.nodes()),
             )),
         },
+        #[cfg(feature = "s3")]
+        TierStore::Object(bucket) => {
+            let began = std::time::Instant::now();
+            match bucket.get(key)? {
+                Some(len) if len == size => Ok(IoTime {
+                    host_s: 0.0,
+                    device_s: began.elapsed().as_secs_f64(),
+                }),
+                found => Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "{}: entry {} is {} bytes, not {size}",
+                        bucket.shown(),
+                        bucket.object_name(key),
+                        found.map_or("gone".into(), |n| n.to_string())
+                    ),
+                )),
+            }
+        }
     }
 }
 
@@ -236,6 +277,8 @@ fn store_delete(spec: &TierSpec, key: KeyId, size: u64) -> io::Result<()> {
         TierStore::Files { dir, .. } => remove_object(&object_path(dir, key)),
         #[cfg(feature = "redis")]
         TierStore::Cluster(cluster) => cluster.delete(key, size),
+        #[cfg(feature = "s3")]
+        TierStore::Object(bucket) => bucket.delete(key),
         _ => Ok(()),
     }
 }

@@ -8,7 +8,7 @@ use clap::builder::PossibleValuesParser;
 use clap::ValueEnum;
 use kvtrace::bench::autoscale::AutoscaleMode;
 use kvtrace::bench::models::{model, MODELS};
-use kvtrace::bench::plan::{ClusterSpec, Generation, Setup, StorageTier};
+use kvtrace::bench::plan::{Generation, Setup, StorageTier};
 use kvtrace::bench::report::Profile as ProfileKind;
 use kvtrace::bench::run::{DecodeReads, MultiTurn};
 use kvtrace::bench::users::PersonaSet;
@@ -117,7 +117,9 @@ pub(crate) struct Args {
     /// The storage tier in a Redis Cluster or Valkey cluster instead of files:
     /// '{"type":"resp-cluster","nodes":["redis://127.0.0.1:7000",...],"prefix":"P"}'. Every
     /// rank of a run shares it (the default prefix names the run); its capacity is the
-    /// cluster's maxmemory; entries stay there after the run
+    /// cluster's maxmemory; entries stay there after the run. Or an S3-compatible bucket,
+    /// one object per entry: '{"type":"s3","endpoint":"http://host:9000","bucket":"B"}'
+    /// (credentials from AWS_* or ~/.aws/credentials)
     #[arg(long, value_name = "JSON")]
     storage_tier: Option<String>,
     /// Time spent generating each output token
@@ -307,12 +309,10 @@ impl Args {
         let storage = match &self.storage_tier {
             Some(json) => {
                 if self.storage_capacity_gb != 0.0 {
-                    return Err(Error::usage("--storage-capacity-gb: a resp-cluster storage tier is shared by every rank, so its capacity is the cluster's maxmemory"));
+                    return Err(Error::usage("--storage-capacity-gb: a resp-cluster or s3 storage tier's capacity is the cluster's maxmemory or the bucket's"));
                 }
-                StorageTier::Cluster(
-                    ClusterSpec::parse(json)
-                        .map_err(|e| Error::usage(format!("--storage-tier: {e}")))?,
-                )
+                StorageTier::parse(json)
+                    .map_err(|e| Error::usage(format!("--storage-tier: {e}")))?
             }
             None => StorageTier::Files {
                 capacity_gb: not_negative(

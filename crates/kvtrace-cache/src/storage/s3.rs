@@ -16,7 +16,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+pub use bytes::Bytes;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
 use object_store::{
@@ -39,12 +39,22 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const RETRY_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub struct S3Tier {
+/// A connection to one bucket under one prefix, shareable by threads (a bench's workers):
+/// each call blocks its thread on the client's runtime. Errors are one line naming the
+/// server and the request.
+pub struct S3Client {
     runtime: tokio::runtime::Runtime,
     store: AmazonS3,
     /// `s3 <endpoint> bucket <bucket>`, for messages.
     shown: String,
     prefix: String,
+}
+
+/// One object's parts, in order: the part of `len` bytes at `offset` of the object.
+pub type Parts<'a> = &'a mut dyn FnMut(u64, usize) -> Bytes;
+
+pub struct S3Tier {
+    client: S3Client,
     sizes: KeyMap<u64>,
     /// Zeros at least as long as the largest object so far: payloads are slices of it.
     zeros: Bytes,
@@ -81,10 +91,10 @@ fn credentials_file(text: &str, profile: &str) -> Option<(String, String, Option
     Some((id?, secret?, token))
 }
 
-impl S3Tier {
+impl S3Client {
     /// Builds the client and checks, with one listing of the prefix, that the server
     /// answers, the bucket exists and the credentials are accepted.
-    pub fn connect(target: &S3Location) -> io::Result<S3Tier> {
+    pub fn connect(target: &S3Location) -> io::Result<S3Client> {
         let shown = format!(
             "s3 {} bucket {}",
             target.endpoint.as_deref().unwrap_or("(AWS)"),
@@ -142,7 +152,9 @@ impl S3Tier {
                 .with_virtual_hosted_style_request(false);
         }
         let store = builder.build().map_err(|e| fail(&e))?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        // Callers block on it from their own threads; one worker drives the connections.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()
             .map_err(|e| fail(&e))?;
@@ -153,15 +165,17 @@ impl S3Tier {
                 Some(&prefix),
             ))
             .map_err(|e| fail(&e))?;
-        Ok(S3Tier {
+        Ok(S3Client {
             runtime,
             store,
             shown,
             prefix: target.prefix.clone(),
-            sizes: KeyMap::default(),
-            zeros: Bytes::new(),
-            down_since: None,
         })
+    }
+
+    /// `s3 <endpoint> bucket <bucket>`.
+    pub fn shown(&self) -> &str {
+        &self.shown
     }
 
     /// The object name of a key.
@@ -172,56 +186,113 @@ impl S3Tier {
         }
     }
 
-    /// Runs one request (object_store retries it with backoff), failing at once while the
-    /// server was found down less than a second ago.
-    fn call<T>(
-        &mut self,
+    fn run<T>(
+        &self,
         what: &str,
         request: impl std::future::Future<Output = object_store::Result<T>>,
     ) -> io::Result<T> {
+        self.runtime.block_on(request).map_err(|e| {
+            let kind = match e {
+                object_store::Error::NotFound { .. } => io::ErrorKind::NotFound,
+                _ => io::ErrorKind::Other,
+            };
+            io::Error::new(kind, one_line(format!("{} {what}: {e}", self.shown)))
+        })
+    }
+
+    /// Stores the object of `key`, `size` bytes taken from `parts`: one PUT up to
+    /// [`MULTIPART_BYTES`], a multipart upload of such parts, [`PARTS_IN_FLIGHT`] at a time,
+    /// above.
+    pub fn put(&self, key: KeyId, size: u64, parts: Parts<'_>) -> io::Result<()> {
+        let name = self.object_name(key);
+        let path = Path::from(name.as_str());
+        let what = format!("PUT {name}");
+        if size <= MULTIPART_BYTES as u64 {
+            let len = usize::try_from(size).map_err(io::Error::other)?;
+            let payload = PutPayload::from(parts(0, len));
+            return self.run(&what, async {
+                self.store.put(&path, payload).await.map(|_| ())
+            });
+        }
+        self.run(&what, async {
+            let upload = self.store.put_multipart(&path).await?;
+            let mut writer = WriteMultipart::new_with_chunk_size(upload, MULTIPART_BYTES);
+            let mut offset = 0u64;
+            while offset < size {
+                let len = (size - offset).min(MULTIPART_BYTES as u64) as usize;
+                writer.wait_for_capacity(PARTS_IN_FLIGHT).await?;
+                writer.put(parts(offset, len));
+                offset += len as u64;
+            }
+            writer.finish().await.map(|_| ())
+        })
+    }
+
+    /// Reads the object of `key` whole; its length, or `None` when the bucket does not hold
+    /// it.
+    pub fn get(&self, key: KeyId) -> io::Result<Option<u64>> {
+        let name = self.object_name(key);
+        let path = Path::from(name.as_str());
+        self.run(&format!("GET {name}"), async {
+            match self.store.get(&path).await {
+                Ok(got) => got.bytes().await.map(|b| Some(b.len() as u64)),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    pub fn delete(&self, key: KeyId) -> io::Result<()> {
+        let name = self.object_name(key);
+        let path = Path::from(name.as_str());
+        self.run(&format!("DELETE {name}"), async {
+            self.store.delete(&path).await
+        })
+    }
+}
+
+/// Two clients are the same tier when they name the same bucket and prefix.
+impl PartialEq for S3Client {
+    fn eq(&self, other: &S3Client) -> bool {
+        (&self.shown, &self.prefix) == (&other.shown, &other.prefix)
+    }
+}
+
+impl std::fmt::Debug for S3Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.shown, self.prefix)
+    }
+}
+
+impl S3Tier {
+    pub fn connect(target: &S3Location) -> io::Result<S3Tier> {
+        Ok(S3Tier {
+            client: S3Client::connect(target)?,
+            sizes: KeyMap::default(),
+            zeros: Bytes::new(),
+            down_since: None,
+        })
+    }
+
+    /// Runs one request, failing at once while the server was found down less than a
+    /// second ago; a failure other than a missing object marks it down.
+    fn call<T>(&mut self, request: impl FnOnce(&S3Client) -> io::Result<T>) -> io::Result<T> {
         if self
             .down_since
             .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
         {
             return Err(io::Error::other(format!(
-                "{} {what}: the server did not answer its last request's retries",
-                self.shown
+                "{}: the server did not answer its last request's retries",
+                self.client.shown
             )));
         }
-        match self.runtime.block_on(request) {
-            Ok(v) => {
-                self.down_since = None;
-                Ok(v)
-            }
-            Err(e) => {
-                if !matches!(e, object_store::Error::NotFound { .. }) {
-                    self.down_since = Some(Instant::now());
-                }
-                Err(io::Error::other(one_line(format!(
-                    "{} {what}: {e}",
-                    self.shown
-                ))))
-            }
+        let result = request(&self.client);
+        match &result {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => self.down_since = Some(Instant::now()),
+            _ => self.down_since = None,
         }
+        result
     }
-
-    fn payload(&mut self, len: usize) -> Bytes {
-        if self.zeros.len() < len {
-            self.zeros = Bytes::from(vec![0u8; len]);
-        }
-        self.zeros.slice(..len)
-    }
-}
-
-/// Uploads `payload` in parts of [`MULTIPART_BYTES`], [`PARTS_IN_FLIGHT`] at a time.
-async fn put_multipart(store: &AmazonS3, path: &Path, payload: Bytes) -> object_store::Result<()> {
-    let upload = store.put_multipart(path).await?;
-    let mut writer = WriteMultipart::new_with_chunk_size(upload, MULTIPART_BYTES);
-    for part in payload.chunks(MULTIPART_BYTES) {
-        writer.wait_for_capacity(PARTS_IN_FLIGHT).await?;
-        writer.write(part);
-    }
-    writer.finish().await.map(|_| ())
 }
 
 impl Backend for S3Tier {
@@ -230,25 +301,12 @@ impl Backend for S3Tier {
     }
 
     fn put(&mut self, key: KeyId, size: u64) -> io::Result<()> {
-        let len = usize::try_from(size).map_err(io::Error::other)?;
-        let payload = self.payload(len);
-        let name = self.object_name(key);
-        let path = Path::from(name.as_str());
-        let store = self.store.clone();
-        let what = format!("PUT {name}");
-        if len > MULTIPART_BYTES {
-            self.call(
-                &what,
-                async move { put_multipart(&store, &path, payload).await },
-            )?;
-        } else {
-            self.call(&what, async move {
-                store
-                    .put(&path, PutPayload::from(payload))
-                    .await
-                    .map(|_| ())
-            })?;
+        let len = usize::try_from(size.min(MULTIPART_BYTES as u64)).map_err(io::Error::other)?;
+        if self.zeros.len() < len {
+            self.zeros = Bytes::from(vec![0u8; len]);
         }
+        let zeros = self.zeros.clone();
+        self.call(|c| c.put(key, size, &mut |_, len| zeros.slice(..len)))?;
         self.sizes.insert(key, size);
         Ok(())
     }
@@ -257,27 +315,12 @@ impl Backend for S3Tier {
         let Some(&size) = self.sizes.get(&key) else {
             return Ok(false);
         };
-        let name = self.object_name(key);
-        let path = Path::from(name.as_str());
-        let store = self.store.clone();
-        let read = self.call(&format!("GET {name}"), async move {
-            match store.get(&path).await {
-                Ok(got) => got.bytes().await.map(|b| Some(b.len() as u64)),
-                Err(object_store::Error::NotFound { .. }) => Ok(None),
-                Err(e) => Err(e),
-            }
-        })?;
-        Ok(read == Some(size))
+        Ok(self.call(|c| c.get(key))? == Some(size))
     }
 
     fn delete(&mut self, key: KeyId) -> io::Result<()> {
         if self.sizes.remove(&key).is_some() {
-            let name = self.object_name(key);
-            let path = Path::from(name.as_str());
-            let store = self.store.clone();
-            self.call(&format!("DELETE {name}"), async move {
-                store.delete(&path).await
-            })?;
+            self.call(|c| c.delete(key))?;
         }
         Ok(())
     }
