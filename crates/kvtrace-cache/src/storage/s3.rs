@@ -34,9 +34,11 @@ pub const MULTIPART_BYTES: usize = 8 << 20;
 /// How many parts of one multipart upload are sent at once.
 pub const PARTS_IN_FLIGHT: usize = 4;
 
-/// How long a connection, a request, and all retries of one request may take.
+/// How long opening a connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one request may take, a multipart part's included.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the retries of one request may go on.
 const RETRY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A connection to one bucket under one prefix, shareable by threads (a bench's workers):
@@ -53,6 +55,7 @@ pub struct S3Client {
 /// One object's parts, in order: the part of `len` bytes at `offset` of the object.
 pub type Parts<'a> = &'a mut dyn FnMut(u64, usize) -> Bytes;
 
+/// The `s3` L2 tier: what this process stored, over an [`S3Client`].
 pub struct S3Tier {
     client: S3Client,
     sizes: KeyMap<u64>,
