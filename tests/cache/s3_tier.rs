@@ -247,6 +247,30 @@ fn credentials_in_the_tier_configuration_are_refused() {
 }
 
 #[test]
+fn a_malformed_s3_tier_is_one_line_naming_the_field_and_exit_2() {
+    let trace = sample("basic_lru").display().to_string();
+    for (adapter, field) in [
+        (r#"{"type":"s3"}"#, "\"bucket\""),
+        (r#"{"type":"s3","bucket":""}"#, "\"bucket\""),
+        (
+            r#"{"type":"s3","bucket":"b","endpoint":"ftp://h"}"#,
+            "endpoint",
+        ),
+        (r#"{"type":"s3","bucket":"b","prefix":7}"#, "prefix"),
+    ] {
+        let out = kvtrace_with(
+            ["replay", &trace, "--no-csv", "-q", "--l2-adapter", adapter],
+            &[],
+        );
+        let err = one_line_error(&out, 2);
+        assert!(
+            err.contains("--l2-adapter") && err.contains(field),
+            "{adapter}: {err}"
+        );
+    }
+}
+
+#[test]
 fn a_dead_server_fails_each_store_in_one_line_and_a_restarted_one_is_reconnected() {
     let Some(server) = start() else { return };
     let mut tier = S3Tier::connect(&server.location("dies")).expect("connect");
@@ -296,29 +320,17 @@ fn simulates_offload_lands_in_s3_with_the_same_report_as_a_file_tier() {
     let Some(server) = start() else { return };
     let dir = scratch();
     let run = |l2: &str| {
-        let report = dir.path().join("report.json");
-        let mut args = vec!["simulate".to_owned()];
-        args.extend(crate::simulate::engines::offload_workload(&[
+        use crate::simulate::engines::{offload_workload, simulate, without_live};
+        let args = offload_workload(&[
             "--l1-size-gb",
             "0.0125",
             "--eviction-timing",
             "immediate",
             "--l2-adapter",
             l2,
-            "--report-json",
-            &report.display().to_string(),
-            "-q",
-        ]));
-        let out = kvtrace_with(args, &[]);
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-        let mut v: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_slice(&std::fs::read(&report).expect("report")).expect("json");
-        v.retain(|k, _| {
-            !matches!(
-                k.as_str(),
-                "wall_time_ms" | "processed_tokens_per_s" | "processed_output_tokens_per_s"
-            )
-        });
+        ]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut v = without_live(simulate(dir.path(), &args));
         // The L2 tier's backend name is the one figure the place of the tier changes.
         let backend = v["offload_tiers"][1]["backend"].take();
         (v, backend)
@@ -347,10 +359,10 @@ fn a_recorded_s3_tier_is_not_rebuilt_from_the_header() {
     let Some(server) = start() else { return };
     let dir = scratch();
     let lct = dir.path().join("t.lct");
-    let report = dir.path().join("r.json");
-    let out = kvtrace_with(
-        [
-            "simulate",
+    let (adapter, record) = (server.adapter("recorded"), lct.display().to_string());
+    crate::simulate::engines::simulate(
+        dir.path(),
+        &[
             "--input-tokens",
             "1024",
             "--output-tokens",
@@ -362,16 +374,11 @@ fn a_recorded_s3_tier_is_not_rebuilt_from_the_header() {
             "--l1-size-gb",
             "1",
             "--l2-adapter",
-            &server.adapter("recorded"),
+            &adapter,
             "--record",
-            &lct.display().to_string(),
-            "--report-json",
-            &report.display().to_string(),
-            "-q",
+            &record,
         ],
-        &[],
     );
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let endpoint = server.endpoint();
     drop(server);
     let out = kvtrace_with(

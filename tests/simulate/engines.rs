@@ -14,7 +14,7 @@ fn mooncake_slice() -> String {
 }
 
 /// Runs `kvtrace simulate ARGS --report-json DIR/report.json -q` and reads the report.
-fn simulate(dir: &Path, args: &[&str]) -> serde_json::Map<String, Value> {
+pub(crate) fn simulate(dir: &Path, args: &[&str]) -> serde_json::Map<String, Value> {
     let report = dir.join("report.json");
     let mut all: Vec<String> = vec!["simulate".into()];
     all.extend(args.iter().map(|s| s.to_string()));
@@ -38,7 +38,9 @@ fn live(key: &str) -> bool {
     )
 }
 
-fn without_live(mut m: serde_json::Map<String, Value>) -> serde_json::Map<String, Value> {
+pub(crate) fn without_live(
+    mut m: serde_json::Map<String, Value>,
+) -> serde_json::Map<String, Value> {
     m.retain(|k, _| !live(k));
     m
 }

@@ -260,57 +260,49 @@ impl L2 {
     }
 }
 
-#[cfg(all(test, not(feature = "redis")))]
+#[cfg(all(test, any(not(feature = "redis"), not(feature = "s3"))))]
 mod tests {
     use super::*;
     use crate::storage::eviction::PolicyKind;
 
-    #[test]
-    fn a_redis_tier_without_the_feature_is_a_one_line_error() {
+    /// A tier of `backend` is refused in one line naming the missing `feature`.
+    fn refused_without(backend: BackendConfig, feature: &str) {
         let config = L2Config {
-            backend: BackendConfig::Redis {
-                url: "redis://127.0.0.1:6379/0".into(),
-                prefix: "p".into(),
-            },
+            backend,
             capacity_bytes: None,
             policy: PolicyKind::Lru,
         };
         let e = L2::new(0, &config)
             .err()
-            .expect("no redis feature")
+            .expect("the feature is missing")
             .to_string();
         assert!(
-            e.contains("needs a kvtrace built with the `redis` feature") && !e.contains('\n'),
+            e.contains(&format!(
+                "needs a kvtrace built with the `{feature}` feature"
+            )) && !e.contains('\n'),
             "{e}"
         );
     }
-}
 
-#[cfg(all(test, not(feature = "s3")))]
-mod without_s3 {
-    use super::*;
-    use crate::storage::config::S3Location;
-    use crate::storage::eviction::PolicyKind;
+    #[cfg(not(feature = "redis"))]
+    #[test]
+    fn a_redis_tier_without_the_feature_is_a_one_line_error() {
+        let backend = BackendConfig::Redis {
+            url: "redis://127.0.0.1:6379/0".into(),
+            prefix: "p".into(),
+        };
+        refused_without(backend, "redis");
+    }
 
+    #[cfg(not(feature = "s3"))]
     #[test]
     fn an_s3_tier_without_the_feature_is_a_one_line_error() {
-        let config = L2Config {
-            backend: BackendConfig::S3(S3Location {
-                endpoint: Some("http://127.0.0.1:9000".into()),
-                bucket: "kv-cache".into(),
-                prefix: "p".into(),
-                region: None,
-            }),
-            capacity_bytes: None,
-            policy: PolicyKind::Lru,
-        };
-        let e = L2::new(0, &config)
-            .err()
-            .expect("no s3 feature")
-            .to_string();
-        assert!(
-            e.contains("needs a kvtrace built with the `s3` feature") && !e.contains('\n'),
-            "{e}"
-        );
+        let backend = BackendConfig::S3(crate::storage::config::S3Location {
+            endpoint: Some("http://127.0.0.1:9000".into()),
+            bucket: "kv-cache".into(),
+            prefix: "p".into(),
+            region: None,
+        });
+        refused_without(backend, "s3");
     }
 }
