@@ -17,6 +17,7 @@ mod lmct {
 
 /// The tiered StorageManager's tiers and the event bus's recorder.
 mod cache {
+    mod async_io;
     mod file_tier;
     mod recorder;
     mod redis_tier;

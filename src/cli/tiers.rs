@@ -7,7 +7,7 @@ use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::ValueEnum;
 use kvtrace::error::Error;
 use kvtrace::storage::config::{
-    self, gib_to_bytes, EvictionTiming, L2Config, Placement, PrefetchPolicy, StorageConfig,
+    self, gib_to_bytes, EvictionTiming, L2Config, L2Io, Placement, PrefetchPolicy, StorageConfig,
     StorePolicy,
 };
 use kvtrace::storage::eviction::PolicyKind;
@@ -30,6 +30,15 @@ enum PlacementArg {
     WriteThrough,
     /// Objects enter L1; evicted ones move down tier by tier (MLPerf Storage KV-cache)
     Waterfall,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum L2IoArg {
+    /// Each backend call completes inside the call that causes it
+    Synchronous,
+    /// Backend calls run on worker threads behind bounded queues, per tier; the cache's
+    /// decisions are the same
+    Asynchronous,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -99,6 +108,17 @@ pub(super) struct TierArgs {
     l2_prefetch_policy: Option<PrefetchPolicyArg>,
     #[arg(long, value_name = "N")]
     l2_prefetch_max_in_flight: Option<u64>,
+    /// How the L2 tiers' reads, writes and deletes run (kvtrace; default synchronous)
+    #[arg(long, value_enum)]
+    l2_io: Option<L2IoArg>,
+    /// Calls that may wait in one tier's queues before the replay waits for room
+    /// (asynchronous I/O; default 64)
+    #[arg(long, value_name = "N")]
+    l2_io_depth: Option<u32>,
+    /// Worker threads per tier, each with its own backend connection (asynchronous I/O;
+    /// default 4)
+    #[arg(long, value_name = "N")]
+    l2_io_workers: Option<u32>,
 }
 
 /// Finite and above zero (NaN is not).
@@ -153,6 +173,16 @@ impl TierArgs {
             || self.l2_store_policy.is_some()
             || self.l2_prefetch_policy.is_some()
             || self.l2_prefetch_max_in_flight.is_some()
+            || self.l2_io.is_some()
+            || self.l2_io_depth.is_some()
+            || self.l2_io_workers.is_some()
+    }
+
+    /// Whether asynchronous L2 I/O was asked for by flag.
+    fn asynchronous_io(&self) -> bool {
+        self.l2_io == Some(L2IoArg::Asynchronous)
+            || (self.l2_io.is_none()
+                && (self.l2_io_depth.is_some() || self.l2_io_workers.is_some()))
     }
 
     /// What the flags ask for that runs but cannot mean what the user wants: said as a
@@ -256,6 +286,33 @@ impl TierArgs {
         if let Some(n) = self.l2_prefetch_max_in_flight {
             config.prefetch_max_in_flight = n;
         }
+        self.apply_io(config)
+    }
+
+    /// `--l2-io` and its depth and workers; a depth or a worker count alone means
+    /// asynchronous.
+    fn apply_io(&self, config: &mut StorageConfig) -> Result<(), Error> {
+        if self.l2_io == Some(L2IoArg::Synchronous) {
+            if self.l2_io_depth.is_some() || self.l2_io_workers.is_some() {
+                return Err(Error::usage(
+                    "--l2-io-depth and --l2-io-workers apply to --l2-io asynchronous",
+                ));
+            }
+            config.l2_io = L2Io::Synchronous;
+            return Ok(());
+        }
+        if !self.asynchronous_io() {
+            return Ok(());
+        }
+        let (depth, workers) = match config.l2_io {
+            L2Io::Asynchronous { depth, workers } => (depth, workers),
+            L2Io::Synchronous => (config::DEFAULT_L2_IO_DEPTH, config::DEFAULT_L2_IO_WORKERS),
+        };
+        let depth = self.l2_io_depth.unwrap_or(depth);
+        // A depth below the default workers takes fewer workers unless they were asked for.
+        let workers = self.l2_io_workers.unwrap_or(workers.min(depth.max(1)));
+        config.l2_io = L2Io::asynchronous(depth, workers)
+            .map_err(|e| Error::usage(format!("--l2-io asynchronous: {e}")))?;
         Ok(())
     }
 }

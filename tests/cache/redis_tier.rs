@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::util::{free_port, kvtrace, sample, scratch, text, KillOnDrop};
 use kvtrace::replay::{replay, ReplayOptions};
-use kvtrace::storage::config::{BackendConfig, EvictionTiming, L2Config, StorageConfig};
+use kvtrace::storage::config::{BackendConfig, EvictionTiming, L2Config, L2Io, StorageConfig};
 use kvtrace::storage::eviction::PolicyKind;
 use kvtrace::storage::StorageManager;
 
@@ -228,4 +228,40 @@ fn failed_stores_are_counted_per_tier() {
         "every refused store is counted"
     );
     assert!(r.failed > 0);
+}
+
+#[test]
+fn asynchronous_io_stores_the_same_objects_and_counts_what_a_dead_server_refused() {
+    let Some(server) = start() else { return };
+    let mut c = config(server.url(), 1 << 30);
+    c.l2_io = L2Io::asynchronous(8, 3).expect("mode");
+    let mut sm = StorageManager::new(c.clone()).expect("connect");
+    let r = replay_basic_lru(&mut sm);
+    assert_eq!((r.tiers[1].writes, r.tiers[1].resident_objects), (13, 13));
+    let io = &r.tier_io[0];
+    assert_eq!((io.mode.as_str(), io.workers), ("asynchronous", Some(3)));
+    assert_eq!(
+        (io.calls.writes, io.calls.bytes_written),
+        (13, 13 * 131_072)
+    );
+    // The replay drained the queues: the server holds every object when it returns.
+    let keys: Vec<String> = server.query(redis::cmd("KEYS").arg("kvtrace-test:*"));
+    assert_eq!(keys.len(), 13);
+
+    let mut sm = StorageManager::new(c).expect("connect");
+    drop(server);
+    let r = replay_basic_lru(&mut sm);
+    let tier = &r.tiers[1];
+    assert_eq!(
+        tier.write_errors, 13,
+        "each refused write counted: {tier:?}"
+    );
+    assert_eq!(tier.resident_objects, 0, "and dropped from the accounting");
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.starts_with("L2[0]: asynchronous calls failed; the first: ")),
+        "{:?}",
+        r.warnings
+    );
 }

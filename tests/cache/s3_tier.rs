@@ -148,27 +148,32 @@ fn config(location: S3Location) -> StorageConfig {
     c
 }
 
-#[test]
-fn a_replay_writes_every_object_through_to_a_real_s3_server() {
-    let Some(server) = start() else { return };
+/// `kvtrace replay` of basic_lru.lct with one s3 tier under `prefix` and `flags`; its JSON.
+fn replay_into(server: &Server, prefix: &str, flags: &[&str]) -> serde_json::Value {
     let dir = scratch();
     let json = dir.path().join("r.json");
     let trace = sample("basic_lru").display().to_string();
-    let out = kvtrace_with(
-        [
-            "replay",
-            &trace,
-            "--no-csv",
-            "-q",
-            "--l2-adapter",
-            &server.adapter("run1"),
-            &format!("--json={}", json.display()),
-        ],
-        &[],
-    );
+    let adapter = server.adapter(prefix);
+    let json_flag = format!("--json={}", json.display());
+    let mut args = vec![
+        "replay",
+        &trace,
+        "--no-csv",
+        "-q",
+        "--l2-adapter",
+        &adapter,
+        &json_flag,
+    ];
+    args.extend_from_slice(flags);
+    let out = kvtrace_with(args, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("report")).expect("json");
+    serde_json::from_slice(&std::fs::read(&json).expect("report")).expect("json")
+}
+
+#[test]
+fn a_replay_writes_every_object_through_to_a_real_s3_server() {
+    let Some(server) = start() else { return };
+    let report = replay_into(&server, "run1", &[]);
     let tier = &report["kvtrace"]["tiers"][1];
     assert_eq!(tier["backend"], "s3", "{tier}");
     assert_eq!(
@@ -186,6 +191,18 @@ fn a_replay_writes_every_object_through_to_a_real_s3_server() {
         );
         assert_eq!(*len, 131_072, "{name}");
     }
+}
+
+#[test]
+fn asynchronous_io_lands_every_object_in_s3_before_the_replay_returns() {
+    let Some(server) = start() else { return };
+    let report = replay_into(&server, "queued", &["--l2-io", "asynchronous"]);
+    let io = &report["kvtrace"]["tier_io"][0];
+    assert_eq!(io["mode"], "asynchronous", "{io}");
+    assert_eq!(io["calls"]["writes"], 13, "{io}");
+    assert_eq!(io["calls"]["bytes_written"], 13 * 131_072, "{io}");
+    assert_eq!(report["kvtrace"]["tiers"][1]["write_errors"], 0);
+    assert_eq!(server.objects("queued").len(), 13);
 }
 
 #[test]

@@ -9,7 +9,7 @@ use kvtrace::bus::{BusOptions, EventBus};
 use kvtrace::replay::report::ReplayReport;
 use kvtrace::replay::{replay, ReplayOptions};
 use kvtrace::storage::config::{
-    BackendConfig, EvictionTiming, L2Config, PrefetchPolicy, StorageConfig, StorePolicy,
+    BackendConfig, EvictionTiming, L2Config, L2Io, PrefetchPolicy, StorageConfig, StorePolicy,
 };
 use kvtrace::storage::eviction::PolicyKind;
 use kvtrace::storage::StorageManager;
@@ -354,4 +354,26 @@ fn the_manuals_config_example_parses_as_pasted() {
     let mut config = StorageConfig::default();
     config.apply_toml(&pasted).expect("the example parses");
     assert_eq!(config.l2.len(), 4, "{pasted}");
+    assert_eq!(
+        config.l2_io,
+        L2Io::Asynchronous {
+            depth: 64,
+            workers: 4
+        }
+    );
+    for (bad, says) in [
+        (
+            "[l2_io]\nmode = \"sometimes\"\n",
+            "l2_io.mode \"sometimes\"",
+        ),
+        ("[l2_io]\ndepth = 0\n", "l2_io: queue depth 0"),
+        (
+            "[l2_io]\ndepth = 2\nworkers = 3\n",
+            "at most the queue depth (2)",
+        ),
+        ("[l2_io]\nqueue = 2\n", "unknown field `queue`"),
+    ] {
+        let e = StorageConfig::default().apply_toml(bad).expect_err(bad);
+        assert!(e.contains(says), "{bad}: {e}");
+    }
 }

@@ -10,7 +10,7 @@ use kvtrace::replay::phase::{settle, PhaseChoice};
 use kvtrace::replay::report::ReplayReport;
 use kvtrace::replay::session::SessionModel;
 use kvtrace::replay::{replay, ReplayOptions, Source};
-use kvtrace::storage::config::{L2Config, StorageConfig};
+use kvtrace::storage::config::{L2Config, L2Io, StorageConfig};
 use kvtrace::storage::StorageManager;
 
 /// The chunks the SDK client got back, one per retrieve, in order.
@@ -26,9 +26,9 @@ fn client_hits(path: &Path) -> Vec<u64> {
 }
 
 /// Replays `trace` as `kvtrace replay` does without storage flags: the recorded
-/// configuration (an fs adapter in `l2_dir` where the recording had one), the eviction phase
-/// estimated from the trace.
-fn replay_recorded(trace: &Path, l2_dir: Option<&Path>) -> ReplayReport {
+/// configuration (an fs adapter in `l2_dir` where the recording had one, its calls run as
+/// `io` says), the eviction phase estimated from the trace.
+fn replay_recorded(trace: &Path, l2_dir: Option<&Path>, io: L2Io) -> ReplayReport {
     let reader = kvtrace::lmct::TraceReader::open(trace, Default::default()).expect("open");
     let recorded = reader.header().sm_config_json.clone();
     let (mut config, _) = StorageConfig::from_lmcache_json(&recorded).expect("LMCache config");
@@ -36,6 +36,7 @@ fn replay_recorded(trace: &Path, l2_dir: Option<&Path>) -> ReplayReport {
         let adapter = serde_json::json!({"type": "fs", "base_path": dir});
         config.l2 = vec![L2Config::from_adapter(&adapter).expect("fs adapter")];
     }
+    config.l2_io = io;
     let mut options = ReplayOptions::default();
     let client = resolve(Source::File(trace), options.read, &options.client).expect("client");
     options.client = ClientChoice::Resolved(client.clone());
@@ -58,11 +59,25 @@ fn replay_recorded(trace: &Path, l2_dir: Option<&Path>) -> ReplayReport {
     report
 }
 
+/// A recording with an fs tier is checked twice: with synchronous tier I/O, and with the
+/// tier's calls on two workers behind a queue of two, which must change no figure.
 fn check_against_client(trace: &Path, client: &Path) {
-    let dir = scratch();
     let name = trace.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    check_io_against_client(trace, client, L2Io::Synchronous);
+    if name.contains("l2fs") {
+        let io = L2Io::asynchronous(2, 2).expect("mode");
+        check_io_against_client(trace, client, io);
+    }
+}
+
+fn check_io_against_client(trace: &Path, client: &Path, io: L2Io) {
+    let dir = scratch();
+    let name = format!(
+        "{} ({io:?})",
+        trace.file_name().and_then(|n| n.to_str()).unwrap_or("")
+    );
     let l2 = name.contains("l2fs").then(|| dir.path().join("l2"));
-    let report = replay_recorded(trace, l2.as_deref());
+    let report = replay_recorded(trace, l2.as_deref(), io);
     let want = client_hits(client);
     let got: Vec<u64> = report.requests.iter().map(|r| r.hit_chunks).collect();
     assert_eq!(got.len(), want.len(), "{name}: one request per retrieve");
@@ -87,7 +102,35 @@ fn check_against_client(trace: &Path, client: &Path) {
             ),
             "{name}: the L2 share of the hits, as the server logged it"
         );
+        // Every write the cache counted reached the disk, every read found its file.
+        let (tier, io) = (&report.tiers[1], &report.tier_io[0].calls);
+        assert_eq!(io.writes, tier.writes, "{name}: {io:?}");
+        assert_eq!(
+            io.lost_reads + tier.write_errors + tier.read_errors,
+            0,
+            "{name}"
+        );
+        let files = walk(&dir.path().join("l2"));
+        assert_eq!(files, tier.resident_objects, "{name}: object files on disk");
     }
+}
+
+/// The object files under `dir`.
+fn walk(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .map(|e| e.expect("entry").path())
+                .map(|p| {
+                    if p.is_dir() {
+                        walk(&p)
+                    } else {
+                        u64::from(p.extension().is_some_and(|e| e == "kv"))
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 /// The sum of "y L2" over the server's "Prefetch request completed … (x L1, y L2)" lines.
@@ -192,8 +235,8 @@ fn a_what_if_replay_reports_each_difference_and_fails_only_when_asked() {
 #[test]
 fn the_phase_estimate_is_deterministic_and_a_pinned_phase_is_used_as_given() {
     let trace = bundled().join("arc_seed2.lct");
-    let a = replay_recorded(&trace, None);
-    let b = replay_recorded(&trace, None);
+    let a = replay_recorded(&trace, None, L2Io::Synchronous);
+    let b = replay_recorded(&trace, None, L2Io::Synchronous);
     let (pa, pb) = (
         a.eviction_phase.expect("phase"),
         b.eviction_phase.expect("phase"),
@@ -413,6 +456,54 @@ fn whatif_replays_predict_the_real_server_of_another_size_request_by_request() {
         }
     }
     assert!(pairs >= 12, "{pairs} cross-replays");
+}
+
+#[test]
+fn asynchronous_tier_io_predicts_request_by_request_what_synchronous_io_does() {
+    let Some(shared) = shared() else { return };
+    let recordings = whatif_recordings(&shared);
+    let (name, _, _, _, trace) = recordings.first().expect("a what-if recording");
+    let dir = scratch();
+    let run = |io: &[&str], tier: &str| {
+        let path = dir.path().join(tier);
+        let adapter = format!(
+            r#"{{"type":"fs","path":"{}","capacity_gb":0.01}}"#,
+            path.display()
+        );
+        let mut flags = vec!["--l1-size-gb", "0.005", "--l2-adapter", &adapter];
+        flags.extend_from_slice(io);
+        replayed_hits(trace, &flags)
+    };
+    let (sync_hits, sync) = run(&[], "sync");
+    let (async_hits, asynchronous) = run(
+        &[
+            "--l2-io",
+            "asynchronous",
+            "--l2-io-depth",
+            "4",
+            "--l2-io-workers",
+            "2",
+        ],
+        "async",
+    );
+    assert_eq!(async_hits, sync_hits, "{name}: request by request");
+    let k = |v: &serde_json::Value, field: &str| v["kvtrace"][field].clone();
+    for field in ["hits", "fidelity", "calls", "tiers"] {
+        assert_eq!(k(&asynchronous, field), k(&sync, field), "{name}: {field}");
+    }
+    let l2 = &k(&asynchronous, "tiers")[1];
+    assert!(
+        l2["reads"].as_u64() > Some(0),
+        "{name}: the L2 tier served hits: {l2}"
+    );
+    assert!(
+        l2["evictions"].as_u64() > Some(0),
+        "{name}: and evicted: {l2}"
+    );
+    let io = &k(&asynchronous, "tier_io")[0];
+    assert_eq!(io["mode"], "asynchronous");
+    assert_eq!(io["calls"]["writes"], l2["writes"], "{io}");
+    assert_eq!(io["calls"]["lost_reads"], 0, "{io}");
 }
 
 #[test]

@@ -40,8 +40,21 @@ const MEASURED: [&str; 15] = [
     "processed_tokens_per_s",
 ];
 
+/// The timings of a tier's backend calls (`tier_io[].calls`, `trace_replay_tier_io.csv`).
+const MEASURED_CALLS: [&str; 8] = [
+    "queue_wait_",
+    "service_",
+    "end_to_end_",
+    "schedule_lag_",
+    "span_s",
+    "submit_stall_s",
+    "drain_s",
+    "mib_per_s",
+];
+
 fn measured(key: &str) -> bool {
     MEASURED.contains(&key)
+        || MEASURED_CALLS.iter().any(|m| key.starts_with(m))
         || key == "processed_output_tokens_per_s"
         || key == "duration (s)"
         || key == "Timestamp"
@@ -311,7 +324,7 @@ fn replay_case(tag: &str, extra: &[&str]) {
     ];
     args.extend_from_slice(extra);
     run(&args);
-    for csv in ["ops", "requests", "tiers", "divergences"] {
+    for csv in ["ops", "requests", "tiers", "tier_io", "divergences"] {
         let file = format!("trace_replay_{csv}.csv");
         check(
             &format!("replay-{tag}/{file}"),
@@ -342,6 +355,22 @@ fn replay_what_if_outputs_keep_their_files_and_keys() {
     replay_case(
         "what-if",
         &["--l1-size-gb", "0.0008", "--eviction-policy", "ARC"],
+    );
+}
+
+/// An L2 tier behind a small L1, its calls on workers: the tier I/O table and `tier_io`.
+#[test]
+fn replay_tier_io_outputs_keep_their_files_and_keys() {
+    replay_case(
+        "tier-io",
+        &[
+            "--l1-size-gb",
+            "0.0008",
+            "--l2-adapter",
+            r#"{"type":"memory"}"#,
+            "--l2-io",
+            "asynchronous",
+        ],
     );
 }
 

@@ -25,7 +25,7 @@ fn the_workbook_has_every_sheet_with_numbers_as_numbers() {
     let mut wb: Xlsx<_> = open_workbook(&path).expect("valid xlsx");
     assert_eq!(
         wb.sheet_names(),
-        ["Summary", "Ops", "Requests", "Tiers", "Fidelity", "Config"]
+        ["Summary", "Ops", "Requests", "Tiers", "Tier IO", "Fidelity", "Config"]
     );
     let fidelity = wb.worksheet_range("Fidelity").expect("fidelity");
     let matching = fidelity

@@ -45,7 +45,7 @@ use crate::lmct::digest::{compare_configs, config_digest, python_json, DigestMat
 use crate::lmct::{ReadOptions, TraceReader};
 use crate::rank::Rank;
 use crate::storage::config::{EvictionTiming, StorageConfig};
-use crate::storage::{CallStats, StorageManager};
+use crate::storage::{CallStats, StorageManager, TierIo};
 use client::{ClientChoice, Rewrite};
 use dispatch::{Call, Decoder, Dispatcher, Outcome};
 use fidelity::Fidelity;
@@ -291,11 +291,20 @@ pub fn replay_from(
         }
         first_t = first_t.min(record.t_mono);
         last_t = last_t.max(record.t_mono);
-        let base = *origin.get_or_insert(if options.keep_startup_gap {
-            0.0
-        } else {
-            record.t_mono
-        });
+        let base = match origin {
+            Some(base) => base,
+            None => {
+                let base = if options.keep_startup_gap {
+                    0.0
+                } else {
+                    record.t_mono
+                };
+                if let Pacing::Timed { speedup } = options.pacing {
+                    sm.pace_io(start, base, speedup);
+                }
+                *origin.insert(base)
+            }
+        };
         if let Pacing::Timed { speedup } = options.pacing {
             let due = ((record.t_mono - base).max(0.0) / speedup.max(1e-9)).min(1e9);
             // In slices, so that a signal is noticed within one.
@@ -429,6 +438,7 @@ pub fn replay_from(
         spans.flush();
     }
     report.forced_exits = dispatcher.close_open_contexts(sm, &options.tracer);
+    sm.drain_io();
     report.duration_s = start.elapsed().as_secs_f64();
     report.rank = options.rank.as_ref().map(|(rank, mode)| RankReport {
         rank: rank.clone(),
@@ -453,6 +463,7 @@ pub fn replay_from(
     report.calls = sm.call_stats();
     report.tiers = sm.tier_stats();
     report.tier_io = sm.tier_io();
+    report.warnings.extend(io_warnings(&report.tier_io));
     report.fidelity = fidelity.report;
     report.client = sessions.client_report().clone();
     report.configuration = configuration(sm.config(), &header.sm_config_json, object_bytes);
@@ -462,6 +473,35 @@ pub fn replay_from(
     }
     report.warnings.extend(summary.warnings());
     Ok(report)
+}
+
+/// What asynchronous tier I/O did not do as the cache counted it: reads of objects the
+/// backend no longer had, and calls the backend refused (the first one's error quoted).
+fn io_warnings(tiers: &[TierIo]) -> Vec<String> {
+    tiers
+        .iter()
+        .filter(|t| t.mode == "asynchronous")
+        .filter_map(|t| {
+            let c = &t.calls;
+            let lost = (c.lost_reads > 0).then(|| {
+                format!(
+                    "{}: {} asynchronous reads found their object gone from the backend (counted as hits by the cache)",
+                    t.name, c.lost_reads
+                )
+            });
+            let failed = c.first_error.as_ref().map(|e| {
+                format!(
+                    "{}: asynchronous calls failed; the first: {}",
+                    t.name,
+                    kvtrace_report::terminal::escape_line(e)
+                )
+            });
+            match (lost, failed) {
+                (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+                (a, b) => a.or(b),
+            }
+        })
+        .collect()
 }
 
 /// The warning for a trace whose records are closer together than the server's eviction

@@ -228,7 +228,36 @@ const TIER_COLUMNS: [&str; 16] = [
     "cross_rank_hits",
 ];
 
-/// Columns of the divergence table.
+/// Columns of the per-tier I/O table: the backend calls of each L2 tier, timed.
+const TIER_IO_COLUMNS: [&str; 26] = [
+    "name",
+    "mode",
+    "queue_depth",
+    "workers",
+    "writes",
+    "reads",
+    "deletes",
+    "bytes_written",
+    "bytes_read",
+    "mib_per_s",
+    "queue_wait_p50_ms",
+    "queue_wait_p90_ms",
+    "queue_wait_p99_ms",
+    "service_p50_ms",
+    "service_p90_ms",
+    "service_p99_ms",
+    "end_to_end_p50_ms",
+    "end_to_end_p90_ms",
+    "end_to_end_p99_ms",
+    "end_to_end_max_ms",
+    "schedule_lag_p50_ms",
+    "schedule_lag_p90_ms",
+    "schedule_lag_p99_ms",
+    "submit_stall_s",
+    "drain_s",
+    "lost_reads",
+];
+
 /// One part of the configuration in words: what was replayed and what the trace records.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct ConfigLine {
@@ -421,6 +450,46 @@ impl ReplayReport {
         t
     }
 
+    /// Each tier's backend calls: counts, bytes, and queue wait, service and end-to-end
+    /// percentiles (schedule lag in paced asynchronous replays). The CSV names its first
+    /// column `name`, the sheet `tier`.
+    fn tier_io_table(&self, first: &str) -> Table {
+        let mut columns = TIER_IO_COLUMNS.to_vec();
+        columns[0] = first;
+        let mut t = Table::new(&columns);
+        let optional = |n: Option<u32>| n.map_or(Cell::Empty, |n| Cell::Count(n.into()));
+        for io in self.tier_io.iter().filter(|io| io.mode != "modelled") {
+            let c = &io.calls;
+            let mut row = vec![
+                Cell::text(&io.name),
+                Cell::text(&io.mode),
+                optional(io.queue_depth),
+                optional(io.workers),
+            ];
+            row.extend(
+                [c.writes, c.reads, c.deletes, c.bytes_written, c.bytes_read].map(Cell::Count),
+            );
+            row.push(Cell::Number(c.mib_per_s));
+            for p in [&c.queue_wait_ms, &c.service_ms] {
+                row.extend([p.p50_ms, p.p90_ms, p.p99_ms].map(|v| Cell::Measure(v, Unit::Millis)));
+            }
+            let e = &c.end_to_end_ms;
+            row.extend(
+                [e.p50_ms, e.p90_ms, e.p99_ms, e.max_ms].map(|v| Cell::Measure(v, Unit::Millis)),
+            );
+            match &c.schedule_lag_ms {
+                Some(p) => row
+                    .extend([p.p50_ms, p.p90_ms, p.p99_ms].map(|v| Cell::Measure(v, Unit::Millis))),
+                None => row.extend([Cell::Empty, Cell::Empty, Cell::Empty]),
+            }
+            row.push(Cell::Measure(c.submit_stall_s, Unit::Seconds));
+            row.push(Cell::Measure(c.drain_s, Unit::Seconds));
+            row.push(Cell::Count(c.lost_reads));
+            t.rows.push(row);
+        }
+        t
+    }
+
     /// The first divergences; the sheet adds the fidelity summary beneath them.
     fn divergences_table(&self) -> Table {
         let mut t = Table::new(&DIVERGENCE_COLUMNS);
@@ -537,6 +606,8 @@ impl Report for ReplayReport {
             self.requests_table(),
             self.tiers_table("name").csv("trace_replay_tiers.csv"),
             self.tiers_table("tier").sheet("Tiers"),
+            self.tier_io_table("name").csv("trace_replay_tier_io.csv"),
+            self.tier_io_table("tier").sheet("Tier IO"),
             self.divergences_table().csv("trace_replay_divergences.csv"),
             fidelity,
             self.config_sheet(),

@@ -4,6 +4,7 @@
 use crate::lmct::calls::short_name;
 
 use super::report::ReplayReport;
+use crate::storage::TierIo;
 use kvtrace_report::units::{bytes, percent as pct};
 
 const WIDTH: usize = 64;
@@ -178,10 +179,60 @@ pub fn render(report: &ReplayReport) -> String {
             &format!("{} mean load (ms)", t.name),
             format!("{:.3}", t.mean_load_ms),
         );
+        calls(&mut s, t);
     }
     fidelity(&mut s, report);
     s.push_str(&rule("", '='));
     s
+}
+
+/// A tier's backend calls: where their time went (queue or device), and for asynchronous
+/// I/O how far behind the trace it ran and how long it took to drain.
+fn calls(s: &mut String, t: &TierIo) {
+    let c = &t.calls;
+    if t.mode == "modelled" || c.writes + c.reads + c.deletes == 0 {
+        return;
+    }
+    let ms = |v: f64| format!("{v:.3}");
+    if let (Some(depth), Some(workers)) = (t.queue_depth, t.workers) {
+        row(
+            s,
+            &format!("{} I/O", t.name),
+            format!("asynchronous, {workers} workers, {depth} queued calls"),
+        );
+        row(
+            s,
+            &format!("{} queue wait p50 / p99 (ms)", t.name),
+            pair(ms(c.queue_wait_ms.p50_ms), ms(c.queue_wait_ms.p99_ms)),
+        );
+    }
+    row(
+        s,
+        &format!("{} service p50 / p99 (ms)", t.name),
+        pair(ms(c.service_ms.p50_ms), ms(c.service_ms.p99_ms)),
+    );
+    row(
+        s,
+        &format!("{} end to end p50 / p99 (ms)", t.name),
+        pair(ms(c.end_to_end_ms.p50_ms), ms(c.end_to_end_ms.p99_ms)),
+    );
+    if let Some(lag) = &c.schedule_lag_ms {
+        row(
+            s,
+            &format!("{} schedule lag p50 / p99 (ms)", t.name),
+            pair(ms(lag.p50_ms), ms(lag.p99_ms)),
+        );
+    }
+    if t.mode == "asynchronous" {
+        row(
+            s,
+            &format!("{} waited for queue room / drain (s)", t.name),
+            pair(
+                format!("{:.3}", c.submit_stall_s),
+                format!("{:.3}", c.drain_s),
+            ),
+        );
+    }
 }
 
 /// What was replayed (and what the recording ran, where that differs), the hit rate and the

@@ -12,7 +12,7 @@ use kvtrace::otel::SpanSink;
 use kvtrace::simulate::offload::DEFAULT_CHUNK_TOKENS;
 use kvtrace::simulate::spans::request_span;
 use kvtrace::simulate::workload::DEFAULT_TRACE_BLOCK_SIZE;
-use kvtrace::storage::config::StorageConfig;
+use kvtrace::storage::config::{L2Io, StorageConfig};
 
 pub(super) mod plan;
 
@@ -197,6 +197,11 @@ impl Args {
             apply_toml(&mut config, path)?;
         }
         self.tiers.apply(&mut config)?;
+        if config.l2_io != L2Io::Synchronous {
+            return Err(Error::usage(
+                "asynchronous L2 I/O is for replay and bench: simulate's offload models its loads' time from the tiers' bandwidth",
+            ));
+        }
         Ok(Some(config))
     }
 

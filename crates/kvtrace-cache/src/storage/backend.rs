@@ -17,6 +17,11 @@ pub trait Backend: Send {
     /// Whether the backend holds an object this process stored (a `null` backend keeps
     /// nothing).
     fn contains(&self, key: KeyId) -> bool;
+    /// Whether a stored object stays (everything but `null`): what makes it resident in
+    /// the tier's accounting.
+    fn keeps(&self) -> bool {
+        true
+    }
     /// A tier every rank of a run shares (a cluster): other processes add objects to it, so
     /// a lookup asks it ([`Backend::lookup`]) instead of trusting this process's records.
     fn shared(&self) -> bool {
@@ -129,6 +134,10 @@ impl Backend for Null {
     }
 
     fn contains(&self, _: KeyId) -> bool {
+        false
+    }
+
+    fn keeps(&self) -> bool {
         false
     }
 }

@@ -77,6 +77,44 @@ pub enum Placement {
     Waterfall,
 }
 
+/// How the L2 tiers' backend calls run. The cache's decisions (what is resident, what hits)
+/// are the same either way; only when the bytes move differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum L2Io {
+    /// Each read, write and delete completes inside the manager call that causes it.
+    Synchronous,
+    /// Each tier's calls go through `workers` threads, each with its own backend connection
+    /// and a share of `depth` queued calls; a call beyond that waits for room (as a server's
+    /// store tasks wait for its thread pool). A key is always served by the same worker, so
+    /// its write, reads and delete keep their order.
+    Asynchronous { depth: u32, workers: u32 },
+}
+
+/// The largest queue depth and worker count an asynchronous tier takes.
+pub const MAX_L2_IO_DEPTH: u32 = 1 << 16;
+pub const MAX_L2_IO_WORKERS: u32 = 256;
+
+/// Default depth and workers of asynchronous L2 I/O.
+pub const DEFAULT_L2_IO_DEPTH: u32 = 64;
+pub const DEFAULT_L2_IO_WORKERS: u32 = 4;
+
+impl L2Io {
+    /// An asynchronous mode, its figures checked: `depth` 1..=[`MAX_L2_IO_DEPTH`], `workers`
+    /// 1..=[`MAX_L2_IO_WORKERS`] and at most `depth`.
+    pub fn asynchronous(depth: u32, workers: u32) -> Result<L2Io, String> {
+        if !(1..=MAX_L2_IO_DEPTH).contains(&depth) {
+            return Err(format!("queue depth {depth}: from 1 to {MAX_L2_IO_DEPTH}"));
+        }
+        if !(1..=MAX_L2_IO_WORKERS.min(depth)).contains(&workers) {
+            return Err(format!(
+                "{workers} workers: from 1 to {} and at most the queue depth ({depth})",
+                MAX_L2_IO_WORKERS
+            ));
+        }
+        Ok(L2Io::Asynchronous { depth, workers })
+    }
+}
+
 /// Where an `s3` tier keeps its objects. Its credentials are not here: they come from the
 /// environment, as the AWS tools read them.
 #[derive(Clone, Debug, PartialEq)]
@@ -181,6 +219,7 @@ pub struct StorageConfig {
     pub prefetch_max_in_flight: u64,
     pub write_ttl_s: f64,
     pub read_ttl_s: f64,
+    pub l2_io: L2Io,
 }
 
 impl Default for StorageConfig {
@@ -199,6 +238,7 @@ impl Default for StorageConfig {
             prefetch_max_in_flight: 8,
             write_ttl_s: 600.0,
             read_ttl_s: 300.0,
+            l2_io: L2Io::Synchronous,
         }
     }
 }
@@ -675,8 +715,17 @@ struct TomlConfig {
     store_policy: Option<String>,
     prefetch_policy: Option<String>,
     prefetch_max_in_flight: Option<u64>,
+    l2_io: Option<TomlL2Io>,
     #[serde(default)]
     l2: Vec<toml::Table>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TomlL2Io {
+    mode: Option<String>,
+    depth: Option<u32>,
+    workers: Option<u32>,
 }
 
 #[derive(serde::Deserialize)]
@@ -796,6 +845,22 @@ impl StorageConfig {
         if let Some(n) = file.prefetch_max_in_flight {
             self.prefetch_max_in_flight = n;
         }
+        if let Some(io) = file.l2_io {
+            let (depth, workers) = match self.l2_io {
+                L2Io::Asynchronous { depth, workers } => (depth, workers),
+                L2Io::Synchronous => (DEFAULT_L2_IO_DEPTH, DEFAULT_L2_IO_WORKERS),
+            };
+            let (depth, workers) = (io.depth.unwrap_or(depth), io.workers.unwrap_or(workers));
+            self.l2_io = match io.mode.as_deref() {
+                Some("synchronous") => L2Io::Synchronous,
+                None | Some("asynchronous") => {
+                    L2Io::asynchronous(depth, workers).map_err(|e| format!("l2_io: {e}"))?
+                }
+                Some(other) => {
+                    return Err(format!("l2_io.mode {other:?}: synchronous or asynchronous"))
+                }
+            };
+        }
         if !file.l2.is_empty() {
             self.l2 = file
                 .l2
@@ -871,6 +936,12 @@ impl StorageConfig {
                 })
                 .collect::<Vec<_>>()
                 .join(", ")
+        };
+        let l2 = match self.l2_io {
+            L2Io::Asynchronous { depth, workers } if !self.l2.is_empty() => format!(
+                "{l2}; asynchronous I/O, {workers} workers and {depth} queued calls per tier"
+            ),
+            _ => l2,
         };
         vec![("L1", l1), ("eviction", eviction), ("L2", l2)]
     }

@@ -1,11 +1,17 @@
 //! One L2 tier: a backend (memory, file, Redis, S3, GPU budget, null) with an optional capacity
 //! and its own eviction policy, written through from L1 or fed by a waterfall.
+//!
+//! The tier's accounting (which objects it holds, their sizes, its policy) is kept here on
+//! the manager's thread. Its backend calls run inside the manager's call (synchronous I/O)
+//! or on the tier's [`IoQueues`] (asynchronous I/O); either way the accounting decides what
+//! hits, so both modes give the same cache figures.
 
 use std::io;
 use std::time::{Duration, Instant};
 
 use super::backend::{Backend, GpuBudget, Memory, Null};
-use super::config::{BackendConfig, L2Config};
+use super::config::{BackendConfig, L2Config, L2Io};
+use super::io_queue::{Done, IoQueues, IoRecord, Kind, QueueFigures};
 use super::{file, KeyId, KeyMap, TierStats};
 
 /// The time a transfer counts for: the device model's when the backend has one, else what
@@ -65,15 +71,29 @@ pub(super) struct L2 {
     /// lengths: a load of one is a cross-rank hit.
     foreign: KeyMap<u64>,
     pub policy: Box<dyn super::eviction::EvictionPolicy>,
-    pub backend: Box<dyn Backend>,
+    /// Does the I/O when it is synchronous; with asynchronous I/O it only answers a shared
+    /// tier's lookups (its workers have backends of their own).
+    backend: Box<dyn Backend>,
+    /// The workers, with asynchronous I/O.
+    queues: Option<IoQueues>,
+    /// The timing of synchronous calls.
+    timing: IoRecord,
     pub stats: TierStats,
-    pub write_time: Duration,
-    pub read_time: Duration,
 }
 
 impl L2 {
-    pub(super) fn new(index: usize, config: &L2Config) -> io::Result<L2> {
+    pub(super) fn new(index: usize, config: &L2Config, io: L2Io) -> io::Result<L2> {
         let backend = build_backend(&config.backend)?;
+        let name = format!("L2[{index}]");
+        let queues = match io {
+            L2Io::Synchronous => None,
+            L2Io::Asynchronous { depth, workers } => {
+                let backends = (0..workers)
+                    .map(|_| build_backend(&config.backend))
+                    .collect::<io::Result<Vec<_>>>()?;
+                Some(IoQueues::start(&name, backends, depth)?)
+            }
+        };
         Ok(L2 {
             capacity: config.capacity_bytes,
             used: 0,
@@ -81,15 +101,103 @@ impl L2 {
             foreign: KeyMap::default(),
             policy: config.policy.build(),
             stats: TierStats {
-                name: format!("L2[{index}]"),
+                name,
                 backend: backend.name().into(),
                 capacity_bytes: config.capacity_bytes,
                 ..TierStats::default()
             },
             backend,
-            write_time: Duration::ZERO,
-            read_time: Duration::ZERO,
+            queues,
+            timing: IoRecord::default(),
         })
+    }
+
+    /// Times one synchronous backend call made by `call`.
+    fn timed<T>(
+        &mut self,
+        kind: Kind,
+        bytes: u64,
+        call: impl FnOnce(&mut dyn Backend) -> io::Result<T>,
+        found: impl Fn(&T) -> bool,
+    ) -> io::Result<T> {
+        let started = Instant::now();
+        let result = call(&mut *self.backend);
+        let finished = Instant::now();
+        let outcome = match &result {
+            Ok(v) => Ok(found(v)),
+            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+        };
+        let done = Done {
+            kind,
+            bytes,
+            issued: started,
+            started,
+            finished,
+            service: transfer_time(&*self.backend, bytes, finished - started),
+            due: None,
+            outcome,
+        };
+        self.timing.add(done, &[]);
+        result
+    }
+
+    /// Drops from the accounting what an asynchronous write failed to store, as a refused
+    /// synchronous store leaves nothing resident.
+    fn settle(&mut self) {
+        let Some(queues) = &self.queues else {
+            return;
+        };
+        for key in queues.take_failed_writes() {
+            if let Some(size) = self.sizes.remove(&key) {
+                self.used -= size;
+                self.policy.on_removed(&[key]);
+            }
+        }
+    }
+
+    /// The trace time of the manager call now running (the due time of asynchronous calls
+    /// in a paced replay).
+    pub(super) fn set_now(&mut self, now: f64) {
+        if let Some(q) = &mut self.queues {
+            q.set_now(now);
+        }
+    }
+
+    /// Maps the trace's clock to wall time for asynchronous calls' schedule lag.
+    pub(super) fn pace(&mut self, epoch: Instant, base: f64, speedup: f64) {
+        if let Some(q) = &mut self.queues {
+            q.pace(epoch, base, speedup);
+        }
+    }
+
+    /// Waits for every queued call to finish.
+    pub(super) fn drain(&mut self) {
+        if let Some(q) = &mut self.queues {
+            q.drain();
+        }
+        self.settle();
+    }
+
+    /// The tier's backend calls: how many, how long, how late.
+    pub(super) fn queue_figures(&self) -> QueueFigures {
+        match &self.queues {
+            Some(q) => q.with_record(|r| r.summary(q.paced())),
+            None => self.timing.summary(false),
+        }
+    }
+
+    /// Seconds spent writing and reading (modelled for a GPU budget).
+    pub(super) fn io_seconds(&self) -> (f64, f64) {
+        let of = |r: &IoRecord| (r.write_time.as_secs_f64(), r.read_time.as_secs_f64());
+        match &self.queues {
+            Some(q) => q.with_record(of),
+            None => of(&self.timing),
+        }
+    }
+
+    /// Whether the tier's calls run on its workers.
+    fn asynchronous(&self) -> bool {
+        self.queues.is_some()
     }
 
     pub(super) fn holds(&self, key: KeyId) -> bool {
@@ -98,25 +206,36 @@ impl L2 {
 
     /// Which of `keys` the tier holds: its own records, or — for a tier other processes
     /// share — the backend's answer, one batch for the call.
+    /// With asynchronous I/O this process's own objects are answered from its records
+    /// (their writes may still be queued) and only the others are asked for.
     pub(super) fn lookup(&mut self, keys: &[KeyId]) -> io::Result<Vec<bool>> {
+        self.settle();
         if !self.backend.shared() {
             return Ok(keys.iter().map(|&k| self.holds(k)).collect());
         }
+        let asked: Vec<KeyId> = if self.asynchronous() {
+            keys.iter().copied().filter(|&k| !self.holds(k)).collect()
+        } else {
+            keys.to_vec()
+        };
         let found = self
             .backend
-            .lookup(keys)
+            .lookup(&asked)
             .inspect_err(|_| self.stats.read_errors += 1)?;
+        for (&key, length) in asked.iter().zip(&found) {
+            if let (Some(n), false) = (length, self.holds(key)) {
+                self.foreign.insert(key, *n);
+            }
+        }
+        let mut answers = found.into_iter();
         Ok(keys
             .iter()
-            .zip(found)
-            .map(|(&key, length)| match length {
-                Some(n) => {
-                    if !self.holds(key) {
-                        self.foreign.insert(key, n);
-                    }
+            .map(|&key| {
+                if self.asynchronous() && self.holds(key) {
                     true
+                } else {
+                    answers.next().flatten().is_some()
                 }
-                None => false,
             })
             .collect())
     }
@@ -139,6 +258,7 @@ impl L2 {
     /// already holds is skipped, as LMCache's file adapter skips an existing file. Evicts by
     /// the tier's policy when it would not fit.
     pub(super) fn store(&mut self, key: KeyId, size: u64) -> io::Result<()> {
+        self.settle();
         if self.holds(key) {
             return Ok(());
         }
@@ -159,20 +279,21 @@ impl L2 {
     /// Writes an object into this tier and accounts for it (a `null` backend keeps nothing,
     /// so nothing becomes resident).
     pub(super) fn admit(&mut self, key: KeyId, size: u64) -> io::Result<()> {
-        let began = Instant::now();
-        if let Err(e) = self.backend.put(key, size) {
-            self.stats.write_errors += 1;
-            return Err(e);
+        match &mut self.queues {
+            Some(q) => q.write(key, size),
+            None => {
+                self.timed(Kind::Write, size, |b| b.put(key, size), |_| true)
+                    .inspect_err(|_| self.stats.write_errors += 1)?;
+            }
         }
-        self.write_time += transfer_time(&*self.backend, size, began.elapsed());
         self.account_write(key, size);
         Ok(())
     }
 
-    /// Accounts for an object the backend took: resident where the backend keeps it, and
-    /// counted as a write either way.
+    /// Accounts for an object the backend took (or, with asynchronous I/O, was given):
+    /// resident where the backend keeps objects, and counted as a write either way.
     fn account_write(&mut self, key: KeyId, size: u64) {
-        if self.backend.contains(key) {
+        if self.backend.keeps() {
             self.sizes.insert(key, size);
             self.policy.on_created(&[key]);
             self.used += size;
@@ -187,6 +308,7 @@ impl L2 {
     /// this process or found there by a lookup); one object at a time otherwise. On a
     /// refusal every object of the batch counts as refused.
     pub(super) fn store_many(&mut self, objects: &[(KeyId, u64)]) -> io::Result<()> {
+        self.settle();
         if !self.backend.shared() {
             let mut first_error = None;
             for &(key, size) in objects {
@@ -201,12 +323,19 @@ impl L2 {
             .copied()
             .filter(|(key, _)| !self.holds(*key) && !self.foreign.contains_key(key))
             .collect();
-        let began = Instant::now();
-        if let Err(e) = self.backend.put_many(&new) {
-            self.stats.write_errors += new.len() as u64;
-            return Err(e);
+        if new.is_empty() {
+            return Ok(());
         }
-        self.write_time += began.elapsed();
+        match &mut self.queues {
+            Some(q) => q.write_many(&new),
+            None => {
+                let bytes = new.iter().map(|o| o.1).sum();
+                if let Err(e) = self.timed(Kind::Write, bytes, |b| b.put_many(&new), |_| true) {
+                    self.stats.write_errors += new.len() as u64;
+                    return Err(e);
+                }
+            }
+        }
         for (key, size) in new {
             self.account_write(key, size);
         }
@@ -215,15 +344,25 @@ impl L2 {
 
     /// Reads an object back for a load into L1; false when the backend no longer has it.
     /// On a shared tier an object this process did not store is a cross-rank hit.
+    /// With asynchronous I/O the records decide (the read is queued; one that finds nothing
+    /// is counted as lost).
     pub(super) fn load(&mut self, key: KeyId) -> io::Result<bool> {
+        self.settle();
         let own = self.sizes.get(&key).copied();
-        let size = own.or_else(|| self.foreign.get(&key).copied()).unwrap_or(0);
-        let began = Instant::now();
-        let found = self
-            .backend
-            .get(key)
-            .inspect_err(|_| self.stats.read_errors += 1)?;
-        self.read_time += transfer_time(&*self.backend, size, began.elapsed());
+        let theirs = self.foreign.get(&key).copied();
+        let size = own.or(theirs).unwrap_or(0);
+        let found = match &mut self.queues {
+            Some(q) => {
+                let known = own.is_some() || theirs.is_some();
+                if known {
+                    q.read(key, size);
+                }
+                known
+            }
+            None => self
+                .timed(Kind::Read, size, |b| b.get(key), |&found| found)
+                .inspect_err(|_| self.stats.read_errors += 1)?,
+        };
         if found {
             self.policy.on_touched(&[key]);
             self.stats.reads += 1;
@@ -247,15 +386,46 @@ impl L2 {
 
     /// Deletes an object from the backend, counting a refusal.
     fn delete(&mut self, key: KeyId) -> io::Result<()> {
-        self.backend
-            .delete(key)
-            .inspect_err(|_| self.stats.delete_errors += 1)
+        match &mut self.queues {
+            Some(q) => {
+                q.delete(key);
+                Ok(())
+            }
+            None => self
+                .timed(Kind::Delete, 0, |b| b.delete(key), |_| true)
+                .inspect_err(|_| self.stats.delete_errors += 1),
+        }
     }
 
+    /// Moves a victim out of the tier for a demotion: reads it back and deletes it.
+    pub(super) fn move_out(&mut self, key: KeyId, size: u64) -> io::Result<()> {
+        self.stats.reads += 1;
+        self.stats.bytes_read += size;
+        match &mut self.queues {
+            Some(q) => {
+                q.read(key, size);
+                q.delete(key);
+                Ok(())
+            }
+            None => {
+                self.timed(Kind::Read, size, |b| b.get(key), |&found| found)?;
+                self.delete(key)
+            }
+        }
+    }
+
+    /// The counters; with asynchronous I/O, the failures its workers met are added.
     pub(super) fn tier_stats(&self) -> TierStats {
         let mut s = self.stats.clone();
         s.resident_bytes = self.used;
         s.resident_objects = self.sizes.len() as u64;
+        if let Some(q) = &self.queues {
+            q.with_record(|r| {
+                s.write_errors += r.write_errors;
+                s.read_errors += r.read_errors;
+                s.delete_errors += r.delete_errors;
+            });
+        }
         s
     }
 }
@@ -272,7 +442,7 @@ mod tests {
             capacity_bytes: None,
             policy: PolicyKind::Lru,
         };
-        let e = L2::new(0, &config)
+        let e = L2::new(0, &config, L2Io::Synchronous)
             .err()
             .expect("the feature is missing")
             .to_string();

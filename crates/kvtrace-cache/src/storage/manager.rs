@@ -13,9 +13,9 @@
 
 use std::time::Instant;
 
-use super::config::{EvictionTiming, Placement, PrefetchPolicy, StorageConfig, StorePolicy};
+use super::config::{EvictionTiming, L2Io, Placement, PrefetchPolicy, StorageConfig, StorePolicy};
 use super::l1::{Evicted, HostBuffer, L1Store, Reservation, L1};
-use super::l2::{transfer_time, L2};
+use super::l2::L2;
 use super::prefetch::{fold_unfold, needed, Grid};
 use super::{CallError, CallStats, KeyId, KeyMap, PrefetchOutcome, TierIo, TierStats};
 
@@ -92,7 +92,8 @@ impl StorageManager {
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                L2::new(i, c).map_err(|e| kvtrace_io::Error::io(format!("L2[{i}] tier"), e))
+                L2::new(i, c, config.l2_io)
+                    .map_err(|e| kvtrace_io::Error::io(format!("L2[{i}] tier"), e))
             })
             .collect::<kvtrace_io::Result<_>>()?;
         Ok(StorageManager {
@@ -160,7 +161,7 @@ impl StorageManager {
             let passes_until =
                 |t: f64| (((t - phase_s) / period).floor().max(0.0) as u64).saturating_add(1);
             while due(self.next_pass) <= t {
-                self.now = due(self.next_pass);
+                self.set_now(due(self.next_pass));
                 let e = &self.config.eviction;
                 let pass = self
                     .l1
@@ -191,7 +192,32 @@ impl StorageManager {
                 }
             }
         }
+        self.set_now(t);
+    }
+
+    /// Moves the clock, and the clock asynchronous tier calls are due by.
+    fn set_now(&mut self, t: f64) {
         self.now = t;
+        for tier in &mut self.l2 {
+            tier.set_now(t);
+        }
+    }
+
+    /// Maps the trace's clock to wall time in a paced replay: trace time `base` was due at
+    /// `epoch`, and the trace runs `speedup` times faster than recorded. Asynchronous tier
+    /// calls then report how late they began (schedule lag).
+    pub fn pace_io(&mut self, epoch: Instant, base: f64, speedup: f64) {
+        for tier in &mut self.l2 {
+            tier.pace(epoch, base, speedup);
+        }
+    }
+
+    /// Waits for every asynchronous tier call still queued (the drain time each tier
+    /// reports); with synchronous I/O there is nothing to wait for.
+    pub fn drain_io(&mut self) {
+        for tier in &mut self.l2 {
+            tier.drain();
+        }
     }
 
     fn immediate(&self) -> bool {
@@ -506,14 +532,17 @@ impl StorageManager {
     pub fn tier_io(&self) -> Vec<TierIo> {
         let l1 = self.config.l1_gpu_bandwidth_gbps.map(|_| {
             let [w, r] = self.l1.modelled;
-            TierIo::of(&self.l1.stats, w, r)
+            TierIo::of(&self.l1.stats, w, r, "modelled", None)
         });
         let l2 = self.l2.iter().map(|t| {
-            TierIo::of(
-                &t.stats,
-                t.write_time.as_secs_f64(),
-                t.read_time.as_secs_f64(),
-            )
+            let (w, r) = t.io_seconds();
+            let (mode, queue) = match self.config.l2_io {
+                L2Io::Asynchronous { depth, workers } => ("asynchronous", Some((depth, workers))),
+                L2Io::Synchronous => ("synchronous", None),
+            };
+            let mut io = TierIo::of(&t.stats, w, r, mode, queue);
+            io.calls = t.queue_figures();
+            io
         });
         l1.into_iter().chain(l2).collect()
     }
@@ -567,12 +596,7 @@ impl StorageManager {
             let Ok(Some((victim, victim_size))) = tier.drop_victim() else {
                 break;
             };
-            let began = Instant::now();
-            let moved = tier.backend.get(victim);
-            tier.read_time += transfer_time(&*tier.backend, victim_size, began.elapsed());
-            tier.stats.reads += 1;
-            tier.stats.bytes_read += victim_size;
-            match moved.and_then(|_| tier.backend.delete(victim)) {
+            match tier.move_out(victim, victim_size) {
                 Ok(()) => self.demote(index + 1, victim, victim_size),
                 Err(_) => self.calls.demotion_errors += 1,
             }

@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod config;
 pub mod eviction;
 pub mod file;
+mod io_queue;
 mod l1;
 mod l2;
 mod manager;
@@ -32,6 +33,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64};
 
+pub use io_queue::{Percentiles, QueueFigures};
 use kvtrace_lmct::codec::{ObjectKey, ObjectKeyRef};
 pub use l1::{Reservation, Unreadable};
 pub use manager::{Departure, PrefetchGroup, PrefetchRequest, StorageManager};
@@ -194,6 +196,14 @@ pub struct TierStats {
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct TierIo {
     pub name: String,
+    /// `synchronous`, `asynchronous` (L2 tiers) or `modelled` (a GPU-budget L1).
+    pub mode: String,
+    /// Calls that may wait in the tier's queues, and the workers serving them
+    /// (asynchronous I/O).
+    pub queue_depth: Option<u32>,
+    pub workers: Option<u32>,
+    /// The backend calls one by one: counts, bytes, queue wait, service, end to end.
+    pub calls: QueueFigures,
     pub write_seconds: f64,
     pub read_seconds: f64,
     /// MiB/s over the time spent in stores and in loads.
@@ -204,7 +214,13 @@ pub struct TierIo {
 }
 
 impl TierIo {
-    fn of(stats: &TierStats, write_seconds: f64, read_seconds: f64) -> TierIo {
+    fn of(
+        stats: &TierStats,
+        write_seconds: f64,
+        read_seconds: f64,
+        mode: &str,
+        queue: Option<(u32, u32)>,
+    ) -> TierIo {
         let mib = |bytes: u64, secs: f64| {
             if secs > 0.0 {
                 bytes as f64 / (1u64 << 20) as f64 / secs
@@ -214,6 +230,10 @@ impl TierIo {
         };
         TierIo {
             name: stats.name.clone(),
+            mode: mode.to_owned(),
+            queue_depth: queue.map(|q| q.0),
+            workers: queue.map(|q| q.1),
+            calls: QueueFigures::default(),
             write_seconds,
             read_seconds,
             write_mib_per_s: mib(stats.bytes_written, write_seconds),
