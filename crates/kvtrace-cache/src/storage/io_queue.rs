@@ -143,15 +143,11 @@ impl Default for IoRecord {
 impl IoRecord {
     /// Counts one call; `keys` are the objects a failed write leaves unstored.
     pub(super) fn add(&mut self, done: Done, keys: &[KeyId]) {
-        record(
-            &mut self.wait,
-            done.started.saturating_duration_since(done.issued),
-        );
+        let wait = done.started.saturating_duration_since(done.issued);
+        record(&mut self.wait, wait);
         record(&mut self.service, done.service);
-        record(
-            &mut self.end_to_end,
-            done.finished.saturating_duration_since(done.issued),
-        );
+        // Wait plus service, so that a modelled service (a GPU budget) stays modelled here.
+        record(&mut self.end_to_end, wait.saturating_add(done.service));
         if let Some(due) = done.due {
             record(&mut self.lag, done.started.saturating_duration_since(due));
         }
