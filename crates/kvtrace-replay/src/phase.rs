@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::bus::Tracer;
 use crate::error::Result;
 use crate::lmct::ReadOptions;
-use crate::storage::config::{BackendConfig, EvictionTiming, StorageConfig};
+use crate::storage::config::{BackendConfig, EvictionTiming, L2Io, StorageConfig};
 use crate::storage::StorageManager;
 
 use super::client::Rewrite;
@@ -46,10 +46,12 @@ pub struct PhaseReport {
 }
 
 /// The configuration the estimate replays: the recorded one, with sizes only (no buffers,
-/// no files, no servers) so that hundreds of runs are cheap and touch nothing.
+/// no files, no servers, no I/O workers: the decisions are the same) so that hundreds of
+/// runs are cheap and touch nothing.
 fn model(config: &StorageConfig) -> StorageConfig {
     let mut m = config.clone();
     m.l1_buffers = false;
+    m.l2_io = L2Io::Synchronous;
     for tier in &mut m.l2 {
         tier.backend = match tier.backend {
             BackendConfig::Gpu { bandwidth_gbps } => BackendConfig::Gpu { bandwidth_gbps },
