@@ -304,14 +304,9 @@ impl TierArgs {
         if !self.asynchronous_io() {
             return Ok(());
         }
-        let (depth, workers) = match config.l2_io {
-            L2Io::Asynchronous { depth, workers } => (depth, workers),
-            L2Io::Synchronous => (config::DEFAULT_L2_IO_DEPTH, config::DEFAULT_L2_IO_WORKERS),
-        };
-        let depth = self.l2_io_depth.unwrap_or(depth);
-        // A depth below the default workers takes fewer workers unless they were asked for.
-        let workers = self.l2_io_workers.unwrap_or(workers.min(depth.max(1)));
-        config.l2_io = L2Io::asynchronous(depth, workers)
+        config.l2_io = config
+            .l2_io
+            .asynchronous_with(self.l2_io_depth, self.l2_io_workers)
             .map_err(|e| Error::usage(format!("--l2-io asynchronous: {e}")))?;
         Ok(())
     }

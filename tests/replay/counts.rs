@@ -361,6 +361,18 @@ fn the_manuals_config_example_parses_as_pasted() {
             workers: 4
         }
     );
+    // A depth below the default workers takes that many, as --l2-io-depth does.
+    let mut shallow = StorageConfig::default();
+    shallow
+        .apply_toml("[l2_io]\ndepth = 2\n")
+        .expect("a shallow queue");
+    assert_eq!(
+        shallow.l2_io,
+        L2Io::Asynchronous {
+            depth: 2,
+            workers: 2
+        }
+    );
     for (bad, says) in [
         (
             "[l2_io]\nmode = \"sometimes\"\n",

@@ -274,6 +274,7 @@ impl ConfigLine {
     }
 }
 
+/// Columns of the divergence table.
 pub const DIVERGENCE_COLUMNS: [&str; 9] = [
     "record",
     "offset",

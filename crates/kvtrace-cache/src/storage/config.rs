@@ -95,8 +95,8 @@ pub const MAX_L2_IO_DEPTH: u32 = 1 << 16;
 pub const MAX_L2_IO_WORKERS: u32 = 256;
 
 /// Default depth and workers of asynchronous L2 I/O.
-pub const DEFAULT_L2_IO_DEPTH: u32 = 64;
-pub const DEFAULT_L2_IO_WORKERS: u32 = 4;
+const DEFAULT_L2_IO_DEPTH: u32 = 64;
+const DEFAULT_L2_IO_WORKERS: u32 = 4;
 
 impl L2Io {
     /// An asynchronous mode, its figures checked: `depth` 1..=[`MAX_L2_IO_DEPTH`], `workers`
@@ -112,6 +112,23 @@ impl L2Io {
             ));
         }
         Ok(L2Io::Asynchronous { depth, workers })
+    }
+
+    /// Asynchronous I/O with the `depth` and `workers` given, the others taken from this
+    /// mode (the defaults where it is synchronous); a depth below the workers not given
+    /// takes as many workers as it has room for. What the flags and the TOML file both ask.
+    pub fn asynchronous_with(
+        self,
+        depth: Option<u32>,
+        workers: Option<u32>,
+    ) -> Result<L2Io, String> {
+        let (was_depth, was_workers) = match self {
+            L2Io::Asynchronous { depth, workers } => (depth, workers),
+            L2Io::Synchronous => (DEFAULT_L2_IO_DEPTH, DEFAULT_L2_IO_WORKERS),
+        };
+        let depth = depth.unwrap_or(was_depth);
+        let workers = workers.unwrap_or(was_workers.min(depth.max(1)));
+        L2Io::asynchronous(depth, workers)
     }
 }
 
@@ -846,16 +863,12 @@ impl StorageConfig {
             self.prefetch_max_in_flight = n;
         }
         if let Some(io) = file.l2_io {
-            let (depth, workers) = match self.l2_io {
-                L2Io::Asynchronous { depth, workers } => (depth, workers),
-                L2Io::Synchronous => (DEFAULT_L2_IO_DEPTH, DEFAULT_L2_IO_WORKERS),
-            };
-            let (depth, workers) = (io.depth.unwrap_or(depth), io.workers.unwrap_or(workers));
             self.l2_io = match io.mode.as_deref() {
                 Some("synchronous") => L2Io::Synchronous,
-                None | Some("asynchronous") => {
-                    L2Io::asynchronous(depth, workers).map_err(|e| format!("l2_io: {e}"))?
-                }
+                None | Some("asynchronous") => self
+                    .l2_io
+                    .asynchronous_with(io.depth, io.workers)
+                    .map_err(|e| format!("l2_io: {e}"))?,
                 Some(other) => {
                     return Err(format!("l2_io.mode {other:?}: synchronous or asynchronous"))
                 }
