@@ -37,7 +37,12 @@ mod simulate {
     pub(crate) mod engines;
 }
 
-mod bench;
+/// The storage benchmark: kv-cache.py's run and outputs, MLPerf Storage's Options.
+mod bench {
+    mod kv_cache_py;
+    mod mlperf;
+}
+
 mod scale_out;
 mod sweep;
 

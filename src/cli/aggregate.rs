@@ -17,10 +17,14 @@ use super::{print_stdout, OutputArg};
     "mpirun -np 4 kvtrace replay trace.lct --json --output-dir run1 --l2-adapter '{\"type\":\"resp-cluster\",\"nodes\":[\"redis://10.0.0.5:7000\"]}'",
     "kvtrace aggregate run1/rank-* --json=run1/aggregate.json --xlsx=run1/aggregate.xlsx",
     "kvtrace aggregate bench.rank-*.json --csv=bench-aggregate",
+    "kvtrace aggregate kvcache-results-20261125_101500",
 ]))]
 pub(super) struct Args {
     /// Each rank's trace_replay_summary.json (or the rank directory holding it), or each
-    /// rank's bench results JSON
+    /// rank's bench results JSON; or the results directory of `bench --mlperf-option`
+    /// (option_<O>/trial_<T>/rank_<N>/), summarised as MLPerf Storage v3.0 does (sums over
+    /// ranks within a trial, means over trials, the worst device P95) into
+    /// kvcache_run_summary.json
     #[arg(value_name = "RANK-OUTPUT", required = true, num_args = 1..)]
     inputs: Vec<PathBuf>,
     /// Write the merged report as JSON [default: aggregate.json]
@@ -42,6 +46,12 @@ pub(super) struct Args {
 }
 
 pub(super) fn run(args: Args) -> Result<i32, Error> {
+    if let [dir] = &args.inputs[..] {
+        if kvtrace::aggregate::mlperf::is_run_dir(dir) {
+            let dir = dir.clone();
+            return mlperf_run(&dir, args);
+        }
+    }
     let files: Vec<PathBuf> = args
         .inputs
         .iter()
@@ -83,4 +93,41 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
         print_stdout(&run.terminal())?;
     }
     Ok(if run.failed() { EXIT_DATA } else { EXIT_OK })
+}
+
+/// The results directory of `bench --mlperf-option`: MLPerf's run summary, always written
+/// (to `--json=PATH` or `kvcache_run_summary.json` in the directory), its tables on request.
+fn mlperf_run(dir: &std::path::Path, args: Args) -> Result<i32, Error> {
+    let json = args
+        .json
+        .and_then(|o| o.given().map(PathBuf::from))
+        .unwrap_or_else(|| dir.join("kvcache_run_summary.json"));
+    let csv = args.csv.map(|o| o.path(|| ".".into()));
+    let xlsx = args
+        .xlsx
+        .map(|o| o.path(|| "kvcache_run_summary.xlsx".into()));
+    crate::cli::guard(
+        std::iter::empty(),
+        [Some(&json), csv.as_ref(), xlsx.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path),
+    )?;
+    let outputs = kvtrace::report::outputs([
+        (&Json, Some(Target::File(json))),
+        (&Csv, csv.map(Target::Dir)),
+        (&Xlsx, xlsx.map(Target::File)),
+    ])?;
+    let summary = kvtrace::aggregate::mlperf::summarize(dir, &kvtrace::clock::local_stamp())?;
+    for (exporter, target) in &outputs {
+        kvtrace::report::write(&summary, *exporter, target, "")?;
+    }
+    if !args.quiet {
+        print_stdout(&summary.terminal())?;
+    }
+    Ok(if summary.partial_failure {
+        EXIT_DATA
+    } else {
+        EXIT_OK
+    })
 }

@@ -21,7 +21,8 @@ mod tiers;
 use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::lmct::reader::DEFAULT_MAX_FRAME_BYTES;
 use kvtrace::lmct::ReadOptions;
@@ -297,13 +298,42 @@ fn one_line(message: &str) -> String {
         .join(" ")
 }
 
+/// The ids of the arguments the user gave `subcommand` (on the command line or through an
+/// environment variable), as opposed to those left at their defaults.
+fn given(matches: &clap::ArgMatches, subcommand: &str) -> Vec<String> {
+    let (Some(m), Some(command)) = (
+        matches.subcommand_matches(subcommand),
+        Cli::command().find_subcommand(subcommand).cloned(),
+    ) else {
+        return Vec::new();
+    };
+    // Groups (one per flattened struct) have ids too; only arguments are asked about.
+    let arguments: Vec<String> = command
+        .get_arguments()
+        .map(|a| a.get_id().as_str().to_owned())
+        .collect();
+    m.ids()
+        .filter(|id| arguments.iter().any(|a| a == id.as_str()))
+        .filter(|id| {
+            matches!(
+                m.value_source(id.as_str()),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        })
+        .map(|id| id.as_str().to_owned())
+        .collect()
+}
+
 pub(crate) fn run() -> i32 {
     let (args, notes) = hints::old_spellings(std::env::args_os().collect());
     for note in notes {
         warn_line(&note);
     }
-    let cli = match Cli::try_parse_from(args) {
-        Ok(cli) => cli,
+    let parsed = Cli::command()
+        .try_get_matches_from(args)
+        .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
             // Bare `kvtrace`: the whole help, commands listed, on stderr; a usage error.
             let _ = e.print();
@@ -331,7 +361,7 @@ pub(crate) fn run() -> i32 {
         Command::Replay(args) => replay::run(*args),
         Command::Diff(args) => diff::run(args),
         Command::Simulate(args) => simulate::run(*args),
-        Command::Bench(args) => bench::run(*args),
+        Command::Bench(args) => bench::run(*args, &given(&matches, "bench")),
         Command::Sweep(args) => sweep::run(*args),
         Command::Aggregate(args) => aggregate::run(args),
         Command::Completions(args) => docs::completions(args),

@@ -49,6 +49,17 @@ impl RankArgs {
     /// The start barrier of `rank`, meeting under `--barrier-dir` or `default_dir`; none
     /// for a run of one.
     pub(super) fn barrier(&self, rank: &Rank, default_dir: &Path) -> Result<Option<Barrier>> {
+        self.barrier_under(rank, default_dir, Path::new(""))
+    }
+
+    /// As [`RankArgs::barrier`], meeting in `sub` under the directory: one barrier of many
+    /// in one run (each trial of an MLPerf run starts at its own).
+    pub(super) fn barrier_under(
+        &self,
+        rank: &Rank,
+        default_dir: &Path,
+        sub: &Path,
+    ) -> Result<Option<Barrier>> {
         if !positive(self.barrier_timeout) {
             return Err(Error::usage(format!(
                 "--barrier-timeout {}: must be a positive number of seconds",
@@ -67,9 +78,13 @@ impl RankArgs {
                 ))
             })?,
         };
-        let dir = self.barrier_dir.as_deref().unwrap_or(default_dir);
+        let base = self.barrier_dir.as_deref().unwrap_or(default_dir);
+        let dir = match sub.as_os_str().is_empty() {
+            true => base.to_path_buf(),
+            false => base.join(sub),
+        };
         Barrier::new(
-            dir,
+            &dir,
             &run_id,
             rank,
             Duration::from_secs_f64(self.barrier_timeout.min(1e6)),

@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod io;
 pub mod iolog;
 pub mod metrics;
+pub mod mlperf;
 pub mod models;
 pub mod plan;
 pub mod rag;

@@ -53,6 +53,14 @@ pub struct OpTimes {
     pub total_s: Vec<f64>,
 }
 
+impl OpTimes {
+    pub fn push(&mut self, time: IoTime) {
+        self.host_s.push(time.host_s);
+        self.device_s.push(time.device_s);
+        self.total_s.push(time.total_s());
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     requests: Vec<RequestSample>,
@@ -102,10 +110,7 @@ impl Metrics {
 
     pub fn op(&self, tier: TierKind, write: bool, time: IoTime) {
         let mut m = self.lock();
-        let t = m.ops.entry((tier, write)).or_default();
-        t.host_s.push(time.host_s);
-        t.device_s.push(time.device_s);
-        t.total_s.push(time.total_s());
+        m.ops.entry((tier, write)).or_default().push(time);
         if write {
             m.prefill_writes += 1;
         } else {

@@ -12,6 +12,7 @@ use super::burst::{self, BurstReplay};
 use super::calls::CallTrace;
 use super::io::FileMode;
 use super::iolog::IoLog;
+use super::mlperf::MlperfTrial;
 use super::models::{ModelConfig, DEFAULT_MODEL};
 use super::rag::Corpus;
 use super::report::{BenchReport, Profile, RankWindow, ReportInput};
@@ -129,6 +130,8 @@ pub struct Setup {
     /// Names the run (a launcher's job id or a name the user gives): the default key prefix
     /// of a cluster storage tier, so ranks of one run share keys and runs do not.
     pub run_id: Option<String>,
+    /// The MLPerf Option and trial this run is, said in its results.
+    pub mlperf: Option<MlperfTrial>,
 }
 
 /// Where the storage tier keeps its entries.
@@ -217,6 +220,7 @@ impl Default for Setup {
             csv: None,
             rank: None,
             run_id: None,
+            mlperf: None,
         }
     }
 }
@@ -328,6 +332,7 @@ pub struct Plan {
     parameters: RunParameters,
     profile: Profile,
     rank: Option<Rank>,
+    mlperf: Option<MlperfTrial>,
     /// The seed before the rank was added.
     base_seed: u64,
     /// Dropped after the run, removing the tiers' files.
@@ -563,6 +568,7 @@ impl Plan {
             parameters,
             profile: o.profile,
             rank: o.rank.clone(),
+            mlperf: o.mlperf.clone(),
             base_seed: o.seed,
             _dirs: dirs,
             warnings,
@@ -629,6 +635,7 @@ impl Plan {
             config: &self.config,
             outcome: &outcome,
             tiers: &tiers,
+            demotions: &self.cache.demotion_times(),
             profile: self.profile,
             parameters: self.parameters.clone(),
         });
@@ -638,6 +645,7 @@ impl Plan {
             started_unix_s,
             finished_unix_s,
         });
+        report.kvtrace.mlperf = self.mlperf;
         for (exporter, target) in &self.outputs {
             kvtrace_report::write(&report, *exporter, target, "")?;
         }

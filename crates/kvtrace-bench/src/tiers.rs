@@ -20,6 +20,7 @@ use serde::Serialize;
 use super::cluster::ClusterStore;
 use super::io::{read_entry, write_entry, FileMode, IoBuffer, IoTime};
 use super::iolog::{IoLog, IoOp};
+use super::metrics::OpTimes;
 use kvtrace_cache::storage::file::{object_path, remove_object};
 use kvtrace_cache::storage::{KeyId, KeyMap};
 
@@ -158,6 +159,9 @@ struct State {
     tiers: Vec<Tier>,
     tick: u64,
     log: Option<Arc<IoLog>>,
+    /// The reads and writes of demotions, by `(tier, is_write)`: eviction-driven I/O that
+    /// no request issued, timed apart from the requests' own.
+    moves: BTreeMap<(TierKind, bool), OpTimes>,
 }
 
 /// The shared cache; workers call it from many threads.
@@ -385,12 +389,15 @@ impl State {
             store_write(&self.tiers[below].spec, key, size, stamp, buf).map(|w| (r, w))
         });
         let _ = store_delete(&self.tiers[tier].spec, key, size);
+        let (from, to) = (self.tiers[tier].spec.kind, self.tiers[below].spec.kind);
         let src = &mut self.tiers[tier].counters;
         src.demotions += 1;
         match result {
             Ok((r, w)) => {
                 src.record_read(size, r);
                 self.tiers[below].counters.record_write(size, w);
+                self.moves.entry((from, false)).or_default().push(r);
+                self.moves.entry((to, true)).or_default().push(w);
                 self.log(IoOp::Write, size, below, key);
                 self.add(below, size);
                 self.tick += 1;
@@ -438,6 +445,7 @@ impl TierCache {
                 tiers,
                 tick: 0,
                 log: None,
+                moves: BTreeMap::new(),
             }),
         })
     }
@@ -597,6 +605,12 @@ impl TierCache {
                 (t.spec.kind, c)
             })
             .collect()
+    }
+
+    /// The times of every demotion's read (from the tier above) and write (into the tier
+    /// below), by `(tier, is_write)`.
+    pub fn demotion_times(&self) -> BTreeMap<(TierKind, bool), OpTimes> {
+        self.lock().moves.clone()
     }
 
     /// How many entries each tier holds, counted entry by entry (a check on the counters).
@@ -760,5 +774,12 @@ mod tests {
         );
         assert_eq!(c[1].1.deletions, 2, "entries 0 and 1 made room for 3 and 4");
         assert_eq!(c[0].1.bytes_read, 5 * 60_000, "and as CPU reads");
+        // Each of the five moves timed apart from the requests: a read of the CPU tier, a
+        // write of the storage tier.
+        let moves = cache.demotion_times();
+        let count = |kind, write| moves.get(&(kind, write)).map_or(0, |o| o.total_s.len());
+        assert_eq!(count(TierKind::Cpu, false), 5);
+        assert_eq!(count(TierKind::Storage, true), 5);
+        assert_eq!(moves.len(), 2, "nothing else moved");
     }
 }

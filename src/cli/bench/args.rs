@@ -237,6 +237,40 @@ pub(crate) struct Args {
     /// Seconds between autoscaler decisions
     #[arg(long, default_value_t = 10.0)]
     autoscale_interval: f64,
+    /// Run MLPerf Storage v3.0's KV-cache workload Option 1, 2 or 3 (or `all`, one after
+    /// another) as its CLOSED division fixes it: the Option's model, users, duration, tier
+    /// sizes and max-concurrent-allocs, no generation time, seed 42, 3 trials, 90 s between
+    /// Options. Each trial's results go to --results-dir as option_<O>/trial_<T>/rank_<N>/,
+    /// and the run's kvcache_run_summary.json beside them. Only --cache-dir, --results-dir,
+    /// -q and the rank flags may be given; anything else needs --open
+    #[arg(long, value_name = "OPTION", value_parser = ["1", "2", "3", "all"],
+          help_heading = "MLPerf Storage v3.0")]
+    pub mlperf_option: Option<String>,
+    /// Where an MLPerf run's results go [default: kvcache-results-<local time>]
+    #[arg(
+        long,
+        value_name = "DIR",
+        requires = "mlperf_option",
+        help_heading = "MLPerf Storage v3.0"
+    )]
+    pub results_dir: Option<PathBuf>,
+    /// Mark the MLPerf run OPEN: every flag given supersedes the Option's value, and
+    /// --trials and --inter-option-delay may change
+    #[arg(long, requires = "mlperf_option", help_heading = "MLPerf Storage v3.0")]
+    pub open: bool,
+    /// Trials of each Option (CLOSED: 3)
+    #[arg(long, value_name = "N", default_value_t = kvtrace::bench::mlperf::CLOSED_TRIALS,
+          requires = "mlperf_option", help_heading = "MLPerf Storage v3.0")]
+    pub trials: u32,
+    /// Seconds between two Options (CLOSED: 90)
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 90.0,
+        requires = "mlperf_option",
+        help_heading = "MLPerf Storage v3.0"
+    )]
+    pub inter_option_delay: f64,
     /// Run nine scenarios (storage only, tiered, GPU on top, no prefix caching, single
     /// turn, single decode read, RAG, qos autoscaling, capacity search) sized to this
     /// machine, each for --duration, and print one comparison table; --output names the
@@ -412,6 +446,7 @@ impl Args {
                 .run_id
                 .clone()
                 .or_else(|| launcher_run_id(|name| std::env::var(name).ok())),
+            mlperf: None,
         })
     }
 }

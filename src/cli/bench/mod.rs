@@ -3,6 +3,7 @@
 //! progress and picks the exit status.
 
 mod args;
+mod mlperf;
 
 use std::io::IsTerminal;
 
@@ -87,8 +88,13 @@ fn run_once(
     Ok((finished.report, exported))
 }
 
-pub(super) fn run(args: Args) -> Result<i32, Error> {
+/// `given`: the ids of the flags the user set (an MLPerf run checks them against its
+/// division).
+pub(super) fn run(args: Args, given: &[String]) -> Result<i32, Error> {
     args.guard()?;
+    if let Some(option) = &args.mlperf_option {
+        return mlperf::run(&args, given, option);
+    }
     let setup = args.setup()?;
     if args.suite {
         if args.otlp.asked() {

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value as Json;
 
+use super::mlperf::RankFigures;
 use super::{
     add, count_at, field, histograms, one_run, ops_table, per_s, rate, summary_table, tiers_table,
     OpMerge, OpSummary, RankId, Spread, TierSum,
@@ -34,37 +35,7 @@ struct RankInput {
     io_errors: u64,
     late: u64,
     cross_rank_hits: u64,
-    mlperf: RankMlperf,
-}
-
-/// What MLPerf Storage reads from one rank's result (`summary` and its `cache_stats`); a
-/// figure the result lacks counts as 0, as MLPerf's aggregation takes it.
-#[derive(Default)]
-struct RankMlperf {
-    read_gbps: f64,
-    write_gbps: f64,
-    storage_tokens_per_s: f64,
-    device_read_p95_ms: f64,
-    device_write_p95_ms: f64,
-    storage_entries: u64,
-}
-
-impl RankMlperf {
-    fn read(doc: &Json) -> RankMlperf {
-        let number = |path: &str| doc.pointer(path).and_then(Json::as_f64).unwrap_or(0.0);
-        let stats = |key: &str| number(&format!("/summary/cache_stats/{key}"));
-        RankMlperf {
-            read_gbps: stats("tier_storage_read_bandwidth_gbps"),
-            write_gbps: stats("tier_storage_write_bandwidth_gbps"),
-            storage_tokens_per_s: number("/summary/storage_throughput_tokens_per_sec"),
-            device_read_p95_ms: stats("storage_read_device_p95_ms"),
-            device_write_p95_ms: stats("storage_write_device_p95_ms"),
-            storage_entries: doc
-                .pointer("/summary/cache_stats/storage_entries")
-                .and_then(Json::as_u64)
-                .unwrap_or(0),
-        }
-    }
+    mlperf: RankFigures,
 }
 
 /// One trial's ranks as MLPerf Storage v3.0 aggregates them (§6.3.4): sums across ranks,
@@ -142,7 +113,7 @@ fn read_rank(
         write_bytes: count("summary.cache_stats.total_write_bytes")?,
         io_errors: count("kvtrace.io_errors")?,
         late: count("kvtrace.requests_after_deadline")?,
-        mlperf: RankMlperf::read(doc),
+        mlperf: RankFigures::read(doc),
         cross_rank_hits,
         id,
     })
@@ -202,7 +173,7 @@ fn mlperf_trial(ranks: &[RankInput], total_ranks: u32) -> MlperfTrial {
         trial.aggregated_read_bandwidth_gbps += m.read_gbps;
         trial.aggregated_write_bandwidth_gbps += m.write_gbps;
         trial.aggregated_storage_throughput_tokens_per_sec += m.storage_tokens_per_s;
-        if m.storage_entries == 0 {
+        if m.cpu_tier_only() {
             trial.cpu_tier_ranks.push(r.id.rank);
             continue;
         }

@@ -7,10 +7,12 @@
 //! (they start together, at the barrier) to the last rank's end; latency percentiles come
 //! from the ranks' merged HdrHistograms, so they are the percentiles of every operation of
 //! the run, within HdrHistogram's 0.1 %. Beside them: the spread over ranks (min / median /
-//! max) and MLPerf Storage's own cross-rank rules, the mean of the ranks' throughputs and
-//! the largest of the ranks' P95 latencies.
+//! max) and, for bench results, MLPerf Storage's own cross-rank rules: storage bandwidths
+//! and throughput summed over ranks, the largest of the ranks' device P95s. [`mlperf`]
+//! reduces a whole MLPerf run (Options × trials × ranks) to its run summary.
 
 pub mod bench;
+pub mod mlperf;
 pub mod replay;
 
 use std::collections::BTreeMap;
