@@ -41,6 +41,7 @@ mod simulate {
 mod bench {
     mod kv_cache_py;
     mod mlperf;
+    mod storage_io;
 }
 
 mod scale_out;

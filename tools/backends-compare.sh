@@ -11,7 +11,12 @@
 # /work/big/big_1x.lct (written by ../shared/lmcache/make_big.py); big_1x stores 2 GiB into the
 # tier, so the fs and S3 directories ($TMPDIR) need that much free. REPLAY_FLAGS adds flags to
 # every replay (e.g. "--pace realtime" for the rate the recording had, where the default as
-# fast as possible saturates each tier). Not a test: a measurement.
+# fast as possible saturates each tier). Then `kvtrace bench` against the storage tiers it
+# takes (files with O_DIRECT, the Redis Cluster, S3), synchronous and asynchronous, for
+# BENCH_SECONDS (default 10) each with BENCH_FLAGS (default: 8 users of llama3.1-8b, no CPU
+# tier, no generation time, seed 42) and BENCH_ASYNC_FLAGS on the asynchronous runs (e.g.
+# "--storage-io-workers 8"); BENCH_ONLY=1 skips the replays. Not a test: a
+# measurement.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KVTRACE=${KVTRACE:-target/release/kvtrace}
@@ -86,6 +91,7 @@ declare -A TIER=(
   [s3]="{\"type\":\"s3\",\"endpoint\":\"http://127.0.0.1:$S3\",\"bucket\":\"kvcache\"}"
 )
 
+if [ "${BENCH_ONLY:-0}" = 1 ]; then set --; fi
 echo "| trace | L2 tier | I/O | wall | hit rate | L2 writes / reads | queue wait p50 / p99 | service p50 / p99 | end to end p50 / p99 | schedule lag p50 / p99 | drain | MiB/s |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for trace in "$@"; do
@@ -110,5 +116,37 @@ print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {json.load(open(sys.ar
       + (f" ({errors} errors)" if errors else "") + " |")
 EOF
     done
+  done
+done
+
+BENCH_FLAGS=${BENCH_FLAGS:---model llama3.1-8b --num-users 8 --cpu-mem-gb 0 --generation-mode none --seed 42}
+declare -A STORAGE=(
+  [fs-direct]="--cache-dir $WORK/fs --direct-io"
+  [redis-cluster]="--storage-tier {\"type\":\"resp-cluster\",\"nodes\":[\"redis://127.0.0.1:${NODES[0]}\"]}"
+  [s3]="--storage-tier {\"type\":\"s3\",\"endpoint\":\"http://127.0.0.1:$S3\",\"bucket\":\"kvcache\"}"
+)
+echo
+echo "| bench storage tier | I/O | requests | tok/s | storage GiB/s | request storage read p95 | cached tok/s | queue wait p50 / p99 | service p50 / p99 | end to end p99 | queue-room wait | drain | MiB/s |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+for backend in fs-direct redis-cluster s3; do
+  for io in synchronous asynchronous; do
+    flush
+    mkdir -p "$WORK/fs"
+    # shellcheck disable=SC2086
+    "$KVTRACE" bench -q $BENCH_FLAGS --duration "${BENCH_SECONDS:-10}" ${STORAGE[$backend]} \
+      --storage-io "$io" $([ "$io" = asynchronous ] && echo "${BENCH_ASYNC_FLAGS:-}") --output "$WORK/b.json" 2>"$WORK/stderr" || { echo "bench $backend $io: $(tail -1 "$WORK/stderr")" >&2; exit 1; }
+    python3 - "$WORK/b.json" "$backend" "$io" <<'EOF'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+s, k = doc["summary"], doc["kvtrace"]
+io = k["storage_io"]
+ms = lambda p: f"{p['p50_ms']:.1f} / {p['p99_ms']:.1f} ms"
+errors = k["io_errors"]
+print(f"| {sys.argv[2]} | {sys.argv[3]} | {s['total_requests']} | {s['avg_throughput_tokens_per_sec']:.0f}"
+      f" | {k['storage_io_throughput_gib_per_s']:.2f} | {s['cache_stats'].get('storage_read_p95_ms', 0):.0f} ms"
+      f" | {k['cached_tokens_per_sec']:.0f} | {ms(io['queue_wait_ms'])} | {ms(io['service_ms'])}"
+      f" | {io['end_to_end_ms']['p99_ms']:.1f} ms | {io['submit_stall_s']:.2f} s | {io['drain_s']:.2f} s"
+      f" | {io['mib_per_s']:.0f}" + (f" ({errors} errors)" if errors else "") + " |")
+EOF
   done
 done

@@ -97,7 +97,8 @@ fn a_bench_run_writes_kv_cache_py_json_and_the_99_column_workbook_and_csv() {
             "Summary",
             "Run Parameters",
             "Performance Metrics",
-            "QoS Metrics"
+            "QoS Metrics",
+            "Storage IO"
         ]
     );
     let summary = wb.worksheet_range("Summary").expect("summary");

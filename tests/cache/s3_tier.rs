@@ -420,35 +420,42 @@ fn a_recorded_s3_tier_is_not_rebuilt_from_the_header() {
 #[test]
 fn bench_keeps_its_storage_tier_in_s3() {
     let Some(server) = start() else { return };
-    let dir = scratch();
-    let report = dir.path().join("bench.json");
-    let report_arg = report.display().to_string();
-    let adapter = server.adapter("bench");
-    let mut args = crate::util::TINY_BENCH.to_vec();
-    args.extend([
-        "--duration",
-        "3",
-        "--output",
-        &report_arg,
-        "--storage-tier",
-        &adapter,
-    ]);
-    let out = kvtrace_with(args, &[]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let r: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&report).expect("report")).expect("json");
-    assert_eq!(r["kvtrace"]["io_errors"], 0, "{}", r["kvtrace"]);
-    let stats = &r["summary"]["cache_stats"];
-    let entries = stats["storage_entries"].as_u64().expect("storage entries");
-    assert!(entries > 0, "{stats}");
-    assert!(
-        stats["tier_storage_write_bandwidth_gbps"]
-            .as_f64()
-            .expect("write")
-            > 0.0
-    );
-    // Every entry the tier holds is one object of the bucket, written whole.
-    let objects = server.objects("bench");
-    assert_eq!(objects.len() as u64, entries, "{objects:?}");
-    assert!(objects.iter().all(|(_, len)| *len > 0));
+    // Synchronous calls, then the same through queues: drained before the report, every
+    // entry the tier holds is in the bucket either way.
+    for (prefix, io) in [("bench", "synchronous"), ("bench-async", "asynchronous")] {
+        let dir = scratch();
+        let report = dir.path().join("bench.json");
+        let report_arg = report.display().to_string();
+        let adapter = server.adapter(prefix);
+        let mut args = crate::util::TINY_BENCH.to_vec();
+        args.extend([
+            "--duration",
+            "3",
+            "--output",
+            &report_arg,
+            "--storage-tier",
+            &adapter,
+            "--storage-io",
+            io,
+        ]);
+        let out = kvtrace_with(args, &[]);
+        assert_eq!(out.status.code(), Some(0), "{io}: {}", text(&out.stderr));
+        let r: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&report).expect("report")).expect("json");
+        assert_eq!(r["kvtrace"]["io_errors"], 0, "{io}: {}", r["kvtrace"]);
+        assert_eq!(r["kvtrace"]["storage_io"]["mode"], io);
+        let stats = &r["summary"]["cache_stats"];
+        let entries = stats["storage_entries"].as_u64().expect("storage entries");
+        assert!(entries > 0, "{io}: {stats}");
+        assert!(
+            stats["tier_storage_write_bandwidth_gbps"]
+                .as_f64()
+                .expect("write")
+                > 0.0
+        );
+        // Every entry the tier holds is one object of the bucket, written whole.
+        let objects = server.objects(prefix);
+        assert_eq!(objects.len() as u64, entries, "{io}: {objects:?}");
+        assert!(objects.iter().all(|(_, len)| *len > 0));
+    }
 }

@@ -21,6 +21,7 @@ pub mod run;
 pub mod sharegpt;
 pub mod sheets;
 pub mod spans;
+pub mod storage_io;
 pub mod suite;
 pub mod tiers;
 pub mod users;

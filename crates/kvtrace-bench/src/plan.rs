@@ -19,6 +19,7 @@ use super::report::{BenchReport, Profile, RankWindow, ReportInput};
 use super::run::{run, BenchConfig, DecodeReads, MultiTurn, MAX_WORKERS};
 use super::sharegpt::{self, Dataset};
 use super::sheets::RunParameters;
+use super::storage_io::StorageIo;
 use super::tiers::{TierCache, TierKind, TierSpec, TierStore};
 use super::users::PersonaSet;
 use kvtrace_cache::bus::recorder::start_recording;
@@ -132,6 +133,8 @@ pub struct Setup {
     pub run_id: Option<String>,
     /// The MLPerf Option and trial this run is, said in its results.
     pub mlperf: Option<MlperfTrial>,
+    /// How the storage tier's reads, writes and deletes are made.
+    pub storage_io: StorageIo,
 }
 
 /// Where the storage tier keeps its entries.
@@ -221,6 +224,7 @@ impl Default for Setup {
             rank: None,
             run_id: None,
             mlperf: None,
+            storage_io: StorageIo::Synchronous,
         }
     }
 }
@@ -469,8 +473,8 @@ impl Plan {
                 spec.store = TierStore::Null;
             }
         }
-        let mut cache =
-            TierCache::new(specs).map_err(|e| Error::io("cannot set up the tiers", e))?;
+        let mut cache = TierCache::with_storage_io(specs, o.storage_io)
+            .map_err(|e| Error::io("cannot set up the tiers", e))?;
         let io_log = match &o.io_trace_log {
             Some(path) => {
                 let path = per_rank(path);
@@ -630,12 +634,15 @@ impl Plan {
             log.finish()
                 .map_err(|e| Error::io("cannot write", e).in_file(path.display()))?;
         }
+        // Queued storage calls finish before the tiers are counted; the drain is timed.
+        self.cache.drain_storage();
         let tiers = self.cache.counters();
         let mut report = BenchReport::build(ReportInput {
             config: &self.config,
             outcome: &outcome,
             tiers: &tiers,
             demotions: &self.cache.demotion_times(),
+            storage_io: self.cache.storage_io(),
             profile: self.profile,
             parameters: self.parameters.clone(),
         });

@@ -15,6 +15,7 @@ use super::metrics::{percentile, Category, Collected, OpTimes};
 use super::mlperf::MlperfTrial;
 use super::run::{BenchConfig, RunOutcome, TimelinePoint};
 use super::sheets::{self, RunParameters};
+use super::storage_io::StorageIoReport;
 use super::tiers::{TierCounters, TierKind};
 use super::users::QosLevel;
 use kvtrace_io::error::{Error, Result};
@@ -475,6 +476,9 @@ pub struct Extras {
     pub cached_tokens_per_sec: f64,
     /// Per tier and direction, the latency percentiles with demotion I/O included.
     pub latency_with_demotions: Vec<LatencyWithDemotions>,
+    /// The storage tier's reads, writes and deletes: how they were made (synchronously or
+    /// through queues), counted and timed (queue wait, service, end to end).
+    pub storage_io: Option<StorageIoReport>,
     /// Requests that finished after the deadline and are not counted.
     pub requests_after_deadline: u64,
     pub hit_rates: HitRates,
@@ -530,6 +534,8 @@ pub struct ReportInput<'a> {
     pub tiers: &'a [(TierKind, TierCounters)],
     /// The demotions' reads and writes, by `(tier, is_write)`.
     pub demotions: &'a BTreeMap<(TierKind, bool), OpTimes>,
+    /// The storage tier's calls, timed one by one.
+    pub storage_io: Option<StorageIoReport>,
     pub profile: Profile,
     pub parameters: RunParameters,
 }
@@ -795,6 +801,7 @@ impl BenchReport {
                 cached_tokens,
                 cached_tokens_per_sec: cached_tokens as f64 / elapsed,
                 latency_with_demotions: with_demotions(c, input.demotions),
+                storage_io: input.storage_io.clone(),
                 requests_after_deadline: o.late,
                 hit_rates: HitRates {
                     system_prompt: rate(sp_hits, sp_misses),
@@ -805,7 +812,12 @@ impl BenchReport {
                 rag_hits,
                 rag_misses,
                 entries_without_room: c.no_room,
-                io_errors: c.io_errors,
+                io_errors: c.io_errors
+                    + input
+                        .tiers
+                        .iter()
+                        .map(|(_, t)| t.queued_write_errors)
+                        .sum::<u64>(),
                 first_io_error: c.first_io_error.clone(),
                 failed_demotions: input.tiers.iter().map(|(_, t)| t.move_errors).sum(),
                 interrupted: o.interrupted,
@@ -898,6 +910,26 @@ impl BenchReport {
                 t.entries,
                 device("read"),
                 device("write"),
+            );
+        }
+        if let Some(io) = self
+            .kvtrace
+            .storage_io
+            .as_ref()
+            .filter(|io| io.mode == "asynchronous")
+        {
+            let k = &io.calls;
+            out += &format!(
+                "  storage I/O asynchronous ({} workers, depth {}): queue wait p50 {:.2} p99 {:.2} ms, service p50 {:.2} p99 {:.2} ms, end to end p99 {:.2} ms; waited {:.2} s for queue room, drained in {:.2} s\n",
+                io.workers.unwrap_or(0),
+                io.queue_depth.unwrap_or(0),
+                k.queue_wait_ms.p50_ms,
+                k.queue_wait_ms.p99_ms,
+                k.service_ms.p50_ms,
+                k.service_ms.p99_ms,
+                k.end_to_end_ms.p99_ms,
+                k.submit_stall_s,
+                k.drain_s,
             );
         }
         let health = &c.storage_health;

@@ -234,12 +234,45 @@ pub fn tables(r: &BenchReport) -> Vec<Table> {
     }
     let mut summary = Table::new(&names).sheet("Summary").csv("results.csv");
     summary.rows.push(values.clone());
-    vec![
+    let mut tables = vec![
         summary,
         pairs("Parameter", 0..PARAMETER_COLUMNS.len()).sheet("Run Parameters"),
         pairs("Metric", PARAMETER_COLUMNS.len()..names.len()).sheet("Performance Metrics"),
         qos,
-    ]
+    ];
+    if let Some(io) = &r.kvtrace.storage_io {
+        let mut t = Table::new(&["Metric", "Value"]).sheet("Storage IO");
+        flatten(
+            "",
+            &serde_json::to_value(io).unwrap_or_default(),
+            &mut t.rows,
+        );
+        tables.push(t);
+    }
+    tables
+}
+
+/// A JSON document as one row per leaf, each named by its path (`service_ms.p99_ms`).
+fn flatten(path: &str, v: &serde_json::Value, rows: &mut Vec<Vec<Cell>>) {
+    use serde_json::Value;
+    let cell = match v {
+        Value::Object(map) => {
+            for (k, v) in map {
+                let inner = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                flatten(&inner, v, rows);
+            }
+            return;
+        }
+        Value::Number(n) => n.as_f64().map_or(Cell::Empty, Cell::Number),
+        Value::String(s) => Cell::text(s),
+        Value::Bool(b) => Cell::Bool(*b),
+        Value::Null | Value::Array(_) => Cell::Empty,
+    };
+    rows.push(vec![Cell::text(path), cell]);
 }
 
 /// The run-parameter columns, in order.

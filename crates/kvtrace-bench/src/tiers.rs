@@ -21,6 +21,7 @@ use super::cluster::ClusterStore;
 use super::io::{read_entry, write_entry, FileMode, IoBuffer, IoTime};
 use super::iolog::{IoLog, IoOp};
 use super::metrics::OpTimes;
+use super::storage_io::{StorageIo, StorageIoReport, StoragePath};
 use kvtrace_cache::storage::file::{object_path, remove_object};
 use kvtrace_cache::storage::{KeyId, KeyMap};
 
@@ -87,6 +88,9 @@ pub struct TierCounters {
     pub deletions: u64,
     /// Moves that failed on I/O (the entry is lost and counted here).
     pub move_errors: u64,
+    /// Writes queued for asynchronous I/O that the storage refused (the entry is forgotten
+    /// and counted here).
+    pub queued_write_errors: u64,
     /// Moves cut short because the run reached its deadline (the entry is dropped; not a
     /// failure of the storage).
     pub move_cancels: u64,
@@ -162,6 +166,8 @@ struct State {
     /// The reads and writes of demotions, by `(tier, is_write)`: eviction-driven I/O that
     /// no request issued, timed apart from the requests' own.
     moves: BTreeMap<(TierKind, bool), OpTimes>,
+    /// The last tier's I/O path (synchronous or queued), every call timed.
+    storage: Option<Arc<StoragePath>>,
 }
 
 /// The shared cache; workers call it from many threads.
@@ -195,7 +201,7 @@ fn sleep_modelled(gbps: f64, size: u64, buf: &IoBuffer) -> io::Result<f64> {
     }
 }
 
-fn store_write(
+pub(crate) fn store_write(
     spec: &TierSpec,
     key: KeyId,
     size: u64,
@@ -236,7 +242,12 @@ fn store_write(
 }
 
 /// Reads an entry; `NotFound` when a shared tier no longer holds it (its own eviction).
-fn store_read(spec: &TierSpec, key: KeyId, size: u64, buf: &mut IoBuffer) -> io::Result<IoTime> {
+pub(crate) fn store_read(
+    spec: &TierSpec,
+    key: KeyId,
+    size: u64,
+    buf: &mut IoBuffer,
+) -> io::Result<IoTime> {
     match &spec.store {
         TierStore::Modelled { gbps } => Ok(IoTime {
             host_s: 0.0,
@@ -276,7 +287,7 @@ fn store_read(spec: &TierSpec, key: KeyId, size: u64, buf: &mut IoBuffer) -> io:
 
 /// Removes an entry of `size` bytes (a cluster removes its values one by one).
 #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
-fn store_delete(spec: &TierSpec, key: KeyId, size: u64) -> io::Result<()> {
+pub(crate) fn store_delete(spec: &TierSpec, key: KeyId, size: u64) -> io::Result<()> {
     match &spec.store {
         TierStore::Files { dir, .. } => remove_object(&object_path(dir, key)),
         #[cfg(feature = "redis")]
@@ -288,6 +299,65 @@ fn store_delete(spec: &TierSpec, key: KeyId, size: u64) -> io::Result<()> {
 }
 
 impl State {
+    /// The I/O path of `tier` when it is the last tier.
+    fn path_of(&self, tier: usize) -> Option<Arc<StoragePath>> {
+        (tier + 1 == self.tiers.len())
+            .then(|| self.storage.clone())
+            .flatten()
+    }
+
+    fn write_at(
+        &self,
+        tier: usize,
+        key: KeyId,
+        size: u64,
+        stamp: u64,
+        buf: &mut IoBuffer,
+    ) -> io::Result<IoTime> {
+        match self.path_of(tier) {
+            Some(path) => path.write(key, size, stamp, buf),
+            None => store_write(&self.tiers[tier].spec, key, size, stamp, buf),
+        }
+    }
+
+    fn read_at(
+        &self,
+        tier: usize,
+        key: KeyId,
+        size: u64,
+        buf: &mut IoBuffer,
+    ) -> io::Result<IoTime> {
+        match self.path_of(tier) {
+            Some(path) => path.read(key, size, buf),
+            None => store_read(&self.tiers[tier].spec, key, size, buf),
+        }
+    }
+
+    fn delete_at(&self, tier: usize, key: KeyId, size: u64) -> io::Result<()> {
+        match self.path_of(tier) {
+            Some(path) => path.delete(key, size),
+            None => store_delete(&self.tiers[tier].spec, key, size),
+        }
+    }
+
+    /// Forgets the entries whose queued write the storage refused, as a refused synchronous
+    /// write leaves nothing; each is counted on the last tier.
+    fn settle(&mut self) {
+        let Some(path) = self.storage.clone() else {
+            return;
+        };
+        let last = self.tiers.len() - 1;
+        for key in path.take_failed_writes() {
+            let Some(e) = self.entries.get(&key).filter(|e| e.tier == last) else {
+                continue;
+            };
+            let (size, tick) = (e.size, e.tick);
+            self.entries.remove(&key);
+            self.remove_from(last, size, tick);
+            self.tiers[last].counters.queued_write_errors += 1;
+        }
+    }
+
     fn log(&self, op: IoOp, size: u64, tier: usize, key: KeyId) {
         if let Some(log) = &self.log {
             log.row(op, size, self.tiers[tier].spec.kind.name(), key);
@@ -380,15 +450,15 @@ impl State {
         self.remove_from(tier, size, tick);
         self.log(IoOp::Evict, size, tier, key);
         if !moved {
-            let _ = store_delete(&self.tiers[tier].spec, key, size);
+            let _ = self.delete_at(tier, key, size);
             self.tiers[tier].counters.deletions += 1;
             self.entries.remove(&key);
             return;
         }
-        let result = store_read(&self.tiers[tier].spec, key, size, buf).and_then(|r| {
-            store_write(&self.tiers[below].spec, key, size, stamp, buf).map(|w| (r, w))
-        });
-        let _ = store_delete(&self.tiers[tier].spec, key, size);
+        let result = self
+            .read_at(tier, key, size, buf)
+            .and_then(|r| self.write_at(below, key, size, stamp, buf).map(|w| (r, w)));
+        let _ = self.delete_at(tier, key, size);
         let (from, to) = (self.tiers[tier].spec.kind, self.tiers[below].spec.kind);
         let src = &mut self.tiers[tier].counters;
         src.demotions += 1;
@@ -423,6 +493,11 @@ impl State {
 impl TierCache {
     /// Creates the tiers' directories (empty tiers are left out).
     pub fn new(specs: Vec<TierSpec>) -> io::Result<TierCache> {
+        TierCache::with_storage_io(specs, StorageIo::Synchronous)
+    }
+
+    /// As [`TierCache::new`], the last tier's calls made as `mode` says.
+    pub fn with_storage_io(specs: Vec<TierSpec>, mode: StorageIo) -> io::Result<TierCache> {
         let mut tiers = Vec::new();
         for spec in specs {
             if spec.capacity == Some(0) {
@@ -439,6 +514,10 @@ impl TierCache {
                 counters: TierCounters::default(),
             });
         }
+        let storage = match tiers.last() {
+            Some(t) => Some(Arc::new(StoragePath::start(t.spec.clone(), mode)?)),
+            None => None,
+        };
         Ok(TierCache {
             state: Mutex::new(State {
                 entries: KeyMap::default(),
@@ -446,6 +525,7 @@ impl TierCache {
                 tick: 0,
                 log: None,
                 moves: BTreeMap::new(),
+                storage,
             }),
         })
     }
@@ -471,8 +551,9 @@ impl TierCache {
         buf: &mut IoBuffer,
         on_ready: impl FnOnce(),
     ) -> io::Result<Allocation> {
-        let (tier, spec) = {
+        let (tier, spec, path) = {
             let mut s = self.lock();
+            s.settle();
             if let Some(e) = s.entries.get(&key) {
                 return Ok(Allocation::Existing {
                     tier: s.tiers[e.tier].spec.kind,
@@ -496,9 +577,12 @@ impl TierCache {
                     stamp,
                 },
             );
-            (tier, s.tiers[tier].spec.clone())
+            (tier, s.tiers[tier].spec.clone(), s.path_of(tier))
         };
-        let written = store_write(&spec, key, size, stamp, buf);
+        let written = match &path {
+            Some(path) => path.write(key, size, stamp, buf),
+            None => store_write(&spec, key, size, stamp, buf),
+        };
         let mut s = self.lock();
         match written {
             Ok(time) => {
@@ -517,7 +601,10 @@ impl TierCache {
                 if let Some(entry) = s.entries.remove(&key) {
                     s.remove_from(tier, size, entry.tick);
                 }
-                let _ = store_delete(&spec, key, size);
+                let _ = match &path {
+                    Some(path) => path.delete(key, size),
+                    None => store_delete(&spec, key, size),
+                };
                 Err(e)
             }
         }
@@ -526,8 +613,9 @@ impl TierCache {
     /// Reads a whole entry where it lives. One this process does not hold may be in a
     /// shared last tier, written by another rank: a cross-rank hit.
     pub fn access(&self, key: KeyId, buf: &mut IoBuffer) -> io::Result<Access> {
-        let (tier, size, spec) = {
+        let (tier, size, spec, path) = {
             let mut s = self.lock();
+            s.settle();
             let Some(e) = s.entries.get_mut(&key).filter(|e| e.ready) else {
                 #[cfg(feature = "redis")]
                 if let Some(shared) = s.shared().filter(|_| !s.entries.contains_key(&key)) {
@@ -539,12 +627,25 @@ impl TierCache {
             e.pins += 1;
             let (tier, size) = (e.tier, e.size);
             s.touch(key);
-            (tier, size, s.tiers[tier].spec.clone())
+            (tier, size, s.tiers[tier].spec.clone(), s.path_of(tier))
         };
-        let read = store_read(&spec, key, size, buf);
+        let read = match &path {
+            Some(path) => path.read(key, size, buf),
+            None => store_read(&spec, key, size, buf),
+        };
         let mut s = self.lock();
         if let Some(e) = s.entries.get_mut(&key) {
             e.pins -= 1;
+        }
+        if matches!(&read, Err(e) if e.kind() == io::ErrorKind::NotFound)
+            && path.as_ref().is_some_and(|p| p.is_async())
+        {
+            // Its queued write failed before the read came: a miss, as in synchronous I/O
+            // where the failed write never made an entry.
+            s.settle();
+            if !s.entries.contains_key(&key) {
+                return Ok(Access::Miss);
+            }
         }
         #[cfg(feature = "redis")]
         if matches!(&read, Err(e) if e.kind() == io::ErrorKind::NotFound)
@@ -605,6 +706,21 @@ impl TierCache {
                 (t.spec.kind, c)
             })
             .collect()
+    }
+
+    /// Waits until the last tier's queued calls are done (asynchronous I/O), and forgets
+    /// the entries whose write failed.
+    pub fn drain_storage(&self) {
+        let path = self.lock().storage.clone();
+        if let Some(path) = path {
+            path.drain();
+        }
+        self.lock().settle();
+    }
+
+    /// The last tier's calls: how they were made, counted and timed.
+    pub fn storage_io(&self) -> Option<StorageIoReport> {
+        self.lock().storage.as_ref().map(|p| p.report())
     }
 
     /// The times of every demotion's read (from the tier above) and write (into the tier
@@ -781,5 +897,139 @@ mod tests {
         assert_eq!(count(TierKind::Cpu, false), 5);
         assert_eq!(count(TierKind::Storage, true), 5);
         assert_eq!(moves.len(), 2, "nothing else moved");
+    }
+
+    /// A CPU tier in front of a file storage tier whose calls go through `workers` queues.
+    fn queued(dir: &std::path::Path, cpu: u64, depth: u32, workers: u32) -> TierCache {
+        TierCache::with_storage_io(
+            vec![
+                TierSpec {
+                    kind: TierKind::Cpu,
+                    capacity: Some(cpu),
+                    store: files(dir, "cpu"),
+                },
+                TierSpec {
+                    kind: TierKind::Storage,
+                    capacity: Some(10_000_000),
+                    store: files(dir, "nvme"),
+                },
+            ],
+            StorageIo::asynchronous(depth, workers).expect("valid"),
+        )
+        .expect("tiers")
+    }
+
+    #[test]
+    fn queued_storage_io_reads_back_every_entry_it_was_just_handed() {
+        let dir = tempfile::tempdir().expect("tmp");
+        // A small CPU tier: most entries are demoted into storage through the queues, and
+        // each is read back at once, often while its write still waits.
+        let cache = queued(dir.path(), 100_000, 2, 2);
+        let mut buf = IoBuffer::new();
+        for i in 0..30u128 {
+            let size = 20_000 + 1_000 * i as u64;
+            cache
+                .allocate(KeyId(i), size, i as u64, &mut buf, || {})
+                .expect("write");
+            for j in 0..=i {
+                match cache.access(KeyId(j), &mut buf).expect("read") {
+                    Access::Hit { size: got, .. } => assert_eq!(got, 20_000 + 1_000 * j as u64),
+                    Access::Miss => panic!("entry {j} lost after entry {i}"),
+                }
+            }
+        }
+        cache.drain_storage();
+        let c = cache.counters();
+        let io = cache.storage_io().expect("a storage tier");
+        assert_eq!(
+            (io.mode, io.workers, io.queue_depth),
+            ("asynchronous", Some(2), Some(2))
+        );
+        assert_eq!(
+            io.calls.writes, c[1].1.writes,
+            "every storage write went through"
+        );
+        assert_eq!(io.calls.reads, c[1].1.reads);
+        assert_eq!(
+            (io.write_errors, io.read_errors, io.calls.lost_reads),
+            (0, 0, 0)
+        );
+        assert_eq!(io.calls.bytes_written, c[1].1.bytes_written);
+        assert!(c[1].1.writes > 20, "most entries went down: {:?}", c[1].1);
+        assert_eq!(
+            count_files(&dir.path().join("nvme")) as u64,
+            c[1].1.entries,
+            "one file per stored entry once drained"
+        );
+    }
+
+    #[test]
+    fn a_queued_write_the_disk_refuses_leaves_no_entry_and_is_counted() {
+        let dir = tempfile::tempdir().expect("tmp");
+        // No CPU room: every entry goes straight to storage.
+        let cache = queued(dir.path(), 1, 4, 1);
+        let nvme = dir.path().join("nvme");
+        // Keys in three fan-out directories (a key's first byte names its directory).
+        let key = |i: u128| KeyId(i << 120);
+        let blocked = object_path(&nvme, key(7));
+        // Its fan-out directory is a plain file: the write cannot land.
+        std::fs::write(blocked.parent().expect("fan-out"), b"not a directory").expect("file");
+        let mut buf = IoBuffer::new();
+        for i in [6u128, 7, 8] {
+            let got = cache
+                .allocate(key(i), 5_000, 1, &mut buf, || {})
+                .expect("queued");
+            assert!(matches!(
+                got,
+                Allocation::Written {
+                    tier: TierKind::Storage,
+                    ..
+                }
+            ));
+        }
+        cache.drain_storage();
+        assert_eq!(
+            cache.access(key(7), &mut buf).expect("a miss"),
+            Access::Miss
+        );
+        assert!(matches!(
+            cache.access(key(8), &mut buf),
+            Ok(Access::Hit { .. })
+        ));
+        let storage = &cache.counters()[1].1;
+        assert_eq!((storage.entries, storage.queued_write_errors), (2, 1));
+        let io = cache.storage_io().expect("a storage tier");
+        assert_eq!((io.calls.writes, io.write_errors), (3, 1));
+        assert!(io.calls.first_error.is_some());
+    }
+
+    #[test]
+    fn synchronous_storage_calls_are_timed_with_no_queue_wait() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let cache = TierCache::new(vec![TierSpec {
+            kind: TierKind::Storage,
+            capacity: Some(12_000),
+            store: files(dir.path(), "nvme"),
+        }])
+        .expect("tiers");
+        let mut buf = IoBuffer::new();
+        for i in 0..3u128 {
+            cache
+                .allocate(KeyId(i), 5_000, 1, &mut buf, || {})
+                .expect("write");
+        }
+        assert!(matches!(
+            cache.access(KeyId(2), &mut buf),
+            Ok(Access::Hit { .. })
+        ));
+        let io = cache.storage_io().expect("a storage tier");
+        assert_eq!(io.mode, "synchronous");
+        assert_eq!(
+            (io.calls.writes, io.calls.reads, io.calls.deletes),
+            (3, 1, 1),
+            "the third entry deleted the first"
+        );
+        assert_eq!(io.calls.queue_wait_ms.max_ms, 0.0);
+        assert!(io.calls.service_ms.max_ms > 0.0);
     }
 }

@@ -11,6 +11,7 @@ use kvtrace::bench::models::{model, MODELS};
 use kvtrace::bench::plan::{Generation, Setup, StorageTier};
 use kvtrace::bench::report::Profile as ProfileKind;
 use kvtrace::bench::run::{DecodeReads, MultiTurn};
+use kvtrace::bench::storage_io::StorageIo;
 use kvtrace::bench::users::PersonaSet;
 use kvtrace::error::Error;
 use kvtrace::rank::launcher_run_id;
@@ -59,6 +60,15 @@ enum TurnReads {
     All,
     /// Only the previous turn (kv-cache.py before March 2026)
     Previous,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum StorageIoArg {
+    /// Each call on the thread of the request or demotion that makes it (kv-cache.py's way)
+    Synchronous,
+    /// Calls on worker threads behind bounded queues: writes and deletes return once queued,
+    /// reads wait for their turn
+    Asynchronous,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -165,6 +175,18 @@ pub(crate) struct Args {
     /// not as this process's RSS)
     #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
     cpu_tier_dir: PathBuf,
+    /// How the storage tier's reads, writes and deletes are made [default: synchronous;
+    /// asynchronous when --storage-io-depth or --storage-io-workers is given]
+    #[arg(long, value_enum, value_name = "MODE")]
+    storage_io: Option<StorageIoArg>,
+    /// Calls that may wait in the storage tier's queues before a request waits for room
+    /// (asynchronous I/O; default 64)
+    #[arg(long, value_name = "N")]
+    storage_io_depth: Option<u32>,
+    /// Worker threads of the storage tier, each with its own connection (asynchronous I/O;
+    /// default 4)
+    #[arg(long, value_name = "N")]
+    storage_io_workers: Option<u32>,
     /// Storage tier I/O bypasses the page cache (O_DIRECT)
     #[arg(long)]
     direct_io: bool,
@@ -447,7 +469,30 @@ impl Args {
                 .clone()
                 .or_else(|| launcher_run_id(|name| std::env::var(name).ok())),
             mlperf: None,
+            storage_io: self.storage_io()?,
         })
+    }
+}
+
+impl Args {
+    /// The storage tier's I/O mode the flags ask for.
+    fn storage_io(&self) -> Result<StorageIo, Error> {
+        let sizes = self.storage_io_depth.is_some() || self.storage_io_workers.is_some();
+        match self.storage_io {
+            Some(StorageIoArg::Synchronous) if sizes => Err(Error::usage(
+                "--storage-io-depth and --storage-io-workers apply to --storage-io asynchronous",
+            )),
+            Some(StorageIoArg::Synchronous) => Ok(StorageIo::Synchronous),
+            None if !sizes => Ok(StorageIo::Synchronous),
+            _ => {
+                let depth = self.storage_io_depth.unwrap_or(StorageIo::DEFAULT_DEPTH);
+                let workers = self
+                    .storage_io_workers
+                    .unwrap_or_else(|| StorageIo::DEFAULT_WORKERS.min(depth.max(1)));
+                StorageIo::asynchronous(depth, workers)
+                    .map_err(|e| Error::usage(format!("--storage-io asynchronous: {e}")))
+            }
+        }
     }
 }
 

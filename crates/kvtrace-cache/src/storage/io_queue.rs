@@ -15,15 +15,14 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::backend::Backend;
 use super::l2::transfer_time;
+use super::worker_pool::WorkerPool;
 use super::KeyId;
 
 /// The longest time a histogram keeps: one hour, in nanoseconds; longer ones are clamped.
@@ -64,15 +63,15 @@ impl Percentiles {
 
 /// What kind of backend call an operation is.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+pub enum IoKind {
     Write,
     Read,
     Delete,
 }
 
 /// The timing and outcome of one backend call.
-pub(super) struct Done {
-    pub kind: Kind,
+pub struct IoDone {
+    pub kind: IoKind,
     pub bytes: u64,
     pub issued: Instant,
     pub started: Instant,
@@ -85,7 +84,7 @@ pub(super) struct Done {
 }
 
 /// Everything measured of one tier's backend calls.
-pub(super) struct IoRecord {
+pub struct IoRecord {
     wait: Histogram<u64>,
     service: Histogram<u64>,
     end_to_end: Histogram<u64>,
@@ -142,7 +141,7 @@ impl Default for IoRecord {
 
 impl IoRecord {
     /// Counts one call; `keys` are the objects a failed write leaves unstored.
-    pub(super) fn add(&mut self, done: Done, keys: &[KeyId]) {
+    pub fn add(&mut self, done: IoDone, keys: &[KeyId]) {
         let wait = done.started.saturating_duration_since(done.issued);
         record(&mut self.wait, wait);
         record(&mut self.service, done.service);
@@ -167,7 +166,7 @@ impl IoRecord {
             Ok(_) => false,
         };
         match done.kind {
-            Kind::Write => {
+            IoKind::Write => {
                 self.writes += 1;
                 self.write_time += done.service;
                 if failed {
@@ -177,7 +176,7 @@ impl IoRecord {
                     self.bytes_written += done.bytes;
                 }
             }
-            Kind::Read => {
+            IoKind::Read => {
                 self.reads += 1;
                 self.read_time += done.service;
                 match done.outcome {
@@ -186,15 +185,20 @@ impl IoRecord {
                     Ok(true) => self.bytes_read += done.bytes,
                 }
             }
-            Kind::Delete => {
+            IoKind::Delete => {
                 self.deletes += 1;
                 self.delete_errors += u64::from(failed);
             }
         }
     }
 
+    /// The keys of the writes that failed since the last call.
+    pub fn take_failed_writes(&mut self) -> Vec<KeyId> {
+        std::mem::take(&mut self.failed_writes)
+    }
+
     /// The figures of a report.
-    pub(super) fn summary(&self, paced: bool) -> QueueFigures {
+    pub fn summary(&self, paced: bool) -> QueueFigures {
         let span = match (self.first_issued, self.last_finished) {
             (Some(a), Some(b)) => b.saturating_duration_since(a).as_secs_f64(),
             _ => 0.0,
@@ -260,8 +264,6 @@ enum Op {
     WriteMany(Vec<(KeyId, u64)>),
     Read(KeyId, u64),
     Delete(KeyId),
-    /// Answered once every operation queued before it is done.
-    Drain(Sender<()>),
 }
 
 struct Job {
@@ -280,8 +282,7 @@ struct Pace {
 
 /// One tier's workers and queues.
 pub(super) struct IoQueues {
-    queues: Vec<Sender<Job>>,
-    workers: Vec<JoinHandle<()>>,
+    pool: WorkerPool<Job>,
     record: Arc<Mutex<IoRecord>>,
     failed: Arc<AtomicBool>,
     pace: Option<Pace>,
@@ -301,23 +302,22 @@ impl IoQueues {
         backends: Vec<Box<dyn Backend>>,
         depth: u32,
     ) -> io::Result<IoQueues> {
-        let each = (depth as usize).div_ceil(backends.len().max(1)).max(1);
         let record = Arc::new(Mutex::new(IoRecord::default()));
         let failed = Arc::new(AtomicBool::new(false));
-        let mut queues = Vec::new();
-        let mut workers = Vec::new();
-        for (i, backend) in backends.into_iter().enumerate() {
-            let (tx, rx) = crossbeam_channel::bounded(each);
-            let (record, failed) = (record.clone(), failed.clone());
-            let worker = std::thread::Builder::new()
-                .name(format!("kvtrace {tier} io {i}"))
-                .spawn(move || work(backend, &rx, &record, &failed))?;
-            queues.push(tx);
-            workers.push(worker);
-        }
-        Ok(IoQueues {
-            queues,
+        let workers = backends.len();
+        let mut backends = backends.into_iter();
+        let pool = WorkerPool::start(
+            &format!("kvtrace {tier} io"),
             workers,
+            depth as usize,
+            |_| {
+                let (record, failed) = (record.clone(), failed.clone());
+                let mut backend = backends.next().expect("one backend per worker");
+                move |job| run(&mut *backend, job, &record, &failed)
+            },
+        )?;
+        Ok(IoQueues {
+            pool,
             record,
             failed,
             pace: None,
@@ -344,9 +344,7 @@ impl IoQueues {
     }
 
     fn shard(&self, key: KeyId) -> usize {
-        let id = key.0;
-        let folded = (id as u64) ^ ((id >> 64) as u64);
-        (folded.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % self.queues.len()
+        self.pool.shard(key)
     }
 
     pub(super) fn write(&mut self, key: KeyId, size: u64) {
@@ -363,7 +361,7 @@ impl IoQueues {
 
     /// A batch, one per worker its keys belong to.
     pub(super) fn write_many(&mut self, objects: &[(KeyId, u64)]) {
-        let mut per_worker: Vec<Vec<(KeyId, u64)>> = vec![Vec::new(); self.queues.len()];
+        let mut per_worker: Vec<Vec<(KeyId, u64)>> = vec![Vec::new(); self.pool.workers()];
         for &(key, size) in objects {
             per_worker[self.shard(key)].push((key, size));
         }
@@ -380,29 +378,24 @@ impl IoQueues {
             p.epoch + Duration::from_secs_f64(s)
         });
         let issued = Instant::now();
-        let job = Job { op, issued, due };
-        let refused = match self.queues[worker].try_send(job) {
-            Ok(()) => return,
-            Err(TrySendError::Full(job)) => {
-                let sent = self.queues[worker].send(job);
-                lock(&self.record).stall += issued.elapsed();
-                match sent {
-                    Ok(()) => return,
-                    Err(e) => e.into_inner(),
+        let refused = match self.pool.send(worker, Job { op, issued, due }) {
+            Ok(waited) => {
+                if !waited.is_zero() {
+                    lock(&self.record).stall += waited;
                 }
+                return;
             }
-            Err(TrySendError::Disconnected(job)) => job,
+            Err(job) => job,
         };
         // The worker is gone (it panicked): the call is counted as failed, not lost.
         let (kind, keys) = match refused.op {
-            Op::Write(key, _) => (Kind::Write, vec![key]),
-            Op::WriteMany(batch) => (Kind::Write, batch.iter().map(|o| o.0).collect()),
-            Op::Read(..) => (Kind::Read, Vec::new()),
-            Op::Delete(_) => (Kind::Delete, Vec::new()),
-            Op::Drain(_) => return,
+            Op::Write(key, _) => (IoKind::Write, vec![key]),
+            Op::WriteMany(batch) => (IoKind::Write, batch.iter().map(|o| o.0).collect()),
+            Op::Read(..) => (IoKind::Read, Vec::new()),
+            Op::Delete(_) => (IoKind::Delete, Vec::new()),
         };
         let now = Instant::now();
-        let done = Done {
+        let done = IoDone {
             kind,
             bytes: 0,
             issued,
@@ -421,30 +414,13 @@ impl IoQueues {
         if !self.failed.swap(false, Ordering::AcqRel) {
             return Vec::new();
         }
-        std::mem::take(&mut lock(&self.record).failed_writes)
+        lock(&self.record).take_failed_writes()
     }
 
     /// Waits until every queued call is done; the time it took is the drain time.
     pub(super) fn drain(&mut self) {
-        let began = Instant::now();
-        let replies: Vec<Receiver<()>> = self
-            .queues
-            .iter()
-            .filter_map(|q| {
-                let (tx, rx) = crossbeam_channel::bounded(1);
-                q.send(Job {
-                    op: Op::Drain(tx),
-                    issued: began,
-                    due: None,
-                })
-                .ok()
-                .map(|()| rx)
-            })
-            .collect();
-        for reply in replies {
-            let _ = reply.recv();
-        }
-        lock(&self.record).drain += began.elapsed();
+        let took = self.pool.drain();
+        lock(&self.record).drain += took;
     }
 
     pub(super) fn with_record<T>(&self, f: impl FnOnce(&IoRecord) -> T) -> T {
@@ -452,64 +428,48 @@ impl IoQueues {
     }
 }
 
-impl Drop for IoQueues {
-    /// Lets the workers finish what is queued and stop.
-    fn drop(&mut self) {
-        self.queues.clear();
-        for worker in self.workers.drain(..) {
-            let _ = worker.join();
+/// One call on a worker's backend, timed and recorded.
+fn run(backend: &mut dyn Backend, job: Job, record: &Mutex<IoRecord>, failed: &AtomicBool) {
+    let started = Instant::now();
+    let mut batch = Vec::new();
+    let (kind, bytes, outcome) = match job.op {
+        Op::Write(key, size) => {
+            batch.push((key, size));
+            (IoKind::Write, size, backend.put(key, size).map(|()| true))
         }
-    }
-}
-
-fn work(
-    mut backend: Box<dyn Backend>,
-    jobs: &Receiver<Job>,
-    record: &Mutex<IoRecord>,
-    failed: &AtomicBool,
-) {
-    for job in jobs {
-        let started = Instant::now();
-        let mut batch = Vec::new();
-        let (kind, bytes, outcome) = match job.op {
-            Op::Drain(reply) => {
-                let _ = reply.send(());
-                continue;
-            }
-            Op::Write(key, size) => {
-                batch.push((key, size));
-                (Kind::Write, size, backend.put(key, size).map(|()| true))
-            }
-            Op::WriteMany(objects) => {
-                batch = objects;
-                let bytes = batch.iter().map(|o| o.1).sum();
-                (Kind::Write, bytes, backend.put_many(&batch).map(|()| true))
-            }
-            Op::Read(key, size) => (Kind::Read, size, backend.get(key)),
-            Op::Delete(key) => (Kind::Delete, 0, backend.delete(key).map(|()| true)),
-        };
-        let finished = Instant::now();
-        let service = transfer_time(&*backend, bytes, finished - started);
-        let write_failed = kind == Kind::Write && outcome.is_err();
-        let keys: Vec<KeyId> = if write_failed {
-            batch.iter().map(|o| o.0).collect()
-        } else {
-            Vec::new()
-        };
-        let done = Done {
-            kind,
-            bytes,
-            issued: job.issued,
-            started,
-            finished,
-            service,
-            due: job.due,
-            outcome,
-        };
-        lock(record).add(done, &keys);
-        if write_failed {
-            failed.store(true, Ordering::Release);
+        Op::WriteMany(objects) => {
+            batch = objects;
+            let bytes = batch.iter().map(|o| o.1).sum();
+            (
+                IoKind::Write,
+                bytes,
+                backend.put_many(&batch).map(|()| true),
+            )
         }
+        Op::Read(key, size) => (IoKind::Read, size, backend.get(key)),
+        Op::Delete(key) => (IoKind::Delete, 0, backend.delete(key).map(|()| true)),
+    };
+    let finished = Instant::now();
+    let service = transfer_time(backend, bytes, finished - started);
+    let write_failed = kind == IoKind::Write && outcome.is_err();
+    let keys: Vec<KeyId> = if write_failed {
+        batch.iter().map(|o| o.0).collect()
+    } else {
+        Vec::new()
+    };
+    let done = IoDone {
+        kind,
+        bytes,
+        issued: job.issued,
+        started,
+        finished,
+        service,
+        due: job.due,
+        outcome,
+    };
+    lock(record).add(done, &keys);
+    if write_failed {
+        failed.store(true, Ordering::Release);
     }
 }
 

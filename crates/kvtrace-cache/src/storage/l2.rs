@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::backend::{Backend, GpuBudget, Memory, Null};
 use super::config::{BackendConfig, L2Config, L2Io};
-use super::io_queue::{Done, IoQueues, IoRecord, Kind, QueueFigures};
+use super::io_queue::{IoDone, IoKind, IoQueues, IoRecord, QueueFigures};
 use super::{file, KeyId, KeyMap, TierStats};
 
 /// The time a transfer counts for: the device model's when the backend has one, else what
@@ -115,7 +115,7 @@ impl L2 {
     /// Times one synchronous backend call made by `call`.
     fn timed<T>(
         &mut self,
-        kind: Kind,
+        kind: IoKind,
         bytes: u64,
         call: impl FnOnce(&mut dyn Backend) -> io::Result<T>,
         found: impl Fn(&T) -> bool,
@@ -127,7 +127,7 @@ impl L2 {
             Ok(v) => Ok(found(v)),
             Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
         };
-        let done = Done {
+        let done = IoDone {
             kind,
             bytes,
             issued: started,
@@ -282,7 +282,7 @@ impl L2 {
         match &mut self.queues {
             Some(q) => q.write(key, size),
             None => {
-                self.timed(Kind::Write, size, |b| b.put(key, size), |_| true)
+                self.timed(IoKind::Write, size, |b| b.put(key, size), |_| true)
                     .inspect_err(|_| self.stats.write_errors += 1)?;
             }
         }
@@ -330,7 +330,7 @@ impl L2 {
             Some(q) => q.write_many(&new),
             None => {
                 let bytes = new.iter().map(|o| o.1).sum();
-                if let Err(e) = self.timed(Kind::Write, bytes, |b| b.put_many(&new), |_| true) {
+                if let Err(e) = self.timed(IoKind::Write, bytes, |b| b.put_many(&new), |_| true) {
                     self.stats.write_errors += new.len() as u64;
                     return Err(e);
                 }
@@ -360,7 +360,7 @@ impl L2 {
                 known
             }
             None => self
-                .timed(Kind::Read, size, |b| b.get(key), |&found| found)
+                .timed(IoKind::Read, size, |b| b.get(key), |&found| found)
                 .inspect_err(|_| self.stats.read_errors += 1)?,
         };
         if found {
@@ -392,7 +392,7 @@ impl L2 {
                 Ok(())
             }
             None => self
-                .timed(Kind::Delete, 0, |b| b.delete(key), |_| true)
+                .timed(IoKind::Delete, 0, |b| b.delete(key), |_| true)
                 .inspect_err(|_| self.stats.delete_errors += 1),
         }
     }
@@ -408,7 +408,7 @@ impl L2 {
                 Ok(())
             }
             None => {
-                self.timed(Kind::Read, size, |b| b.get(key), |&found| found)?;
+                self.timed(IoKind::Read, size, |b| b.get(key), |&found| found)?;
                 self.delete(key)
             }
         }

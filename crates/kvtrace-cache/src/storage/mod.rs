@@ -27,13 +27,14 @@ pub mod redis;
 #[cfg(feature = "s3")]
 pub mod s3;
 pub mod traced;
+pub mod worker_pool;
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64};
 
-pub use io_queue::{Percentiles, QueueFigures};
+pub use io_queue::{IoDone, IoKind, IoRecord, Percentiles, QueueFigures};
 use kvtrace_lmct::codec::{ObjectKey, ObjectKeyRef};
 pub use l1::{Reservation, Unreadable};
 pub use manager::{Departure, PrefetchGroup, PrefetchRequest, StorageManager};

@@ -1,0 +1,365 @@
+//! How the storage tier's reads, writes and deletes reach it, and every one of them timed.
+//!
+//! Synchronously, as `kv-cache.py` does them: each call runs on the thread of the request
+//! or demotion that makes it. Asynchronously, as a serving stack's offload store tasks run:
+//! the calls go to worker threads behind bounded queues; a write or a delete returns once
+//! queued (a request waits only for queue room), a read waits for its turn and its answer.
+//! Keys are sharded over the workers by hash, so one key's write, reads and delete run in
+//! the order they were issued — a read never overtakes the write it reads back. The cache's
+//! decisions (placement, victims, what a lookup finds) stay with the tier hierarchy, under
+//! its lock, in both modes. A queued write the storage refuses is handed back, and the
+//! hierarchy forgets the entry before its next decision, as a refused synchronous write
+//! leaves nothing.
+//!
+//! In both modes each call's queue wait, service and end-to-end time go into one
+//! [`IoRecord`] (wait is 0 when synchronous), so the report compares the modes figure by
+//! figure.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{RecvTimeoutError, Sender};
+use serde::Serialize;
+
+use super::io::{IoBuffer, IoTime};
+use super::tiers::{store_delete, store_read, store_write, TierSpec};
+use kvtrace_cache::storage::worker_pool::WorkerPool;
+use kvtrace_cache::storage::{IoDone, IoKind, IoRecord, KeyId, QueueFigures};
+
+/// How the storage tier's calls are made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StorageIo {
+    /// On the calling thread (`kv-cache.py`'s way).
+    Synchronous,
+    /// On `workers` threads; `depth` calls may wait in all their queues together.
+    Asynchronous { depth: u32, workers: u32 },
+}
+
+impl StorageIo {
+    pub const DEFAULT_DEPTH: u32 = 64;
+    pub const DEFAULT_WORKERS: u32 = 4;
+
+    /// Asynchronous I/O, checked: a depth of 1 to 65536 calls, 1 to 256 workers and no more
+    /// workers than the depth (a worker with no queue room could never be given work).
+    pub fn asynchronous(depth: u32, workers: u32) -> Result<StorageIo, String> {
+        if !(1..=65_536).contains(&depth) {
+            return Err(format!("queue depth {depth}: expected 1 to 65536"));
+        }
+        if !(1..=256.min(depth)).contains(&workers) {
+            return Err(format!(
+                "{workers} workers: expected 1 to {} (at most the queue depth {depth})",
+                256.min(depth)
+            ));
+        }
+        Ok(StorageIo::Asynchronous { depth, workers })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageIo::Synchronous => "synchronous",
+            StorageIo::Asynchronous { .. } => "asynchronous",
+        }
+    }
+}
+
+/// The storage tier's calls in a report.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct StorageIoReport {
+    pub mode: &'static str,
+    pub queue_depth: Option<u32>,
+    pub workers: Option<u32>,
+    pub write_errors: u64,
+    pub read_errors: u64,
+    #[serde(flatten)]
+    pub calls: QueueFigures,
+}
+
+enum Op {
+    Write {
+        key: KeyId,
+        size: u64,
+        stamp: u64,
+    },
+    Read {
+        key: KeyId,
+        size: u64,
+        reply: Sender<io::Result<IoTime>>,
+    },
+    Delete {
+        key: KeyId,
+        size: u64,
+    },
+}
+
+struct Job {
+    op: Op,
+    issued: Instant,
+}
+
+struct Queues {
+    pool: WorkerPool<Job>,
+    depth: u32,
+}
+
+/// The storage tier's I/O path: its record, and when asynchronous its workers.
+pub(crate) struct StoragePath {
+    spec: TierSpec,
+    record: Arc<Mutex<IoRecord>>,
+    /// Set by a worker whose write failed: the hierarchy has entries to forget.
+    failed: Arc<AtomicBool>,
+    queues: Option<Queues>,
+}
+
+fn lock(record: &Mutex<IoRecord>) -> MutexGuard<'_, IoRecord> {
+    record.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A copy of an error for the record (an `io::Error` is not `Clone`).
+fn copied(e: &io::Error) -> io::Error {
+    io::Error::new(e.kind(), e.to_string())
+}
+
+/// One call's record entry, begun at `issued` and run from `started` to now.
+fn done(
+    kind: IoKind,
+    bytes: u64,
+    issued: Instant,
+    started: Instant,
+    outcome: io::Result<bool>,
+) -> IoDone {
+    let finished = Instant::now();
+    IoDone {
+        kind,
+        bytes,
+        issued,
+        started,
+        finished,
+        service: finished - started,
+        due: None,
+        outcome,
+    }
+}
+
+/// A read's outcome for the record: a missing entry is a read that found nothing.
+fn read_outcome(r: &io::Result<IoTime>) -> io::Result<bool> {
+    match r {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(copied(e)),
+    }
+}
+
+impl StoragePath {
+    /// The path to the tier `spec` describes; workers start when `mode` is asynchronous.
+    pub(crate) fn start(spec: TierSpec, mode: StorageIo) -> io::Result<StoragePath> {
+        let record = Arc::new(Mutex::new(IoRecord::default()));
+        let failed = Arc::new(AtomicBool::new(false));
+        let queues = match mode {
+            StorageIo::Synchronous => None,
+            StorageIo::Asynchronous { depth, workers } => {
+                let pool = WorkerPool::start(
+                    "kvtrace storage io",
+                    workers as usize,
+                    depth as usize,
+                    |_| {
+                        let (spec, record, failed) = (spec.clone(), record.clone(), failed.clone());
+                        let mut buf = IoBuffer::new();
+                        move |job| run(&spec, job, &mut buf, &record, &failed)
+                    },
+                )?;
+                Some(Queues { pool, depth })
+            }
+        };
+        Ok(StoragePath {
+            spec,
+            record,
+            failed,
+            queues,
+        })
+    }
+
+    pub(crate) fn is_async(&self) -> bool {
+        self.queues.is_some()
+    }
+
+    /// Queues `op` on its key's worker, waiting for room; how long the caller waited.
+    fn submit(&self, q: &Queues, key: KeyId, op: Op) -> Duration {
+        let issued = Instant::now();
+        let refused = match q.pool.send(q.pool.shard(key), Job { op, issued }) {
+            Ok(waited) => {
+                if !waited.is_zero() {
+                    lock(&self.record).stall += waited;
+                }
+                return waited;
+            }
+            Err(job) => job,
+        };
+        // The worker is gone (it panicked): the call failed, and is counted, not lost.
+        let stopped = || io::Error::other("the storage tier's I/O worker stopped");
+        let kind = match refused.op {
+            Op::Write { .. } => IoKind::Write,
+            Op::Read { reply, .. } => {
+                let _ = reply.send(Err(stopped()));
+                IoKind::Read
+            }
+            Op::Delete { .. } => IoKind::Delete,
+        };
+        let keys = if kind == IoKind::Write {
+            vec![key]
+        } else {
+            Vec::new()
+        };
+        lock(&self.record).add(done(kind, 0, issued, issued, Err(stopped())), &keys);
+        self.failed.store(true, Ordering::Release);
+        issued.elapsed()
+    }
+
+    /// Writes an entry, or queues its write: the time the caller spent (for a queued
+    /// write, the wait for queue room, as host time).
+    pub(crate) fn write(
+        &self,
+        key: KeyId,
+        size: u64,
+        stamp: u64,
+        buf: &mut IoBuffer,
+    ) -> io::Result<IoTime> {
+        if let Some(q) = &self.queues {
+            let waited = self.submit(q, key, Op::Write { key, size, stamp });
+            return Ok(IoTime {
+                host_s: waited.as_secs_f64(),
+                device_s: 0.0,
+            });
+        }
+        let began = Instant::now();
+        let r = store_write(&self.spec, key, size, stamp, buf);
+        let outcome = r.as_ref().map(|_| true).map_err(copied);
+        self.record_sync(done(IoKind::Write, size, began, began, outcome));
+        r
+    }
+
+    /// Reads an entry; asynchronously, after every call queued before it on its worker,
+    /// the wait counted as host time, and given up (`Interrupted`) once `buf`'s run stops.
+    pub(crate) fn read(&self, key: KeyId, size: u64, buf: &mut IoBuffer) -> io::Result<IoTime> {
+        if let Some(q) = &self.queues {
+            let (reply, answer) = crossbeam_channel::bounded(1);
+            self.submit(q, key, Op::Read { key, size, reply });
+            // The run's deadline stops the wait (the worker still reads; nobody listens).
+            loop {
+                match answer.recv_timeout(Duration::from_millis(20)) {
+                    Ok(read) => return read,
+                    Err(RecvTimeoutError::Timeout) => buf.check()?,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        return Err(io::Error::other("the storage tier's I/O worker stopped"))
+                    }
+                }
+            }
+        }
+        let began = Instant::now();
+        let r = store_read(&self.spec, key, size, buf);
+        self.record_sync(done(IoKind::Read, size, began, began, read_outcome(&r)));
+        r
+    }
+
+    /// Removes an entry, or queues its removal.
+    pub(crate) fn delete(&self, key: KeyId, size: u64) -> io::Result<()> {
+        if let Some(q) = &self.queues {
+            self.submit(q, key, Op::Delete { key, size });
+            return Ok(());
+        }
+        let began = Instant::now();
+        let r = store_delete(&self.spec, key, size);
+        let outcome = r.as_ref().map(|()| true).map_err(copied);
+        self.record_sync(done(IoKind::Delete, 0, began, began, outcome));
+        r
+    }
+
+    /// Records a call made on the caller's thread, unless the run's deadline cut it short:
+    /// that is no figure of the storage's.
+    fn record_sync(&self, entry: IoDone) {
+        if !matches!(&entry.outcome, Err(e) if e.kind() == io::ErrorKind::Interrupted) {
+            lock(&self.record).add(entry, &[]);
+        }
+    }
+
+    /// The keys whose queued write failed since the last call.
+    pub(crate) fn take_failed_writes(&self) -> Vec<KeyId> {
+        if !self.failed.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        lock(&self.record).take_failed_writes()
+    }
+
+    /// Waits until every queued call is done; the time it took is the drain time.
+    pub(crate) fn drain(&self) {
+        if let Some(q) = &self.queues {
+            let took = q.pool.drain();
+            lock(&self.record).drain += took;
+        }
+    }
+
+    pub(crate) fn report(&self) -> StorageIoReport {
+        let r = lock(&self.record);
+        StorageIoReport {
+            mode: if self.is_async() {
+                "asynchronous"
+            } else {
+                "synchronous"
+            },
+            queue_depth: self.queues.as_ref().map(|q| q.depth),
+            workers: self.queues.as_ref().map(|q| q.pool.workers() as u32),
+            write_errors: r.write_errors,
+            read_errors: r.read_errors,
+            calls: r.summary(false),
+        }
+    }
+}
+
+/// One call on the storage tier, made by a worker, timed and recorded; a read's answer goes
+/// back to the request waiting for it.
+fn run(
+    spec: &TierSpec,
+    job: Job,
+    buf: &mut IoBuffer,
+    record: &Mutex<IoRecord>,
+    failed: &AtomicBool,
+) {
+    let started = Instant::now();
+    let (entry, keys) = match job.op {
+        Op::Write { key, size, stamp } => {
+            let outcome = store_write(spec, key, size, stamp, buf).map(|_| true);
+            let keys = if outcome.is_err() {
+                vec![key]
+            } else {
+                Vec::new()
+            };
+            (
+                done(IoKind::Write, size, job.issued, started, outcome),
+                keys,
+            )
+        }
+        Op::Read { key, size, reply } => {
+            let r = store_read(spec, key, size, buf);
+            let entry = done(IoKind::Read, size, job.issued, started, read_outcome(&r));
+            let waited = started.saturating_duration_since(job.issued).as_secs_f64();
+            let _ = reply.send(r.map(|t| IoTime {
+                host_s: t.host_s + waited,
+                device_s: t.device_s,
+            }));
+            (entry, Vec::new())
+        }
+        Op::Delete { key, size } => {
+            let outcome = store_delete(spec, key, size).map(|()| true);
+            (
+                done(IoKind::Delete, 0, job.issued, started, outcome),
+                Vec::new(),
+            )
+        }
+    };
+    let write_failed = !keys.is_empty();
+    lock(record).add(entry, &keys);
+    if write_failed {
+        failed.store(true, Ordering::Release);
+    }
+}
