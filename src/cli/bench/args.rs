@@ -96,6 +96,7 @@ enum Personas {
     "kvtrace bench --model llama3.1-8b --num-users 20 --duration 30 --cpu-mem-gb 4 --cache-dir /mnt/nvme",
     "kvtrace bench --cpu-mem-gb 0 --gpu-mem-gb 0 --generation-mode none --duration 60 --xlsx-output run.xlsx",
     "kvtrace bench --suite --duration 20 --output suite-reports",
+    "kvtrace bench --mlperf-option all --cache-dir /mnt/nvme/kv --results-dir /results/kv",
     "mpirun -np 4 kvtrace bench --num-users 10 --duration 60 --output run.json --storage-tier '{\"type\":\"resp-cluster\",\"nodes\":[\"redis://10.0.0.5:7000\"]}'",
 ]))]
 pub(crate) struct Args {
