@@ -86,6 +86,8 @@ enum Op {
         key: KeyId,
         size: u64,
         reply: Sender<io::Result<IoTime>>,
+        /// Set when the request stopped waiting (the run's deadline): the read is skipped.
+        abandoned: Arc<AtomicBool>,
     },
     Delete {
         key: KeyId,
@@ -244,12 +246,24 @@ impl StoragePath {
     pub(crate) fn read(&self, key: KeyId, size: u64, buf: &mut IoBuffer) -> io::Result<IoTime> {
         if let Some(q) = &self.queues {
             let (reply, answer) = crossbeam_channel::bounded(1);
-            self.submit(q, key, Op::Read { key, size, reply });
-            // The run's deadline stops the wait (the worker still reads; nobody listens).
+            let abandoned = Arc::new(AtomicBool::new(false));
+            let op = Op::Read {
+                key,
+                size,
+                reply,
+                abandoned: Arc::clone(&abandoned),
+            };
+            self.submit(q, key, op);
+            // The run's deadline stops the wait, and the worker skips a read not yet begun.
             loop {
                 match answer.recv_timeout(Duration::from_millis(20)) {
                     Ok(read) => return read,
-                    Err(RecvTimeoutError::Timeout) => buf.check()?,
+                    Err(RecvTimeoutError::Timeout) => {
+                        if let Err(stopped) = buf.check() {
+                            abandoned.store(true, Ordering::Release);
+                            return Err(stopped);
+                        }
+                    }
                     Err(RecvTimeoutError::Disconnected) => {
                         return Err(io::Error::other("the storage tier's I/O worker stopped"))
                     }
@@ -339,7 +353,10 @@ fn run(
                 keys,
             )
         }
-        Op::Read { key, size, reply } => {
+        Op::Read { abandoned, .. } if abandoned.load(Ordering::Acquire) => return,
+        Op::Read {
+            key, size, reply, ..
+        } => {
             let r = store_read(spec, key, size, buf);
             let entry = done(IoKind::Read, size, job.issued, started, read_outcome(&r));
             let waited = started.saturating_duration_since(job.issued).as_secs_f64();
