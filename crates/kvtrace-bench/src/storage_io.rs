@@ -100,18 +100,15 @@ struct Job {
     issued: Instant,
 }
 
-struct Queues {
-    pool: WorkerPool<Job>,
-    depth: u32,
-}
-
 /// The storage tier's I/O path: its record, and when asynchronous its workers.
 pub(crate) struct StoragePath {
     spec: TierSpec,
     record: Arc<Mutex<IoRecord>>,
     /// Set by a worker whose write failed: the hierarchy has entries to forget.
     failed: Arc<AtomicBool>,
-    queues: Option<Queues>,
+    mode: StorageIo,
+    /// The workers, when asynchronous.
+    pool: Option<WorkerPool<Job>>,
 }
 
 fn lock(record: &Mutex<IoRecord>) -> MutexGuard<'_, IoRecord> {
@@ -158,7 +155,7 @@ impl StoragePath {
     pub(crate) fn start(spec: TierSpec, mode: StorageIo) -> io::Result<StoragePath> {
         let record = Arc::new(Mutex::new(IoRecord::default()));
         let failed = Arc::new(AtomicBool::new(false));
-        let queues = match mode {
+        let pool = match mode {
             StorageIo::Synchronous => None,
             StorageIo::Asynchronous { depth, workers } => {
                 let pool = WorkerPool::start(
@@ -171,25 +168,26 @@ impl StoragePath {
                         move |job| run(&spec, job, &mut buf, &record, &failed)
                     },
                 )?;
-                Some(Queues { pool, depth })
+                Some(pool)
             }
         };
         Ok(StoragePath {
             spec,
             record,
             failed,
-            queues,
+            mode,
+            pool,
         })
     }
 
     pub(crate) fn is_async(&self) -> bool {
-        self.queues.is_some()
+        self.pool.is_some()
     }
 
     /// Queues `op` on its key's worker, waiting for room; how long the caller waited.
-    fn submit(&self, q: &Queues, key: KeyId, op: Op) -> Duration {
+    fn submit(&self, pool: &WorkerPool<Job>, key: KeyId, op: Op) -> Duration {
         let issued = Instant::now();
-        let refused = match q.pool.send(q.pool.shard(key), Job { op, issued }) {
+        let refused = match pool.send(pool.shard(key), Job { op, issued }) {
             Ok(waited) => {
                 if !waited.is_zero() {
                     lock(&self.record).stall += waited;
@@ -227,8 +225,8 @@ impl StoragePath {
         stamp: u64,
         buf: &mut IoBuffer,
     ) -> io::Result<IoTime> {
-        if let Some(q) = &self.queues {
-            let waited = self.submit(q, key, Op::Write { key, size, stamp });
+        if let Some(pool) = &self.pool {
+            let waited = self.submit(pool, key, Op::Write { key, size, stamp });
             return Ok(IoTime {
                 host_s: waited.as_secs_f64(),
                 device_s: 0.0,
@@ -244,7 +242,7 @@ impl StoragePath {
     /// Reads an entry; asynchronously, after every call queued before it on its worker,
     /// the wait counted as host time, and given up (`Interrupted`) once `buf`'s run stops.
     pub(crate) fn read(&self, key: KeyId, size: u64, buf: &mut IoBuffer) -> io::Result<IoTime> {
-        if let Some(q) = &self.queues {
+        if let Some(pool) = &self.pool {
             let (reply, answer) = crossbeam_channel::bounded(1);
             let abandoned = Arc::new(AtomicBool::new(false));
             let op = Op::Read {
@@ -253,7 +251,7 @@ impl StoragePath {
                 reply,
                 abandoned: Arc::clone(&abandoned),
             };
-            self.submit(q, key, op);
+            self.submit(pool, key, op);
             // The run's deadline stops the wait, and the worker skips a read not yet begun.
             loop {
                 match answer.recv_timeout(Duration::from_millis(20)) {
@@ -278,8 +276,8 @@ impl StoragePath {
 
     /// Removes an entry, or queues its removal.
     pub(crate) fn delete(&self, key: KeyId, size: u64) -> io::Result<()> {
-        if let Some(q) = &self.queues {
-            self.submit(q, key, Op::Delete { key, size });
+        if let Some(pool) = &self.pool {
+            self.submit(pool, key, Op::Delete { key, size });
             return Ok(());
         }
         let began = Instant::now();
@@ -307,8 +305,8 @@ impl StoragePath {
 
     /// Waits until every queued call is done; the time it took is the drain time.
     pub(crate) fn drain(&self) {
-        if let Some(q) = &self.queues {
-            let took = q.pool.drain();
+        if let Some(pool) = &self.pool {
+            let took = pool.drain();
             lock(&self.record).drain += took;
         }
     }
@@ -316,13 +314,12 @@ impl StoragePath {
     pub(crate) fn report(&self) -> StorageIoReport {
         let r = lock(&self.record);
         StorageIoReport {
-            mode: if self.is_async() {
-                "asynchronous"
-            } else {
-                "synchronous"
+            mode: self.mode.name(),
+            queue_depth: match self.mode {
+                StorageIo::Asynchronous { depth, .. } => Some(depth),
+                StorageIo::Synchronous => None,
             },
-            queue_depth: self.queues.as_ref().map(|q| q.depth),
-            workers: self.queues.as_ref().map(|q| q.pool.workers() as u32),
+            workers: self.pool.as_ref().map(|p| p.workers() as u32),
             write_errors: r.write_errors,
             read_errors: r.read_errors,
             calls: r.summary(false),

@@ -97,7 +97,11 @@ fn pause(d: Duration) -> bool {
         if kvtrace::interrupt::requested().is_some() {
             return false;
         }
-        std::thread::sleep((until - Instant::now()).min(Duration::from_millis(100)));
+        std::thread::sleep(
+            until
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(100)),
+        );
     }
     true
 }
