@@ -33,7 +33,7 @@ enum PlacementArg {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum L2IoArg {
+pub(super) enum L2IoArg {
     /// Each backend call completes inside the call that causes it
     Synchronous,
     /// Backend calls run on worker threads behind bounded queues, per tier; the cache's

@@ -219,5 +219,22 @@ fn the_closed_division_refuses_every_flag_but_where_files_go() {
     let out = kvtrace(["bench", "--trials", "2"]);
     let err = one_line_error(&out, 2);
     assert!(err.contains("--mlperf-option"), "{err}");
+    // Ranks must meet in one results directory: a rank of many does not invent its own.
+    let out = kvtrace([
+        "bench",
+        "--mlperf-option",
+        "1",
+        "--rank",
+        "1",
+        "--world-size",
+        "2",
+        "--run-id",
+        "r",
+    ]);
+    let err = one_line_error(&out, 2);
+    assert!(
+        err.contains("rank 1 of 2: give --results-dir, a directory every rank sees"),
+        "{err}"
+    );
     assert!(!dir.path().join("r").exists(), "nothing ran");
 }

@@ -68,7 +68,7 @@ fn storage_io_flags_that_cannot_hold_are_one_line_errors() {
         ),
         (
             &["--storage-io-depth", "2", "--storage-io-workers", "3"],
-            "3 workers: expected 1 to 2",
+            "3 workers: from 1 to 256 and at most the queue depth (2)",
         ),
         (&["--storage-io-depth", "0"], "queue depth 0"),
         (

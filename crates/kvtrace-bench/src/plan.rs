@@ -19,14 +19,14 @@ use super::report::{BenchReport, Profile, RankWindow, ReportInput};
 use super::run::{run, BenchConfig, DecodeReads, MultiTurn, MAX_WORKERS};
 use super::sharegpt::{self, Dataset};
 use super::sheets::RunParameters;
-use super::storage_io::StorageIo;
 use super::tiers::{TierCache, TierKind, TierSpec, TierStore};
 use super::users::PersonaSet;
 use kvtrace_cache::bus::recorder::start_recording;
 use kvtrace_cache::bus::{EventBus, SubscriberReport, Tracer};
 use kvtrace_cache::clock::local_stamp;
 use kvtrace_cache::storage::config::{
-    BackendConfig, EvictionConfig, EvictionTiming, L2Config, Placement, S3Location, StorageConfig,
+    BackendConfig, EvictionConfig, EvictionTiming, L2Config, L2Io, Placement, S3Location,
+    StorageConfig,
 };
 use kvtrace_io::error::{Error, Result};
 use kvtrace_io::machine::{available_memory, free_bytes};
@@ -134,7 +134,7 @@ pub struct Setup {
     /// The MLPerf Option and trial this run is, said in its results.
     pub mlperf: Option<MlperfTrial>,
     /// How the storage tier's reads, writes and deletes are made.
-    pub storage_io: StorageIo,
+    pub storage_io: L2Io,
 }
 
 /// Where the storage tier keeps its entries.
@@ -224,7 +224,7 @@ impl Default for Setup {
             rank: None,
             run_id: None,
             mlperf: None,
-            storage_io: StorageIo::Synchronous,
+            storage_io: L2Io::Synchronous,
         }
     }
 }

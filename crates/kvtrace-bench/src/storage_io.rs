@@ -25,44 +25,9 @@ use serde::Serialize;
 
 use super::io::{IoBuffer, IoTime};
 use super::tiers::{store_delete, store_read, store_write, TierSpec};
+use kvtrace_cache::storage::config::L2Io;
 use kvtrace_cache::storage::worker_pool::WorkerPool;
 use kvtrace_cache::storage::{IoDone, IoKind, IoRecord, KeyId, QueueFigures};
-
-/// How the storage tier's calls are made.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StorageIo {
-    /// On the calling thread (`kv-cache.py`'s way).
-    Synchronous,
-    /// On `workers` threads; `depth` calls may wait in all their queues together.
-    Asynchronous { depth: u32, workers: u32 },
-}
-
-impl StorageIo {
-    pub const DEFAULT_DEPTH: u32 = 64;
-    pub const DEFAULT_WORKERS: u32 = 4;
-
-    /// Asynchronous I/O, checked: a depth of 1 to 65536 calls, 1 to 256 workers and no more
-    /// workers than the depth (a worker with no queue room could never be given work).
-    pub fn asynchronous(depth: u32, workers: u32) -> Result<StorageIo, String> {
-        if !(1..=65_536).contains(&depth) {
-            return Err(format!("queue depth {depth}: expected 1 to 65536"));
-        }
-        if !(1..=256.min(depth)).contains(&workers) {
-            return Err(format!(
-                "{workers} workers: expected 1 to {} (at most the queue depth {depth})",
-                256.min(depth)
-            ));
-        }
-        Ok(StorageIo::Asynchronous { depth, workers })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            StorageIo::Synchronous => "synchronous",
-            StorageIo::Asynchronous { .. } => "asynchronous",
-        }
-    }
-}
 
 /// The storage tier's calls in a report.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -106,7 +71,9 @@ pub(crate) struct StoragePath {
     record: Arc<Mutex<IoRecord>>,
     /// Set by a worker whose write failed: the hierarchy has entries to forget.
     failed: Arc<AtomicBool>,
-    mode: StorageIo,
+    /// How the calls are made: the replay's L2 I/O modes, the storage tier being the
+    /// hierarchy's L2.
+    mode: L2Io,
     /// The workers, when asynchronous.
     pool: Option<WorkerPool<Job>>,
 }
@@ -152,12 +119,12 @@ fn read_outcome(r: &io::Result<IoTime>) -> io::Result<bool> {
 
 impl StoragePath {
     /// The path to the tier `spec` describes; workers start when `mode` is asynchronous.
-    pub(crate) fn start(spec: TierSpec, mode: StorageIo) -> io::Result<StoragePath> {
+    pub(crate) fn start(spec: TierSpec, mode: L2Io) -> io::Result<StoragePath> {
         let record = Arc::new(Mutex::new(IoRecord::default()));
         let failed = Arc::new(AtomicBool::new(false));
         let pool = match mode {
-            StorageIo::Synchronous => None,
-            StorageIo::Asynchronous { depth, workers } => {
+            L2Io::Synchronous => None,
+            L2Io::Asynchronous { depth, workers } => {
                 let pool = WorkerPool::start(
                     "kvtrace storage io",
                     workers as usize,
@@ -316,8 +283,8 @@ impl StoragePath {
         StorageIoReport {
             mode: self.mode.name(),
             queue_depth: match self.mode {
-                StorageIo::Asynchronous { depth, .. } => Some(depth),
-                StorageIo::Synchronous => None,
+                L2Io::Asynchronous { depth, .. } => Some(depth),
+                L2Io::Synchronous => None,
             },
             workers: self.pool.as_ref().map(|p| p.workers() as u32),
             write_errors: r.write_errors,

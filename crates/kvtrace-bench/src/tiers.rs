@@ -21,7 +21,8 @@ use super::cluster::ClusterStore;
 use super::io::{read_entry, write_entry, FileMode, IoBuffer, IoTime};
 use super::iolog::{IoLog, IoOp};
 use super::metrics::OpTimes;
-use super::storage_io::{StorageIo, StorageIoReport, StoragePath};
+use super::storage_io::{StorageIoReport, StoragePath};
+use kvtrace_cache::storage::config::L2Io;
 use kvtrace_cache::storage::file::{object_path, remove_object};
 use kvtrace_cache::storage::{KeyId, KeyMap};
 
@@ -493,11 +494,11 @@ impl State {
 impl TierCache {
     /// Creates the tiers' directories (empty tiers are left out).
     pub fn new(specs: Vec<TierSpec>) -> io::Result<TierCache> {
-        TierCache::with_storage_io(specs, StorageIo::Synchronous)
+        TierCache::with_storage_io(specs, L2Io::Synchronous)
     }
 
     /// As [`TierCache::new`], the last tier's calls made as `mode` says.
-    pub fn with_storage_io(specs: Vec<TierSpec>, mode: StorageIo) -> io::Result<TierCache> {
+    pub fn with_storage_io(specs: Vec<TierSpec>, mode: L2Io) -> io::Result<TierCache> {
         let mut tiers = Vec::new();
         for spec in specs {
             if spec.capacity == Some(0) {
@@ -914,7 +915,7 @@ mod tests {
                     store: files(dir, "nvme"),
                 },
             ],
-            StorageIo::asynchronous(depth, workers).expect("valid"),
+            L2Io::asynchronous(depth, workers).expect("valid"),
         )
         .expect("tiers")
     }

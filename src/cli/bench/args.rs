@@ -11,14 +11,14 @@ use kvtrace::bench::models::{model, MODELS};
 use kvtrace::bench::plan::{Generation, Setup, StorageTier};
 use kvtrace::bench::report::Profile as ProfileKind;
 use kvtrace::bench::run::{DecodeReads, MultiTurn};
-use kvtrace::bench::storage_io::StorageIo;
 use kvtrace::bench::users::PersonaSet;
 use kvtrace::error::Error;
 use kvtrace::rank::launcher_run_id;
+use kvtrace::storage::config::L2Io;
 
 use crate::cli::otlp::OtlpArgs;
 use crate::cli::rank::RankArgs;
-use crate::cli::tiers::positive;
+use crate::cli::tiers::{positive, L2IoArg};
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 enum GenerationMode {
@@ -60,15 +60,6 @@ enum TurnReads {
     All,
     /// Only the previous turn (kv-cache.py before March 2026)
     Previous,
-}
-
-#[derive(Clone, Copy, ValueEnum, PartialEq)]
-enum StorageIoArg {
-    /// Each call on the thread of the request or demotion that makes it (kv-cache.py's way)
-    Synchronous,
-    /// Calls on worker threads behind bounded queues: writes and deletes return once queued,
-    /// reads wait for their turn
-    Asynchronous,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -179,7 +170,7 @@ pub(crate) struct Args {
     /// How the storage tier's reads, writes and deletes are made [default: synchronous;
     /// asynchronous when --storage-io-depth or --storage-io-workers is given]
     #[arg(long, value_enum, value_name = "MODE")]
-    storage_io: Option<StorageIoArg>,
+    storage_io: Option<L2IoArg>,
     /// Calls that may wait in the storage tier's queues before a request waits for room
     /// (asynchronous I/O; default 64)
     #[arg(long, value_name = "N")]
@@ -477,22 +468,17 @@ impl Args {
 
 impl Args {
     /// The storage tier's I/O mode the flags ask for.
-    fn storage_io(&self) -> Result<StorageIo, Error> {
+    fn storage_io(&self) -> Result<L2Io, Error> {
         let sizes = self.storage_io_depth.is_some() || self.storage_io_workers.is_some();
         match self.storage_io {
-            Some(StorageIoArg::Synchronous) if sizes => Err(Error::usage(
+            Some(L2IoArg::Synchronous) if sizes => Err(Error::usage(
                 "--storage-io-depth and --storage-io-workers apply to --storage-io asynchronous",
             )),
-            Some(StorageIoArg::Synchronous) => Ok(StorageIo::Synchronous),
-            None if !sizes => Ok(StorageIo::Synchronous),
-            _ => {
-                let depth = self.storage_io_depth.unwrap_or(StorageIo::DEFAULT_DEPTH);
-                let workers = self
-                    .storage_io_workers
-                    .unwrap_or_else(|| StorageIo::DEFAULT_WORKERS.min(depth.max(1)));
-                StorageIo::asynchronous(depth, workers)
-                    .map_err(|e| Error::usage(format!("--storage-io asynchronous: {e}")))
-            }
+            Some(L2IoArg::Synchronous) => Ok(L2Io::Synchronous),
+            None if !sizes => Ok(L2Io::Synchronous),
+            _ => L2Io::Synchronous
+                .asynchronous_with(self.storage_io_depth, self.storage_io_workers)
+                .map_err(|e| Error::usage(format!("--storage-io asynchronous: {e}"))),
         }
     }
 }

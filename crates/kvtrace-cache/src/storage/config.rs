@@ -114,6 +114,14 @@ impl L2Io {
         Ok(L2Io::Asynchronous { depth, workers })
     }
 
+    /// The mode's name in reports: `synchronous` or `asynchronous`.
+    pub fn name(self) -> &'static str {
+        match self {
+            L2Io::Synchronous => "synchronous",
+            L2Io::Asynchronous { .. } => "asynchronous",
+        }
+    }
+
     /// Asynchronous I/O with the `depth` and `workers` given, the others taken from this
     /// mode (the defaults where it is synchronous); a depth below the workers not given
     /// takes as many workers as it has room for. What the flags and the TOML file both ask.

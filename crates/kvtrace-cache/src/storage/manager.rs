@@ -536,11 +536,11 @@ impl StorageManager {
         });
         let l2 = self.l2.iter().map(|t| {
             let (w, r) = t.io_seconds();
-            let (mode, queue) = match self.config.l2_io {
-                L2Io::Asynchronous { depth, workers } => ("asynchronous", Some((depth, workers))),
-                L2Io::Synchronous => ("synchronous", None),
+            let queue = match self.config.l2_io {
+                L2Io::Asynchronous { depth, workers } => Some((depth, workers)),
+                L2Io::Synchronous => None,
             };
-            let mut io = TierIo::of(&t.stats, w, r, mode, queue);
+            let mut io = TierIo::of(&t.stats, w, r, self.config.l2_io.name(), queue);
             io.calls = t.queue_figures();
             io
         });

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value as Json;
 
-use super::mlperf::RankFigures;
+use super::mlperf::{RankFigures, TrialFigures};
 use super::{
     add, count_at, field, histograms, one_run, ops_table, per_s, rate, summary_table, tiers_table,
     OpMerge, OpSummary, RankId, Spread, TierSum,
@@ -162,29 +162,26 @@ pub struct BenchRun {
     pub ranks: Vec<BenchRankLine>,
 }
 
-/// MLPerf Storage v3.0's aggregate of one trial's ranks (§6.3.4).
+/// MLPerf Storage v3.0's aggregate of one trial's ranks (§6.3.4), by the run summary's
+/// own reduction of a trial.
 fn mlperf_trial(ranks: &[RankInput], total_ranks: u32) -> MlperfTrial {
-    let mut trial = MlperfTrial {
-        total_ranks,
-        ..MlperfTrial::default()
-    };
+    let mut sums = TrialFigures::default();
     for r in ranks {
-        let m = &r.mlperf;
-        trial.aggregated_read_bandwidth_gbps += m.read_gbps;
-        trial.aggregated_write_bandwidth_gbps += m.write_gbps;
-        trial.aggregated_storage_throughput_tokens_per_sec += m.storage_tokens_per_s;
-        if m.cpu_tier_only() {
-            trial.cpu_tier_ranks.push(r.id.rank);
-            continue;
-        }
-        trial.aggregated_device_read_p95_ms = trial
-            .aggregated_device_read_p95_ms
-            .max(m.device_read_p95_ms);
-        trial.aggregated_device_write_p95_ms = trial
-            .aggregated_device_write_p95_ms
-            .max(m.device_write_p95_ms);
+        sums.add(&r.mlperf);
     }
-    trial
+    MlperfTrial {
+        total_ranks,
+        aggregated_read_bandwidth_gbps: sums.read_bandwidth_gbps,
+        aggregated_write_bandwidth_gbps: sums.write_bandwidth_gbps,
+        aggregated_storage_throughput_tokens_per_sec: sums.storage_throughput_tokens_per_sec,
+        aggregated_device_read_p95_ms: sums.device_read_p95_ms,
+        aggregated_device_write_p95_ms: sums.device_write_p95_ms,
+        cpu_tier_ranks: ranks
+            .iter()
+            .filter(|r| r.mlperf.cpu_tier_only())
+            .map(|r| r.id.rank)
+            .collect(),
+    }
 }
 
 /// Merges the bench results of one run's ranks.

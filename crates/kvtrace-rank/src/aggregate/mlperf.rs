@@ -89,7 +89,9 @@ pub struct TrialFigures {
 }
 
 impl TrialFigures {
-    fn add(&mut self, r: &RankFigures) {
+    /// Folds one rank in: its figures summed, its device P95s the largest so far unless it
+    /// served everything from memory.
+    pub(super) fn add(&mut self, r: &RankFigures) {
         self.ranks += 1;
         self.read_bandwidth_gbps += r.read_gbps;
         self.write_bandwidth_gbps += r.write_gbps;
