@@ -48,8 +48,11 @@
 // The crates, under the paths the library has always had.
 pub use kvtrace_bench as bench;
 pub use kvtrace_cache::{bus, clock, storage};
+#[cfg(feature = "parquet")]
+pub use kvtrace_columnar as columnar;
 pub use kvtrace_io::{error, interrupt, limits, machine, output, rng};
 pub use kvtrace_lmct as lmct;
+pub use kvtrace_metrics as metrics;
 pub use kvtrace_otel as otel;
 pub use kvtrace_rank as rank;
 pub use kvtrace_rank::aggregate;

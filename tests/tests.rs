@@ -29,12 +29,14 @@ mod replay {
     mod counts;
     mod fidelity;
     mod otel;
+    mod prometheus;
 }
 
 /// The serving simulation, and parity with Dynamo's own reports.
 mod simulate {
     mod dynamo_parity;
     pub(crate) mod engines;
+    mod live_metrics;
 }
 
 /// The storage benchmark: kv-cache.py's run and outputs, MLPerf Storage's Options.
@@ -51,6 +53,12 @@ mod sweep;
 mod report {
     mod golden;
     mod xlsx_export;
+}
+
+/// Columnar outputs: traces and report tables as Parquet and Arrow, read back.
+#[cfg(feature = "parquet")]
+mod columnar {
+    mod parquet;
 }
 
 /// The binary as users meet it: commands, exit codes, hostile input, fuzzing.

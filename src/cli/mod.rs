@@ -12,6 +12,7 @@ mod hints;
 mod info;
 mod otlp;
 mod progress;
+mod prometheus;
 mod rank;
 mod replay;
 mod simulate;
@@ -201,6 +202,16 @@ fn guard<'a>(
         warn_line(&note);
     }
     Ok(())
+}
+
+/// The Parquet exporter of `--parquet`, or the one-line error of a build without it.
+fn parquet_exporter() -> Result<&'static dyn kvtrace::report::Exporter, Error> {
+    #[cfg(feature = "parquet")]
+    return Ok(&kvtrace::columnar::Parquet);
+    #[cfg(not(feature = "parquet"))]
+    Err(Error::usage(
+        "--parquet needs kvtrace built with its default parquet feature",
+    ))
 }
 
 fn warn(file: &str, message: &str) {

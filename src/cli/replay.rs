@@ -21,6 +21,7 @@ use kvtrace::storage::config::{BackendConfig, StorageConfig, NAME_L2};
 
 use super::otlp::{self, OtlpArgs};
 use super::progress::{Progress, EVERY};
+use super::prometheus::{span_sink, PrometheusArgs};
 use super::rank::RankArgs;
 use super::tiers::{apply_toml, positive, TierArgs};
 use super::{print_stdout, warn, warn_line, OutputArg, ReadArgs};
@@ -78,6 +79,11 @@ pub(super) struct Args {
     #[arg(long, value_name = "PATH", num_args = 0..=1, require_equals = true,
           default_missing_value = "", value_parser = OutputArg::parse)]
     xlsx: Option<OutputArg>,
+    /// Also write each CSV table as Parquet (trace_replay_requests.parquet, ...) into
+    /// --output-dir, or DIR
+    #[arg(long, value_name = "DIR", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_parser = OutputArg::parse)]
+    parquet: Option<OutputArg>,
     /// Write one JSON line per record
     #[arg(long, value_name = "PATH")]
     jsonl_out: Option<PathBuf>,
@@ -117,6 +123,8 @@ pub(super) struct Args {
     ranks: RankArgs,
     #[command(flatten)]
     otlp: OtlpArgs,
+    #[command(flatten)]
+    prometheus: PrometheusArgs,
     #[command(flatten)]
     read: ReadArgs,
 }
@@ -264,7 +272,18 @@ pub(super) fn plan(
         Some(path) => Target::File(per_rank(path)),
         None => Target::Dir(output_dir.clone()),
     };
-    let formats: [(Option<Target>, &'static dyn Exporter, &'static str); 3] = [
+    let parquet = match &args.parquet {
+        Some(flag) => {
+            let dir = match (flag.given(), rank) {
+                (Some(dir), Some(r)) => dir.join(r.dir_name()),
+                (Some(dir), None) => dir.to_owned(),
+                (None, _) => output_dir.clone(),
+            };
+            Some((Target::Dir(dir), super::parquet_exporter()?))
+        }
+        None => None,
+    };
+    let formats: [(Option<Target>, &'static dyn Exporter, &'static str); 4] = [
         (
             (!args.no_csv).then(|| Target::Dir(output_dir.clone())),
             &Csv,
@@ -276,6 +295,10 @@ pub(super) fn plan(
             "trace_replay_summary.json",
         ),
         (args.xlsx.as_ref().map(target), &Xlsx, "trace_replay.xlsx"),
+        match parquet {
+            Some((dir, exporter)) => (Some(dir), exporter, ""),
+            None => (None, &Csv, ""),
+        },
     ];
     let options = Options {
         replay: ReplayOptions {
@@ -376,6 +399,11 @@ fn run_events(args: &Args) -> Result<i32, Error> {
             "request spans come from storage traces: an events trace has no requests to export",
         ));
     }
+    if args.prometheus.asked() {
+        return Err(Error::usage(
+            "--prometheus-port serves a storage replay's figures; an events replay has none live",
+        ));
+    }
     let files: Vec<&Path> = args.files.iter().map(PathBuf::as_path).collect();
     let stream = FleetStream::load(&files, args.read.options())?;
     let base = events_config(args, &stream.sm_config_json)?;
@@ -395,6 +423,15 @@ fn run_events(args: &Args) -> Result<i32, Error> {
             args.xlsx
                 .as_ref()
                 .map(|o| Target::File(o.path(|| args.output_dir.join("events_replay.xlsx")))),
+        ),
+        (
+            match &args.parquet {
+                Some(_) => super::parquet_exporter()?,
+                None => &Csv,
+            },
+            args.parquet
+                .as_ref()
+                .map(|o| Target::Dir(o.path(|| args.output_dir.clone()))),
         ),
     ])?;
     let config_for = |server: usize| server_config(&base, server);
@@ -417,9 +454,13 @@ pub(super) fn guard(args: &Args) -> Result<(), Error> {
             .into_iter()
             .chain(args.json.as_ref().and_then(OutputArg::given))
             .chain(args.xlsx.as_ref().and_then(OutputArg::given))
+            .chain(args.parquet.as_ref().and_then(OutputArg::given))
             .chain(args.otlp.file()),
     )
 }
+
+/// Records between two readings of the tiers' counters for the live figures.
+const LIVE_EVERY: u64 = 1024;
 
 pub(super) fn run(args: Args) -> Result<i32, Error> {
     guard(&args)?;
@@ -430,20 +471,23 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
     // Checked before the output directory is made: a refused run leaves nothing behind.
     let shown = rank_trace(&args, rank.as_ref())?.0.display().to_string();
     // Held until the reports are written: a second run into the directory is refused.
-    let _lock = if args.no_csv && args.json.is_none() && args.xlsx.is_none() {
-        None
-    } else {
-        let dir = match &rank {
-            Some(r) => args.output_dir.join(r.dir_name()),
-            None => args.output_dir.clone(),
+    let _lock =
+        if args.no_csv && args.json.is_none() && args.xlsx.is_none() && args.parquet.is_none() {
+            None
+        } else {
+            let dir = match &rank {
+                Some(r) => args.output_dir.join(r.dir_name()),
+                None => args.output_dir.clone(),
+            };
+            Some(kvtrace::output::DirLock::acquire(&dir)?)
         };
-        Some(kvtrace::output::DirLock::acquire(&dir)?)
-    };
     let mut plan = plan(&args, true, rank.as_ref(), None)?;
     let export = args.otlp.start(plan.span_resource())?;
-    if let Some(export) = &export {
-        plan.export_spans(export.clone());
+    let served = args.prometheus.start("replay", &shown, rank.as_ref())?;
+    if let Some(sink) = span_sink(served.as_ref(), export.clone().map(|e| e as _)) {
+        plan.export_spans(sink);
     }
+    let trace_bytes = std::fs::metadata(plan.input()).map_or(0, |m| m.len());
     for w in args.tiers.warnings() {
         warn_line(w);
     }
@@ -460,6 +504,21 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
     let finished = plan.run(|event| {
         if event.index.is_multiple_of(EVERY) {
             bar.set(event.index, event.offset);
+        }
+        if let Some(served) = &served {
+            let failed = matches!(event.outcome, Outcome::Failed { .. });
+            let call = kvtrace::lmct::calls::short_name(event.qualname);
+            served.live.call(&call, event.latency_ms / 1e3, failed);
+            if event.index.is_multiple_of(LIVE_EVERY) {
+                served
+                    .live
+                    .storage(&event.sm.tier_stats(), &event.sm.call_stats());
+                if trace_bytes > 0 {
+                    served
+                        .live
+                        .progress(event.offset as f64 / trace_bytes as f64);
+                }
+            }
         }
         if args.verbose {
             let failed = !matches!(event.outcome, Outcome::Ok { .. });
@@ -478,6 +537,11 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
     // A run that failed writes no OTLP file (the export is dropped unfinished).
     let finished = finished?;
     let exported = otlp::finish(export, args.quiet);
+    if let Some(served) = served {
+        let report = &finished.report;
+        served.live.storage(&report.tiers, &report.calls);
+        served.finish(args.quiet);
+    }
     if let Some(e) = io_error {
         return Err(Error::io("cannot write per-record output", e));
     }

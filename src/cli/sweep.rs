@@ -53,6 +53,10 @@ struct SweepArgs {
     #[arg(long, value_name = "DIR", num_args = 0..=1, require_equals = true,
           default_missing_value = "", value_parser = OutputArg::parse)]
     csv: Option<OutputArg>,
+    /// One Parquet file per CSV table into DIR [default: the current directory]
+    #[arg(long, value_name = "DIR", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_parser = OutputArg::parse)]
+    parquet: Option<OutputArg>,
     /// The whole sweep as JSON, each point with its full report [default: sweep.json]
     #[arg(long, value_name = "PATH", num_args = 0..=1, require_equals = true,
           default_missing_value = "", value_parser = OutputArg::parse)]
@@ -141,6 +145,10 @@ impl Single for ReplayFlags {
         "json",
         "no-csv",
         "xlsx",
+        "parquet",
+        "prometheus-port",
+        "prometheus-host",
+        "prometheus-hold",
         "jsonl-out",
         "verbose",
         "quiet",
@@ -165,6 +173,9 @@ impl Single for SimulateFlags {
         "quiet",
         "record",
         "replay-mode",
+        "prometheus-port",
+        "prometheus-host",
+        "prometheus-hold",
     ];
 }
 
@@ -335,9 +346,10 @@ fn outputs(
     let xlsx = sweep.xlsx.as_ref().map(|o| o.path(|| "sweep.xlsx".into()));
     let csv = sweep.csv.as_ref().map(|o| o.path(|| ".".into()));
     let json = sweep.json.as_ref().map(|o| o.path(|| "sweep.json".into()));
+    let parquet = sweep.parquet.as_ref().map(|o| o.path(|| ".".into()));
     crate::cli::guard(
         inputs.iter().copied().chain(sweep.grid.as_deref()),
-        [&xlsx, &csv, &json, &sweep.plot]
+        [&xlsx, &csv, &json, &parquet, &sweep.plot]
             .into_iter()
             .flatten()
             .map(PathBuf::as_path),
@@ -355,6 +367,13 @@ fn outputs(
         (&Csv, csv.map(Target::Dir)),
         (&Json, json.map(Target::File)),
         (&Svg, sweep.plot.clone().map(Target::File)),
+        (
+            match parquet {
+                Some(_) => crate::cli::parquet_exporter()?,
+                None => &Csv,
+            },
+            parquet.map(Target::Dir),
+        ),
     ])
 }
 

@@ -297,6 +297,7 @@ fn mooncake_loader_and_simulation() {
         concurrency: None,
         seed: 1,
         online: false,
+        observer: None,
     };
     fuzz("mooncake", &[head, sessions], |bytes| {
         let Ok(workload) = read_mooncake(Cursor::new(bytes), 512) else {

@@ -56,7 +56,6 @@ pub fn scratch() -> tempfile::TempDir {
 
 /// A loopback port nothing listens on: bound, then released (a server a test starts takes it,
 /// or a client finds it refused).
-#[cfg(any(feature = "redis", feature = "s3", feature = "otel"))]
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

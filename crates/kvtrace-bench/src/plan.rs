@@ -125,6 +125,8 @@ pub struct Setup {
     pub output: Option<PathBuf>,
     pub xlsx_output: Option<PathBuf>,
     pub csv: Option<PathBuf>,
+    /// The results row as Parquet.
+    pub parquet: Option<PathBuf>,
     /// This process's place in a run of many: its seed is `seed` + rank, its files and
     /// cache directory carry the rank, its users' entries are its own.
     pub rank: Option<Rank>,
@@ -221,6 +223,7 @@ impl Default for Setup {
             output: None,
             xlsx_output: None,
             csv: None,
+            parquet: None,
             rank: None,
             run_id: None,
             mlperf: None,
@@ -356,6 +359,22 @@ pub struct Finished {
     pub recordings: Vec<SubscriberReport>,
 }
 
+/// The Parquet exporter when `asked`; a build without the `parquet` feature refuses it in one
+/// line. Not asked, any exporter will do: its target is absent.
+fn parquet_exporter(asked: bool) -> Result<&'static dyn Exporter> {
+    #[cfg(feature = "parquet")]
+    if asked {
+        return Ok(&kvtrace_columnar::Parquet);
+    }
+    #[cfg(not(feature = "parquet"))]
+    if asked {
+        return Err(Error::usage(
+            "a Parquet output needs kvtrace built with the parquet feature",
+        ));
+    }
+    Ok(&Csv)
+}
+
 impl Plan {
     pub fn new(setup: &Setup) -> Result<Plan> {
         let o = setup;
@@ -383,6 +402,10 @@ impl Plan {
                 o.xlsx_output.as_deref().map(|p| Target::File(per_rank(p))),
             ),
             (&Csv, o.csv.as_deref().map(|p| Target::File(per_rank(p)))),
+            (
+                parquet_exporter(o.parquet.is_some())?,
+                o.parquet.as_deref().map(|p| Target::File(per_rank(p))),
+            ),
         ])?;
         let autoscale = autoscale(o, users);
         let dataset = dataset(o)?;

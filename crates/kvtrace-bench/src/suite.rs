@@ -105,6 +105,7 @@ impl Suite {
             cpu_mem_gb: cpu_gb,
             xlsx_output: None,
             csv: None,
+            parquet: None,
             record: None,
             io_trace_log: None,
             autoscale_interval: (setup.duration / 6).max(Duration::from_secs(1)),

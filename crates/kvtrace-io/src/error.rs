@@ -27,7 +27,7 @@ pub enum Place {
     Line(u64),
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Error {
     pub kind: ErrorKind,
     pub file: Option<String>,

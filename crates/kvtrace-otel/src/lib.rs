@@ -37,6 +37,21 @@ pub trait SpanSink: Send + Sync + std::fmt::Debug {
     fn request(&self, span: RequestSpan);
 }
 
+/// Every sink hears every request: spans exported and counted at once.
+#[derive(Debug)]
+pub struct SpanTee(pub Vec<std::sync::Arc<dyn SpanSink>>);
+
+impl SpanSink for SpanTee {
+    fn request(&self, span: RequestSpan) {
+        if let Some((last, first)) = self.0.split_last() {
+            for sink in first {
+                sink.request(span.clone());
+            }
+            last.request(span);
+        }
+    }
+}
+
 /// The OTLP transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {

@@ -126,6 +126,8 @@ pub struct RecordEvent<'a> {
     pub qualname: &'a str,
     pub outcome: &'a Outcome,
     pub latency_ms: f64,
+    /// The manager after the call: its tiers' and calls' counters as they stand.
+    pub sm: &'a StorageManager,
 }
 
 /// Where a replay's records come from.
@@ -390,6 +392,7 @@ pub fn replay_from(
             qualname: record.qualname,
             outcome: &outcome,
             latency_ms,
+            sm,
         });
         if let (true, Outcome::Failed { reason }) = (options.fail_fast, &outcome) {
             report.warnings.push(format!(

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 
 use super::args::{EngineArgs, EngineType, TransferTiming};
-use super::collector::{Collector, Provision, Status};
+use super::collector::{Collector, Provision, RequestRecord, Status};
 use super::engine::{Engine, KvConnector, PassOutput, Request, RequestId, Reserved};
 use super::handoff::{Action, ActionQueue, Handoff, HandoffOrder};
 use super::live::{Done, LiveWorker};
@@ -51,6 +51,13 @@ pub struct SimConfig {
     pub seed: u64,
     /// Live workers on threads and the wall clock instead of the virtual clock.
     pub online: bool,
+    /// Hears each request as it ends (live figures while the run lasts).
+    pub observer: Option<Arc<dyn RequestObserver>>,
+}
+
+/// What hears each request the moment it ends, with its whole record.
+pub trait RequestObserver: Send + Sync + std::fmt::Debug {
+    fn ended(&self, record: &RequestRecord);
 }
 
 pub struct SimResult {
@@ -889,6 +896,12 @@ impl Simulation<'_> {
     /// session is over, a closed loop releases the next session.
     fn end_request(&mut self, pool: usize, id: RequestId, now: f64, status: Status) {
         self.collector.finish(id, now, status);
+        if let (Some(observer), Some(record)) = (
+            &self.config.observer,
+            self.collector.records.get(id as usize),
+        ) {
+            observer.ended(record);
+        }
         self.pools[pool].router.free(id);
         if let Some(o) = self.offload.as_deref_mut() {
             o.forget(id);

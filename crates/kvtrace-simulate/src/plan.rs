@@ -78,6 +78,11 @@ impl Plan {
         self.0.workload.request_count()
     }
 
+    /// Has `observer` hear each request as it ends.
+    pub fn observe(&mut self, observer: std::sync::Arc<dyn crate::event_loop::RequestObserver>) {
+        self.0.config.observer = Some(observer);
+    }
+
     pub fn online(&self) -> bool {
         self.0.config.online
     }

@@ -17,6 +17,7 @@ use kvtrace::rank::launcher_run_id;
 use kvtrace::storage::config::L2Io;
 
 use crate::cli::otlp::OtlpArgs;
+use crate::cli::prometheus::PrometheusArgs;
 use crate::cli::rank::RankArgs;
 use crate::cli::tiers::{positive, L2IoArg};
 
@@ -157,6 +158,9 @@ pub(crate) struct Args {
     /// Also write the 99-column row as CSV
     #[arg(long, value_name = "PATH")]
     csv: Option<PathBuf>,
+    /// Also write the 99-column row as Parquet (typed columns)
+    #[arg(long, value_name = "PATH")]
+    parquet: Option<PathBuf>,
     /// GPU tier: off (as kv-cache.py without CUDA) or a modelled budget
     #[arg(long, value_enum, default_value = "off")]
     gpu_tier: GpuTier,
@@ -298,6 +302,8 @@ pub(crate) struct Args {
     pub ranks: RankArgs,
     #[command(flatten)]
     pub otlp: OtlpArgs,
+    #[command(flatten)]
+    pub prometheus: PrometheusArgs,
 }
 
 impl Args {
@@ -312,6 +318,7 @@ impl Args {
                 &self.output,
                 &self.xlsx_output,
                 &self.csv,
+                &self.parquet,
                 &self.io_trace_log,
                 &self.record,
             ]
@@ -454,6 +461,7 @@ impl Args {
             output: self.output.clone(),
             xlsx_output: self.xlsx_output.clone(),
             csv: self.csv.clone(),
+            parquet: self.parquet.clone(),
             rank: self.ranks.rank()?,
             run_id: self
                 .ranks

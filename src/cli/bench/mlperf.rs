@@ -65,6 +65,11 @@ fn check(args: &Args, given: &[String]) -> Result<Division, Error> {
             "--mlperf-option runs many trials: export spans from one bench run at a time",
         ));
     }
+    if args.prometheus.asked() {
+        return Err(Error::usage(
+            "--mlperf-option runs many trials: serve live figures from one bench run at a time",
+        ));
+    }
     if !args.open {
         if let Some(id) = given
             .iter()

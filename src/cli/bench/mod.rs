@@ -19,6 +19,7 @@ use kvtrace::rank::barrier::Barrier;
 pub(super) use args::Args;
 
 use super::otlp::{self, OtlpArgs};
+use super::prometheus::{span_sink, PrometheusArgs};
 use super::{print_stdout, say_recorded, warn_line};
 
 fn progress_bar(quiet: bool, duration_s: f64) -> ProgressBar {
@@ -47,18 +48,25 @@ fn run_once(
     setup: &Setup,
     quiet: bool,
     barrier: Option<&Barrier>,
-    otlp: Option<&OtlpArgs>,
+    observe: Option<(&OtlpArgs, &PrometheusArgs)>,
 ) -> Result<(BenchReport, Option<i32>), Error> {
     let mut plan = Plan::new(setup)?;
     for w in &plan.warnings {
         warn_line(w);
     }
-    let export = match otlp {
-        Some(otlp) => otlp.start(plan.span_resource())?,
+    let export = match observe {
+        Some((otlp, _)) => otlp.start(plan.span_resource())?,
         None => None,
     };
-    if let Some(export) = &export {
-        plan.export_spans(export.clone());
+    let served = match observe {
+        Some((_, prometheus)) => {
+            let rank = setup.rank.as_ref();
+            prometheus.start("bench", "", rank)?
+        }
+        None => None,
+    };
+    if let Some(sink) = span_sink(served.as_ref(), export.clone().map(|e| e as _)) {
+        plan.export_spans(sink);
     }
     if let Some(b) = barrier {
         b.wait()?;
@@ -68,6 +76,9 @@ fn run_once(
     let finished = plan.run(&mut |elapsed, done| {
         bar.set_position((elapsed * 10.0) as u64);
         bar.set_message(format!("{elapsed:.0}/{duration:.0} s, {done} requests"));
+        if let Some(served) = &served {
+            served.live.progress(elapsed / duration);
+        }
     })?;
     bar.finish_and_clear();
     let completed = finished.report.requests_completed;
@@ -77,6 +88,9 @@ fn run_once(
         ));
     }
     let exported = otlp::finish(export, quiet);
+    if let Some(served) = served {
+        served.finish(quiet);
+    }
     if !quiet {
         say_recorded(&finished.recordings);
         print_stdout(&format!(
@@ -97,9 +111,9 @@ pub(super) fn run(args: Args, given: &[String]) -> Result<i32, Error> {
     }
     let setup = args.setup()?;
     if args.suite {
-        if args.otlp.asked() {
+        if args.otlp.asked() || args.prometheus.asked() {
             return Err(Error::usage(
-                "--suite runs many scenarios: export spans from one bench run at a time",
+                "--suite runs many scenarios: export spans or serve live figures from one bench run at a time",
             ));
         }
         if let Some(r) = &setup.rank {
@@ -122,7 +136,12 @@ pub(super) fn run(args: Args, given: &[String]) -> Result<i32, Error> {
         }
         None => None,
     };
-    let (report, exported) = run_once(&setup, args.quiet, barrier.as_ref(), Some(&args.otlp))?;
+    let (report, exported) = run_once(
+        &setup,
+        args.quiet,
+        barrier.as_ref(),
+        Some((&args.otlp, &args.prometheus)),
+    )?;
     Ok(exit_status(&report).max(exported.unwrap_or(EXIT_OK)))
 }
 

@@ -17,6 +17,7 @@ use kvtrace::storage::config::{L2Io, StorageConfig};
 pub(super) mod plan;
 
 use super::otlp::{self, OtlpArgs};
+use super::prometheus::PrometheusArgs;
 use super::tiers::{apply_toml, TierArgs};
 use super::{print_stdout, say_recorded, warn_line};
 use plan::{Options, Router};
@@ -176,6 +177,8 @@ pub(super) struct Args {
     tiers: TierArgs,
     #[command(flatten)]
     otlp: OtlpArgs,
+    #[command(flatten)]
+    prometheus: PrometheusArgs,
 }
 
 impl Args {
@@ -287,7 +290,14 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
             "KV offload (--storage, tier flags, --record) runs offline only: its calls follow the simulated clock",
         ));
     }
-    let plan = plan::plan(&args.options()?)?;
+    let mut plan = plan::plan(&args.options()?)?;
+    let trace = args.trace.as_ref().map(|t| t.display().to_string());
+    let served = args
+        .prometheus
+        .start("simulate", trace.as_deref().unwrap_or(""), None)?;
+    if let Some(served) = &served {
+        plan.observe(served.live.clone());
+    }
     for w in args.tiers.warnings() {
         warn_line(w);
     }
@@ -315,6 +325,9 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
             "{clock} {:.1} s, {done}/{total} requests done",
             ms / 1e3
         ));
+        if let Some(served) = &served {
+            served.live.progress(done as f64 / total.max(1) as f64);
+        }
     })?;
     bar.finish_and_clear();
     if let Some(export) = &export {
@@ -323,6 +336,9 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
         }
     }
     let exported = otlp::finish(export, args.quiet);
+    if let Some(served) = served {
+        served.finish(args.quiet);
+    }
     if !args.quiet {
         say_recorded(&finished.recordings);
         print_stdout(&format!(

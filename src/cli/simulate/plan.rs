@@ -209,6 +209,7 @@ pub(crate) fn plan(o: &Options) -> Result<Plan> {
             concurrency: o.replay_concurrency,
             seed: o.seed,
             online: o.online,
+            observer: None,
         },
         sla,
         per_request_metrics: o.per_request_metrics,
