@@ -105,7 +105,7 @@ pub(crate) fn span_sink(
 impl Served {
     /// Serves the final figures for the hold, then stops.
     pub(crate) fn finish(self, quiet: bool) {
-        self.live.progress(1.0);
+        self.live.finish();
         if !self.hold.is_zero() {
             if !quiet {
                 eprintln!(

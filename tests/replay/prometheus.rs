@@ -116,11 +116,10 @@ fn a_real_prometheus_scrapes_the_figures_the_report_has() {
             .spawn()
             .expect("start kvtrace"),
     );
-    // Scraped at the end of the run: the progress is 1 and a later scrape has happened.
+    // Scraped once the run has ended and written its report.
     wait_for("the final figures scraped", Duration::from_secs(60), || {
-        query(prometheus_port, "kvtrace_progress_ratio") == Some(1.0)
+        query(prometheus_port, "kvtrace_finished") == Some(1.0)
     });
-    std::thread::sleep(Duration::from_millis(2500));
     let report: Json =
         serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("JSON");
     let k = &report["kvtrace"];

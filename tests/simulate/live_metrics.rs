@@ -1,4 +1,5 @@
-//! `simulate --prometheus-port`: the endpoint's final figures are the report's.
+//! `simulate --prometheus-port` and `bench --prometheus-port`: the endpoint's final figures
+//! are the report's.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -26,19 +27,15 @@ fn scrape(port: u16) -> Option<std::collections::BTreeMap<String, f64>> {
     )
 }
 
-#[test]
-fn the_endpoint_ends_with_the_reports_figures() {
-    let dir = scratch();
+/// Runs kvtrace with `args` and the endpoint on a free port, and returns the figures it
+/// serves once the run has ended (progress 1), and the report at `report`.
+fn final_figures(
+    args: &[&str],
+    report: &std::path::Path,
+) -> (std::collections::BTreeMap<String, f64>, Json) {
     let port = free_port();
-    let report = dir.path().join("report.json");
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvtrace"))
-        .args([
-            "simulate",
-            &repo("testdata/mooncake/conversation_head300.jsonl"),
-        ])
-        .args(["--num-workers", "2", "-q"])
-        .arg("--report-json")
-        .arg(&report)
+        .args(args)
         .args(["--prometheus-host", "127.0.0.1"])
         .args(["--prometheus-port", &port.to_string()])
         .args(["--prometheus-hold", "60"])
@@ -48,7 +45,7 @@ fn the_endpoint_ends_with_the_reports_figures() {
         .expect("start kvtrace");
     let start = Instant::now();
     let figures = loop {
-        if let Some(f) = scrape(port).filter(|f| f.get("kvtrace_progress_ratio") == Some(&1.0)) {
+        if let Some(f) = scrape(port).filter(|f| f.get("kvtrace_finished") == Some(&1.0)) {
             break f;
         }
         assert!(
@@ -60,7 +57,28 @@ fn the_endpoint_ends_with_the_reports_figures() {
     let _ = child.kill();
     let _ = child.wait();
     let report: Json =
-        serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("JSON");
+        serde_json::from_str(&std::fs::read_to_string(report).expect("report")).expect("JSON");
+    (figures, report)
+}
+
+#[test]
+fn the_simulation_ends_with_the_reports_figures() {
+    let dir = scratch();
+    let path = dir.path().join("report.json");
+    let trace = repo("testdata/mooncake/conversation_head300.jsonl");
+    let shown = path.display().to_string();
+    let (figures, report) = final_figures(
+        &[
+            "simulate",
+            &trace,
+            "--num-workers",
+            "2",
+            "-q",
+            "--report-json",
+            &shown,
+        ],
+        &path,
+    );
     let n = |key: &str| report[key].as_f64().unwrap_or_else(|| panic!("{key}"));
     assert_eq!(figures["kvtrace_requests_total"], n("completed_requests"));
     assert_eq!(
@@ -79,5 +97,46 @@ fn the_endpoint_ends_with_the_reports_figures() {
     assert_eq!(
         figures["kvtrace_time_to_first_token_seconds_count"],
         n("completed_requests")
+    );
+}
+
+#[test]
+fn the_bench_ends_with_its_tiers_figures() {
+    let dir = scratch();
+    let path = dir.path().join("results.json");
+    let cache = dir.path().join("cache");
+    let (shown, cache) = (path.display().to_string(), cache.display().to_string());
+    let mut args = crate::util::TINY_BENCH.to_vec();
+    args.extend(["--duration", "2", "--output", &shown, "--cache-dir", &cache]);
+    let (figures, report) = final_figures(&args, &path);
+    for tier in report["kvtrace"]["tiers"].as_array().expect("tiers") {
+        let name = tier["tier"].as_str().expect("tier");
+        let c = &tier["counters"];
+        let n = |key: &str| c[key].as_f64().unwrap_or_else(|| panic!("{key}"));
+        let served = |metric: &str| figures[&format!("{metric}{{tier=\"{name}\"}}")];
+        assert_eq!(
+            served("kvtrace_tier_resident_bytes"),
+            n("used_bytes"),
+            "{name}"
+        );
+        assert_eq!(
+            served("kvtrace_tier_written_bytes_total"),
+            n("bytes_written")
+        );
+        assert_eq!(served("kvtrace_tier_read_bytes_total"), n("bytes_read"));
+        assert_eq!(
+            served("kvtrace_tier_evictions_total"),
+            n("demotions") + n("deletions")
+        );
+    }
+    // Every request served is counted, those the report leaves out as after the deadline too.
+    let served = figures["kvtrace_requests_total"];
+    let completed = report["requests_completed"].as_f64().expect("completed");
+    let late = report["kvtrace"]["requests_after_deadline"]
+        .as_f64()
+        .expect("late");
+    assert!(
+        completed <= served && served <= completed + late,
+        "{served}"
     );
 }

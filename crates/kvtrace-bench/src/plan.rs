@@ -631,8 +631,9 @@ impl Plan {
     }
 
     /// Runs, writes the reports (the JSON always; XLSX and CSV when asked), and removes the
-    /// tiers' files. `progress` hears the elapsed seconds and the requests done.
-    pub fn run(self, progress: &mut (dyn FnMut(f64, u64) + Send)) -> Result<Finished> {
+    /// tiers' files. `progress` hears the elapsed seconds, the requests done and the tier
+    /// hierarchy (whose counters it may read; each read takes the hierarchy's lock).
+    pub fn run(self, progress: &mut (dyn FnMut(f64, u64, &TierCache) + Send)) -> Result<Finished> {
         let per_token =
             self.config.model.bytes_per_token() / u64::from(self.config.tensor_parallel);
         let bus: Option<EventBus> = match &self.record {
@@ -646,7 +647,10 @@ impl Plan {
         )
         .with_spans(self.spans.clone());
         let started_unix_s = kvtrace_cache::clock::wall_secs();
-        let outcome = run(&self.config, &self.cache, &calls, progress)?;
+        let cache = &self.cache;
+        let outcome = run(&self.config, cache, &calls, &mut |elapsed, done| {
+            progress(elapsed, done, cache)
+        })?;
         let finished_unix_s = kvtrace_cache::clock::wall_secs();
         drop(calls);
         let recordings = match bus {

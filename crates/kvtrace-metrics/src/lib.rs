@@ -87,6 +87,7 @@ pub struct Live {
     call_seconds: Family<CallLabel, Histogram>,
     records: Counter,
     progress: FloatGauge,
+    finished: Gauge,
     out_of_memory: Counter,
     tier_resident: Family<TierLabel, Gauge>,
     tier_capacity: Family<TierLabel, Gauge>,
@@ -141,6 +142,7 @@ impl Live {
             call_seconds: Family::new_with_constructor(latency_histogram),
             records: Counter::default(),
             progress: FloatGauge::default(),
+            finished: Gauge::default(),
             out_of_memory: Counter::default(),
             tier_resident: Family::default(),
             tier_capacity: Family::default(),
@@ -236,6 +238,11 @@ impl Live {
             live.progress.clone(),
         );
         r.register(
+            "finished",
+            "1 once the run has ended and written its reports: the figures are final",
+            live.finished.clone(),
+        );
+        r.register(
             "out_of_memory_calls",
             "reserve_write calls that found no room (OUT_OF_MEMORY), so far",
             live.out_of_memory.clone(),
@@ -294,6 +301,12 @@ impl Live {
     /// How far the run is, 0 to 1.
     pub fn progress(&self, ratio: f64) {
         self.progress.set(ratio.clamp(0.0, 1.0));
+    }
+
+    /// The run has ended and its reports are written: every figure is final.
+    pub fn finish(&self) {
+        self.progress.set(1.0);
+        self.finished.set(1);
     }
 
     /// The tiers' and the manager's counters as they stand.
@@ -582,6 +595,14 @@ mod tests {
         );
         assert_eq!(s["kvtrace_tier_resident_bytes{tier=\"L1\"}"], 4096.0);
         assert_eq!(s["kvtrace_tier_capacity_bytes{tier=\"L1\"}"], 1048576.0);
+        assert_eq!(s["kvtrace_finished"], 0.0);
+        let live = fed();
+        live.finish();
+        let s = series(&live.encode());
+        assert_eq!(
+            (s["kvtrace_finished"], s["kvtrace_progress_ratio"]),
+            (1.0, 1.0)
+        );
     }
 
     /// Every metric the Grafana dashboard queries is one kvtrace serves.

@@ -13,8 +13,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvtrace::bench::plan::{Plan, Setup};
 use kvtrace::bench::report::BenchReport;
 use kvtrace::bench::suite::{Suite, SCENARIOS};
+use kvtrace::bench::tiers::TierCounters;
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::rank::barrier::Barrier;
+use kvtrace::storage::TierStats;
 
 pub(super) use args::Args;
 
@@ -73,11 +75,19 @@ fn run_once(
     }
     let duration = plan.duration_s();
     let bar = progress_bar(quiet, duration);
-    let finished = plan.run(&mut |elapsed, done| {
+    let mut tiers_read = 0.0;
+    let finished = plan.run(&mut |elapsed, done, cache| {
         bar.set_position((elapsed * 10.0) as u64);
         bar.set_message(format!("{elapsed:.0}/{duration:.0} s, {done} requests"));
         if let Some(served) = &served {
             served.live.progress(elapsed / duration);
+            // Once a second: reading the counters takes the hierarchy's lock.
+            if elapsed - tiers_read >= 1.0 {
+                tiers_read = elapsed;
+                let counters = cache.counters();
+                let tiers = counters.iter().map(|(kind, c)| (kind.name(), c));
+                served.live.storage(&tier_stats(tiers), &Default::default());
+            }
         }
     })?;
     bar.finish_and_clear();
@@ -89,6 +99,9 @@ fn run_once(
     }
     let exported = otlp::finish(export, quiet);
     if let Some(served) = served {
+        let tiers = finished.report.kvtrace.tiers.iter();
+        let stats = tier_stats(tiers.map(|t| (t.tier, &t.counters)));
+        served.live.storage(&stats, &Default::default());
         served.finish(quiet);
     }
     if !quiet {
@@ -143,6 +156,28 @@ pub(super) fn run(args: Args, given: &[String]) -> Result<i32, Error> {
         Some((&args.otlp, &args.prometheus)),
     )?;
     Ok(exit_status(&report).max(exported.unwrap_or(EXIT_OK)))
+}
+
+/// The bench's tiers as the live figures show a replay's: an entry moved down or deleted to
+/// make room is an eviction, a failed move or refused queued write an error.
+fn tier_stats<'a>(tiers: impl IntoIterator<Item = (&'a str, &'a TierCounters)>) -> Vec<TierStats> {
+    tiers
+        .into_iter()
+        .map(|(name, c)| TierStats {
+            name: name.to_owned(),
+            resident_bytes: c.used_bytes,
+            resident_objects: c.entries,
+            peak_bytes: c.peak_bytes,
+            bytes_written: c.bytes_written,
+            bytes_read: c.bytes_read,
+            writes: c.writes,
+            reads: c.reads,
+            evictions: c.demotions + c.deletions,
+            write_errors: c.move_errors + c.queued_write_errors,
+            cross_rank_hits: c.cross_rank_hits,
+            ..TierStats::default()
+        })
+        .collect()
 }
 
 /// 128 + the signal after an interrupt; 1 when storage I/O failed (said on stderr even with
