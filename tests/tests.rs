@@ -27,7 +27,7 @@ mod cache {
 /// Replay: counts, fidelity against real servers, request spans.
 mod replay {
     mod counts;
-    mod fidelity;
+    pub(crate) mod fidelity;
     mod otel;
     mod prometheus;
 }
@@ -46,6 +46,7 @@ mod bench {
     mod storage_io;
 }
 
+mod plan;
 mod scale_out;
 mod sweep;
 

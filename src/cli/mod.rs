@@ -11,6 +11,7 @@ mod generate;
 mod hints;
 mod info;
 mod otlp;
+mod plan;
 mod progress;
 mod prometheus;
 mod rank;
@@ -58,6 +59,7 @@ enum Command {
     Simulate(Box<simulate::Args>),
     Bench(Box<bench::Args>),
     Sweep(Box<sweep::Args>),
+    Plan(Box<plan::Args>),
     Aggregate(aggregate::Args),
     Completions(docs::CompletionsArgs),
     Man(docs::ManArgs),
@@ -374,6 +376,7 @@ pub(crate) fn run() -> i32 {
         Command::Simulate(args) => simulate::run(*args),
         Command::Bench(args) => bench::run(*args, &given(&matches, "bench")),
         Command::Sweep(args) => sweep::run(*args),
+        Command::Plan(args) => plan::run(*args),
         Command::Aggregate(args) => aggregate::run(args),
         Command::Completions(args) => docs::completions(args),
         Command::Man(args) => docs::man(args),

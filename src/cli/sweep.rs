@@ -112,21 +112,65 @@ struct SimulateSweep {
 }
 
 /// The single command whose flags a sweep takes as lists.
-trait Single {
+pub(super) trait Single {
     /// Its flags.
     fn command() -> Command;
     /// Flags a sweep does not take (its own outputs replace them).
     const LEFT_OUT: &'static [&'static str];
+    /// The help heading of the flags taken.
+    const HEADING: &'static str = "Swept flags (each takes a comma-separated list)";
 }
 
 struct ReplayFlags;
 struct SimulateFlags;
 
+/// The flags of `replay` as `kvtrace plan` takes them: one value each, the L1 size left to
+/// the planner.
+pub(super) struct PlanFlags;
+
+/// The replay flags no sweep or plan takes: their outputs replace them.
+const REPLAY_LEFT_OUT: [&str; 17] = [
+    "output-dir",
+    "json",
+    "no-csv",
+    "xlsx",
+    "parquet",
+    "prometheus-port",
+    "prometheus-host",
+    "prometheus-hold",
+    "jsonl-out",
+    "verbose",
+    "quiet",
+    "shard",
+    "rank",
+    "world-size",
+    "run-id",
+    "barrier-timeout",
+    "barrier-dir",
+];
+
+impl Single for PlanFlags {
+    fn command() -> Command {
+        <OneReplay as clap::CommandFactory>::command()
+    }
+    const LEFT_OUT: &'static [&'static str] = &{
+        let mut out = [""; 18];
+        let mut i = 0;
+        while i < REPLAY_LEFT_OUT.len() {
+            out[i] = REPLAY_LEFT_OUT[i];
+            i += 1;
+        }
+        out[17] = "l1-size-gb";
+        out
+    };
+    const HEADING: &'static str = "Replay flags (the configuration every replay runs)";
+}
+
 #[derive(Parser)]
 #[command(name = "kvtrace replay")]
-struct OneReplay {
+pub(super) struct OneReplay {
     #[command(flatten)]
-    args: replay::Args,
+    pub(super) args: replay::Args,
 }
 
 #[derive(Parser)]
@@ -140,25 +184,7 @@ impl Single for ReplayFlags {
     fn command() -> Command {
         <OneReplay as clap::CommandFactory>::command()
     }
-    const LEFT_OUT: &'static [&'static str] = &[
-        "output-dir",
-        "json",
-        "no-csv",
-        "xlsx",
-        "parquet",
-        "prometheus-port",
-        "prometheus-host",
-        "prometheus-hold",
-        "jsonl-out",
-        "verbose",
-        "quiet",
-        "shard",
-        "rank",
-        "world-size",
-        "run-id",
-        "barrier-timeout",
-        "barrier-dir",
-    ];
+    const LEFT_OUT: &'static [&'static str] = &REPLAY_LEFT_OUT;
 }
 
 impl Single for SimulateFlags {
@@ -180,8 +206,8 @@ impl Single for SimulateFlags {
 }
 
 /// The lists given for a single command's flags, in the order given.
-struct Lists<S> {
-    axes: Vec<Axis>,
+pub(super) struct Lists<S> {
+    pub(super) axes: Vec<Axis>,
     _single: std::marker::PhantomData<S>,
 }
 
@@ -216,7 +242,7 @@ fn mirrored<S: Single>() -> Vec<(Arg, String, Shape)> {
 
 impl<S: Single> clap::Args for Lists<S> {
     fn augment_args(cmd: Command) -> Command {
-        let mut cmd = cmd.next_help_heading("Swept flags (each takes a comma-separated list)");
+        let mut cmd = cmd.next_help_heading(S::HEADING);
         for (arg, long, shape) in mirrored::<S>() {
             let mut help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
             let mut list = Arg::new(format!("list-{long}"))
@@ -281,7 +307,10 @@ impl<S: Single> FromArgMatches for Lists<S> {
 /// The single command line of one point: `head` (the program and its positional), then each
 /// setting as `--flag=value` (so a value may start with a dash), a switch only when true, a
 /// repeatable flag not at all for `none`.
-fn point_argv<S: Single>(head: &[OsString], point: &Point) -> Result<Vec<OsString>, Error> {
+pub(super) fn point_argv<S: Single>(
+    head: &[OsString],
+    point: &Point,
+) -> Result<Vec<OsString>, Error> {
     let shapes = mirrored::<S>();
     let mut argv = head.to_vec();
     for (flag, value) in &point.settings {
@@ -307,7 +336,7 @@ fn point_argv<S: Single>(head: &[OsString], point: &Point) -> Result<Vec<OsStrin
 }
 
 /// Parses a point's command line with the single command's parser: its errors, one line.
-fn parse_point<P: Parser>(argv: Vec<OsString>, point: &Point) -> Result<P, Error> {
+pub(super) fn parse_point<P: Parser>(argv: Vec<OsString>, point: &Point) -> Result<P, Error> {
     P::try_parse_from(argv).map_err(|e| {
         let text = one_line(&e.to_string());
         let text = text.strip_prefix("error: ").unwrap_or(&text).to_owned();

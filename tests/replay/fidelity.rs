@@ -14,7 +14,7 @@ use kvtrace::storage::config::{L2Config, L2Io, StorageConfig};
 use kvtrace::storage::StorageManager;
 
 /// The chunks the SDK client got back, one per retrieve, in order.
-fn client_hits(path: &Path) -> Vec<u64> {
+pub(crate) fn client_hits(path: &Path) -> Vec<u64> {
     std::fs::read_to_string(path)
         .expect("client log")
         .lines()
@@ -340,7 +340,7 @@ fn a_time_compressed_trace_gets_one_warning_with_the_remedy() {
 /// run against real servers of several L1 sizes and policies, named
 /// `<workload>_<size with p for .>_<policy>[<rest>]`. Every file found is checked, so
 /// recordings added there are checked too. Returns (name, workload key, size, policy, path).
-fn whatif_recordings(shared: &Path) -> Vec<(String, String, String, String, PathBuf)> {
+pub(crate) fn whatif_recordings(shared: &Path) -> Vec<(String, String, String, String, PathBuf)> {
     let dir = shared.join("lmcache/whatif");
     let mut found = Vec::new();
     for entry in std::fs::read_dir(&dir).expect("whatif dir") {
@@ -401,7 +401,7 @@ fn replayed_hits(trace: &Path, flags: &[&str]) -> (Vec<u64>, serde_json::Value) 
 }
 
 /// Chunks requested per retrieve, from the client log.
-fn client_requested(path: &Path) -> u64 {
+pub(crate) fn client_requested(path: &Path) -> u64 {
     std::fs::read_to_string(path)
         .expect("client log")
         .lines()

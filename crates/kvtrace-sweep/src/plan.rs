@@ -1,0 +1,540 @@
+//! The capacity planner: the L1 a storage trace needs for a hit rate, or the hit rate a size
+//! gives, answered with full replays — LMCache's eviction controller and the recorded
+//! client's model, as `kvtrace replay` runs them — and the curve around the answer.
+//!
+//! The search: the one-pass LRU curve (stack distances, [`crate::stack`]) brackets the sizes
+//! that matter — from the largest request's objects (an L1 smaller holds no request) to twice
+//! the size where nothing more would hit in an ideal LRU — and a log-spaced grid over that bracket is
+//! replayed in parallel. For a target hit rate the first grid interval that reaches it is
+//! narrowed by rounds of `jobs` replays each (geometric subdivision, each round shrinking the
+//! interval `jobs + 1`-fold) until it is within the tolerance: the answer is the smallest
+//! replayed size that meets the target. The hit rate of LMCache's controller is not
+//! guaranteed to grow with the size (a pass may evict differently); the report counts the
+//! dips it saw, and the answer never rests on a size between replays.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::{json, Value as Json};
+
+use super::replay::{Figures, LOAD_BUDGET_BYTES};
+use super::run_points;
+use super::stack::{lru_curve, lru_curve_of, LruCurve};
+use crate::error::{Error, Result};
+use crate::lmct::ReadOptions;
+use kvtrace_replay::loaded::Loaded;
+use kvtrace_replay::plan::Plan;
+use kvtrace_report::{Cell, Chart, Report, Series, Table, Unit};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// What the user asks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Question {
+    /// The smallest L1 (GiB) whose hit rate is at least this share (0–1).
+    HitRate(f64),
+    /// The hit rate of an L1 of this many GiB.
+    Size(f64),
+}
+
+/// How the planner searches.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanOptions {
+    pub question: Question,
+    /// The sizes (GiB) to search between; `None`: from the trace's LRU curve.
+    pub range: Option<(f64, f64)>,
+    /// Sizes of the first, log-spaced grid.
+    pub grid: usize,
+    /// The answer's precision: the search stops when the interval's ends are within this
+    /// share of each other.
+    pub tolerance: f64,
+    pub jobs: usize,
+}
+
+/// A replay of the trace at an L1 size in GiB, as `kvtrace replay` with the user's flags and
+/// that size would run it, from the trace decoded once when it is given.
+pub type SizePlan<'a> = dyn Fn(f64, Option<Arc<Loaded>>) -> Result<Plan> + Sync + 'a;
+
+/// One replayed size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SizePoint {
+    pub l1_gib: f64,
+    pub figures: Figures,
+    pub hit_tokens: u64,
+    pub requested_tokens: u64,
+}
+
+/// The planner's answer and the curve it rests on.
+#[derive(Clone, Debug)]
+pub struct CapacityPlan {
+    pub trace: String,
+    pub question: Question,
+    /// The sizes searched between (GiB), and whether the LRU curve chose them.
+    pub range: (f64, f64),
+    pub range_from_curve: bool,
+    /// Every replayed size, smallest first.
+    pub points: Vec<SizePoint>,
+    /// The point that answers (for a target: the smallest replayed size meeting it; `None`
+    /// when even the largest size falls short).
+    pub answer: Option<usize>,
+    /// The knee of the curve: past it each doubling of the L1 buys least.
+    pub knee: Option<usize>,
+    /// Seconds between the trace's first and last request (for the per-second figures).
+    pub span_s: f64,
+    /// Adjacent replayed sizes where the larger hit less (by more than 0.1 pp).
+    pub dips: usize,
+    pub replays: usize,
+    pub interrupted: bool,
+}
+
+/// `n` sizes spread evenly on a log scale over `[lo, hi]`.
+fn log_grid(lo: f64, hi: f64, n: usize) -> Vec<f64> {
+    if n < 2 || lo >= hi {
+        return vec![hi];
+    }
+    let steps = (n - 1) as f64;
+    (0..n)
+        .map(|i| lo * (hi / lo).powf(i as f64 / steps))
+        .collect()
+}
+
+/// The bracket the one-pass LRU curve gives: from the largest request's objects to twice the
+/// capacity beyond which nothing more hits in an ideal LRU (GiB). LMCache's controller keeps
+/// its L1 below the watermark (0.8 by default) and evicts a share at a time, so it needs more
+/// than the ideal capacity to hit as much; twice it reaches the plateau on the recordings.
+fn bracket(curve: &LruCurve) -> Option<(f64, f64)> {
+    let unit = (curve.object_bytes.max(1).div_ceil(4096) * 4096) as f64;
+    let lo = (curve.largest_request.max(1) as f64 * unit) / GIB;
+    let hi = (curve.saturation().max(curve.largest_request.max(1) * 2) as f64 * unit * 2.0) / GIB;
+    (curve.requested_chunks > 0 && hi > lo).then_some((lo, hi))
+}
+
+/// The knee of an increasing curve on a log size axis (Kneedle): the point farthest above
+/// the chord from the first to the last point, both axes scaled to 0–1.
+fn knee(points: &[SizePoint]) -> Option<usize> {
+    let (first, last) = (points.first()?, points.last()?);
+    let (x0, x1) = (first.l1_gib.ln(), last.l1_gib.ln());
+    let (y0, y1) = (first.figures.hit_rate, last.figures.hit_rate);
+    if x1 <= x0 || y1 <= y0 {
+        return None;
+    }
+    points
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let x = (p.l1_gib.ln() - x0) / (x1 - x0);
+            let y = (p.figures.hit_rate - y0) / (y1 - y0);
+            (i, y - x)
+        })
+        .filter(|(_, d)| *d > 0.0)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(i, _)| i)
+}
+
+/// Answers `options.question` for `trace`: `at` builds the replay at a size.
+pub fn plan(
+    trace: &Path,
+    options: &PlanOptions,
+    read: ReadOptions,
+    at: &SizePlan<'_>,
+    done: &(dyn Fn(usize) + Sync),
+) -> Result<CapacityPlan> {
+    if !trace.is_file() {
+        return Err(Error::usage(format!(
+            "{}: the planner replays its trace many times; give a file, not a pipe",
+            trace.display()
+        )));
+    }
+    let loaded = Loaded::load(trace, read, LOAD_BUDGET_BYTES)?.map(Arc::new);
+    let (range, range_from_curve) = match options.range {
+        Some(range) => (range, false),
+        None => {
+            let curve = match &loaded {
+                Some(l) => lru_curve_of(l),
+                None => lru_curve(trace, read),
+            };
+            let range = curve.ok().as_ref().and_then(bracket).ok_or_else(|| {
+                Error::usage(format!(
+                    "{}: no size range from the trace's LRU curve (it looks nothing up, or mixes object sizes): give the range to search",
+                    trace.display()
+                ))
+            })?;
+            (range, true)
+        }
+    };
+    let mut sizes = log_grid(range.0, range.1, options.grid.max(2));
+    if let Question::Size(s) = options.question {
+        sizes.push(s);
+        sizes.sort_by(f64::total_cmp);
+    }
+    let run = |gib: f64| -> Result<SizePoint> {
+        let finished = at(gib, loaded.clone())?.run(|_| {})?;
+        let report = &finished.report;
+        Ok(SizePoint {
+            l1_gib: gib,
+            figures: Figures::of(report),
+            hit_tokens: report.hits.hit_tokens,
+            requested_tokens: report.hits.requested_tokens,
+        })
+    };
+    let replay_all =
+        |sizes: &[f64]| run_points(sizes.len(), options.jobs, &|i| run(sizes[i]), done);
+    let mut points = replay_all(&sizes)?;
+    let mut replays = points.len();
+    let span_s = {
+        let finished = at(range.1, loaded.clone())?.run(|_| {})?;
+        replays += 1;
+        let requests = &finished.report.requests;
+        match (requests.first(), requests.last()) {
+            (Some(a), Some(b)) => (b.t - a.t).max(0.0),
+            _ => 0.0,
+        }
+    };
+    let meets = |p: &SizePoint, target: f64| p.figures.hit_rate + 1e-12 >= target;
+    if let Question::HitRate(target) = options.question {
+        // Narrow the first interval whose upper end meets the target.
+        loop {
+            if crate::interrupt::requested().is_some() {
+                break;
+            }
+            points.sort_by(|a, b| a.l1_gib.total_cmp(&b.l1_gib));
+            let Some(upper) = points.iter().position(|p| meets(p, target)) else {
+                break;
+            };
+            if upper == 0 {
+                break;
+            }
+            let (a, b) = (points[upper - 1].l1_gib, points[upper].l1_gib);
+            if b / a - 1.0 <= options.tolerance {
+                break;
+            }
+            let probes = options.jobs.max(1);
+            let inner: Vec<f64> = log_grid(a, b, probes + 2)[1..=probes].to_vec();
+            let more = replay_all(&inner)?;
+            replays += more.len();
+            points.extend(more);
+        }
+    }
+    points.sort_by(|a, b| a.l1_gib.total_cmp(&b.l1_gib));
+    let answer = match options.question {
+        Question::HitRate(target) => points.iter().position(|p| meets(p, target)),
+        Question::Size(s) => points
+            .iter()
+            .position(|p| (p.l1_gib - s).abs() <= 1e-12 * s),
+    };
+    let dips = points
+        .windows(2)
+        .filter(|w| w[1].figures.hit_rate + 0.001 < w[0].figures.hit_rate)
+        .count();
+    Ok(CapacityPlan {
+        trace: trace.display().to_string(),
+        question: options.question,
+        range,
+        range_from_curve,
+        knee: knee(&points),
+        points,
+        answer,
+        span_s,
+        dips,
+        replays,
+        interrupted: crate::interrupt::requested().is_some(),
+    })
+}
+
+impl CapacityPlan {
+    /// Hit tokens per second of the trace (0 for a trace of one instant).
+    fn per_s(&self, tokens: u64) -> f64 {
+        if self.span_s > 0.0 {
+            tokens as f64 / self.span_s
+        } else {
+            0.0
+        }
+    }
+
+    /// What each step up in size buys over the size before it: (hit-rate points, hit tokens)
+    /// per extra GiB.
+    fn marginal(&self, i: usize) -> Option<(f64, f64)> {
+        let (a, b) = (self.points.get(i.checked_sub(1)?)?, self.points.get(i)?);
+        let gib = b.l1_gib - a.l1_gib;
+        (gib > 0.0).then(|| {
+            (
+                (b.figures.hit_rate - a.figures.hit_rate) / gib,
+                (b.hit_tokens as f64 - a.hit_tokens as f64) / gib,
+            )
+        })
+    }
+
+    fn point_json(&self, i: usize) -> Json {
+        let p = &self.points[i];
+        let (rate_per_gib, tokens_per_gib) = self.marginal(i).unwrap_or((0.0, 0.0));
+        json!({
+            "l1_size_gb": p.l1_gib,
+            "hit_rate": p.figures.hit_rate,
+            "l1_hit_rate": p.figures.l1_hit_rate,
+            "l2_hit_rate": p.figures.l2_hit_rate,
+            "hit_tokens": p.hit_tokens,
+            "requested_tokens": p.requested_tokens,
+            "hit_tokens_per_s": self.per_s(p.hit_tokens),
+            "prefill_tokens_saved": p.hit_tokens,
+            "out_of_memory_calls": p.figures.out_of_memory_calls,
+            "evictions": p.figures.evictions,
+            "request_match_rate": p.figures.request_match_rate,
+            "marginal_hit_rate_per_gb": rate_per_gib,
+            "marginal_hit_tokens_per_gb": tokens_per_gib,
+        })
+    }
+
+    fn question_json(&self) -> Json {
+        match self.question {
+            Question::HitRate(t) => json!({ "target_hit_rate": t }),
+            Question::Size(s) => json!({ "l1_size_gb": s }),
+        }
+    }
+}
+
+impl Report for CapacityPlan {
+    fn document(&self) -> Result<Json> {
+        Ok(json!({
+            "trace": self.trace,
+            "question": self.question_json(),
+            "answer": self.answer.map(|i| self.point_json(i)),
+            "unreachable": self.answer.is_none().then(|| {
+                let best = self.points.last().map_or(0.0, |p| p.figures.hit_rate);
+                format!("the largest size searched ({:.4} GiB) hits {:.2} %", self.range.1, best * 100.0)
+            }),
+            "knee": self.knee.map(|i| self.point_json(i)),
+            "range_gb": [self.range.0, self.range.1],
+            "range_from_lru_curve": self.range_from_curve,
+            "trace_span_s": self.span_s,
+            "replays": self.replays,
+            "dips": self.dips,
+            "interrupted": self.interrupted,
+            "curve": (0..self.points.len()).map(|i| self.point_json(i)).collect::<Vec<_>>(),
+        }))
+    }
+
+    fn json_style(&self) -> kvtrace_report::JsonStyle {
+        kvtrace_report::JsonStyle::Pretty
+    }
+
+    fn tables(&self) -> Vec<Table> {
+        let mut t = Table::new(&[
+            "l1_size_gb",
+            "hit_rate",
+            "l1_hit_rate",
+            "l2_hit_rate",
+            "hit_tokens",
+            "hit_tokens_per_s",
+            "out_of_memory_calls",
+            "evictions",
+            "request_match_rate",
+            "marginal_hit_rate_per_gb",
+            "marginal_hit_tokens_per_gb",
+            "answer",
+            "knee",
+        ])
+        .sheet("Curve")
+        .csv("plan_curve.csv");
+        for (i, p) in self.points.iter().enumerate() {
+            let (rate, tokens) = self.marginal(i).unwrap_or((0.0, 0.0));
+            t.rows.push(vec![
+                Cell::Number(p.l1_gib),
+                Cell::Measure(p.figures.hit_rate, Unit::Ratio),
+                Cell::Measure(p.figures.l1_hit_rate, Unit::Ratio),
+                Cell::Measure(p.figures.l2_hit_rate, Unit::Ratio),
+                Cell::Count(p.hit_tokens),
+                Cell::Number(self.per_s(p.hit_tokens)),
+                Cell::Count(p.figures.out_of_memory_calls),
+                Cell::Count(p.figures.evictions),
+                Cell::Measure(p.figures.request_match_rate, Unit::Ratio),
+                Cell::Number(rate),
+                Cell::Number(tokens),
+                Cell::Bool(self.answer == Some(i)),
+                Cell::Bool(self.knee == Some(i)),
+            ]);
+        }
+        vec![t]
+    }
+
+    fn charts(&self) -> Vec<Chart> {
+        let mut series = vec![Series {
+            name: "hit rate (full replays)".into(),
+            points: self
+                .points
+                .iter()
+                .map(|p| (p.l1_gib, p.figures.hit_rate))
+                .collect(),
+        }];
+        if let Some(i) = self.answer {
+            let p = &self.points[i];
+            series.push(Series {
+                name: "answer".into(),
+                points: vec![(p.l1_gib, p.figures.hit_rate)],
+            });
+        }
+        if let Some(i) = self.knee {
+            let p = &self.points[i];
+            series.push(Series {
+                name: "knee".into(),
+                points: vec![(p.l1_gib, p.figures.hit_rate)],
+            });
+        }
+        vec![Chart {
+            title: "Hit rate vs L1 size".into(),
+            x_title: "L1 size (GiB)".into(),
+            y_title: "hit rate".into(),
+            y_ratio: true,
+            x_log: true,
+            series,
+        }]
+    }
+
+    fn terminal(&self) -> String {
+        let mut out = String::new();
+        let pct = |r: f64| format!("{:.2} %", r * 100.0);
+        let line = |p: &SizePoint| {
+            format!(
+                "{:.4} GiB: hit rate {}, {} hit tokens ({:.0}/s of the trace)",
+                p.l1_gib,
+                pct(p.figures.hit_rate),
+                p.hit_tokens,
+                self.per_s(p.hit_tokens)
+            )
+        };
+        out.push_str(&format!(
+            "Capacity plan for {}\n",
+            kvtrace_report::terminal::escape_line(&self.trace)
+        ));
+        match (self.question, self.answer) {
+            (Question::HitRate(t), Some(i)) => out.push_str(&format!(
+                "  a hit rate of {} needs an L1 of {}\n",
+                pct(t),
+                line(&self.points[i])
+            )),
+            (Question::HitRate(t), None) => out.push_str(&format!(
+                "  a hit rate of {} is out of reach: the largest size searched, {}\n",
+                pct(t),
+                self.points.last().map(line).unwrap_or_default()
+            )),
+            (Question::Size(_), Some(i)) => {
+                out.push_str(&format!("  an L1 of {}\n", line(&self.points[i])))
+            }
+            (Question::Size(s), None) => out.push_str(&format!("  {s} GiB was not replayed\n")),
+        }
+        if let Some(i) = self.knee {
+            out.push_str(&format!(
+                "  the knee (past it each doubling buys least): {}\n",
+                line(&self.points[i])
+            ));
+        }
+        out.push_str(&format!(
+            "\n  {:>12}  {:>9}  {:>14}  {:>16}  {:>6}\n",
+            "L1 (GiB)", "hit rate", "hit tokens", "+hit pp per GiB", ""
+        ));
+        // One screen: the rows nearest the answer (or the knee), at most 15.
+        let centre = self.answer.or(self.knee).unwrap_or(0);
+        let from = centre
+            .saturating_sub(7)
+            .min(self.points.len().saturating_sub(15));
+        for (i, p) in self.points.iter().enumerate().skip(from).take(15) {
+            let marginal = self
+                .marginal(i)
+                .map_or(String::new(), |(r, _)| format!("{:.2}", r * 100.0));
+            let mark = match (self.answer == Some(i), self.knee == Some(i)) {
+                (true, true) => "answer, knee",
+                (true, false) => "answer",
+                (false, true) => "knee",
+                _ => "",
+            };
+            out.push_str(&format!(
+                "  {:>12.4}  {:>9}  {:>14}  {:>16}  {mark}\n",
+                p.l1_gib,
+                pct(p.figures.hit_rate),
+                p.hit_tokens,
+                marginal
+            ));
+        }
+        out.push_str(&format!(
+            "\n  {} full replays between {:.4} and {:.4} GiB{}{}\n",
+            self.replays,
+            self.range.0,
+            self.range.1,
+            if self.range_from_curve {
+                " (the bracket from the one-pass LRU curve)"
+            } else {
+                ""
+            },
+            if self.dips > 0 {
+                let s = if self.dips == 1 { "" } else { "s" };
+                format!("; {} dip{s} where a larger L1 hit less", self.dips)
+            } else {
+                String::new()
+            }
+        ));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(gib: f64, hit_rate: f64) -> SizePoint {
+        SizePoint {
+            l1_gib: gib,
+            figures: Figures {
+                hit_rate,
+                ..Figures::default()
+            },
+            hit_tokens: (hit_rate * 1000.0) as u64,
+            requested_tokens: 1000,
+        }
+    }
+
+    #[test]
+    fn the_grid_is_log_spaced_and_ends_at_the_bounds() {
+        let g = log_grid(0.5, 8.0, 5);
+        let want = [0.5, 1.0, 2.0, 4.0, 8.0];
+        assert!(
+            g.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12),
+            "{g:?}"
+        );
+        assert_eq!(log_grid(1.0, 1.0, 4), vec![1.0]);
+    }
+
+    #[test]
+    fn the_knee_is_where_the_curve_bends() {
+        // Rises fast to 1 GiB, then flattens: the knee is at 1 GiB.
+        let pts: Vec<SizePoint> = [
+            (0.25, 0.1),
+            (0.5, 0.4),
+            (1.0, 0.7),
+            (2.0, 0.75),
+            (4.0, 0.78),
+        ]
+        .iter()
+        .map(|&(g, r)| point(g, r))
+        .collect();
+        assert_eq!(knee(&pts), Some(2));
+        let flat: Vec<SizePoint> = [(1.0, 0.5), (2.0, 0.5)]
+            .iter()
+            .map(|&(g, r)| point(g, r))
+            .collect();
+        assert_eq!(knee(&flat), None);
+    }
+
+    #[test]
+    fn the_bracket_spans_a_request_to_past_saturation() {
+        let curve = LruCurve {
+            object_bytes: 4096,
+            requests: 2,
+            requested_chunks: 10,
+            prefix_max: vec![0, 3, 0, 2, 0, 0, 0, 0, 1],
+            cold: 4,
+            largest_request: 4,
+        };
+        let (lo, hi) = bracket(&curve).expect("bracket");
+        assert!((lo - 4.0 * 4096.0 / GIB).abs() < 1e-15);
+        assert!((hi - 8.0 * 4096.0 * 2.0 / GIB).abs() < 1e-15);
+    }
+}

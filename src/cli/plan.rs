@@ -1,0 +1,238 @@
+//! `kvtrace plan`: the capacity planner over the replay engine.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::report::{csv::Csv, json::Json, svg::Svg, xlsx::Xlsx, Exporter, Report, Target};
+use kvtrace::sweep::plan::{plan, PlanOptions, Question};
+use kvtrace::sweep::Point;
+
+use super::progress::Progress;
+use super::sweep::{parse_point, point_argv, Lists, OneReplay, PlanFlags};
+use super::{print_stdout, replay, OutputArg};
+
+/// Find the L1 a trace needs for a hit rate, or the hit rate a size gives: full replays with
+/// LMCache's eviction controller and the recorded client's model, the curve around the
+/// answer, its knee, and what each extra GiB buys
+#[derive(clap::Args)]
+#[command(after_help = super::examples(&[
+    "kvtrace plan trace.lct --target-hit-rate 0.6",
+    "kvtrace plan trace.lct --size-gb 2 --eviction-policy ARC --xlsx=plan.xlsx --plot plan.svg",
+    "kvtrace plan trace.lct --target-hit-rate 0.5 --min-gb 0.5 --max-gb 64 --json=plan.json",
+]) + "\nEvery replay is `kvtrace replay FILE` with the replay flags given and the L1 size the \
+planner picks (its counters, with --l1-accounting-only unless --l1-buffers). The sizes searched \
+span from the largest request to past the size beyond which nothing more hits, read off the \
+trace's one-pass LRU curve, unless --min-gb and --max-gb say otherwise.")]
+pub(super) struct Args {
+    /// The LMCT storage trace
+    file: PathBuf,
+    /// The hit rate to reach (0 to 1): the answer is the smallest L1 that meets it
+    #[arg(
+        long,
+        value_name = "SHARE",
+        required_unless_present = "size_gb",
+        conflicts_with = "size_gb",
+        help_heading = "Plan"
+    )]
+    target_hit_rate: Option<f64>,
+    /// The L1 size (GiB) to give the hit rate of
+    #[arg(long, value_name = "GB", help_heading = "Plan")]
+    size_gb: Option<f64>,
+    /// The smallest size (GiB) to search
+    #[arg(long, value_name = "GB", requires = "max_gb", help_heading = "Plan")]
+    min_gb: Option<f64>,
+    /// The largest size (GiB) to search
+    #[arg(long, value_name = "GB", requires = "min_gb", help_heading = "Plan")]
+    max_gb: Option<f64>,
+    /// Sizes of the first, log-spaced grid
+    #[arg(long, value_name = "N", default_value_t = 16, help_heading = "Plan")]
+    grid: usize,
+    /// The answer's precision, as a share of the size
+    #[arg(
+        long,
+        value_name = "SHARE",
+        default_value_t = 0.02,
+        help_heading = "Plan"
+    )]
+    tolerance: f64,
+    /// Replays run at once [default: the machine's cores]
+    #[arg(long, value_name = "N", help_heading = "Plan")]
+    jobs: Option<usize>,
+    /// Give every replay its real L1 buffers (the counters are the same)
+    #[arg(long, help_heading = "Plan")]
+    l1_buffers: bool,
+    /// The plan as JSON [default: plan.json]
+    #[arg(long, value_name = "PATH", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_parser = OutputArg::parse, help_heading = "Plan")]
+    json: Option<OutputArg>,
+    /// Workbook: the curve and its chart [default: plan.xlsx]
+    #[arg(long, value_name = "PATH", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_parser = OutputArg::parse, help_heading = "Plan")]
+    xlsx: Option<OutputArg>,
+    /// The curve as plan_curve.csv into DIR [default: the current directory]
+    #[arg(long, value_name = "DIR", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_parser = OutputArg::parse, help_heading = "Plan")]
+    csv: Option<OutputArg>,
+    /// The curve as plan_curve.parquet into DIR [default: the current directory]
+    #[arg(long, value_name = "DIR", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_parser = OutputArg::parse, help_heading = "Plan")]
+    parquet: Option<OutputArg>,
+    /// The curve as an SVG picture
+    #[arg(long, value_name = "PATH.svg", help_heading = "Plan")]
+    plot: Option<PathBuf>,
+    /// No table and no progress bar
+    #[arg(short, long, help_heading = "Plan")]
+    quiet: bool,
+    #[command(flatten)]
+    flags: Lists<PlanFlags>,
+}
+
+fn share(flag: &str, v: f64) -> Result<f64, Error> {
+    if v > 0.0 && v <= 1.0 {
+        Ok(v)
+    } else {
+        Err(Error::usage(format!(
+            "{flag} {v}: expected a share above 0 and at most 1 (0.6 for 60 %)"
+        )))
+    }
+}
+
+fn gib(flag: &str, v: f64) -> Result<f64, Error> {
+    if v.is_finite() && v > 0.0 && v <= 1e6 {
+        Ok(v)
+    } else {
+        Err(Error::usage(format!(
+            "{flag} {v}: expected GiB above 0 and at most 1000000"
+        )))
+    }
+}
+
+pub(super) fn run(a: Args) -> Result<i32, Error> {
+    let question = match (a.target_hit_rate, a.size_gb) {
+        (Some(t), _) => Question::HitRate(share("--target-hit-rate", t)?),
+        (None, Some(s)) => Question::Size(gib("--size-gb", s)?),
+        (None, None) => return Err(Error::usage("give --target-hit-rate or --size-gb")),
+    };
+    let range = match (a.min_gb, a.max_gb) {
+        (Some(lo), Some(hi)) => {
+            let (lo, hi) = (gib("--min-gb", lo)?, gib("--max-gb", hi)?);
+            if lo >= hi {
+                return Err(Error::usage(format!(
+                    "--min-gb {lo} --max-gb {hi}: the smallest size must be below the largest"
+                )));
+            }
+            Some((lo, hi))
+        }
+        _ => None,
+    };
+    if !(2..=256).contains(&a.grid) {
+        return Err(Error::usage(format!(
+            "--grid {}: expected 2 to 256 sizes",
+            a.grid
+        )));
+    }
+    if !(a.tolerance > 0.0 && a.tolerance < 1.0) {
+        return Err(Error::usage(format!(
+            "--tolerance {}: expected a share between 0 and 1 (0.02 for 2 %)",
+            a.tolerance
+        )));
+    }
+    let jobs = match a.jobs {
+        Some(0) => return Err(Error::usage("--jobs must be at least 1")),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    if let Some(axis) = a.flags.axes.iter().find(|x| x.values.len() > 1) {
+        return Err(Error::usage(format!(
+            "--{} takes one value in a plan (kvtrace sweep compares configurations)",
+            axis.flag
+        )));
+    }
+    let base = Point {
+        name: "plan".into(),
+        settings: a
+            .flags
+            .axes
+            .iter()
+            .map(|x| (x.flag.clone(), x.values[0].clone()))
+            .collect(),
+    };
+    let head: Vec<OsString> = vec!["kvtrace replay".into(), a.file.clone().into()];
+    let one = |gib: f64| -> Result<OneReplay, Error> {
+        let mut argv = point_argv::<PlanFlags>(&head, &base)?;
+        argv.push(format!("--l1-size-gb={gib}").into());
+        if !a.l1_buffers && base.get("l1-accounting-only").is_none() {
+            argv.push("--l1-accounting-only".into());
+        }
+        let mut point = base.clone();
+        point.name = format!("{gib} GiB");
+        parse_point(argv, &point)
+    };
+    // The flags are checked once, before any replay.
+    let first = one(range.map_or(1.0, |r| r.1))?;
+    replay::check(&first.args)?;
+    replay::guard(&first.args)?;
+    if replay::is_events(&a.file, &first.args) {
+        return Err(Error::usage(
+            "the planner replays storage traces; an events trace is not one yet",
+        ));
+    }
+    let outputs = outputs(&a, &[a.file.as_path()])?;
+    let read = replay::read_options(&first.args);
+    let options = PlanOptions {
+        question,
+        range,
+        grid: a.grid,
+        tolerance: a.tolerance,
+        jobs,
+    };
+    let bar = Progress::points(a.grid as u64, !a.quiet);
+    let at = |gib: f64, loaded| replay::plan(&one(gib)?.args, false, None, loaded);
+    let result = plan(&a.file, &options, read, &at, &|_| bar.inc());
+    bar.finish();
+    let report = result?;
+    for (exporter, target) in &outputs {
+        kvtrace::report::write(&report, *exporter, target, "")?;
+    }
+    if !a.quiet {
+        print_stdout(&report.terminal())?;
+    }
+    Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK))
+}
+
+/// The outputs asked for, each checked before any replay, none of them one of `inputs`.
+fn outputs(a: &Args, inputs: &[&Path]) -> Result<Vec<(&'static dyn Exporter, Target)>, Error> {
+    let json = a.json.as_ref().map(|o| o.path(|| "plan.json".into()));
+    let xlsx = a.xlsx.as_ref().map(|o| o.path(|| "plan.xlsx".into()));
+    let csv = a.csv.as_ref().map(|o| o.path(|| ".".into()));
+    let parquet = a.parquet.as_ref().map(|o| o.path(|| ".".into()));
+    crate::cli::guard(
+        inputs.iter().copied(),
+        [&json, &xlsx, &csv, &parquet, &a.plot]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path),
+    )?;
+    if let Some(p) = &a.plot {
+        if p.extension().and_then(|e| e.to_str()) != Some("svg") {
+            return Err(Error::usage(format!(
+                "--plot {}: kvtrace draws SVG; name the file .svg",
+                p.display()
+            )));
+        }
+    }
+    kvtrace::report::outputs([
+        (&Json, json.map(Target::File)),
+        (&Xlsx, xlsx.map(Target::File)),
+        (&Csv, csv.map(Target::Dir)),
+        (&Svg, a.plot.clone().map(Target::File)),
+        (
+            match parquet {
+                Some(_) => crate::cli::parquet_exporter()?,
+                None => &Csv,
+            },
+            parquet.map(Target::Dir),
+        ),
+    ])
+}

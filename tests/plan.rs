@@ -1,0 +1,184 @@
+//! `kvtrace plan` against the real servers of `../shared/lmcache/whatif/`: the hit rate it
+//! gives at each recorded size is the real server's (from the clients' logs), its curve
+//! between them agrees with full replays, and a target's answer is the smallest size replayed
+//! that meets it.
+
+use std::path::Path;
+
+use serde_json::Value as Json;
+
+use crate::replay::fidelity::{client_hits, client_requested, whatif_recordings};
+use crate::util::{kvtrace, one_line_error, repo, scratch, shared, text};
+
+/// The plan's JSON for `trace` with `flags`.
+fn plan(trace: &Path, flags: &[&str]) -> Json {
+    let dir = scratch();
+    let json = dir.path().join("plan.json");
+    let mut args = vec![
+        "plan".to_owned(),
+        trace.display().to_string(),
+        format!("--json={}", json.display()),
+        "-q".to_owned(),
+    ];
+    args.extend(flags.iter().map(|f| f.to_string()));
+    let out = kvtrace(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_str(&std::fs::read_to_string(json).expect("plan")).expect("JSON")
+}
+
+fn replayed_hit_rate(trace: &Path, gib: f64) -> f64 {
+    let dir = scratch();
+    let json = dir.path().join("r.json");
+    let out = kvtrace([
+        "replay".to_owned(),
+        trace.display().to_string(),
+        format!("--l1-size-gb={gib}"),
+        "--no-csv".to_owned(),
+        "-q".to_owned(),
+        format!("--json={}", json.display()),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let summary: Json =
+        serde_json::from_str(&std::fs::read_to_string(json).expect("summary")).expect("JSON");
+    summary["kvtrace"]["hits"]["hit_rate"]
+        .as_f64()
+        .expect("hit rate")
+}
+
+#[test]
+fn the_plan_meets_the_real_servers_and_the_replays() {
+    let Some(shared) = shared() else { return };
+    let lru: Vec<_> = whatif_recordings(&shared)
+        .into_iter()
+        .filter(|r| r.3 == "LRU")
+        .collect();
+    assert!(lru.len() >= 3, "{lru:?}");
+    // The truth: each real server's hit rate, from its client's log.
+    let truth: Vec<(f64, f64)> = lru
+        .iter()
+        .map(|(_, _, size, _, path)| {
+            let log = path.with_extension("client.txt");
+            let hits: u64 = client_hits(&log).iter().sum();
+            (
+                size.parse().expect("size"),
+                hits as f64 / client_requested(&log) as f64,
+            )
+        })
+        .collect();
+    let (_, _, _, _, trace) = &lru[0];
+    for &(size, real) in &truth {
+        let p = plan(
+            trace,
+            &[
+                "--size-gb",
+                &size.to_string(),
+                "--min-gb",
+                "0.0125",
+                "--max-gb",
+                "0.05",
+                "--grid",
+                "9",
+            ],
+        );
+        let got = p["answer"]["hit_rate"].as_f64().expect("answer");
+        assert!(
+            (got - real).abs() <= 0.01,
+            "{size} GiB: {got} against the server's {real}"
+        );
+        // Between the recorded sizes the curve only dips within half a point, and each of its
+        // sizes is what a full replay at that size gives.
+        let curve = p["curve"].as_array().expect("curve");
+        for w in curve.windows(2) {
+            let (a, b) = (w[0]["hit_rate"].as_f64(), w[1]["hit_rate"].as_f64());
+            assert!(b.expect("b") + 0.005 >= a.expect("a"), "{w:?}");
+        }
+        let middle = &curve[curve.len() / 2];
+        let gib = middle["l1_size_gb"].as_f64().expect("size");
+        assert_eq!(
+            middle["hit_rate"].as_f64(),
+            Some(replayed_hit_rate(trace, gib))
+        );
+    }
+    // A target: the real server of the middle size. The answer meets it, and the replayed
+    // size just below it does not.
+    let (_, target) = truth[truth.len() / 2];
+    let p = plan(trace, &["--target-hit-rate", &target.to_string()]);
+    let answer = &p["answer"];
+    let size = answer["l1_size_gb"].as_f64().expect("answer size");
+    assert!(answer["hit_rate"].as_f64().expect("rate") >= target);
+    let curve = p["curve"].as_array().expect("curve");
+    let at = curve
+        .iter()
+        .position(|c| c["l1_size_gb"].as_f64() == Some(size))
+        .expect("the answer is on the curve");
+    assert!(at > 0, "the answer is not the smallest size searched");
+    let below = &curve[at - 1];
+    assert!(
+        below["hit_rate"].as_f64().expect("rate") < target,
+        "{below}"
+    );
+    let gap = size / below["l1_size_gb"].as_f64().expect("size") - 1.0;
+    assert!(gap <= 0.02 + 1e-9, "within the tolerance: {gap}");
+    assert!(p["knee"]["l1_size_gb"].as_f64().is_some(), "a knee");
+}
+
+#[test]
+fn an_unreachable_target_is_said_and_every_output_is_written() {
+    let trace = repo("testdata/lmcache/churn/lru_seed1.lct");
+    let dir = scratch();
+    let d = |name: &str| dir.path().join(name).display().to_string();
+    let out = kvtrace([
+        "plan",
+        &trace,
+        "--target-hit-rate",
+        "0.999",
+        "-q",
+        &format!("--json={}", d("p.json")),
+        &format!("--xlsx={}", d("p.xlsx")),
+        &format!("--csv={}", d("csv")),
+        "--plot",
+        &d("p.svg"),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let p: Json =
+        serde_json::from_str(&std::fs::read_to_string(d("p.json")).expect("json")).expect("JSON");
+    assert!(p["answer"].is_null());
+    assert!(p["unreachable"].as_str().expect("why").contains("hits"));
+    let rows = std::fs::read_to_string(d("csv/plan_curve.csv")).expect("csv");
+    assert_eq!(
+        rows.lines().count() - 1,
+        p["curve"].as_array().expect("curve").len()
+    );
+    assert!(std::fs::read_to_string(d("p.svg"))
+        .expect("svg")
+        .contains("<svg"));
+    assert!(std::fs::metadata(d("p.xlsx")).expect("xlsx").len() > 0);
+}
+
+#[test]
+fn plan_flags_are_checked_in_one_line() {
+    let trace = repo("testdata/lmcache/churn/lru_seed1.lct");
+    for (args, needle) in [
+        (vec!["--target-hit-rate", "1.5"], "--target-hit-rate 1.5"),
+        (vec!["--size-gb", "0"], "--size-gb 0"),
+        (
+            vec!["--target-hit-rate", "0.5", "--eviction-policy", "LRU,ARC"],
+            "takes one value",
+        ),
+        (
+            vec!["--target-hit-rate", "0.5", "--min-gb", "2", "--max-gb", "1"],
+            "below the largest",
+        ),
+        (vec!["--target-hit-rate", "0.5", "--grid", "1"], "--grid 1"),
+        (
+            vec!["--target-hit-rate", "0.5", "--l1-size-gb", "1"],
+            "--l1-size-gb",
+        ),
+        (vec![], "--target-hit-rate"),
+    ] {
+        let mut argv = vec!["plan", trace.as_str()];
+        argv.extend(args.iter().copied());
+        let err = one_line_error(&kvtrace(&argv), 2);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
