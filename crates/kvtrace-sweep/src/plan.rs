@@ -62,6 +62,8 @@ pub struct SizePoint {
     pub figures: Figures,
     pub hit_tokens: u64,
     pub requested_tokens: u64,
+    /// Seconds between the trace's first and last request.
+    pub span_s: f64,
 }
 
 /// The planner's answer and the curve it rests on.
@@ -170,26 +172,23 @@ pub fn plan(
     let run = |gib: f64| -> Result<SizePoint> {
         let finished = at(gib, loaded.clone())?.run(|_| {})?;
         let report = &finished.report;
+        let span_s = match (report.requests.first(), report.requests.last()) {
+            (Some(a), Some(b)) => (b.t - a.t).max(0.0),
+            _ => 0.0,
+        };
         Ok(SizePoint {
             l1_gib: gib,
             figures: Figures::of(report),
             hit_tokens: report.hits.hit_tokens,
             requested_tokens: report.hits.requested_tokens,
+            span_s,
         })
     };
     let replay_all =
         |sizes: &[f64]| run_points(sizes.len(), options.jobs, &|i| run(sizes[i]), done);
     let mut points = replay_all(&sizes)?;
     let mut replays = points.len();
-    let span_s = {
-        let finished = at(range.1, loaded.clone())?.run(|_| {})?;
-        replays += 1;
-        let requests = &finished.report.requests;
-        match (requests.first(), requests.last()) {
-            (Some(a), Some(b)) => (b.t - a.t).max(0.0),
-            _ => 0.0,
-        }
-    };
+    let span_s = points.first().map_or(0.0, |p| p.span_s);
     let meets = |p: &SizePoint, target: f64| p.figures.hit_rate + 1e-12 >= target;
     if let Question::HitRate(target) = options.question {
         // Narrow the first interval whose upper end meets the target.
@@ -488,6 +487,7 @@ mod tests {
             },
             hit_tokens: (hit_rate * 1000.0) as u64,
             requested_tokens: 1000,
+            span_s: 1.0,
         }
     }
 
