@@ -77,6 +77,12 @@ def test_the_arrow_table_equals_dumps_records_field_by_field(path):
     assert table.schema.metadata[b"kvtrace.view"] == b"records"
 
 
+def test_a_compressed_trace_reads_as_its_plain_self(tmp_path):
+    zst = tmp_path / "t.lct.zst"
+    cli("convert", CHURN, zst)
+    assert kvtrace.read(zst, kvtrace.columns()).equals(kvtrace.read(CHURN, kvtrace.columns()))
+
+
 def test_the_keys_view_has_one_row_per_key():
     keys = kvtrace.keys(CHURN, ["frame", "position", "chunk_hash", "kv_rank"])
     want = [(r["frame"], i, h) for r in dumped(CHURN) for i, h in enumerate(keys_of(r["args"]))]
