@@ -172,3 +172,85 @@ fn a_real_prometheus_scrapes_the_figures_the_report_has() {
     );
     assert!(figure("kvtrace_fidelity_compared_requests_total") > 0.0);
 }
+
+#[test]
+fn prometheus_flags_that_cannot_apply_are_one_line_errors() {
+    let trace = repo("testdata/lmcache/basic_lru.lct");
+    let events = crate::util::shared().map(|s| s.join("lmcache/events_churn.lct"));
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port().to_string();
+    let mut cases: Vec<(Vec<String>, i32, &str)> = vec![
+        (
+            vec![
+                "replay".into(),
+                trace.clone(),
+                "--prometheus-hold".into(),
+                "3".into(),
+            ],
+            2,
+            "--prometheus-port",
+        ),
+        (
+            vec![
+                "replay".into(),
+                trace.clone(),
+                "--prometheus-port".into(),
+                "9400".into(),
+                "--prometheus-hold=-1".into(),
+            ],
+            2,
+            "--prometheus-hold -1",
+        ),
+        (
+            vec![
+                "replay".into(),
+                trace.clone(),
+                "--no-csv".into(),
+                "--prometheus-host".into(),
+                "127.0.0.1".into(),
+                "--prometheus-port".into(),
+                port,
+            ],
+            1,
+            "--prometheus-port: cannot listen on 127.0.0.1:",
+        ),
+        (
+            vec![
+                "bench".into(),
+                "--suite".into(),
+                "--prometheus-port".into(),
+                "9400".into(),
+            ],
+            2,
+            "--suite runs many scenarios",
+        ),
+        (
+            vec![
+                "bench".into(),
+                "--mlperf-option".into(),
+                "1".into(),
+                "--open".into(),
+                "--prometheus-port".into(),
+                "9400".into(),
+            ],
+            2,
+            "serve live figures from one bench run at a time",
+        ),
+    ];
+    if let Some(events) = events {
+        cases.push((
+            vec![
+                "replay".into(),
+                events.display().to_string(),
+                "--prometheus-port".into(),
+                "9400".into(),
+            ],
+            2,
+            "an events replay has none live",
+        ));
+    }
+    for (args, code, needle) in cases {
+        let err = crate::util::one_line_error(&crate::util::kvtrace(&args), code);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
