@@ -29,6 +29,7 @@ use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::lmct::reader::DEFAULT_MAX_FRAME_BYTES;
 use kvtrace::lmct::ReadOptions;
 use kvtrace::report::terminal::{escape_line, escape_text};
+use kvtrace::report::Target;
 
 const EXIT_CODES: &str =
     "Exit status: 0 success; 1 bad input data or an I/O failure; 2 usage error.";
@@ -206,14 +207,24 @@ fn guard<'a>(
     Ok(())
 }
 
-/// The Parquet exporter of `--parquet`, or the one-line error of a build without it.
-fn parquet_exporter() -> Result<&'static dyn kvtrace::report::Exporter, Error> {
+/// The `--parquet` slot of a command's outputs: the Parquet exporter writing into `dir`, or,
+/// not asked, no target (and any exporter, which `report::outputs` then skips). Asked of a
+/// build without the `parquet` feature, the one-line error.
+fn parquet_output(
+    dir: Option<PathBuf>,
+) -> Result<(&'static dyn kvtrace::report::Exporter, Option<Target>), Error> {
+    let Some(dir) = dir else {
+        return Ok((&kvtrace::report::csv::Csv, None));
+    };
     #[cfg(feature = "parquet")]
-    return Ok(&kvtrace::columnar::Parquet);
+    return Ok((&kvtrace::columnar::Parquet, Some(Target::Dir(dir))));
     #[cfg(not(feature = "parquet"))]
-    Err(Error::usage(
-        "--parquet needs kvtrace built with its default parquet feature",
-    ))
+    {
+        let _ = dir;
+        Err(Error::usage(
+            "--parquet needs kvtrace built with its default parquet feature",
+        ))
+    }
 }
 
 fn warn(file: &str, message: &str) {

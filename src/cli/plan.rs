@@ -1,15 +1,15 @@
 //! `kvtrace plan`: the capacity planner over the replay engine.
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use kvtrace::error::{Error, EXIT_OK};
-use kvtrace::report::{csv::Csv, json::Json, svg::Svg, xlsx::Xlsx, Exporter, Report, Target};
+use kvtrace::report::Report;
 use kvtrace::sweep::plan::{plan, PlanOptions, Question};
 use kvtrace::sweep::Point;
 
 use super::progress::Progress;
-use super::sweep::{parse_point, point_argv, Lists, OneReplay, PlanFlags};
+use super::sweep::{jobs, parse_point, point_argv, Asked, Lists, OneReplay, PlanFlags};
 use super::{print_stdout, replay, OutputArg};
 
 /// Find the L1 a trace needs for a hit rate, or the hit rate a size gives: full replays with
@@ -138,11 +138,7 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
             a.tolerance
         )));
     }
-    let jobs = match a.jobs {
-        Some(0) => return Err(Error::usage("--jobs must be at least 1")),
-        Some(n) => n,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
+    let jobs = jobs(a.jobs)?;
     if let Some(axis) = a.flags.axes.iter().find(|x| x.values.len() > 1) {
         return Err(Error::usage(format!(
             "--{} takes one value in a plan (kvtrace sweep compares configurations)",
@@ -178,7 +174,14 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
             "the planner replays storage traces; an events trace is not one yet",
         ));
     }
-    let outputs = outputs(&a, &[a.file.as_path()])?;
+    let outputs = Asked {
+        json: a.json.as_ref().map(|o| o.path(|| "plan.json".into())),
+        xlsx: a.xlsx.as_ref().map(|o| o.path(|| "plan.xlsx".into())),
+        csv: a.csv.as_ref().map(|o| o.path(|| ".".into())),
+        parquet: a.parquet.as_ref().map(|o| o.path(|| ".".into())),
+        plot: a.plot.clone(),
+    }
+    .outputs(&[a.file.as_path()])?;
     let read = replay::read_options(&first.args);
     let options = PlanOptions {
         question,
@@ -199,40 +202,4 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
         print_stdout(&report.terminal())?;
     }
     Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK))
-}
-
-/// The outputs asked for, each checked before any replay, none of them one of `inputs`.
-fn outputs(a: &Args, inputs: &[&Path]) -> Result<Vec<(&'static dyn Exporter, Target)>, Error> {
-    let json = a.json.as_ref().map(|o| o.path(|| "plan.json".into()));
-    let xlsx = a.xlsx.as_ref().map(|o| o.path(|| "plan.xlsx".into()));
-    let csv = a.csv.as_ref().map(|o| o.path(|| ".".into()));
-    let parquet = a.parquet.as_ref().map(|o| o.path(|| ".".into()));
-    crate::cli::guard(
-        inputs.iter().copied(),
-        [&json, &xlsx, &csv, &parquet, &a.plot]
-            .into_iter()
-            .flatten()
-            .map(PathBuf::as_path),
-    )?;
-    if let Some(p) = &a.plot {
-        if p.extension().and_then(|e| e.to_str()) != Some("svg") {
-            return Err(Error::usage(format!(
-                "--plot {}: kvtrace draws SVG; name the file .svg",
-                p.display()
-            )));
-        }
-    }
-    kvtrace::report::outputs([
-        (&Json, json.map(Target::File)),
-        (&Xlsx, xlsx.map(Target::File)),
-        (&Csv, csv.map(Target::Dir)),
-        (&Svg, a.plot.clone().map(Target::File)),
-        (
-            match parquet {
-                Some(_) => crate::cli::parquet_exporter()?,
-                None => &Csv,
-            },
-            parquet.map(Target::Dir),
-        ),
-    ])
 }

@@ -272,17 +272,16 @@ pub(super) fn plan(
         Some(path) => Target::File(per_rank(path)),
         None => Target::Dir(output_dir.clone()),
     };
-    let parquet = match &args.parquet {
-        Some(flag) => {
-            let dir = match (flag.given(), rank) {
-                (Some(dir), Some(r)) => dir.join(r.dir_name()),
-                (Some(dir), None) => dir.to_owned(),
-                (None, _) => output_dir.clone(),
-            };
-            Some((Target::Dir(dir), super::parquet_exporter()?))
-        }
-        None => None,
-    };
+    let (parquet, parquet_dir) =
+        super::parquet_output(
+            args.parquet
+                .as_ref()
+                .map(|flag| match (flag.given(), rank) {
+                    (Some(dir), Some(r)) => dir.join(r.dir_name()),
+                    (Some(dir), None) => dir.to_owned(),
+                    (None, _) => output_dir.clone(),
+                }),
+        )?;
     let formats: [(Option<Target>, &'static dyn Exporter, &'static str); 4] = [
         (
             (!args.no_csv).then(|| Target::Dir(output_dir.clone())),
@@ -295,10 +294,7 @@ pub(super) fn plan(
             "trace_replay_summary.json",
         ),
         (args.xlsx.as_ref().map(target), &Xlsx, "trace_replay.xlsx"),
-        match parquet {
-            Some((dir, exporter)) => (Some(dir), exporter, ""),
-            None => (None, &Csv, ""),
-        },
+        (parquet_dir, parquet, ""),
     ];
     let options = Options {
         replay: ReplayOptions {
@@ -424,15 +420,11 @@ fn run_events(args: &Args) -> Result<i32, Error> {
                 .as_ref()
                 .map(|o| Target::File(o.path(|| args.output_dir.join("events_replay.xlsx")))),
         ),
-        (
-            match &args.parquet {
-                Some(_) => super::parquet_exporter()?,
-                None => &Csv,
-            },
+        super::parquet_output(
             args.parquet
                 .as_ref()
-                .map(|o| Target::Dir(o.path(|| args.output_dir.clone()))),
-        ),
+                .map(|o| o.path(|| args.output_dir.clone())),
+        )?,
     ])?;
     let config_for = |server: usize| server_config(&base, server);
     let report = replay_events(&stream, &summarise(&stream), &config_for)?;

@@ -372,38 +372,61 @@ fn outputs(
     sweep: &SweepArgs,
     inputs: &[&Path],
 ) -> Result<Vec<(&'static dyn Exporter, Target)>, Error> {
-    let xlsx = sweep.xlsx.as_ref().map(|o| o.path(|| "sweep.xlsx".into()));
-    let csv = sweep.csv.as_ref().map(|o| o.path(|| ".".into()));
-    let json = sweep.json.as_ref().map(|o| o.path(|| "sweep.json".into()));
-    let parquet = sweep.parquet.as_ref().map(|o| o.path(|| ".".into()));
-    crate::cli::guard(
-        inputs.iter().copied().chain(sweep.grid.as_deref()),
-        [&xlsx, &csv, &json, &parquet, &sweep.plot]
-            .into_iter()
-            .flatten()
-            .map(PathBuf::as_path),
-    )?;
-    if let Some(p) = &sweep.plot {
-        if p.extension().and_then(|e| e.to_str()) != Some("svg") {
-            return Err(Error::usage(format!(
-                "--plot {}: kvtrace draws SVG; name the file .svg",
-                p.display()
-            )));
+    let inputs: Vec<&Path> = inputs
+        .iter()
+        .copied()
+        .chain(sweep.grid.as_deref())
+        .collect();
+    let asked = Asked {
+        json: sweep.json.as_ref().map(|o| o.path(|| "sweep.json".into())),
+        xlsx: sweep.xlsx.as_ref().map(|o| o.path(|| "sweep.xlsx".into())),
+        csv: sweep.csv.as_ref().map(|o| o.path(|| ".".into())),
+        parquet: sweep.parquet.as_ref().map(|o| o.path(|| ".".into())),
+        plot: sweep.plot.clone(),
+    };
+    asked.outputs(&inputs)
+}
+
+/// The report files a many-replay command (`sweep`, `plan`) was asked for, defaults resolved.
+pub(super) struct Asked {
+    pub(super) json: Option<PathBuf>,
+    pub(super) xlsx: Option<PathBuf>,
+    /// The directories of the CSV and Parquet tables.
+    pub(super) csv: Option<PathBuf>,
+    pub(super) parquet: Option<PathBuf>,
+    pub(super) plot: Option<PathBuf>,
+}
+
+impl Asked {
+    /// The exporters and targets, each checked before any replay runs, none of them one of
+    /// `inputs`; the picture must be SVG.
+    pub(super) fn outputs(
+        self,
+        inputs: &[&Path],
+    ) -> Result<Vec<(&'static dyn Exporter, Target)>, Error> {
+        crate::cli::guard(
+            inputs.iter().copied(),
+            [&self.xlsx, &self.csv, &self.json, &self.parquet, &self.plot]
+                .into_iter()
+                .flatten()
+                .map(PathBuf::as_path),
+        )?;
+        if let Some(p) = &self.plot {
+            if p.extension().and_then(|e| e.to_str()) != Some("svg") {
+                return Err(Error::usage(format!(
+                    "--plot {}: kvtrace draws SVG; name the file .svg",
+                    p.display()
+                )));
+            }
         }
+        kvtrace::report::outputs([
+            (&Xlsx, self.xlsx.map(Target::File)),
+            (&Csv, self.csv.map(Target::Dir)),
+            (&Json, self.json.map(Target::File)),
+            (&Svg, self.plot.map(Target::File)),
+            crate::cli::parquet_output(self.parquet)?,
+        ])
     }
-    kvtrace::report::outputs([
-        (&Xlsx, xlsx.map(Target::File)),
-        (&Csv, csv.map(Target::Dir)),
-        (&Json, json.map(Target::File)),
-        (&Svg, sweep.plot.clone().map(Target::File)),
-        (
-            match parquet {
-                Some(_) => crate::cli::parquet_exporter()?,
-                None => &Csv,
-            },
-            parquet.map(Target::Dir),
-        ),
-    ])
 }
 
 /// Writes the outputs and, unless quiet, prints the table.
@@ -430,8 +453,9 @@ fn finish(
     Ok(())
 }
 
-fn jobs(sweep: &SweepArgs) -> Result<usize, Error> {
-    match sweep.jobs {
+/// Replays at once: `--jobs`, or one per core.
+pub(super) fn jobs(given: Option<usize>) -> Result<usize, Error> {
+    match given {
         Some(0) => Err(Error::usage("--jobs must be at least 1")),
         Some(n) => Ok(n),
         None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
@@ -462,7 +486,7 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
         });
         parsed.push(one.args);
     }
-    let mut jobs = jobs(&a.sweep)?;
+    let mut jobs = jobs(a.sweep.jobs)?;
     if external && jobs > 1 {
         // Points at once would share the tier's directory or keys: one's eviction would
         // delete another's object.
@@ -598,7 +622,7 @@ fn run_simulate(a: SimulateSweep) -> Result<i32, Error> {
     let result = sweep::simulate::sweep(
         &shown,
         &points,
-        jobs(&a.sweep)?,
+        jobs(a.sweep.jobs)?,
         a.sla.as_deref(),
         &plan,
         &|_| bar.inc(),

@@ -359,20 +359,22 @@ pub struct Finished {
     pub recordings: Vec<SubscriberReport>,
 }
 
-/// The Parquet exporter when `asked`; a build without the `parquet` feature refuses it in one
-/// line. Not asked, any exporter will do: its target is absent.
-fn parquet_exporter(asked: bool) -> Result<&'static dyn Exporter> {
+/// The Parquet slot of the outputs: the exporter writing the results row to `path`, or, not
+/// asked, no target (and any exporter, which `outputs` then skips). A build without the
+/// `parquet` feature refuses it in one line.
+fn parquet_output(path: Option<PathBuf>) -> Result<(&'static dyn Exporter, Option<Target>)> {
+    let Some(path) = path else {
+        return Ok((&Csv, None));
+    };
     #[cfg(feature = "parquet")]
-    if asked {
-        return Ok(&kvtrace_columnar::Parquet);
-    }
+    return Ok((&kvtrace_columnar::Parquet, Some(Target::File(path))));
     #[cfg(not(feature = "parquet"))]
-    if asked {
-        return Err(Error::usage(
+    {
+        let _ = path;
+        Err(Error::usage(
             "a Parquet output needs kvtrace built with the parquet feature",
-        ));
+        ))
     }
-    Ok(&Csv)
 }
 
 impl Plan {
@@ -402,10 +404,7 @@ impl Plan {
                 o.xlsx_output.as_deref().map(|p| Target::File(per_rank(p))),
             ),
             (&Csv, o.csv.as_deref().map(|p| Target::File(per_rank(p)))),
-            (
-                parquet_exporter(o.parquet.is_some())?,
-                o.parquet.as_deref().map(|p| Target::File(per_rank(p))),
-            ),
+            parquet_output(o.parquet.as_deref().map(per_rank))?,
         ])?;
         let autoscale = autoscale(o, users);
         let dataset = dataset(o)?;

@@ -432,7 +432,8 @@ impl Builders {
                 body,
                 reason,
             } if self.view == View::Records => {
-                for (i, c) in self.columns.clone().iter().enumerate() {
+                for i in 0..self.columns.len() {
+                    let c = self.columns[i];
                     let slot = self.slots[i];
                     match c {
                         Column::Frame => self.u64s[slot].append_value(index),
@@ -451,7 +452,8 @@ impl Builders {
     }
 
     fn add_record(&mut self, index: u64, record: &RecordRef<'_>, call: &Call<'_>) {
-        for (i, c) in self.columns.clone().iter().enumerate() {
+        for i in 0..self.columns.len() {
+            let c = self.columns[i];
             let slot = self.slots[i];
             match c {
                 Column::Frame => self.u64s[slot].append_value(index),
@@ -494,7 +496,8 @@ impl Builders {
         position: usize,
         key: &KeyRow<'_>,
     ) {
-        for (i, c) in self.columns.clone().iter().enumerate() {
+        for i in 0..self.columns.len() {
+            let c = self.columns[i];
             let slot = self.slots[i];
             match c {
                 Column::Frame => self.u64s[slot].append_value(index),
