@@ -10,6 +10,8 @@
 //! fresh blocks fits (evicting inactive copies as needed, but never the prefix it reuses),
 //! then the request takes its reused prefix and its fresh copies out of the reservation.
 
+use std::collections::hash_map::Entry;
+
 use super::BlockMap;
 
 /// What the router's index learns from the pool after each pass.
@@ -38,13 +40,36 @@ pub struct Reservation {
     fresh: u32,
 }
 
+/// The copies of one block hash, oldest first. Two requests computing the same block at
+/// once is rare, so the first copy sits inline and a hash costs no allocation of its own.
+#[derive(Debug)]
+struct Copies {
+    first: u32,
+    more: Vec<u32>,
+}
+
+impl Copies {
+    /// Drops copy `id`; whether none is left.
+    fn remove(&mut self, id: u32) -> bool {
+        if self.first == id {
+            if self.more.is_empty() {
+                return true;
+            }
+            self.first = self.more.remove(0);
+        } else {
+            self.more.retain(|&c| c != id);
+        }
+        false
+    }
+}
+
 pub struct BlockPool {
     capacity: u32,
     copies: Vec<Copy>,
     /// Slots of freed copies, reused last-freed first.
     vacant: Vec<u32>,
     live: u32,
-    by_hash: BlockMap<Vec<u32>>,
+    by_hash: BlockMap<Copies>,
     head: u32,
     tail: u32,
     inactive: u32,
@@ -88,7 +113,7 @@ impl BlockPool {
     }
 
     fn first_copy(&self, hash: u64) -> Option<u32> {
-        self.by_hash.get(&hash).and_then(|v| v.first()).copied()
+        self.by_hash.get(&hash).map(|c| c.first)
     }
 
     fn is_inactive(&self, id: u32) -> bool {
@@ -208,12 +233,17 @@ impl BlockPool {
     /// Makes a private copy findable under `hash` (a later copy of a hash already cached
     /// joins it as another copy).
     pub fn cache(&mut self, id: u32, hash: u64) {
-        let visible = !self.by_hash.contains_key(&hash);
         self.copies[id as usize].hash = Some(hash);
-        self.by_hash.entry(hash).or_default().push(id);
-        if visible {
-            if let Some(e) = self.events.as_mut() {
-                e.push(KvEvent::Stored(hash));
+        match self.by_hash.entry(hash) {
+            Entry::Occupied(mut copies) => copies.get_mut().more.push(id),
+            Entry::Vacant(slot) => {
+                slot.insert(Copies {
+                    first: id,
+                    more: Vec::new(),
+                });
+                if let Some(e) = self.events.as_mut() {
+                    e.push(KvEvent::Stored(hash));
+                }
             }
         }
     }
@@ -233,9 +263,12 @@ impl BlockPool {
         }
     }
 
-    /// Events since the last call (empty unless tracking).
-    pub fn take_events(&mut self) -> Vec<KvEvent> {
-        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    /// Moves the events since the last call (none unless tracking) to the end of `to`,
+    /// keeping both buffers for the next pass.
+    pub fn move_events_to(&mut self, to: &mut Vec<KvEvent>) {
+        if let Some(events) = self.events.as_mut() {
+            to.append(events);
+        }
     }
 
     fn evict_one(&mut self) {
@@ -245,11 +278,7 @@ impl BlockPool {
         let hash = self.copies[id as usize].hash.take().expect("cached");
         self.live -= 1;
         self.vacant.push(id);
-        let gone = {
-            let v = self.by_hash.get_mut(&hash).expect("indexed");
-            v.retain(|&c| c != id);
-            v.is_empty()
-        };
+        let gone = self.by_hash.get_mut(&hash).expect("indexed").remove(id);
         if gone {
             self.by_hash.remove(&hash);
             if let Some(e) = self.events.as_mut() {
@@ -300,6 +329,12 @@ impl BlockPool {
 mod tests {
     use super::*;
 
+    fn events(pool: &mut BlockPool) -> Vec<KvEvent> {
+        let mut events = Vec::new();
+        pool.move_events_to(&mut events);
+        events
+    }
+
     /// A request's blocks: reserve, take, cache under `hashes`.
     fn store(pool: &mut BlockPool, hashes: &[u64]) -> Vec<u32> {
         let mut r = pool.reserve(&[], hashes.len() as u32).expect("room");
@@ -340,7 +375,7 @@ mod tests {
         pool.cancel(r);
         assert_eq!(pool.active(), 2);
         assert_eq!(
-            pool.take_events(),
+            events(&mut pool),
             [
                 KvEvent::Stored(10),
                 KvEvent::Stored(11),
@@ -358,17 +393,17 @@ mod tests {
         pool.release(a[0]);
         pool.release(b[0]);
         assert_eq!(pool.active(), 0);
-        pool.take_events();
+        events(&mut pool);
         let r = pool.reserve(&[], 1).expect("one evicted");
         assert_eq!(
             pool.match_prefix(&[7]),
             (1, 0),
             "the other copy is still cached"
         );
-        assert!(pool.take_events().is_empty());
+        assert!(events(&mut pool).is_empty());
         pool.cancel(r);
         let r = pool.reserve(&[], 2).expect("both evicted");
-        assert_eq!(pool.take_events(), [KvEvent::Removed(7)]);
+        assert_eq!(events(&mut pool), [KvEvent::Removed(7)]);
         pool.cancel(r);
     }
 

@@ -94,6 +94,20 @@ pub struct PassOutput {
 }
 
 impl PassOutput {
+    /// Empties the output for the next pass, keeping its buffers: a simulation runs millions
+    /// of passes, and allocating their lists afresh was a sixth of its time.
+    pub fn clear(&mut self) {
+        self.load_ms = 0.0;
+        self.prefill_ms = 0.0;
+        self.decode_ms = 0.0;
+        self.admitted.clear();
+        self.emitted.clear();
+        self.held.clear();
+        self.rejected.clear();
+        self.preempted.clear();
+        self.kv_events.clear();
+    }
+
     /// When a pass that started at `start_ms` ends.
     pub fn end_ms(&self, start_ms: f64) -> f64 {
         ((start_ms + self.load_ms) + self.prefill_ms) + self.decode_ms
@@ -181,9 +195,20 @@ impl Engine {
     /// Runs one pass; `None` when there is nothing to do. The external store, when given,
     /// serves the vLLM and TRT-LLM engines' admissions.
     pub fn pass(&mut self, connector: Option<&mut dyn KvConnector>) -> Option<PassOutput> {
+        let mut out = PassOutput::default();
+        self.pass_into(connector, &mut out).then_some(out)
+    }
+
+    /// [`Engine::pass`] into `out` (emptied first), reusing its buffers; whether anything
+    /// happened.
+    pub fn pass_into(
+        &mut self,
+        connector: Option<&mut dyn KvConnector>,
+        out: &mut PassOutput,
+    ) -> bool {
         match self {
-            Engine::Vllm(e) => e.pass(connector),
-            Engine::Sglang(e) => e.pass(),
+            Engine::Vllm(e) => e.pass_into(connector, out),
+            Engine::Sglang(e) => e.pass_into(out),
         }
     }
 

@@ -92,7 +92,11 @@ struct Worker {
     /// The engines, unless a live worker thread owns them.
     ranks: Vec<Engine>,
     live: Option<LiveWorker>,
-    pending: Vec<(usize, PassOutput)>,
+    /// Each rank's output of its last pass, kept in place with its buffers: a simulation
+    /// runs millions of passes, and allocating and moving their outputs was a fifth of it.
+    outputs: Vec<PassOutput>,
+    /// Ranks whose output waits for the pass to end.
+    ran: Vec<usize>,
     busy: bool,
 }
 
@@ -127,7 +131,8 @@ impl Pool {
                         .map(|_| Engine::new(args.clone(), track, prefill_only))
                         .collect(),
                     live: None,
-                    pending: Vec::new(),
+                    outputs: (0..dp).map(|_| PassOutput::default()).collect(),
+                    ran: Vec::new(),
                     busy: false,
                 })
                 .collect(),
@@ -188,6 +193,8 @@ struct Simulation<'a> {
     in_flight: Vec<Option<InFlight>>,
     actions: ActionQueue,
     order_of_handoff: HandoffOrder,
+    /// `drive`'s workers with nothing to start, kept between calls.
+    skip: Vec<bool>,
 }
 
 /// Runs the workload to completion. `progress(simulated_ms, completed)` is called now and
@@ -255,6 +262,7 @@ pub fn simulate(
             EngineType::Sglang => HandoffOrder::DestinationFirst,
             _ => HandoffOrder::SourceFirst,
         },
+        skip: Vec::new(),
     };
     for (i, s) in workload.sessions.iter().enumerate() {
         match config.concurrency {
@@ -372,7 +380,9 @@ impl Simulation<'_> {
         if pool == ENTRY {
             self.drain_queue();
         }
-        let mut skip = vec![false; self.pools[pool].workers.len()];
+        let mut skip = std::mem::take(&mut self.skip);
+        skip.clear();
+        skip.resize(self.pools[pool].workers.len(), false);
         let mut changed = false;
         loop {
             let next = (0..skip.len()).find(|&w| {
@@ -391,6 +401,7 @@ impl Simulation<'_> {
                 None => skip[w] = true,
             }
         }
+        self.skip = skip;
         changed
     }
 
@@ -465,7 +476,13 @@ impl Simulation<'_> {
                     if !report.outputs.is_empty() {
                         self.passes += 1;
                     }
-                    worker.pending = report.outputs;
+                    for (rank, out) in report.outputs {
+                        if worker.outputs.len() <= rank {
+                            worker.outputs.resize_with(rank + 1, PassOutput::default);
+                        }
+                        worker.outputs[rank] = out;
+                        worker.ran.push(rank);
+                    }
                     self.finish_pass(report.pool, report.worker, now);
                 }
             }
@@ -808,22 +825,24 @@ impl Simulation<'_> {
                 .as_deref_mut()
                 .filter(|_| use_store)
                 .map(|o| o as &mut dyn KvConnector);
-            if let Some(out) = engine.pass(connector) {
-                for &(id, reused) in &out.admitted {
-                    self.collector.admit(id, now, reused);
-                    let record = &mut self.collector.records[id as usize];
-                    if pool == DECODE {
-                        record.decode_admit_ms.get_or_insert(now);
-                        let r = record.decode_reused_input_tokens.get_or_insert(reused);
-                        *r = (*r).max(reused);
-                    } else if disaggregated {
-                        record.prefill_admit_ms.get_or_insert(now);
-                    }
-                }
-                let end = out.end_ms(now);
-                longest = Some(longest.map_or(end, |l: f64| l.max(end)));
-                worker.pending.push((rank, out));
+            let out = &mut worker.outputs[rank];
+            if !engine.pass_into(connector, out) {
+                continue;
             }
+            for &(id, reused) in &out.admitted {
+                self.collector.admit(id, now, reused);
+                let record = &mut self.collector.records[id as usize];
+                if pool == DECODE {
+                    record.decode_admit_ms.get_or_insert(now);
+                    let r = record.decode_reused_input_tokens.get_or_insert(reused);
+                    *r = (*r).max(reused);
+                } else if disaggregated {
+                    record.prefill_admit_ms.get_or_insert(now);
+                }
+            }
+            let end = out.end_ms(now);
+            longest = Some(longest.map_or(end, |l: f64| l.max(end)));
+            worker.ran.push(rank);
         }
         let end = longest?;
         self.passes += 1;
@@ -849,10 +868,12 @@ impl Simulation<'_> {
             .iter_mut()
             .filter_map(Engine::retry_destinations)
             .collect();
-        let pending = std::mem::take(&mut worker.pending);
+        let mut ran = std::mem::take(&mut worker.ran);
+        let outputs = std::mem::take(&mut worker.outputs);
         self.actions.wake(pool, w);
         let mut held = Vec::new();
-        for (rank, out) in pending {
+        for &rank in &ran {
+            let out = &outputs[rank];
             self.pools[pool]
                 .router
                 .observe(w * dp + rank, &out.kv_events);
@@ -862,9 +883,9 @@ impl Simulation<'_> {
                     router.prefill_done(id);
                     router.free(id);
                 }
-                held.extend(out.held);
+                held.extend_from_slice(&out.held);
             } else {
-                for (id, done) in out.emitted {
+                for &(id, done) in &out.emitted {
                     let first = self.collector.records[id as usize].output_length == 0;
                     self.collector.token(id, now);
                     if first {
@@ -875,13 +896,17 @@ impl Simulation<'_> {
                     }
                 }
             }
-            for id in out.rejected {
+            for &id in &out.rejected {
                 if let Some(slot) = self.in_flight.get_mut(id as usize) {
                     *slot = None;
                 }
                 self.end_request(pool, id, now, Status::Rejected);
             }
         }
+        ran.clear();
+        let worker = &mut self.pools[pool].workers[w];
+        worker.ran = ran;
+        worker.outputs = outputs;
         for id in held {
             self.collector.records[id as usize].source_held_ms = Some(now);
             let next = self.flight(id).and_then(|f| f.handoff.on_held());

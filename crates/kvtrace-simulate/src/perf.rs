@@ -34,17 +34,99 @@ pub fn decode_ms(batch: u64, active_kv_tokens: u64, total_kv_tokens: u64) -> f64
 /// `Duration`. Reproducing that rounding, not just the formula, is what keeps a long trace's
 /// timestamps equal to the last bit.
 pub fn quantized(ms: f64, divisor: f64) -> f64 {
-    let duration = |secs: f64| Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX);
     let unscaled = duration(ms / 1000.0);
-    if divisor <= 0.0 || unscaled.is_zero() {
+    // Below 2^20 s an f64's spacing is under a quarter of a nanosecond, so dividing by one
+    // gives back the same nanoseconds: the second conversion is skipped at the default
+    // speedups.
+    if divisor <= 0.0 || unscaled.is_zero() || (divisor == 1.0 && unscaled.as_secs() < 1 << 20) {
         return unscaled.as_secs_f64() * 1000.0;
     }
     duration(unscaled.as_secs_f64() / divisor).as_secs_f64() * 1000.0
 }
 
+/// `Duration::try_from_secs_f64(secs)`, saturating. Below 2^20 s it is computed here, in
+/// exact integer arithmetic with the same rounding (to the nearest nanosecond, a tie to
+/// even): the library's general conversion was a twentieth of a simulation.
+fn duration(secs: f64) -> Duration {
+    if (0.0..(1u64 << 20) as f64).contains(&secs) {
+        let bits = secs.to_bits();
+        let exponent = ((bits >> 52) & 0x7ff) as i32;
+        let mantissa = (bits & ((1 << 52) - 1)) | if exponent == 0 { 0 } else { 1 << 52 };
+        // secs = mantissa · 2^(exponent - 1075), with exponent - 1075 < 0 in this range.
+        let shift = (1075 - exponent.max(1)) as u32;
+        let scaled = u128::from(mantissa) * 1_000_000_000;
+        if shift >= 128 {
+            return Duration::ZERO;
+        }
+        let whole = scaled >> shift;
+        let rest = scaled & ((1 << shift) - 1);
+        let half = 1u128 << (shift - 1);
+        let nanos = whole + u128::from(rest > half || (rest == half && whole & 1 == 1));
+        return Duration::from_nanos(nanos as u64);
+    }
+    Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The integer conversion is the library's to the nanosecond, on ties included.
+    #[test]
+    fn the_conversion_is_the_librarys() {
+        let check = |secs: f64| {
+            assert_eq!(
+                duration(secs),
+                Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX),
+                "{secs:e}"
+            );
+        };
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..500_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            check(f64::from_bits(x >> 2) % (1u64 << 21) as f64);
+            check(2f64.powf((x >> 11) as f64 / (1u64 << 53) as f64 * 60.0 - 40.0));
+            // Odd multiples of 2^-10 s are exact half nanoseconds: ties.
+            check(((x >> 40) | 1) as f64 / 1024.0);
+        }
+        for secs in [
+            0.0,
+            -0.0,
+            5e-324,
+            1e-10,
+            4.9e-10,
+            5e-10,
+            1.0,
+            1048575.999,
+            1048576.0,
+            -1.0,
+            f64::NAN,
+            f64::INFINITY,
+        ] {
+            check(secs);
+        }
+    }
+
+    /// The shortcut for a divisor of one gives the bits of the two conversions it skips.
+    #[test]
+    fn a_divisor_of_one_gives_the_two_conversions_bits() {
+        let full = |ms: f64| {
+            let d = Duration::from_secs_f64(ms / 1000.0);
+            Duration::from_secs_f64(d.as_secs_f64()).as_secs_f64() * 1000.0
+        };
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Spread over 1 ns .. 2^20 s, uniform in the exponent.
+            let ms = 1e-6 * 2f64.powf((x >> 11) as f64 / (1u64 << 53) as f64 * 50.0);
+            let ms = if i % 7 == 0 { ms.round() + 0.5e-6 } else { ms };
+            assert_eq!(quantized(ms, 1.0).to_bits(), full(ms).to_bits(), "{ms}");
+        }
+    }
 
     /// The spot checks of the reference engine: a 5000-token prompt alone on a 16384-block
     /// pool of 512-token blocks.

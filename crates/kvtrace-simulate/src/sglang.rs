@@ -689,9 +689,10 @@ impl SglangEngine {
         }
     }
 
-    /// Runs one pass; `None` when nothing could happen.
-    pub fn pass(&mut self) -> Option<PassOutput> {
-        let mut out = PassOutput::default();
+    /// Runs one pass into `out` (emptied first, its buffers kept); `false` when nothing
+    /// could happen.
+    pub fn pass_into(&mut self, out: &mut PassOutput) -> bool {
+        out.clear();
         while self.running.len() < self.max_running {
             let Some(req) = self.prebuilt.pop_front() else {
                 break;
@@ -702,7 +703,7 @@ impl SglangEngine {
         self.order_waiting();
         let (can_run, isl, prefix, oom) =
             if self.prebuilt.is_empty() && self.destinations.is_empty() {
-                self.admit(&mut out)
+                self.admit(out)
             } else {
                 (Vec::new(), 0, 0, false)
             };
@@ -726,7 +727,7 @@ impl SglangEngine {
                 self.running.push(req);
             }
         }
-        let (decode_ms, retracted) = self.decode(&mut out);
+        let (decode_ms, retracted) = self.decode(out);
         let retracted_any = !retracted.is_empty();
         for req in retracted.into_iter().rev() {
             out.preempted.push(req.id);
@@ -739,11 +740,10 @@ impl SglangEngine {
         self.new_token_ratio = (self.new_token_ratio - self.ratio_step).max(self.ratio_min);
         out.prefill_ms = prefill_ms;
         out.decode_ms = decode_ms;
-        out.kv_events = std::mem::take(&mut self.events);
-        let idle = out.admitted.is_empty()
+        out.kv_events.append(&mut self.events);
+        !(out.admitted.is_empty()
             && out.emitted.is_empty()
             && out.preempted.is_empty()
-            && out.kv_events.is_empty();
-        (!idle).then_some(out)
+            && out.kv_events.is_empty())
     }
 }

@@ -301,11 +301,15 @@ impl VllmEngine {
         tokens.div_ceil(self.args.block_size) as usize
     }
 
-    /// Runs one pass; `None` when there is nothing to do. With a connector, admissions
-    /// load what the external store holds beyond the GPU prefix hit, and completed prompts
-    /// are stored.
-    pub fn pass(&mut self, mut connector: Option<&mut dyn KvConnector>) -> Option<PassOutput> {
-        let mut out = PassOutput::default();
+    /// Runs one pass into `out` (emptied first, its buffers kept); `false` when there is
+    /// nothing to do. With a connector, admissions load what the external store holds beyond
+    /// the GPU prefix hit, and completed prompts are stored.
+    pub fn pass_into(
+        &mut self,
+        mut connector: Option<&mut dyn KvConnector>,
+        out: &mut PassOutput,
+    ) -> bool {
+        out.clear();
         let mut budget = self.args.max_num_batched_tokens.unwrap_or(u64::MAX);
         let mut prefill = Prefill::default();
         for seq in &mut self.running {
@@ -314,7 +318,7 @@ impl VllmEngine {
         let mut scheduled_any = false;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
-            match self.schedule(i, &mut budget, &mut prefill, &mut out, 0, false) {
+            match self.schedule(i, &mut budget, &mut prefill, out, 0, false) {
                 Scheduled::Yes { tokens } => {
                     scheduled_any |= tokens > 0;
                     i += 1;
@@ -325,7 +329,7 @@ impl VllmEngine {
         }
         let mut load_ms = 0.0;
         if out.preempted.is_empty() {
-            let (admitted, ms) = self.admit(&mut budget, &mut prefill, &mut out, &mut connector);
+            let (admitted, ms) = self.admit(&mut budget, &mut prefill, out, &mut connector);
             scheduled_any |= admitted;
             load_ms = ms;
         }
@@ -339,7 +343,7 @@ impl VllmEngine {
         }
         let ready = self.ready();
         if !scheduled_any && ready == 0 && out.rejected.is_empty() && out.preempted.is_empty() {
-            return None;
+            return false;
         }
         let prefill_ms = if prefill.count > 0 {
             perf::prefill_ms(
@@ -364,9 +368,9 @@ impl VllmEngine {
         out.load_ms = load_ms;
         out.prefill_ms = perf::quantized(prefill_ms, speedup);
         out.decode_ms = perf::quantized(decode_ms, speedup * self.args.decode_speedup_ratio);
-        self.emit(&mut out);
-        out.kv_events = self.pool.take_events();
-        Some(out)
+        self.emit(out);
+        self.pool.move_events_to(&mut out.kv_events);
+        true
     }
 
     /// Running requests whose every token is computed: they emit this pass.
@@ -751,10 +755,15 @@ mod tests {
         Request::new(id, prompt, output, Arc::from(Vec::new()))
     }
 
+    fn pass(engine: &mut VllmEngine) -> Option<PassOutput> {
+        let mut out = PassOutput::default();
+        engine.pass_into(None, &mut out).then_some(out)
+    }
+
     /// Runs passes until idle; returns each request's token count.
     fn drain(engine: &mut VllmEngine, requests: usize) -> (Vec<u32>, Vec<RequestId>) {
         let (mut tokens, mut rejected) = (vec![0; requests], Vec::new());
-        while let Some(out) = engine.pass(None) {
+        while let Some(out) = pass(engine) {
             for (id, _) in out.emitted {
                 tokens[id as usize] += 1;
             }
@@ -792,7 +801,7 @@ mod tests {
         }
         let mut preempted = 0;
         let mut tokens = [0u32; 3];
-        while let Some(out) = engine.pass(None) {
+        while let Some(out) = pass(&mut engine) {
             preempted += out.preempted.len();
             for (id, _) in out.emitted {
                 tokens[id as usize] += 1;
@@ -816,7 +825,7 @@ mod tests {
         let shared: Arc<[u64]> = Arc::from(vec![1u64, 2]);
         engine.enqueue(Request::new(0, 40, 2, shared.clone()));
         engine.enqueue(Request::new(1, 40, 2, shared));
-        let out = engine.pass(None).expect("a pass");
+        let out = pass(&mut engine).expect("a pass");
         assert_eq!(out.admitted, [(0, 0), (1, 32)]);
     }
 }
