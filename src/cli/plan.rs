@@ -59,6 +59,19 @@ pub(super) struct Args {
     /// Replays run at once [default: the machine's cores]
     #[arg(long, value_name = "N", help_heading = "Plan")]
     jobs: Option<usize>,
+    /// Replay a sample of the trace's prefix trees, each size scaled to the sample: a curve
+    /// of a trace too large to replay whole, with the error docs/commands/plan.md measures
+    #[arg(long, value_name = "SHARE", help_heading = "Plan")]
+    sample: Option<f64>,
+    /// The seed that picks the sampled trees
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        requires = "sample",
+        help_heading = "Plan"
+    )]
+    sample_seed: u64,
     /// Give every replay its real L1 buffers (the counters are the same)
     #[arg(long, help_heading = "Plan")]
     l1_buffers: bool,
@@ -189,6 +202,10 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
         grid: a.grid,
         tolerance: a.tolerance,
         jobs,
+        sample: match a.sample {
+            Some(rate) => Some((share("--sample", rate)?, a.sample_seed)),
+            None => None,
+        },
     };
     let bar = Progress::points(a.grid as u64, !a.quiet);
     let at = |gib: f64, loaded| replay::plan(&one(gib)?.args, false, None, loaded);

@@ -9,6 +9,7 @@
 //! What it does not keep is each record's argument bytes: a replay that republishes its calls
 //! (a recorder on its tracer) reads the file instead.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -20,7 +21,7 @@ use super::session::Position;
 use crate::error::Result;
 use crate::lmct::blocks::read_ahead;
 use crate::lmct::{Header, ReadOptions, ReadSummary, TraceReader};
-use crate::storage::{KeyId, PrefetchGroup};
+use crate::storage::{KeyId, KeyMap, PrefetchGroup};
 
 /// One record as a replay needs it.
 pub(crate) struct LoadedRecord {
@@ -67,12 +68,15 @@ impl Loaded {
     /// more than `budget_bytes` (the caller then replays the file as usual) or a signal asks
     /// to stop.
     pub fn load(path: &Path, read: ReadOptions, budget_bytes: usize) -> Result<Option<Loaded>> {
-        let (loaded, abandoned) = Loaded::load_while(path, read, |held, _| {
-            match held > budget_bytes || crate::interrupt::requested().is_some() {
+        let (loaded, abandoned) = Loaded::load_while(
+            path,
+            read,
+            |_| true,
+            |held, _| match held > budget_bytes || crate::interrupt::requested().is_some() {
                 true => Next::Abandon,
                 false => Next::More,
-            }
-        })?;
+            },
+        )?;
         Ok((!abandoned).then_some(loaded))
     }
 
@@ -80,17 +84,64 @@ impl Loaded {
     /// a shorter trace. What the client inference and the phase estimate read, decoded once
     /// for both by a plan.
     pub(crate) fn load_head(path: &Path, read: ReadOptions, calls: usize) -> Result<Loaded> {
-        let (head, _) = Loaded::load_while(path, read, |_, decoded| match decoded >= calls {
-            true => Next::Done,
-            false => Next::More,
-        })?;
+        let (head, _) = Loaded::load_while(
+            path,
+            read,
+            |_| true,
+            |_, decoded| match decoded >= calls {
+                true => Next::Done,
+                false => Next::More,
+            },
+        )?;
         Ok(head)
     }
 
-    /// Reads records until `next(bytes held, calls decoded)` says to stop; whether it gave up.
+    /// The calls of a share of `path`'s prefix trees, for a sampled curve: see [`Sample`].
+    /// The file is read twice (once to count how many lookups pass through each key, once
+    /// to keep the sampled calls) and only the sampled records are held, so a trace too
+    /// large to load whole can be sampled; what the whole trace costs is two maps over its
+    /// distinct keys (about 60 bytes a key).
+    pub fn load_sample(path: &Path, read: ReadOptions, rate: f64, seed: u64) -> Result<Sample> {
+        let stop = |_: usize, _: usize| match crate::interrupt::requested() {
+            Some(_) => Next::Abandon,
+            None => Next::More,
+        };
+        let mut lookups = KeyMap::<u32>::default();
+        let mut chains = 0u64;
+        Loaded::load_while(
+            path,
+            read,
+            |call| {
+                if let Call::Prefetch { .. } = call {
+                    chains += 1;
+                    for key in call.keys() {
+                        let n = lookups.entry(key).or_insert(0);
+                        *n = n.saturating_add(1);
+                    }
+                }
+                false
+            },
+            stop,
+        )?;
+        let mut trees = Trees::new(rate, seed, lookups, chains);
+        let (loaded, _) = Loaded::load_while(path, read, |call| trees.keep(call), stop)?;
+        Ok(Sample {
+            loaded,
+            rate,
+            trees: trees.trees,
+            trees_kept: trees.trees_kept,
+            keys: trees.kept.len() as u64,
+            keys_kept: trees.keys_kept,
+            trunk_keys: trees.trunk_keys,
+        })
+    }
+
+    /// Reads records until `next(bytes held, calls decoded)` says to stop, keeping the calls
+    /// `keep` accepts (and every record that decoded to none); whether it gave up.
     fn load_while(
         path: &Path,
         read: ReadOptions,
+        mut keep: impl FnMut(&Call) -> bool,
         mut next: impl FnMut(usize, usize) -> Next,
     ) -> Result<(Loaded, bool)> {
         let shown = path.display().to_string();
@@ -110,6 +161,11 @@ impl Loaded {
                 let Some(call) = decoded.take() else {
                     return Ok(true);
                 };
+                if let Ok(c) = &call {
+                    if !keep(c) {
+                        return Ok(true);
+                    }
+                }
                 held += std::mem::size_of::<LoadedRecord>() + call.as_ref().map_or(0, call_bytes);
                 calls += usize::from(call.is_ok());
                 let next = next(held, calls);
@@ -210,6 +266,127 @@ impl Loaded {
         phases.insert(inputs, report.clone());
         Ok(report)
     }
+}
+
+/// A sampled trace: the calls of a share of its prefix trees, whole.
+///
+/// Sampling single keys (SHARDS) breaks the rule a prefix cache lives by: a chunk hits only
+/// when every chunk before it does. A sample here keeps whole subtrees of the trace's prefix
+/// tree instead, stratified so that one hot prefix does not decide the sample: keys that
+/// more than a limit of lookups pass through (a shared system prompt) are the *trunk*, in
+/// every sample; each lookup's tree is rooted at its first key below the trunk (the lookups
+/// through a key all pass through its ancestors, so a tree is a whole subtree), and a hash
+/// of that root and the seed keeps the tree with probability `rate`. The limit is a tenth of
+/// the lookups the sample expects to keep, so no tree is more than a tenth of the sample. A
+/// call other than a lookup follows the tree of its first key below the trunk (a write of
+/// the chunks after a hit prefix, the tree of the lookup that named them), a call of trunk
+/// keys only is kept. Replayed with every capacity scaled by [`Sample::share`], the
+/// sample's hit rate estimates the whole trace's.
+pub struct Sample {
+    pub loaded: Loaded,
+    /// The share asked for.
+    pub rate: f64,
+    /// Prefix trees seen, and kept.
+    pub trees: u64,
+    pub trees_kept: u64,
+    /// Distinct keys seen, and kept (the trunk's among them).
+    pub keys: u64,
+    pub keys_kept: u64,
+    pub trunk_keys: u64,
+}
+
+impl Sample {
+    /// The share of the trace's distinct keys outside the trunk that the sample holds: what
+    /// capacities scale by, as the working set a cache holds a share of is that of the keys.
+    pub fn share(&self) -> f64 {
+        let (all, kept) = (
+            self.keys.saturating_sub(self.trunk_keys),
+            self.keys_kept.saturating_sub(self.trunk_keys),
+        );
+        if all == 0 {
+            return self.rate;
+        }
+        kept as f64 / all as f64
+    }
+}
+
+/// The sample's decisions, key by key.
+struct Trees {
+    /// How many lookups name each key (the first pass).
+    lookups: KeyMap<u32>,
+    /// A key named by more lookups is in the trunk.
+    trunk_limit: u32,
+    /// Whether each key seen so far is kept (the trunk's are).
+    kept: KeyMap<bool>,
+    threshold: u64,
+    seed: u64,
+    trees: u64,
+    trees_kept: u64,
+    keys_kept: u64,
+    trunk_keys: u64,
+}
+
+impl Trees {
+    fn new(rate: f64, seed: u64, lookups: KeyMap<u32>, chains: u64) -> Trees {
+        let rate = rate.clamp(0.0, 1.0);
+        Trees {
+            lookups,
+            trunk_limit: ((chains as f64 * rate / 10.0) as u64).clamp(1, u64::from(u32::MAX))
+                as u32,
+            kept: KeyMap::default(),
+            threshold: (rate * u64::MAX as f64) as u64,
+            seed,
+            trees: 0,
+            trees_kept: 0,
+            keys_kept: 0,
+            trunk_keys: 0,
+        }
+    }
+
+    fn is_trunk(&self, key: &KeyId) -> bool {
+        self.lookups.get(key).is_some_and(|&n| n > self.trunk_limit)
+    }
+
+    /// Whether `call` is kept; the keys it names for the first time take its decision.
+    fn keep(&mut self, call: &Call) -> bool {
+        let Some(below) = call.keys().find(|k| !self.is_trunk(k)) else {
+            for key in call.keys() {
+                self.mark(key, true, true);
+            }
+            return true;
+        };
+        let kept = match self.kept.get(&below) {
+            Some(&kept) => kept,
+            None => {
+                let root = below.0;
+                let kept = mix(root as u64 ^ (root >> 64) as u64 ^ self.seed) <= self.threshold;
+                self.trees += 1;
+                self.trees_kept += u64::from(kept);
+                kept
+            }
+        };
+        for key in call.keys() {
+            let trunk = self.is_trunk(&key);
+            self.mark(key, kept || trunk, trunk);
+        }
+        kept
+    }
+
+    fn mark(&mut self, key: KeyId, kept: bool, trunk: bool) {
+        if let Entry::Vacant(slot) = self.kept.entry(key) {
+            slot.insert(kept);
+            self.keys_kept += u64::from(kept);
+            self.trunk_keys += u64::from(trunk);
+        }
+    }
+}
+
+/// SplitMix64's finalizer: a root's id and the seed to a uniform 64-bit draw.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 #[cfg(test)]

@@ -49,6 +49,22 @@ pub struct PlanOptions {
     /// share of each other.
     pub tolerance: f64,
     pub jobs: usize,
+    /// Replay a sample of the trace's prefix trees instead of all of it: `(rate, seed)`.
+    pub sample: Option<(f64, u64)>,
+}
+
+/// What a sampled plan replayed (see [`kvtrace_replay::loaded::Sample`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampled {
+    pub rate: f64,
+    pub seed: u64,
+    /// The share of distinct keys kept: every size is replayed at this share of itself, and
+    /// token counts are the sample's divided by it.
+    pub share: f64,
+    pub trees: u64,
+    pub trees_kept: u64,
+    pub keys: u64,
+    pub keys_kept: u64,
 }
 
 /// A replay of the trace at an L1 size in GiB, as `kvtrace replay` with the user's flags and
@@ -87,6 +103,7 @@ pub struct CapacityPlan {
     pub dips: usize,
     pub replays: usize,
     pub interrupted: bool,
+    pub sampled: Option<Sampled>,
 }
 
 /// `n` sizes spread evenly on a log scale over `[lo, hi]`.
@@ -147,7 +164,34 @@ pub fn plan(
             trace.display()
         )));
     }
-    let loaded = Loaded::load(trace, read, LOAD_BUDGET_BYTES)?.map(Arc::new);
+    let (loaded, sampled) = match options.sample {
+        Some((rate, seed)) => {
+            let sample = Loaded::load_sample(trace, read, rate, seed)?;
+            if sample.trees_kept == 0 {
+                return Err(Error::usage(format!(
+                    "{}: a sample of {rate} kept none of the trace's {} prefix trees: sample more",
+                    trace.display(),
+                    sample.trees
+                )));
+            }
+            let sampled = Sampled {
+                rate,
+                seed,
+                share: sample.share(),
+                trees: sample.trees,
+                trees_kept: sample.trees_kept,
+                keys: sample.keys,
+                keys_kept: sample.keys_kept,
+            };
+            (Some(Arc::new(sample.loaded)), Some(sampled))
+        }
+        None => (
+            Loaded::load(trace, read, LOAD_BUDGET_BYTES)?.map(Arc::new),
+            None,
+        ),
+    };
+    // Sizes are the whole trace's; a sample replays each at its share of it.
+    let scale = sampled.map_or(1.0, |s| s.share);
     let (range, range_from_curve) = match options.range {
         Some(range) => (range, false),
         None => {
@@ -155,13 +199,13 @@ pub fn plan(
                 Some(l) => lru_curve_of(l),
                 None => lru_curve(trace, read),
             };
-            let range = curve.ok().as_ref().and_then(bracket).ok_or_else(|| {
+            let (lo, hi) = curve.ok().as_ref().and_then(bracket).ok_or_else(|| {
                 Error::usage(format!(
                     "{}: no size range from the trace's LRU curve (it looks nothing up, or mixes object sizes): give the range to search",
                     trace.display()
                 ))
             })?;
-            (range, true)
+            ((lo / scale, hi / scale), true)
         }
     };
     let mut sizes = log_grid(range.0, range.1, options.grid.max(2));
@@ -170,7 +214,7 @@ pub fn plan(
         sizes.sort_by(f64::total_cmp);
     }
     let run = |gib: f64| -> Result<SizePoint> {
-        let finished = at(gib, loaded.clone())?.run(|_| {})?;
+        let finished = at(gib * scale, loaded.clone())?.run(|_| {})?;
         let report = &finished.report;
         let span_s = match (report.requests.first(), report.requests.last()) {
             (Some(a), Some(b)) => (b.t - a.t).max(0.0),
@@ -179,8 +223,8 @@ pub fn plan(
         Ok(SizePoint {
             l1_gib: gib,
             figures: Figures::of(report),
-            hit_tokens: report.hits.hit_tokens,
-            requested_tokens: report.hits.requested_tokens,
+            hit_tokens: (report.hits.hit_tokens as f64 / scale).round() as u64,
+            requested_tokens: (report.hits.requested_tokens as f64 / scale).round() as u64,
             span_s,
         })
     };
@@ -237,6 +281,7 @@ pub fn plan(
         dips,
         replays,
         interrupted: crate::interrupt::requested().is_some(),
+        sampled,
     })
 }
 
@@ -308,6 +353,15 @@ impl Report for CapacityPlan {
             "replays": self.replays,
             "dips": self.dips,
             "interrupted": self.interrupted,
+            "sample": self.sampled.map(|s| json!({
+                "rate": s.rate,
+                "seed": s.seed,
+                "share_of_keys": s.share,
+                "prefix_trees": s.trees,
+                "prefix_trees_kept": s.trees_kept,
+                "keys": s.keys,
+                "keys_kept": s.keys_kept,
+            })),
             "curve": (0..self.points.len()).map(|i| self.point_json(i)).collect::<Vec<_>>(),
         }))
     }
@@ -357,7 +411,10 @@ impl Report for CapacityPlan {
 
     fn charts(&self) -> Vec<Chart> {
         let mut series = vec![Series {
-            name: "hit rate (full replays)".into(),
+            name: match self.sampled {
+                Some(_) => "hit rate (sampled replays)".into(),
+                None => "hit rate (full replays)".into(),
+            },
             points: self
                 .points
                 .iter()
@@ -470,6 +527,15 @@ impl Report for CapacityPlan {
                 String::new()
             }
         ));
+        if let Some(s) = self.sampled {
+            out.push_str(&format!(
+                "  sampled: {} of {} prefix trees ({:.2} % of {} distinct keys), each size replayed at that share; tokens are estimates\n",
+                s.trees_kept,
+                s.trees,
+                s.share * 100.0,
+                s.keys
+            ));
+        }
         out
     }
 }
