@@ -127,12 +127,14 @@ impl Loaded {
         let (loaded, _) = Loaded::load_while(path, read, |call| trees.keep(call), stop)?;
         Ok(Sample {
             loaded,
-            rate,
-            trees: trees.trees,
-            trees_kept: trees.trees_kept,
-            keys: trees.kept.len() as u64,
-            keys_kept: trees.keys_kept,
-            trunk_keys: trees.trunk_keys,
+            counts: SampleCounts {
+                rate,
+                trees: trees.trees,
+                trees_kept: trees.trees_kept,
+                keys: trees.kept.len() as u64,
+                keys_kept: trees.keys_kept,
+                trunk_keys: trees.trunk_keys,
+            },
         })
     }
 
@@ -280,10 +282,16 @@ impl Loaded {
 /// the lookups the sample expects to keep, so no tree is more than a tenth of the sample. A
 /// call other than a lookup follows the tree of its first key below the trunk (a write of
 /// the chunks after a hit prefix, the tree of the lookup that named them), a call of trunk
-/// keys only is kept. Replayed with every capacity scaled by [`Sample::share`], the
+/// keys only is kept. Replayed with every capacity scaled by [`SampleCounts::share`], the
 /// sample's hit rate estimates the whole trace's.
 pub struct Sample {
     pub loaded: Loaded,
+    pub counts: SampleCounts,
+}
+
+/// What a sample kept of its trace.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SampleCounts {
     /// The share asked for.
     pub rate: f64,
     /// Prefix trees seen, and kept.
@@ -295,7 +303,7 @@ pub struct Sample {
     pub trunk_keys: u64,
 }
 
-impl Sample {
+impl SampleCounts {
     /// The share of the trace's distinct keys outside the trunk that the sample holds: what
     /// capacities scale by, as the working set a cache holds a share of is that of the keys.
     pub fn share(&self) -> f64 {

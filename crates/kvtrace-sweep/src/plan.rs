@@ -22,7 +22,7 @@ use super::run_points;
 use super::stack::{lru_curve, lru_curve_of, LruCurve};
 use crate::error::{Error, Result};
 use crate::lmct::ReadOptions;
-use kvtrace_replay::loaded::Loaded;
+use kvtrace_replay::loaded::{Loaded, SampleCounts};
 use kvtrace_replay::plan::Plan;
 use kvtrace_report::{Cell, Chart, Report, Series, Table, Unit};
 
@@ -53,18 +53,12 @@ pub struct PlanOptions {
     pub sample: Option<(f64, u64)>,
 }
 
-/// What a sampled plan replayed (see [`kvtrace_replay::loaded::Sample`]).
+/// What a sampled plan replayed: every size at [`SampleCounts::share`] of itself, token
+/// counts the sample's divided by it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sampled {
-    pub rate: f64,
     pub seed: u64,
-    /// The share of distinct keys kept: every size is replayed at this share of itself, and
-    /// token counts are the sample's divided by it.
-    pub share: f64,
-    pub trees: u64,
-    pub trees_kept: u64,
-    pub keys: u64,
-    pub keys_kept: u64,
+    pub counts: SampleCounts,
 }
 
 /// A replay of the trace at an L1 size in GiB, as `kvtrace replay` with the user's flags and
@@ -167,21 +161,16 @@ pub fn plan(
     let (loaded, sampled) = match options.sample {
         Some((rate, seed)) => {
             let sample = Loaded::load_sample(trace, read, rate, seed)?;
-            if sample.trees_kept == 0 {
+            if sample.counts.trees_kept == 0 {
                 return Err(Error::usage(format!(
                     "{}: a sample of {rate} kept none of the trace's {} prefix trees: sample more",
                     trace.display(),
-                    sample.trees
+                    sample.counts.trees
                 )));
             }
             let sampled = Sampled {
-                rate,
                 seed,
-                share: sample.share(),
-                trees: sample.trees,
-                trees_kept: sample.trees_kept,
-                keys: sample.keys,
-                keys_kept: sample.keys_kept,
+                counts: sample.counts,
             };
             (Some(Arc::new(sample.loaded)), Some(sampled))
         }
@@ -191,7 +180,7 @@ pub fn plan(
         ),
     };
     // Sizes are the whole trace's; a sample replays each at its share of it.
-    let scale = sampled.map_or(1.0, |s| s.share);
+    let scale = sampled.map_or(1.0, |s| s.counts.share());
     let (range, range_from_curve) = match options.range {
         Some(range) => (range, false),
         None => {
@@ -353,10 +342,10 @@ impl Report for CapacityPlan {
             "replays": self.replays,
             "dips": self.dips,
             "interrupted": self.interrupted,
-            "sample": self.sampled.map(|s| json!({
+            "sample": self.sampled.map(|Sampled { seed, counts: s }| json!({
                 "rate": s.rate,
-                "seed": s.seed,
-                "share_of_keys": s.share,
+                "seed": seed,
+                "share_of_keys": s.share(),
                 "prefix_trees": s.trees,
                 "prefix_trees_kept": s.trees_kept,
                 "keys": s.keys,
@@ -527,12 +516,12 @@ impl Report for CapacityPlan {
                 String::new()
             }
         ));
-        if let Some(s) = self.sampled {
+        if let Some(Sampled { counts: s, .. }) = self.sampled {
             out.push_str(&format!(
                 "  sampled: {} of {} prefix trees ({:.2} % of {} distinct keys), each size replayed at that share; tokens are estimates\n",
                 s.trees_kept,
                 s.trees,
-                s.share * 100.0,
+                s.share() * 100.0,
                 s.keys
             ));
         }
