@@ -37,6 +37,7 @@ mod simulate {
     mod dynamo_parity;
     pub(crate) mod engines;
     mod live_metrics;
+    mod trace_formats;
 }
 
 /// The storage benchmark: kv-cache.py's run and outputs, MLPerf Storage's Options.

@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 import json, os, subprocess, sys
 cases = json.load(open("testdata/dynamo/cases.json"))
 for case in cases:
-    args = [a.replace("{slice}", "testdata/mooncake/conversation_head300.jsonl") for a in case["args"]]
+    args = [a.replace("{slice}", "testdata/mooncake/conversation_head300.jsonl").replace("{testdata}", "testdata")
+            for a in case["args"]]
     out = f"testdata/dynamo/{case['name']}.report.json"
     cmd = [sys.executable, "-m", "dynamo.replay", *args, "--router-mode", "round_robin", "--report-json", out]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -36,6 +36,7 @@ fn round_robin_reports_match_dynamos_on_every_key() {
             a.as_str()
                 .expect("arg")
                 .replace("{slice}", &slice.display().to_string())
+                .replace("{testdata}", &root.join("testdata").display().to_string())
         }));
         args.extend([
             "--router-mode".into(),

@@ -30,6 +30,10 @@ pub struct Request {
     pub output_len: u32,
     /// Chained hashes of the prompt's full blocks at the engine's block size.
     pub hashes: Arc<[u64]>,
+    /// Chained hashes of the later full blocks, which generated tokens complete, when a later
+    /// prompt repeats this output (a `mooncake-delta` session). Empty: those blocks hold
+    /// content no other request has.
+    pub output_hashes: Arc<[u64]>,
     /// Its prompt's KV arrives computed (a decode worker's handoff).
     pub prefilled: bool,
 }
@@ -41,7 +45,16 @@ impl Request {
             prompt_len,
             output_len: output_len.max(1),
             hashes,
+            output_hashes: Arc::from(Vec::new()),
             prefilled: false,
+        }
+    }
+
+    /// The same request, its generated blocks hashed as `output_hashes`.
+    pub fn with_output_hashes(self, output_hashes: Arc<[u64]>) -> Request {
+        Request {
+            output_hashes,
+            ..self
         }
     }
 

@@ -25,7 +25,7 @@ use super::handoff::{Action, ActionQueue, Handoff, HandoffOrder};
 use super::live::{Done, LiveWorker};
 use super::offload::Offload;
 use super::router::{KvRouterConfig, QueuePolicy, Router, RouterMode};
-use super::workload::Workload;
+use super::workload::{Run, Trigger, Workload};
 
 /// A pool of prefill workers in front of the decode workers.
 #[derive(Clone, Debug)]
@@ -195,6 +195,42 @@ struct Simulation<'a> {
     order_of_handoff: HandoffOrder,
     /// `drive`'s workers with nothing to start, kept between calls.
     skip: Vec<bool>,
+    /// An agentic workload's dependencies, released as requests are sent and end.
+    dependents: Option<Dependents>,
+}
+
+/// What each session of an agentic workload releases, and what each still waits for.
+struct Dependents {
+    /// `(session, delay)` pairs released when a session's request is sent / ends.
+    on_dispatch: Vec<Vec<(u32, f64)>>,
+    on_completion: Vec<Vec<(u32, f64)>>,
+    remaining: Vec<usize>,
+    /// The earliest a session may start: its own arrival, then each fired wait's time.
+    ready_after: Vec<f64>,
+}
+
+impl Dependents {
+    fn new(workload: &Workload) -> Option<Dependents> {
+        let graph = workload.graph.as_ref()?;
+        let n = workload.sessions.len();
+        let mut d = Dependents {
+            on_dispatch: vec![Vec::new(); n],
+            on_completion: vec![Vec::new(); n],
+            remaining: vec![0; n],
+            ready_after: workload.sessions.iter().map(|s| s.start_ms).collect(),
+        };
+        for (i, waits) in graph.waits.iter().enumerate().take(n) {
+            d.remaining[i] = waits.len();
+            for w in waits {
+                let list = match w.trigger {
+                    Trigger::Dispatch => &mut d.on_dispatch,
+                    Trigger::Completion => &mut d.on_completion,
+                };
+                list[w.on as usize].push((i as u32, w.delay_ms));
+            }
+        }
+        Some(d)
+    }
 }
 
 /// Runs the workload to completion. `progress(simulated_ms, completed)` is called now and
@@ -263,8 +299,12 @@ pub fn simulate(
             _ => HandoffOrder::SourceFirst,
         },
         skip: Vec::new(),
+        dependents: Dependents::new(workload),
     };
     for (i, s) in workload.sessions.iter().enumerate() {
+        if sim.dependents.as_ref().is_some_and(|d| d.remaining[i] > 0) {
+            continue;
+        }
         match config.concurrency {
             Some(c) if i >= c as usize => sim.waiting_sessions.push_back(i as u32),
             Some(_) => sim.schedule_arrival(0.0, i as u32),
@@ -516,12 +556,32 @@ impl Simulation<'_> {
             .collector
             .arrive(name, turn_index, now, turn.prompt.len, turn.output_length);
         self.request_session.push(session);
+        self.release(session, Trigger::Dispatch, now);
         if let Some(o) = self.offload.as_deref_mut() {
             o.register(id, &turn.prompt);
         }
-        let hashes: Arc<[u64]> = Arc::from(turn.prompt.block_hashes(self.pools[ENTRY].block_size));
+        // The blocks a turn's output completes are a later prompt's when its session repeats
+        // that output; otherwise they are unique and the engines name them.
+        let hashes = |block_size: u32| -> (Arc<[u64]>, Arc<[u64]>) {
+            match turn.output_content {
+                Some(id) => {
+                    let output = Run {
+                        id,
+                        tokens: turn.output_length,
+                    };
+                    let (prompt, output) = turn.prompt.block_hashes_with_output(block_size, output);
+                    (Arc::from(prompt), Arc::from(output))
+                }
+                None => (
+                    Arc::from(turn.prompt.block_hashes(block_size)),
+                    Arc::from(Vec::new()),
+                ),
+            }
+        };
+        let (entry_hashes, entry_output) = hashes(self.pools[ENTRY].block_size);
         if !self.disaggregated() {
-            let request = Request::new(id, turn.prompt.len, turn.output_length, hashes);
+            let request = Request::new(id, turn.prompt.len, turn.output_length, entry_hashes)
+                .with_output_hashes(entry_output);
             self.route_entry(request, turn.priority, turn.strict_priority, now);
             return;
         }
@@ -530,7 +590,7 @@ impl Simulation<'_> {
         } else {
             1
         };
-        let decode_hashes = Arc::from(turn.prompt.block_hashes(self.pools[DECODE].block_size));
+        let (decode_hashes, decode_output) = hashes(self.pools[DECODE].block_size);
         let full_prompt = self
             .config
             .prefill
@@ -541,13 +601,14 @@ impl Simulation<'_> {
         self.in_flight.resize_with(id as usize + 1, || None);
         self.in_flight[id as usize] = Some(InFlight {
             handoff,
-            prefill: Some(Request::new(id, turn.prompt.len, planned, hashes)),
-            decode: Some(Request::prefilled(
-                id,
-                turn.prompt.len,
-                turn.output_length,
-                decode_hashes,
-            )),
+            prefill: Some(
+                Request::new(id, turn.prompt.len, planned, entry_hashes)
+                    .with_output_hashes(entry_output),
+            ),
+            decode: Some(
+                Request::prefilled(id, turn.prompt.len, turn.output_length, decode_hashes)
+                    .with_output_hashes(decode_output),
+            ),
             prefill_at: None,
             decode_at: None,
         });
@@ -938,8 +999,33 @@ impl Simulation<'_> {
         if let Some(turn) = turns.get(*next as usize) {
             let at = now + turn.delay_ms;
             self.schedule_arrival(at, session);
-        } else if let Some(s) = self.waiting_sessions.pop_front() {
+            return;
+        }
+        self.release(session, Trigger::Completion, now);
+        if let Some(s) = self.waiting_sessions.pop_front() {
             self.schedule_arrival(now, s);
+        }
+    }
+
+    /// Fires the waits on `session` of kind `trigger`: a session whose last wait fired
+    /// arrives once its delay and its own arrival time have passed.
+    fn release(&mut self, session: u32, trigger: Trigger, now: f64) {
+        let Some(d) = self.dependents.as_mut() else {
+            return;
+        };
+        let list = match trigger {
+            Trigger::Dispatch => &mut d.on_dispatch,
+            Trigger::Completion => &mut d.on_completion,
+        };
+        let released = std::mem::take(&mut list[session as usize]);
+        for &(target, delay) in &released {
+            let t = target as usize;
+            d.ready_after[t] = d.ready_after[t].max(now + delay);
+            d.remaining[t] -= 1;
+            if d.remaining[t] == 0 {
+                let at = d.ready_after[t];
+                self.arrivals.push(Reverse((Time(at), target)));
+            }
         }
     }
 }

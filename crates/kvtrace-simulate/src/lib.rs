@@ -1,5 +1,6 @@
 //! `kvtrace simulate`: request traces through simulated serving engines. Workloads
-//! ([`workload`]: synthetic ones, or Mooncake traces read by [`mooncake`]) arrive on a virtual
+//! ([`workload`]: synthetic ones, Mooncake traces read by [`mooncake`], agentic request
+//! graphs by [`agentic`], Dynamo's request traces by [`dynamo_trace`]) arrive on a virtual
 //! clock ([`event_loop`]), a router ([`router`]) places them on mock engines ([`engine`]: vLLM
 //! and TRT-LLM in [`vllm`] with the KV pool of [`blocks`], SGLang in [`sglang`] with the radix
 //! cache of [`radix`], both timed by [`perf`]), disaggregated serving hands requests from
@@ -9,9 +10,11 @@
 
 #![warn(unreachable_pub)]
 
+pub mod agentic;
 pub mod args;
 pub mod blocks;
 pub mod collector;
+pub mod dynamo_trace;
 pub mod engine;
 pub mod event_loop;
 pub mod handoff;

@@ -10,21 +10,36 @@ use serde_json::Value as Json;
 
 use crate::error::{Error, Result};
 use crate::limits::{LineLimit, MAX_HASH_IDS_PER_ROW, MAX_LINE_BYTES};
-use crate::workload::{Prompt, Session, Turn, Workload};
+
+/// The longest prompt a `mooncake-delta` session may grow to (a context no model serves).
+pub const MAX_PROMPT_TOKENS: u32 = 1 << 30;
+use crate::workload::{Prompt, Run, Session, Turn, Workload};
 
 /// How the error for a row whose hash ids cover fewer tokens than its prompt ends: the
 /// trace's block size is not the one the reader was given.
 pub const GIVE_BLOCK_SIZE: &str = "give the trace's block size (tokens per hash id)";
 
-/// Reads a Mooncake-style JSONL trace. Hash ids are interned in first-seen order; the first
-/// arrival becomes time 0.
+/// Reads a Mooncake-style JSONL trace: every row holds its turn's whole prompt. Hash ids are
+/// interned in first-seen order; the first arrival becomes time 0.
 pub fn read_mooncake(src: impl BufRead, trace_block_size: u32) -> Result<Workload> {
-    let mut interned: HashMap<u64, u32> = HashMap::new();
+    read_sessions(src, trace_block_size, false)
+}
+
+/// Reads a `mooncake-delta` trace: the same rows, but a session's later rows hold only the
+/// input the turn adds. Each turn's prompt is rebuilt as the session's previous prompt, that
+/// turn's generated output (content no other request has) and the new input, as Dynamo's
+/// loader accumulates them.
+pub fn read_mooncake_delta(src: impl BufRead, trace_block_size: u32) -> Result<Workload> {
+    read_sessions(src, trace_block_size, true)
+}
+
+fn read_sessions(src: impl BufRead, trace_block_size: u32, delta: bool) -> Result<Workload> {
+    let mut ids = Interner::default();
     let mut sessions: Vec<Session> = Vec::new();
     let mut by_id: HashMap<String, (usize, f64)> = HashMap::new();
     let mut last_timestamp = 0.0f64;
     for_each_row(src, |number, row| {
-        let turn = row.turn(number, trace_block_size, &mut interned)?;
+        let turn = row.turn(number, trace_block_size, &mut ids)?;
         let timestamp = row.timestamp.unwrap_or(last_timestamp);
         last_timestamp = timestamp;
         match row.session_id {
@@ -32,7 +47,32 @@ pub fn read_mooncake(src: impl BufRead, trace_block_size: u32) -> Result<Workloa
                 Some((at, previous)) => {
                     let delay = row.delay.unwrap_or((timestamp - *previous).max(0.0));
                     *previous = timestamp;
-                    sessions[*at].turns.push(Turn {
+                    let session = &mut sessions[*at];
+                    let prompt = if delta {
+                        let last = session.turns.last_mut().expect("a session has a turn");
+                        let output = Run {
+                            id: ids.fresh(number)?,
+                            tokens: last.output_length,
+                        };
+                        last.output_content = Some(output.id);
+                        let mut runs = vec![output];
+                        runs.extend_from_slice(&turn.prompt.runs);
+                        let prompt = last.prompt.extended(&runs);
+                        if prompt.len > MAX_PROMPT_TOKENS {
+                            return Err(Error::line(
+                                number,
+                                "input_length",
+                                format!(
+                                    "the session's prompt grows past {MAX_PROMPT_TOKENS} tokens"
+                                ),
+                            ));
+                        }
+                        prompt
+                    } else {
+                        turn.prompt
+                    };
+                    session.turns.push(Turn {
+                        prompt,
                         delay_ms: delay,
                         ..turn
                     });
@@ -70,8 +110,40 @@ pub fn read_mooncake(src: impl BufRead, trace_block_size: u32) -> Result<Workloa
     }
     Ok(Workload {
         sessions,
+        graph: None,
         planned_outputs: true,
     })
+}
+
+/// Content ids: a trace's hash ids in first-seen order, and fresh ones for generated output.
+#[derive(Default)]
+pub(crate) struct Interner {
+    map: HashMap<u64, u32>,
+    next: u32,
+}
+
+impl Interner {
+    pub(crate) fn intern(&mut self, hash: u64, line: u64) -> Result<u32> {
+        if let Some(&id) = self.map.get(&hash) {
+            return Ok(id);
+        }
+        let id = self.fresh(line)?;
+        self.map.insert(hash, id);
+        Ok(id)
+    }
+
+    pub(crate) fn fresh(&mut self, line: u64) -> Result<u32> {
+        // u32::MAX stands for content no prompt shares (Prompt::from_blocks).
+        if self.next == u32::MAX {
+            return Err(Error::line(
+                line,
+                "hash_ids",
+                "more distinct contents than 2^32 - 1",
+            ));
+        }
+        self.next += 1;
+        Ok(self.next - 1)
+    }
 }
 
 /// Reads only the hash ids of a Mooncake-style JSONL trace's rows, in file order, each row
@@ -86,7 +158,19 @@ pub fn read_mooncake_hash_ids(src: impl BufRead) -> Result<Vec<Vec<u64>>> {
 }
 
 /// Parses every non-blank line into a [`Row`] and hands it on with its line number.
-fn for_each_row(src: impl BufRead, mut f: impl FnMut(u64, Row) -> Result<()>) -> Result<()> {
+pub(crate) fn for_each_row(
+    src: impl BufRead,
+    mut f: impl FnMut(u64, Row) -> Result<()>,
+) -> Result<()> {
+    for_each_object(src, |number, row| f(number, Row::parse(&row, number)?))
+}
+
+/// Hands on every non-blank line as a JSON value with its line number, each line bounded
+/// before it is parsed.
+pub(crate) fn for_each_object(
+    src: impl BufRead,
+    mut f: impl FnMut(u64, Json) -> Result<()>,
+) -> Result<()> {
     let src = std::io::BufReader::new(LineLimit::new(src, MAX_LINE_BYTES));
     for (index, line) in src.lines().enumerate() {
         let number = index as u64 + 1;
@@ -96,22 +180,23 @@ fn for_each_row(src: impl BufRead, mut f: impl FnMut(u64, Row) -> Result<()>) ->
         }
         let row: Json = serde_json::from_str(&line)
             .map_err(|e| Error::line(number, "json", format!("not a JSON object: {e}")))?;
-        f(number, Row::parse(&row, number)?)?;
+        f(number, row)?;
     }
     Ok(())
 }
 
 /// The fields of one trace row, with their aliases.
-struct Row {
-    timestamp: Option<f64>,
-    input_length: Option<u64>,
-    output_length: u64,
-    hash_ids: Vec<u64>,
-    session_id: Option<String>,
-    delay: Option<f64>,
-    request_id: Option<String>,
-    priority: i64,
-    strict_priority: u64,
+#[derive(Default)]
+pub(crate) struct Row {
+    pub(crate) timestamp: Option<f64>,
+    pub(crate) input_length: Option<u64>,
+    pub(crate) output_length: u64,
+    pub(crate) hash_ids: Vec<u64>,
+    pub(crate) session_id: Option<String>,
+    pub(crate) delay: Option<f64>,
+    pub(crate) request_id: Option<String>,
+    pub(crate) priority: i64,
+    pub(crate) strict_priority: u64,
 }
 
 fn field<'a>(row: &'a Json, names: &[&'static str]) -> Option<(&'static str, &'a Json)> {
@@ -121,7 +206,7 @@ fn field<'a>(row: &'a Json, names: &[&'static str]) -> Option<(&'static str, &'a
 }
 
 impl Row {
-    fn parse(row: &Json, line: u64) -> Result<Row> {
+    pub(crate) fn parse(row: &Json, line: u64) -> Result<Row> {
         if !row.is_object() {
             return Err(Error::line(
                 line,
@@ -201,7 +286,7 @@ impl Row {
 
     /// The row's request. A prompt longer than its hash ids cover is an error (the trace was
     /// written with another block size); ids beyond the prompt are ignored.
-    fn turn(&self, line: u64, block: u32, interned: &mut HashMap<u64, u32>) -> Result<Turn> {
+    pub(crate) fn turn(&self, line: u64, block: u32, ids: &mut Interner) -> Result<Turn> {
         let capacity = self.hash_ids.len() as u64 * u64::from(block);
         let len = self.input_length.unwrap_or(capacity);
         if len == 0 {
@@ -228,20 +313,14 @@ impl Row {
             ));
         }
         let used = len.div_ceil(u64::from(block.max(1))) as usize;
-        let ids = self.hash_ids[..used]
+        let interned = self.hash_ids[..used]
             .iter()
-            .map(|&h| {
-                let next = interned.len() as u32;
-                *interned.entry(h).or_insert(next)
-            })
-            .collect();
+            .map(|&h| ids.intern(h, line))
+            .collect::<Result<Vec<u32>>>()?;
         Ok(Turn {
-            prompt: Prompt {
-                ids,
-                block_tokens: block,
-                len: len as u32,
-            },
+            prompt: Prompt::from_blocks(&interned, block, len as u32),
             output_length: self.output_length as u32,
+            output_content: None,
             delay_ms: 0.0,
             request_id: self.request_id.clone(),
             priority: self.priority,
@@ -269,11 +348,14 @@ mod tests {
         .expect("parse");
         assert_eq!(w.sessions.len(), 2);
         assert_eq!(w.sessions[0].start_ms, 0.0, "first arrival is time 0");
-        assert_eq!(w.sessions[0].turns[0].prompt.ids, [0, 1]);
+        assert_eq!(
+            w.sessions[0].turns[0].prompt.ids().collect::<Vec<_>>(),
+            [0, 1]
+        );
         let s = &w.sessions[1];
         assert_eq!(s.start_ms, 200.0);
         assert_eq!(
-            s.turns[0].prompt.ids,
+            s.turns[0].prompt.ids().collect::<Vec<_>>(),
             [1],
             "ids beyond the prompt are dropped"
         );

@@ -58,8 +58,10 @@ struct Req {
     generated: u32,
     /// Hashes of the prompt's full pages.
     keys: Arc<[u64]>,
-    /// Hashes of the later full pages (they hold generated tokens, which nobody shares).
+    /// Hashes of the later full pages (they hold generated tokens, which nobody shares
+    /// unless `output_keys` says what a later prompt repeats).
     decode_keys: Vec<u64>,
+    output_keys: Arc<[u64]>,
     lease: Lease,
     /// Tokens whose KV is computed, and tokens of page room allocated.
     materialized: u32,
@@ -144,6 +146,7 @@ impl SglangEngine {
             output_len: r.output_len,
             generated: 0,
             keys: r.hashes,
+            output_keys: r.output_hashes,
             decode_keys: Vec::new(),
             lease: Lease::default(),
             materialized: 0,
@@ -176,9 +179,14 @@ impl SglangEngine {
     /// Hashes of the first `pages` full pages of `req`'s sequence.
     fn page_keys(next_unique: &mut u64, req: &mut Req, pages: usize) -> Vec<u64> {
         while req.keys.len() + req.decode_keys.len() < pages {
-            *next_unique += 1;
-            req.decode_keys
-                .push(xxh3_64_with_seed(&next_unique.to_le_bytes(), 0x5617A9));
+            let key = match req.output_keys.get(req.decode_keys.len()) {
+                Some(&k) => k,
+                None => {
+                    *next_unique += 1;
+                    xxh3_64_with_seed(&next_unique.to_le_bytes(), 0x5617A9)
+                }
+            };
+            req.decode_keys.push(key);
         }
         req.keys
             .iter()

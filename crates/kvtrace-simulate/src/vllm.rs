@@ -45,6 +45,8 @@ struct Sequence {
     cached: usize,
     /// Hashes of the full blocks beyond the prompt's, which generated tokens completed.
     decode_hashes: Vec<u64>,
+    /// What those blocks hash to when a later prompt repeats them (else each is unique).
+    output_hashes: Arc<[u64]>,
     /// The last block of the sequence is partial (not yet full, or full but not promoted).
     partial: bool,
     /// Got tokens in the current pass.
@@ -65,6 +67,7 @@ impl Sequence {
             prompt_len: r.prompt_len,
             output_len: r.output_len.max(1),
             hashes: r.hashes,
+            output_hashes: r.output_hashes,
             generated: 0,
             computed: 0,
             allocated: 0,
@@ -522,7 +525,11 @@ impl VllmEngine {
     /// The sequence's partial last block is full: it gets a hash of its own (its tokens
     /// include generated ones no other request shares) and, when allocated, is cached.
     fn promote(&mut self, i: usize) {
-        let hash = self.unique_hash();
+        let seq = &self.running[i];
+        let hash = match seq.output_hashes.get(seq.decode_hashes.len()) {
+            Some(&h) => h,
+            None => self.unique_hash(),
+        };
         let seq = &mut self.running[i];
         seq.decode_hashes.push(hash);
         seq.partial = false;

@@ -12,41 +12,91 @@ use rand::{Rng, SeedableRng};
 /// The block size Mooncake traces are written with.
 pub const DEFAULT_TRACE_BLOCK_SIZE: u32 = 512;
 
-/// A prompt as a sequence of content ids, each standing for `block_tokens` identical tokens
-/// (the last block may be partial). Equal ids at equal positions are reusable prefix KV.
+/// A prompt as runs of content: each [`Run`] stands for `tokens` identical tokens of content
+/// `id`. A trace's prompt is one run per trace block (the last may be partial); a prompt
+/// rebuilt from a session's history (`mooncake-delta`) joins runs of any length. Equal runs
+/// at equal positions are reusable prefix KV, so a prompt costs a few bytes per block, never
+/// a token vector.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Prompt {
-    pub ids: Vec<u32>,
-    pub block_tokens: u32,
+    pub runs: Vec<Run>,
     pub len: u32,
 }
 
+/// `tokens` tokens of content `id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub id: u32,
+    pub tokens: u32,
+}
+
 impl Prompt {
+    /// A prompt of `len` tokens cut into blocks of `block_tokens`, block `j` of content
+    /// `ids[j]` (a missing id stands for content no other prompt has).
+    pub fn from_blocks(ids: &[u32], block_tokens: u32, len: u32) -> Prompt {
+        let block = block_tokens.max(1);
+        let blocks = len.div_ceil(block) as usize;
+        let runs = (0..blocks)
+            .map(|j| Run {
+                id: ids.get(j).copied().unwrap_or(u32::MAX),
+                tokens: (len - j as u32 * block).min(block),
+            })
+            .collect();
+        Prompt { runs, len }
+    }
+
+    /// This prompt followed by `runs`.
+    pub fn extended(&self, runs: &[Run]) -> Prompt {
+        let mut out = self.clone();
+        for r in runs.iter().filter(|r| r.tokens > 0) {
+            out.runs.push(*r);
+            out.len = out.len.saturating_add(r.tokens);
+        }
+        out
+    }
+
+    /// Chained hashes of the full blocks of `block_size` tokens, split at the end of the
+    /// prompt: the prompt's own, then those of the blocks `output` completes after it.
+    pub fn block_hashes_with_output(&self, block_size: u32, output: Run) -> (Vec<u64>, Vec<u64>) {
+        let mut hashes = self.extended(&[output]).block_hashes(block_size);
+        let output = hashes.split_off((self.len / block_size.max(1)) as usize);
+        (hashes, output)
+    }
+
+    /// The content ids, one per run.
+    pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.runs.iter().map(|r| r.id)
+    }
+
     /// Chained hashes of the prompt's full blocks of `block_size` tokens: block `j`'s hash
     /// covers its content and every block before it, so equal hashes mean equal prefixes
     /// whatever the trace's own block size.
     pub fn block_hashes(&self, block_size: u32) -> Vec<u64> {
-        let (b, t) = (
-            u64::from(block_size.max(1)),
-            u64::from(self.block_tokens.max(1)),
-        );
-        let full = u64::from(self.len) / b;
+        let b = block_size.max(1);
+        let full = self.len / b;
         let mut out = Vec::with_capacity(full as usize);
         let mut parent = 0u64;
-        let mut runs: Vec<u8> = Vec::with_capacity(24);
-        for j in 0..full {
-            let (start, end) = (j * b, (j + 1) * b);
-            runs.clear();
-            let mut pos = start;
-            while pos < end {
-                let block = pos / t;
-                let stop = ((block + 1) * t).min(end);
-                let id = self.ids.get(block as usize).copied().unwrap_or(u32::MAX);
-                runs.extend_from_slice(&id.to_le_bytes());
-                runs.extend_from_slice(&((stop - pos) as u32).to_le_bytes());
-                pos = stop;
+        let mut pieces: Vec<u8> = Vec::with_capacity(24);
+        let mut runs = self.runs.iter().copied();
+        let mut current = runs.next();
+        // Tokens of `current` already hashed into earlier blocks.
+        let mut used = 0u32;
+        for _ in 0..full {
+            pieces.clear();
+            let mut room = b;
+            while room > 0 {
+                let Some(run) = current else { break };
+                let take = (run.tokens - used).min(room);
+                pieces.extend_from_slice(&run.id.to_le_bytes());
+                pieces.extend_from_slice(&take.to_le_bytes());
+                room -= take;
+                used += take;
+                if used == run.tokens {
+                    current = runs.next();
+                    used = 0;
+                }
             }
-            parent = xxh3_64_with_seed(&runs, parent);
+            parent = xxh3_64_with_seed(&pieces, parent);
             out.push(parent);
         }
         out
@@ -58,6 +108,9 @@ impl Prompt {
 pub struct Turn {
     pub prompt: Prompt,
     pub output_length: u32,
+    /// The content of this turn's generated output when a later prompt of its session
+    /// repeats it (`mooncake-delta`): the blocks it completes are then that prompt's blocks.
+    pub output_content: Option<u32>,
     /// Milliseconds between the previous turn's completion and this turn (0 for the first).
     pub delay_ms: f64,
     pub request_id: Option<String>,
@@ -78,6 +131,9 @@ pub struct Session {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Workload {
     pub sessions: Vec<Session>,
+    /// Sessions that wait for others (an agentic trace's request graph): `None` when every
+    /// session starts at its own arrival.
+    pub graph: Option<Graph>,
     /// Each request comes with its output tokens planned: trace files and session
     /// workloads do in Dynamo, flat synthetic requests do not. A disaggregated prefill
     /// worker then generates all of them (hidden) before it hands the request off, as
@@ -100,8 +156,37 @@ impl Workload {
                     t.delay_ms /= ratio;
                 }
             }
+            for waits in self.graph.iter_mut().flat_map(|g| g.waits.iter_mut()) {
+                for w in waits {
+                    w.delay_ms /= ratio;
+                }
+            }
         }
     }
+}
+
+/// The dependencies of an agentic workload, session by session (each of its sessions is one
+/// request): a session with waits starts once every one of them has fired, and not before
+/// its own `start_ms`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Graph {
+    pub waits: Vec<Vec<Wait>>,
+}
+
+/// Session `on` must be dispatched or completed (`trigger`), then `delay_ms` pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Wait {
+    pub on: u32,
+    pub trigger: Trigger,
+    pub delay_ms: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// The request was sent (a spawned sub-agent starts beside its parent).
+    Dispatch,
+    /// The request ended (its output is the next request's input).
+    Completion,
 }
 
 /// How synthetic requests arrive when they are not driven by a concurrency limit.
@@ -209,12 +294,9 @@ impl SyntheticSpec {
                             next_fresh += 1;
                         }
                         Turn {
-                            prompt: Prompt {
-                                ids,
-                                block_tokens: block,
-                                len: self.input_tokens,
-                            },
+                            prompt: Prompt::from_blocks(&ids, block, self.input_tokens),
                             output_length: self.output_tokens.max(1),
+                            output_content: None,
                             delay_ms: if t == 0 {
                                 0.0
                             } else {
@@ -235,6 +317,7 @@ impl SyntheticSpec {
             .collect();
         Workload {
             sessions,
+            graph: None,
             planned_outputs: self.turns > 1
                 || self.shared_prefix_ratio > 0.0
                 || self.prefix_groups > 0
@@ -252,11 +335,7 @@ mod tests {
 
     #[test]
     fn block_hashes_follow_content_across_block_sizes() {
-        let p = |ids: Vec<u32>, len| Prompt {
-            ids,
-            block_tokens: 512,
-            len,
-        };
+        let p = |ids: Vec<u32>, len| Prompt::from_blocks(&ids, 512, len);
         let a = p(vec![0, 1, 2], 1500).block_hashes(64);
         let b = p(vec![0, 1, 5], 1500).block_hashes(64);
         assert_eq!(a.len(), 23, "full 64-token blocks only");
@@ -265,6 +344,25 @@ mod tests {
         assert_ne!(a[0], a[1], "equal content, different position");
         let odd = p(vec![0, 1], 1024).block_hashes(300);
         assert_eq!(odd.len(), 3);
+    }
+
+    #[test]
+    fn an_output_completes_the_blocks_the_next_prompt_repeats() {
+        // 100 prompt tokens, 30 generated, then 50 new ones, in blocks of 16.
+        let first = Prompt::from_blocks(&[1, 2], 64, 100);
+        let output = Run { id: 9, tokens: 30 };
+        let next = first.extended(&[output, Run { id: 3, tokens: 50 }]);
+        assert_eq!(next.len, 180);
+        let (prompt, generated) = first.block_hashes_with_output(16, output);
+        assert_eq!(prompt, first.block_hashes(16), "6 full prompt blocks");
+        assert_eq!(generated.len(), 2, "tokens 96..128 complete two more");
+        let all = next.block_hashes(16);
+        assert_eq!(all[..6], prompt[..]);
+        assert_eq!(all[6..8], generated[..]);
+        let other = first
+            .block_hashes_with_output(16, Run { id: 10, tokens: 30 })
+            .1;
+        assert_ne!(other, generated, "another output is other content");
     }
 
     #[test]
@@ -286,7 +384,7 @@ mod tests {
         };
         let w = spec.build();
         assert_eq!(w.request_count(), 60);
-        let first = &w.sessions[0].turns[0].prompt.ids;
+        let first: Vec<u32> = w.sessions[0].turns[0].prompt.ids().collect();
         assert_eq!(first.len(), 10);
         assert!(first[..5].iter().all(|&id| id < 10), "group prefix ids");
         assert!(w.sessions[1].start_ms > 0.0);

@@ -11,7 +11,6 @@ use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::otel::SpanSink;
 use kvtrace::simulate::offload::DEFAULT_CHUNK_TOKENS;
 use kvtrace::simulate::spans::request_span;
-use kvtrace::simulate::workload::DEFAULT_TRACE_BLOCK_SIZE;
 use kvtrace::storage::config::{L2Io, StorageConfig};
 
 pub(super) mod plan;
@@ -20,7 +19,7 @@ use super::otlp::{self, OtlpArgs};
 use super::prometheus::PrometheusArgs;
 use super::tiers::{apply_toml, TierArgs};
 use super::{print_stdout, say_recorded, warn_line};
-use plan::{Options, Router};
+use plan::{Options, Router, TraceFormat};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum ReplayMode {
@@ -36,6 +35,18 @@ enum RouterKind {
     KvRouter,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum TraceFormatArg {
+    #[value(name = "mooncake")]
+    Mooncake,
+    #[value(name = "mooncake-delta")]
+    MooncakeDelta,
+    #[value(name = "agentic_mooncake")]
+    AgenticMooncake,
+    #[value(name = "dynamo")]
+    Dynamo,
+}
+
 /// Simulate serving a request trace (Mooncake JSONL) or a synthetic workload on mock engines
 /// and report latency and throughput — the flags and report of `python -m dynamo.replay`
 #[derive(clap::Args)]
@@ -44,8 +55,14 @@ enum RouterKind {
     "kvtrace simulate --input-tokens 5000 --output-tokens 500 --request-count 1000 --replay-concurrency 100",
 ]))]
 pub(super) struct Args {
-    /// Mooncake-style JSONL request trace (or give --input-tokens/--output-tokens/--request-count)
-    trace: Option<PathBuf>,
+    /// JSONL request trace (or give --input-tokens/--output-tokens/--request-count); the
+    /// dynamo format takes several files, its shards
+    traces: Vec<PathBuf>,
+    /// How the trace is written: mooncake (every row a whole prompt), mooncake-delta (a
+    /// session's later rows hold only the new input), agentic_mooncake (requests that wait
+    /// for others; version 2 header or legacy rows), dynamo (Dynamo's request-trace records)
+    #[arg(long, value_enum, default_value = "mooncake")]
+    trace_format: TraceFormatArg,
     /// offline: virtual time, as fast as possible, reproducible; online: live worker threads
     /// that sleep through every pass on the wall clock (speed it up with the engines'
     /// speedup_ratio and --arrival-speedup-ratio)
@@ -68,9 +85,10 @@ pub(super) struct Args {
     /// Divide trace timestamps and inter-turn delays by this
     #[arg(long, default_value_t = 1.0)]
     arrival_speedup_ratio: f64,
-    /// Tokens per hash id in the trace
-    #[arg(long, default_value_t = DEFAULT_TRACE_BLOCK_SIZE)]
-    trace_block_size: u32,
+    /// Tokens per hash id in the trace [default: 512; the dynamo format and agentic_mooncake
+    /// version 2 carry their own, which this must then equal]
+    #[arg(long)]
+    trace_block_size: Option<u32>,
     /// Synthetic workload: prompt tokens per request
     #[arg(long)]
     input_tokens: Option<u32>,
@@ -210,7 +228,13 @@ impl Args {
 
     pub(super) fn options(&self) -> Result<Options, Error> {
         Ok(Options {
-            trace: self.trace.clone(),
+            traces: self.traces.clone(),
+            trace_format: match self.trace_format {
+                TraceFormatArg::Mooncake => TraceFormat::Mooncake,
+                TraceFormatArg::MooncakeDelta => TraceFormat::MooncakeDelta,
+                TraceFormatArg::AgenticMooncake => TraceFormat::AgenticMooncake,
+                TraceFormatArg::Dynamo => TraceFormat::Dynamo,
+            },
             online: matches!(self.replay_mode, ReplayMode::Online),
             router: match self.router_mode {
                 RouterKind::RoundRobin => Router::RoundRobin,
@@ -271,7 +295,10 @@ fn progress_bar(quiet: bool) -> ProgressBar {
 
 pub(super) fn run(args: Args) -> Result<i32, Error> {
     crate::cli::guard(
-        args.trace.iter().chain(&args.storage).map(PathBuf::as_path),
+        args.traces
+            .iter()
+            .chain(&args.storage)
+            .map(PathBuf::as_path),
         [
             &args.report_json,
             &args.report_jsonl,
@@ -291,7 +318,7 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
         ));
     }
     let mut plan = plan::plan(&args.options()?)?;
-    let trace = args.trace.as_ref().map(|t| t.display().to_string());
+    let trace = args.traces.first().map(|t| t.display().to_string());
     let served = args
         .prometheus
         .start("simulate", trace.as_deref().unwrap_or(""), None)?;
@@ -308,7 +335,7 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
         ("kvtrace.command".to_owned(), "simulate".to_owned()),
         ("kvtrace.seed".to_owned(), args.seed.to_string()),
     ];
-    if let Some(trace) = &args.trace {
+    if let Some(trace) = args.traces.first() {
         resource.push(("kvtrace.trace".to_owned(), trace.display().to_string()));
     }
     let export = args.otlp.start(resource)?;

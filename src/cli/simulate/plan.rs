@@ -4,16 +4,18 @@
 //! every output path — before any time is spent.
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 
 use kvtrace::clock::local_stamp;
 use kvtrace::error::{Error, Result};
 use kvtrace::report::{csv::Csv, json::Json, jsonl::Jsonl, xlsx::Xlsx, Target};
+use kvtrace::simulate::agentic::read_agentic_mooncake;
 use kvtrace::simulate::args::{EngineArgs, EngineType, WorkerType};
 use kvtrace::simulate::collector::Sla;
+use kvtrace::simulate::dynamo_trace::read_dynamo_request_trace;
 use kvtrace::simulate::event_loop::{PrefillPool, SimConfig};
-use kvtrace::simulate::mooncake::{read_mooncake, GIVE_BLOCK_SIZE};
+use kvtrace::simulate::mooncake::{read_mooncake, read_mooncake_delta, GIVE_BLOCK_SIZE};
 use kvtrace::simulate::offload::{OffloadConfig, DEFAULT_CHUNK_TOKENS, DEFAULT_KV_BYTES_PER_TOKEN};
 use kvtrace::simulate::plan::{Plan, Setup};
 use kvtrace::simulate::router::{KvRouterConfig, QueuePolicy, RouterMode};
@@ -30,11 +32,23 @@ pub(crate) enum Router {
     KvRouter,
 }
 
+/// How a request trace is written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum TraceFormat {
+    #[default]
+    Mooncake,
+    MooncakeDelta,
+    AgenticMooncake,
+    Dynamo,
+}
+
 /// Everything a simulation can be asked for; [`Default`] is Dynamo's defaults.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Options {
-    /// A Mooncake-style JSONL trace; `None`: the synthetic workload below.
-    pub(crate) trace: Option<PathBuf>,
+    /// JSONL request traces (several only in the dynamo format); none: the synthetic
+    /// workload below.
+    pub(crate) traces: Vec<PathBuf>,
+    pub(crate) trace_format: TraceFormat,
     /// Live worker threads on the wall clock instead of virtual time.
     pub(crate) online: bool,
     pub(crate) router: Router,
@@ -43,7 +57,8 @@ pub(crate) struct Options {
     pub(crate) num_decode_workers: Option<u32>,
     pub(crate) replay_concurrency: Option<u32>,
     pub(crate) arrival_speedup_ratio: f64,
-    pub(crate) trace_block_size: u32,
+    /// Tokens per hash id; `None`: the trace's own, or 512.
+    pub(crate) trace_block_size: Option<u32>,
     pub(crate) input_tokens: Option<u32>,
     pub(crate) output_tokens: Option<u32>,
     pub(crate) request_count: Option<u32>,
@@ -85,7 +100,8 @@ pub(crate) struct Options {
 impl Default for Options {
     fn default() -> Options {
         Options {
-            trace: None,
+            traces: Vec::new(),
+            trace_format: TraceFormat::Mooncake,
             online: false,
             router: Router::RoundRobin,
             num_workers: None,
@@ -93,7 +109,7 @@ impl Default for Options {
             num_decode_workers: None,
             replay_concurrency: None,
             arrival_speedup_ratio: 1.0,
-            trace_block_size: DEFAULT_TRACE_BLOCK_SIZE,
+            trace_block_size: None,
             input_tokens: None,
             output_tokens: None,
             request_count: None,
@@ -154,6 +170,14 @@ pub(crate) fn plan(o: &Options) -> Result<Plan> {
     }
     let mut warnings = Vec::new();
     let pools = pools(o, &mut warnings)?;
+    if pools.prefill.is_some()
+        && o.trace_format == TraceFormat::MooncakeDelta
+        && !o.traces.is_empty()
+    {
+        return Err(Error::usage(
+            "--trace-format mooncake-delta replays on aggregated workers only (as Dynamo and AISimulate do): a delta turn's prompt holds the previous turn's output, which a prefill worker never generates",
+        ));
+    }
     let router = router_mode(o, pools.queue)?;
     let workload = workload(o, pools.engine.block_size)?;
     let sla = Sla {
@@ -369,7 +393,7 @@ fn workload(o: &Options, block_size: u32) -> Result<Workload> {
         ("--inter-turn-delay-ms", o.inter_turn_delay_ms.is_some()),
     ];
     positive("--arrival-speedup-ratio", o.arrival_speedup_ratio)?;
-    if let Some(path) = &o.trace {
+    if !o.traces.is_empty() {
         if synthetic.iter().any(|&s| s) {
             return Err(Error::usage(
                 "give either a trace file or --input-tokens/--output-tokens/--request-count, not both",
@@ -380,17 +404,12 @@ fn workload(o: &Options, block_size: u32) -> Result<Workload> {
                 "{flag} applies to synthetic workloads only, not to a trace file"
             )));
         }
-        if o.trace_block_size == 0 {
-            return Err(Error::usage("--trace-block-size must be at least 1"));
+        let mut w = read_traces(o)?;
+        if w.graph.is_some() && o.replay_concurrency.is_some() {
+            return Err(Error::usage(
+                "--replay-concurrency: an agentic trace's requests start when what they wait for ends, not when a slot frees; replay it by its timestamps",
+            ));
         }
-        let shown = path.display().to_string();
-        let file = File::open(path).map_err(|e| Error::io("cannot open", e).in_file(&shown))?;
-        let mut w = read_mooncake(BufReader::new(file), o.trace_block_size).map_err(|mut e| {
-            if e.message.ends_with(GIVE_BLOCK_SIZE) {
-                e.message += " with --trace-block-size";
-            }
-            e.in_file(&shown)
-        })?;
         w.speed_up_arrivals(o.arrival_speedup_ratio);
         return Ok(w);
     }
@@ -454,6 +473,46 @@ fn workload(o: &Options, block_size: u32) -> Result<Workload> {
         seed: o.seed,
     }
     .build())
+}
+
+/// Reads the trace files in their format. Only the dynamo format is split into shards.
+fn read_traces(o: &Options) -> Result<Workload> {
+    if o.trace_block_size == Some(0) {
+        return Err(Error::usage("--trace-block-size must be at least 1"));
+    }
+    let block = o.trace_block_size.unwrap_or(DEFAULT_TRACE_BLOCK_SIZE);
+    let open = |path: &PathBuf| -> Result<(String, Box<dyn BufRead>)> {
+        let shown = path.display().to_string();
+        let file = File::open(path).map_err(|e| Error::io("cannot open", e).in_file(&shown))?;
+        let reader: Box<dyn BufRead> = if path.extension().is_some_and(|x| x == "gz") {
+            Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(file)))
+        } else {
+            Box::new(BufReader::new(file))
+        };
+        Ok((shown, reader))
+    };
+    if o.trace_format == TraceFormat::Dynamo {
+        let sources = o.traces.iter().map(open).collect::<Result<Vec<_>>>()?;
+        return read_dynamo_request_trace(sources, o.trace_block_size);
+    }
+    if o.traces.len() > 1 {
+        return Err(Error::usage(
+            "one trace file at a time (only --trace-format dynamo reads several shards)",
+        ));
+    }
+    let (shown, reader) = open(&o.traces[0])?;
+    let read = match o.trace_format {
+        TraceFormat::Mooncake => read_mooncake(reader, block),
+        TraceFormat::MooncakeDelta => read_mooncake_delta(reader, block),
+        TraceFormat::AgenticMooncake => read_agentic_mooncake(reader, o.trace_block_size),
+        TraceFormat::Dynamo => unreachable!("read above"),
+    };
+    read.map_err(|mut e| {
+        if e.message.ends_with(GIVE_BLOCK_SIZE) {
+            e.message += " with --trace-block-size";
+        }
+        e.in_file(&shown)
+    })
 }
 
 fn router_mode(o: &Options, queue_override: Option<QueuePolicy>) -> Result<RouterMode> {

@@ -1,0 +1,503 @@
+//! Agentic request graphs (`agentic_mooncake`): each row is one request that may wait for
+//! others — a tool call's result, a sub-agent it spawned, the branches it joins — instead of
+//! a turn placed by its session's order. Two shapes of the same format are read:
+//!
+//! - **version 2**: a header line `{"schema": "dynamo.agentic_mooncake", "version": 2,
+//!   "block_size", "hash_id_scope": "local", "source": {"format", "digest"}}`, then rows with
+//!   `request_id`, `play_id`, `session_id`, `model`, `input_length`, `output_length`,
+//!   `hash_ids` (exactly one per block of the header's size), `not_before_ms` and typed
+//!   `dependencies` (`request_id`, `trigger` dispatch|completion, `delay_ms`, `relation`
+//!   sequence|spawn|join|replay_barrier);
+//! - **legacy rows**: Mooncake rows with a required `request_id`, `wait_for` (ids that must
+//!   all complete), `delay`/`delay_ms` and `tool_wait_ms` (waited after the last of them),
+//!   at the block size the user gives.
+//!
+//! A request with no dependencies arrives at its timestamp; one with dependencies once every
+//! dependency has fired and its delay has passed, and never before its own `not_before_ms`.
+//! Version 2 requests are ordered by `request_id`, legacy rows stay in file order; the order
+//! settles ties between equal arrival times.
+//! Unknown ids, self-dependencies, cross-play dependencies and cycles are errors naming the
+//! line and field.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::BufRead;
+
+use serde_json::Value as Json;
+
+use crate::error::{Error, Result};
+use crate::mooncake::{for_each_object, Interner, Row};
+use crate::workload::{Graph, Session, Trigger, Turn, Wait, Workload, DEFAULT_TRACE_BLOCK_SIZE};
+
+/// The schema a version 2 header names.
+pub const SCHEMA: &str = "dynamo.agentic_mooncake";
+/// The version of the header this reader knows.
+pub const VERSION: u64 = 2;
+
+/// One request of the graph as read, before its dependencies are resolved.
+struct Node {
+    line: u64,
+    request_id: String,
+    session_id: String,
+    play_id: String,
+    play_ordinal: Option<u64>,
+    not_before_ms: f64,
+    turn: Turn,
+    /// `(request id, trigger, delay)`, in the row's order.
+    waits: Vec<(String, Trigger, f64)>,
+}
+
+/// Reads an `agentic_mooncake` trace: version 2, whose header's block size is authoritative
+/// (`block_size`, when given, must equal it), or legacy rows, whose hash ids stand for
+/// `block_size` tokens (512 when not given).
+pub fn read_agentic_mooncake(src: impl BufRead, block_size: Option<u32>) -> Result<Workload> {
+    let legacy_block_size = block_size.unwrap_or(DEFAULT_TRACE_BLOCK_SIZE);
+    let mut header: Option<Option<u32>> = None;
+    let mut ids = Interner::default();
+    let mut nodes = Vec::new();
+    for_each_object(src, |line, json| {
+        let block = match header {
+            None => {
+                let versioned = json.get("schema").is_some();
+                if versioned {
+                    let own = parse_header(&json, line)?;
+                    if let Some(given) = block_size.filter(|&b| b != own) {
+                        return Err(Error::line(
+                            line,
+                            "block_size",
+                            format!("{own}, but the trace block size given is {given}"),
+                        ));
+                    }
+                    header = Some(Some(own));
+                    return Ok(());
+                }
+                header = Some(None);
+                legacy_block_size
+            }
+            Some(Some(block)) => block,
+            Some(None) => legacy_block_size,
+        };
+        let node = match header {
+            Some(Some(_)) => v2_node(&json, line, block, &mut ids)?,
+            _ => legacy_node(&json, line, block, &mut ids)?,
+        };
+        nodes.push(node);
+        Ok(())
+    })?;
+    if nodes.is_empty() {
+        return Err(Error::line(1, "request_id", "the trace holds no request"));
+    }
+    build(nodes, matches!(header, Some(Some(_))))
+}
+
+fn parse_header(json: &Json, line: u64) -> Result<u32> {
+    let wrong = |field: &str, message: String| Error::line(line, field, message);
+    let schema = json
+        .get("schema")
+        .and_then(Json::as_str)
+        .unwrap_or_default();
+    if schema != SCHEMA {
+        return Err(wrong(
+            "schema",
+            format!("{schema:?} is not {SCHEMA:?}, the agentic Mooncake header"),
+        ));
+    }
+    match json.get("version").and_then(Json::as_u64) {
+        Some(VERSION) => {}
+        Some(v) => {
+            return Err(wrong(
+                "version",
+                format!("version {v} is not supported; this reader knows version {VERSION}"),
+            ))
+        }
+        None => return Err(wrong("version", "expected an unsigned integer".into())),
+    }
+    let block = json
+        .get("block_size")
+        .and_then(Json::as_u64)
+        .filter(|&b| b > 0 && b <= u64::from(u32::MAX))
+        .ok_or_else(|| wrong("block_size", "expected a positive token count".into()))?;
+    if json.get("hash_id_scope").and_then(Json::as_str) != Some("local") {
+        return Err(wrong(
+            "hash_id_scope",
+            "expected \"local\" (hash ids name content within this file)".into(),
+        ));
+    }
+    let provenance = |name: &str| {
+        json.get("source")
+            .and_then(|s| s.get(name))
+            .and_then(Json::as_str)
+            .is_some_and(|v| !v.trim().is_empty())
+    };
+    if !provenance("format") || !provenance("digest") {
+        return Err(wrong(
+            "source",
+            "expected {\"format\": …, \"digest\": …}, both nonempty".into(),
+        ));
+    }
+    Ok(block as u32)
+}
+
+/// A nonempty string field.
+fn text(json: &Json, line: u64, name: &str) -> Result<String> {
+    match json.get(name) {
+        Some(Json::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
+        None | Some(Json::Null) => Err(Error::line(line, name, "missing field")),
+        Some(_) => Err(Error::line(line, name, "expected a nonempty string")),
+    }
+}
+
+/// A finite, non-negative number of milliseconds, 0 when absent.
+fn millis(json: &Json, line: u64, name: &str) -> Result<f64> {
+    match json.get(name) {
+        None | Some(Json::Null) => Ok(0.0),
+        Some(v) => v
+            .as_f64()
+            .filter(|x| x.is_finite() && *x >= 0.0)
+            .ok_or_else(|| {
+                Error::line(line, name, "expected a non-negative number of milliseconds")
+            }),
+    }
+}
+
+fn legacy_node(json: &Json, line: u64, block: u32, ids: &mut Interner) -> Result<Node> {
+    let row = Row::parse(json, line)?;
+    let request_id = text(json, line, "request_id")?;
+    if json.get("delay").is_some_and(|v| !v.is_null())
+        && json.get("delay_ms").is_some_and(|v| !v.is_null())
+    {
+        return Err(Error::line(
+            line,
+            "delay_ms",
+            "delay and delay_ms cannot both be set",
+        ));
+    }
+    let delay = row.delay.unwrap_or(0.0) + millis(json, line, "tool_wait_ms")?;
+    let waits = match json.get("wait_for") {
+        None | Some(Json::Null) => Vec::new(),
+        Some(Json::Array(list)) => list
+            .iter()
+            .map(|v| match v {
+                Json::String(s) => Ok((s.clone(), Trigger::Completion, delay)),
+                _ => Err(Error::line(
+                    line,
+                    "wait_for",
+                    "expected an array of request ids",
+                )),
+            })
+            .collect::<Result<_>>()?,
+        Some(_) => {
+            return Err(Error::line(
+                line,
+                "wait_for",
+                "expected an array of request ids",
+            ))
+        }
+    };
+    let turn = row.turn(line, block, ids)?;
+    Ok(Node {
+        line,
+        session_id: row.session_id.clone().unwrap_or_else(|| request_id.clone()),
+        play_id: String::new(),
+        play_ordinal: None,
+        // A dependent request's own timestamp does not hold it back.
+        not_before_ms: if waits.is_empty() {
+            row.timestamp.unwrap_or(0.0)
+        } else {
+            0.0
+        },
+        turn: Turn {
+            request_id: Some(request_id.clone()),
+            ..turn
+        },
+        request_id,
+        waits,
+    })
+}
+
+fn v2_node(json: &Json, line: u64, block: u32, ids: &mut Interner) -> Result<Node> {
+    let row = Row::parse(json, line)?;
+    let request_id = text(json, line, "request_id")?;
+    let play_id = text(json, line, "play_id")?;
+    let session_id = text(json, line, "session_id")?;
+    text(json, line, "model")?;
+    let input = row
+        .input_length
+        .ok_or_else(|| Error::line(line, "input_length", "missing field"))?;
+    let want = input.div_ceil(u64::from(block));
+    if row.hash_ids.len() as u64 != want {
+        return Err(Error::line(
+            line,
+            "hash_ids",
+            format!(
+                "input_length {input} at block_size {block} needs exactly {want} hash ids, got {}",
+                row.hash_ids.len()
+            ),
+        ));
+    }
+    if json.get("not_before_ms").is_none_or(Json::is_null) {
+        return Err(Error::line(line, "not_before_ms", "missing field"));
+    }
+    let not_before_ms = millis(json, line, "not_before_ms")?;
+    millis(json, line, "recorded_api_time_ms")?;
+    let play_ordinal = match json.get("source_play_ordinal") {
+        None | Some(Json::Null) => None,
+        Some(v) => Some(v.as_u64().ok_or_else(|| {
+            Error::line(line, "source_play_ordinal", "expected an unsigned integer")
+        })?),
+    };
+    let waits = match json.get("dependencies") {
+        None | Some(Json::Null) => Vec::new(),
+        Some(Json::Array(list)) => list
+            .iter()
+            .map(|d| dependency(d, line))
+            .collect::<Result<_>>()?,
+        Some(_) => {
+            return Err(Error::line(
+                line,
+                "dependencies",
+                "expected an array of dependencies",
+            ))
+        }
+    };
+    let turn = row.turn(line, block, ids)?;
+    Ok(Node {
+        line,
+        session_id,
+        play_id,
+        play_ordinal,
+        not_before_ms,
+        turn: Turn {
+            request_id: Some(request_id.clone()),
+            ..turn
+        },
+        request_id,
+        waits,
+    })
+}
+
+fn dependency(d: &Json, line: u64) -> Result<(String, Trigger, f64)> {
+    let field = |name: &str| format!("dependencies.{name}");
+    let id = match d.get("request_id") {
+        Some(Json::String(s)) if !s.trim().is_empty() => s.clone(),
+        _ => {
+            return Err(Error::line(
+                line,
+                field("request_id"),
+                "expected a nonempty string",
+            ))
+        }
+    };
+    let trigger = match d.get("trigger").and_then(Json::as_str) {
+        Some("dispatch") => Trigger::Dispatch,
+        Some("completion") => Trigger::Completion,
+        _ => {
+            return Err(Error::line(
+                line,
+                field("trigger"),
+                "expected \"dispatch\" or \"completion\"",
+            ))
+        }
+    };
+    let relation = d.get("relation").and_then(Json::as_str).unwrap_or_default();
+    let allowed = match relation {
+        "spawn" => true,
+        "sequence" | "join" | "replay_barrier" => trigger == Trigger::Completion,
+        _ => {
+            return Err(Error::line(
+                line,
+                field("relation"),
+                "expected sequence, spawn, join or replay_barrier",
+            ))
+        }
+    };
+    if !allowed {
+        return Err(Error::line(
+            line,
+            field("trigger"),
+            format!("a {relation} dependency fires on completion only"),
+        ));
+    }
+    let delay = d
+        .get("delay_ms")
+        .and_then(Json::as_f64)
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .ok_or_else(|| {
+            Error::line(
+                line,
+                field("delay_ms"),
+                "expected a non-negative number of milliseconds",
+            )
+        })?;
+    Ok((id, trigger, delay))
+}
+
+/// Orders the requests by id, resolves and checks their dependencies, and makes each one a
+/// session of one turn.
+fn build(mut nodes: Vec<Node>, versioned: bool) -> Result<Workload> {
+    let mut seen: HashMap<&str, u64> = HashMap::new();
+    for n in &nodes {
+        if let Some(first) = seen.insert(&n.request_id, n.line) {
+            return Err(Error::line(
+                n.line,
+                "request_id",
+                format!("{:?} is already the id of line {first}", n.request_id),
+            ));
+        }
+    }
+    // Version 2 orders its requests by id (as AISimulate's graph does); Dynamo 1.4.2 keeps
+    // legacy rows in file order. The order settles ties between equal arrival times.
+    if versioned {
+        nodes.sort_by(|a, b| a.request_id.cmp(&b.request_id));
+    }
+    let index: HashMap<&str, u32> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.request_id.as_str(), i as u32))
+        .collect();
+    let field = if versioned {
+        "dependencies.request_id"
+    } else {
+        "wait_for"
+    };
+    let mut waits = Vec::with_capacity(nodes.len());
+    for (i, n) in nodes.iter().enumerate() {
+        let mut resolved = Vec::with_capacity(n.waits.len());
+        for (id, trigger, delay_ms) in &n.waits {
+            let Some(&on) = index.get(id.as_str()) else {
+                return Err(Error::line(
+                    n.line,
+                    field,
+                    format!("no request has the id {id:?}"),
+                ));
+            };
+            if on as usize == i {
+                return Err(Error::line(
+                    n.line,
+                    field,
+                    "a request cannot wait for itself",
+                ));
+            }
+            if nodes[on as usize].play_id != n.play_id {
+                return Err(Error::line(
+                    n.line,
+                    field,
+                    format!(
+                        "{id:?} is in play {:?}, this request in play {:?}",
+                        nodes[on as usize].play_id, n.play_id
+                    ),
+                ));
+            }
+            resolved.push(Wait {
+                on,
+                trigger: *trigger,
+                delay_ms: *delay_ms,
+            });
+        }
+        waits.push(resolved);
+    }
+    check_acyclic(&nodes, &waits)?;
+    if versioned {
+        check_plays(&nodes, &waits)?;
+    }
+    // The first request that waits for nothing arrives at time 0.
+    let origin = nodes
+        .iter()
+        .zip(&waits)
+        .filter(|(_, w)| w.is_empty())
+        .map(|(n, _)| n.not_before_ms)
+        .fold(f64::INFINITY, f64::min);
+    let sessions = nodes
+        .into_iter()
+        .map(|n| Session {
+            id: Some(n.session_id),
+            start_ms: (n.not_before_ms - origin).max(0.0),
+            turns: vec![n.turn],
+        })
+        .collect();
+    Ok(Workload {
+        sessions,
+        graph: Some(Graph { waits }),
+        planned_outputs: true,
+    })
+}
+
+/// Kahn's algorithm: every request must become ready once the ones it waits for are.
+fn check_acyclic(nodes: &[Node], waits: &[Vec<Wait>]) -> Result<()> {
+    let mut pending: Vec<usize> = waits.iter().map(Vec::len).collect();
+    let mut dependents = vec![Vec::new(); nodes.len()];
+    for (i, list) in waits.iter().enumerate() {
+        for w in list {
+            dependents[w.on as usize].push(i);
+        }
+    }
+    let mut ready: VecDeque<usize> = (0..nodes.len()).filter(|&i| pending[i] == 0).collect();
+    let mut visited = 0;
+    while let Some(i) = ready.pop_front() {
+        visited += 1;
+        for &d in &dependents[i] {
+            pending[d] -= 1;
+            if pending[d] == 0 {
+                ready.push_back(d);
+            }
+        }
+    }
+    match (0..nodes.len()).find(|&i| pending[i] > 0) {
+        None => Ok(()),
+        Some(i) => Err(Error::line(
+            nodes[i].line,
+            "dependencies",
+            format!(
+                "{:?} is on a cycle of dependencies ({} requests never become ready)",
+                nodes[i].request_id,
+                nodes.len() - visited
+            ),
+        )),
+    }
+}
+
+/// Every play has a request that waits for nothing, and play ordinals are given for all
+/// plays or none, and then number them from 0 without gaps, one per play.
+fn check_plays(nodes: &[Node], waits: &[Vec<Wait>]) -> Result<()> {
+    let mut plays: HashMap<&str, (Option<u64>, bool, u64)> = HashMap::new();
+    for (n, list) in nodes.iter().zip(waits) {
+        let entry = plays
+            .entry(&n.play_id)
+            .or_insert((n.play_ordinal, false, n.line));
+        if entry.0 != n.play_ordinal {
+            return Err(Error::line(
+                n.line,
+                "source_play_ordinal",
+                format!("play {:?} has differing ordinals", n.play_id),
+            ));
+        }
+        entry.1 |= list.is_empty();
+    }
+    if let Some((play, (_, _, line))) = plays.iter().find(|(_, p)| !p.1) {
+        return Err(Error::line(
+            *line,
+            "dependencies",
+            format!("play {play:?} has no request that waits for nothing"),
+        ));
+    }
+    let given: Vec<u64> = plays.values().filter_map(|p| p.0).collect();
+    if !given.is_empty() {
+        let line = plays.values().map(|p| p.2).min().unwrap_or(1);
+        if given.len() != plays.len() {
+            return Err(Error::line(
+                line,
+                "source_play_ordinal",
+                "given for some plays and not others",
+            ));
+        }
+        let mut sorted = given;
+        sorted.sort_unstable();
+        if sorted.iter().enumerate().any(|(i, &o)| o != i as u64) {
+            return Err(Error::line(
+                line,
+                "source_play_ordinal",
+                "ordinals must number the plays 0, 1, 2, … once each",
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,392 @@
+//! `simulate --trace-format`: what each format means, checked on the samples of
+//! `testdata/traces` with expectations computed here from the files themselves (Dynamo 1.4.2's
+//! own reports for them are in `dynamo_parity.rs`), and the one-line errors of bad input.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::util::{kvtrace, one_line_error, repo, scratch, text};
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
+}
+
+fn write_lines(path: &Path, rows: &[Value]) {
+    let body: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(path, body).expect("write");
+}
+
+/// Runs `simulate` on `args` (two round-robin workers of 16-token blocks) and returns its
+/// report and per-request records.
+fn simulate(dir: &Path, name: &str, args: &[&str]) -> (Value, Vec<Value>) {
+    let report = dir.join(format!("{name}.json"));
+    let requests = dir.join(format!("{name}.jsonl"));
+    let mut all: Vec<String> = vec!["simulate".into()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    all.extend(
+        [
+            "--num-workers",
+            "2",
+            "--extra-engine-args",
+            "{\"block_size\":16}",
+            "-q",
+            "--report-json",
+            &report.display().to_string(),
+            "--report-jsonl",
+            &requests.display().to_string(),
+        ]
+        .map(String::from),
+    );
+    let out = kvtrace(&all);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(report).expect("report")).expect("json");
+    (report, lines(&requests))
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().expect("number")
+}
+
+#[test]
+fn a_delta_turn_replays_the_session_so_far_its_output_and_its_new_input() {
+    let file = repo("testdata/traces/mooncake_delta.jsonl");
+    let dir = scratch();
+    let (report, records) = simulate(
+        dir.path(),
+        "delta",
+        &[
+            &file,
+            "--trace-format",
+            "mooncake-delta",
+            "--trace-block-size",
+            "64",
+        ],
+    );
+    // Each session's prompts, as the format defines them: the previous prompt, its output,
+    // then the row's own input.
+    let mut sessions: HashMap<String, Vec<u64>> = HashMap::new();
+    let mut previous: HashMap<String, (u64, u64)> = HashMap::new();
+    for row in lines(Path::new(&file)) {
+        let s = row["session_id"].as_str().expect("session").to_owned();
+        let input = row["input_length"].as_u64().expect("input");
+        let output = row["output_length"].as_u64().expect("output");
+        let prompt = previous.get(&s).map_or(0, |(p, o)| p + o) + input;
+        previous.insert(s.clone(), (prompt, output));
+        sessions.entry(s).or_default().push(prompt);
+    }
+    let total: u64 = sessions.values().flatten().sum();
+    assert_eq!(report["total_input_tokens"].as_u64(), Some(total));
+    for r in &records {
+        let s = r["session_id"].as_str().expect("session");
+        let turn = r["turn_index"].as_u64().expect("turn") as usize;
+        assert_eq!(
+            r["input_length"].as_u64(),
+            Some(sessions[s][turn]),
+            "{s} turn {turn}"
+        );
+    }
+}
+
+#[test]
+fn an_agentic_request_starts_when_what_it_waits_for_ends_plus_its_delays() {
+    let dir = scratch();
+    // The sample, each request its own session so that its record names it.
+    let rows: Vec<Value> = lines(Path::new(&repo("testdata/traces/agentic_legacy.jsonl")))
+        .into_iter()
+        .map(|mut r| {
+            r["session_id"] = r["request_id"].clone();
+            r
+        })
+        .collect();
+    let file = dir.path().join("agentic.jsonl");
+    write_lines(&file, &rows);
+    let (report, records) = simulate(
+        dir.path(),
+        "run",
+        &[
+            &file.display().to_string(),
+            "--trace-format",
+            "agentic_mooncake",
+            "--trace-block-size",
+            "64",
+        ],
+    );
+    assert_eq!(
+        report["completed_requests"].as_u64(),
+        Some(rows.len() as u64)
+    );
+    let by_id: HashMap<&str, &Value> = records
+        .iter()
+        .map(|r| (r["session_id"].as_str().expect("id"), r))
+        .collect();
+    let first_root = rows
+        .iter()
+        .filter(|r| r.get("wait_for").is_none())
+        .map(|r| f(&r["timestamp"]))
+        .fold(f64::INFINITY, f64::min);
+    for row in &rows {
+        let id = row["request_id"].as_str().expect("id");
+        let arrival = f(&by_id[id]["arrival_time_ms"]);
+        let expected = match row.get("wait_for").and_then(Value::as_array) {
+            None => f(&row["timestamp"]) - first_root,
+            Some(waits) => {
+                let delay =
+                    row.get("delay").map_or(0.0, f) + row.get("tool_wait_ms").map_or(0.0, f);
+                waits
+                    .iter()
+                    .map(|w| f(&by_id[w.as_str().expect("id")]["terminal_time_ms"]))
+                    .fold(f64::NEG_INFINITY, f64::max)
+                    + delay
+            }
+        };
+        assert!(
+            (arrival - expected).abs() < 1e-9,
+            "{id}: arrived {arrival}, expected {expected}"
+        );
+    }
+}
+
+#[test]
+fn version_2_reads_as_its_legacy_rows_and_spawns_on_dispatch() {
+    let dir = scratch();
+    let v2 = repo("testdata/traces/agentic_v2.jsonl");
+    let rows = lines(Path::new(&v2));
+    // The same graph as legacy rows, in the order version 2 gives its requests, without
+    // the spawned sub-agent (legacy rows cannot spawn).
+    let legacy: Vec<Value> = rows[1..]
+        .iter()
+        .filter(|r| r["request_id"] != "a0-sub")
+        .map(|r| {
+            let mut row = json!({
+                "request_id": r["request_id"],
+                "session_id": r["session_id"],
+                "input_length": r["input_length"],
+                "output_length": r["output_length"],
+                "hash_ids": r["hash_ids"],
+            });
+            match r.get("dependencies").and_then(Value::as_array) {
+                None => row["timestamp"] = r["not_before_ms"].clone(),
+                Some(deps) => {
+                    row["wait_for"] = deps.iter().map(|d| d["request_id"].clone()).collect();
+                    row["delay"] = deps[0]["delay_ms"].clone();
+                }
+            }
+            row
+        })
+        .collect();
+    let legacy_file = dir.path().join("legacy.jsonl");
+    write_lines(&legacy_file, &legacy);
+    let without_spawn = dir.path().join("v2.jsonl");
+    write_lines(
+        &without_spawn,
+        &rows
+            .iter()
+            .filter(|r| r["request_id"] != "a0-sub")
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    let format = ["--trace-format", "agentic_mooncake"];
+    let (a, _) = simulate(
+        dir.path(),
+        "legacy-run",
+        &[
+            &legacy_file.display().to_string(),
+            format[0],
+            format[1],
+            "--trace-block-size",
+            "64",
+        ],
+    );
+    let (b, _) = simulate(
+        dir.path(),
+        "v2-run",
+        &[&without_spawn.display().to_string(), format[0], format[1]],
+    );
+    for (key, value) in a.as_object().expect("report") {
+        if !key.contains("wall") && !key.starts_with("processed_") {
+            assert_eq!(&b[key], value, "{key}");
+        }
+    }
+    // With the spawn: a0-sub is sent 15 ms after a0-plan is.
+    let (_, records) = simulate(dir.path(), "spawn", &[&v2, format[0], format[1]]);
+    let arrival = |session: &str| {
+        records
+            .iter()
+            .find(|r| r["session_id"] == session)
+            .map(|r| f(&r["arrival_time_ms"]))
+            .expect(session)
+    };
+    let plan = records
+        .iter()
+        .filter(|r| r["session_id"] == "a0")
+        .map(|r| f(&r["arrival_time_ms"]))
+        .fold(f64::INFINITY, f64::min);
+    assert_eq!(arrival("a0-sub"), plan + 15.0);
+}
+
+#[test]
+fn dynamo_shards_read_as_one_trace_in_the_order_requests_were_received() {
+    let dir = scratch();
+    let part0 = repo("testdata/traces/dynamo_trace.part0.jsonl");
+    let part1 = repo("testdata/traces/dynamo_trace.part1.jsonl.gz");
+    let (report, records) = simulate(
+        dir.path(),
+        "dynamo",
+        &[&part0, &part1, "--trace-format", "dynamo"],
+    );
+    assert_eq!(report["completed_requests"].as_u64(), Some(60));
+    // The slice it was made from: the same requests at the same offsets.
+    let slice = lines(Path::new(&repo(
+        "testdata/mooncake/conversation_head300.jsonl",
+    )));
+    let mut arrivals: Vec<f64> = records.iter().map(|r| f(&r["arrival_time_ms"])).collect();
+    arrivals.sort_by(f64::total_cmp);
+    let first = f(&slice[0]["timestamp"]);
+    let expected: Vec<f64> = slice[..60]
+        .iter()
+        .map(|r| (f(&r["timestamp"]) - first).floor())
+        .collect();
+    assert_eq!(arrivals, expected);
+    let input: u64 = slice[..60]
+        .iter()
+        .map(|r| r["input_length"].as_u64().expect("input"))
+        .sum();
+    assert_eq!(report["total_input_tokens"].as_u64(), Some(input));
+}
+
+#[test]
+fn bad_traces_are_one_line_errors_naming_line_and_field() {
+    let dir = scratch();
+    let row = |id: &str, waits: &[&str]| {
+        json!({"request_id": id, "input_length": 64, "output_length": 4, "hash_ids": [1],
+               "timestamp": 0, "wait_for": waits})
+    };
+    let header = json!({"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 64,
+        "hash_id_scope": "local", "source": {"format": "t", "digest": "d"}});
+    let v2_row = json!({"request_id": "a", "play_id": "p", "session_id": "s", "model": "m",
+        "input_length": 64, "output_length": 4, "hash_ids": [1], "not_before_ms": 0});
+    let end = |extra: Value| {
+        let mut r = json!({"schema": "dynamo.request.trace.v1", "event_type": "request_end",
+            "event_time_unix_ms": 1000, "request": {"request_id": "r", "output_tokens": 3,
+            "request_received_ms": 10, "replay": {"trace_block_size": 64, "input_length": 64,
+            "input_sequence_hashes": [5]}}});
+        if let Value::Object(m) = extra {
+            for (k, v) in m {
+                r[k] = v;
+            }
+        }
+        r
+    };
+    let cases: Vec<(&str, Vec<Value>, &str)> = vec![
+        (
+            "agentic_mooncake",
+            vec![row("a", &[]), row("b", &["c"])],
+            "line 2: wait_for: no request has the id \"c\"",
+        ),
+        (
+            "agentic_mooncake",
+            vec![row("a", &["b"]), row("b", &["a"])],
+            "line 1: dependencies: \"a\" is on a cycle",
+        ),
+        (
+            "agentic_mooncake",
+            vec![row("a", &[]), row("a", &[])],
+            "line 2: request_id: \"a\" is already the id of line 1",
+        ),
+        (
+            "agentic_mooncake",
+            vec![row("a", &["a"])],
+            "line 1: wait_for: a request cannot wait for itself",
+        ),
+        (
+            "agentic_mooncake",
+            vec![json!({"input_length": 64, "output_length": 4, "hash_ids": [1]})],
+            "line 1: request_id: missing field",
+        ),
+        (
+            "agentic_mooncake",
+            vec![json!({"schema": "dynamo.agentic_mooncake", "version": 3})],
+            "line 1: version: version 3 is not supported",
+        ),
+        (
+            "agentic_mooncake",
+            vec![header.clone(), {
+                let mut r = v2_row.clone();
+                r.as_object_mut().expect("row").remove("not_before_ms");
+                r
+            }],
+            "line 2: not_before_ms: missing field",
+        ),
+        (
+            "agentic_mooncake",
+            vec![header.clone(), {
+                let mut r = v2_row.clone();
+                r["hash_ids"] = json!([1, 2]);
+                r
+            }],
+            "line 2: hash_ids: input_length 64 at block_size 64 needs exactly 1 hash ids, got 2",
+        ),
+        (
+            "agentic_mooncake",
+            vec![header, {
+                let mut r = v2_row;
+                r["dependencies"] = json!([{"request_id": "a", "trigger": "dispatch",
+                    "delay_ms": 0, "relation": "join"}]);
+                r
+            }],
+            "line 2: dependencies.trigger: a join dependency fires on completion only",
+        ),
+        (
+            "mooncake-delta",
+            vec![json!({"session_id": "s", "hash_ids": [1], "output_length": 2, "delay": 5})],
+            "line 1: delay: the first turn of a session cannot carry a delay",
+        ),
+        (
+            "dynamo",
+            vec![end(json!({"request": {"request_id": "r", "replay": {}}}))],
+            "line 1: request.output_tokens: missing field",
+        ),
+        (
+            "dynamo",
+            vec![end(json!({"agent_context": {"session_id": "s"}}))],
+            "line 1: agent_context: agentic Dynamo traces are not read yet",
+        ),
+        (
+            "dynamo",
+            vec![end(json!({"schema": "dynamo.request.trace.v2"}))],
+            "line 1: schema: expected \"dynamo.request.trace.v1\"",
+        ),
+        (
+            "dynamo",
+            vec![end(json!({})), end(json!({}))],
+            "line 2: request.request_id: \"r\" ends twice",
+        ),
+    ];
+    for (i, (format, rows, expected)) in cases.into_iter().enumerate() {
+        let path = dir.path().join(format!("bad{i}.jsonl"));
+        write_lines(&path, &rows);
+        let shown = path.display().to_string();
+        let out = kvtrace([
+            "simulate",
+            &shown,
+            "--trace-format",
+            format,
+            "-q",
+            "--report-json",
+            &dir.path().join("r.json").display().to_string(),
+        ]);
+        let err = one_line_error(&out, 1);
+        assert!(
+            err.contains(&format!("{shown}: {expected}")),
+            "{format}: {err}"
+        );
+    }
+}
