@@ -245,6 +245,53 @@ fn a_single_prompt_matches_the_timing_model_spot_check() {
     assert!((get("mean_itl_ms") - 0.72162).abs() < 1e-5);
 }
 
+/// The two references' vLLM pass timing, computed here from the polynomial model: Dynamo
+/// 1.4.2 adds a decode step to the pass that completes a prompt, timed by the KV blocks the
+/// pool holds; AISimulate 0.13 samples the first token from the prefill pass, and times each
+/// decode step by the decoding requests' context lengths.
+#[test]
+fn engine_version_selects_whose_pass_timing_the_engine_follows() {
+    let dir = scratch();
+    let trace = dir.path().join("one.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 3, \"hash_ids\": [1, 2]}\n",
+    )
+    .expect("write");
+    let prefill = |n: f64| 4.209989e-07 * n * n + 1.518344e-02 * n + 1.650142e+01;
+    let decode = |u: f64| -25.74 * u * u + 54.01 * u + 5.74;
+    let capacity = 16384.0 * 64.0;
+    let ns = |ms: f64| (ms * 1e6).round() / 1e6;
+    for (version, ttft, itl) in [
+        (
+            "dynamo-1.4.2",
+            ns(prefill(1000.0)) + ns(decode(1024.0 / capacity)),
+            // Tokens 1001 and 1002 still fit the 16 blocks of 64 the prompt filled.
+            ns(decode(1024.0 / capacity)),
+        ),
+        (
+            "aisimulate-0.13",
+            ns(prefill(1000.0)),
+            ns(decode(1001.0 / capacity)),
+        ),
+    ] {
+        let r = simulate(
+            dir.path(),
+            &[
+                &trace.display().to_string(),
+                "--extra-engine-args",
+                &format!("{{\"engine_version\": \"{version}\"}}"),
+            ],
+        );
+        let get = |k: &str| r[k].as_f64().expect(k);
+        assert!(
+            (get("mean_ttft_ms") - ttft).abs() < 1e-9,
+            "{version}: {r:?}"
+        );
+        assert!((get("min_itl_ms") - itl).abs() < 1e-9, "{version}: {r:?}");
+    }
+}
+
 #[test]
 fn meaningless_combinations_are_one_line_usage_errors() {
     let trace = mooncake_slice();

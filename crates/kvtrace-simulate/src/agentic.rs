@@ -14,6 +14,8 @@
 //!
 //! A request with no dependencies arrives at its timestamp; one with dependencies once every
 //! dependency has fired and its delay has passed, and never before its own `not_before_ms`.
+//! Time 0 is the earliest `not_before_ms` (version 2) or the first legacy request that waits
+//! for nothing.
 //! Version 2 requests are ordered by `request_id`, legacy rows stay in file order; the order
 //! settles ties between equal arrival times.
 //! Unknown ids, self-dependencies, cross-play dependencies and cycles are errors naming the
@@ -399,11 +401,12 @@ fn build(mut nodes: Vec<Node>, versioned: bool) -> Result<Workload> {
     if versioned {
         check_plays(&nodes, &waits)?;
     }
-    // The first request that waits for nothing arrives at time 0.
+    // Time 0 is the earliest `not_before_ms` of all version 2 requests (AISimulate's
+    // normalisation), the first legacy request that waits for nothing (Dynamo 1.4.2's).
     let origin = nodes
         .iter()
         .zip(&waits)
-        .filter(|(_, w)| w.is_empty())
+        .filter(|(_, w)| versioned || w.is_empty())
         .map(|(n, _)| n.not_before_ms)
         .fold(f64::INFINITY, f64::min);
     let sessions = nodes

@@ -147,6 +147,20 @@ pub struct EngineArgs {
     pub kv_transfer_bandwidth: Option<f64>,
     pub kv_transfer_timing: TransferTiming,
     pub sglang: SglangArgs,
+    /// Whose scheduler model the engine follows where the two disagree.
+    pub engine_version: EngineVersion,
+}
+
+/// The reference whose vLLM pass timing the engine reproduces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EngineVersion {
+    /// Dynamo 1.4.2's mocker: every request that emits in a pass pays the decode step, whose
+    /// time follows the KV blocks resident in the pool.
+    #[default]
+    Dynamo142,
+    /// AISimulate 0.13's engine: the first token comes out of the prefill forward pass for
+    /// free, and the decode step's time follows the decoding requests' context lengths.
+    Aisimulate013,
 }
 
 /// Which prompt tokens a handoff moves over the link.
@@ -180,6 +194,7 @@ impl Default for EngineArgs {
             kv_transfer_bandwidth: None,
             kv_transfer_timing: TransferTiming::FullPrompt,
             sglang: SglangArgs::default(),
+            engine_version: EngineVersion::Dynamo142,
         }
     }
 }
@@ -219,6 +234,8 @@ struct Raw {
     router_queue_policy: Option<String>,
     sglang: Option<Json>,
     trtllm: Option<Json>,
+    /// kvtrace's own: "dynamo-1.4.2" (default) or "aisimulate-0.13".
+    engine_version: Option<String>,
     // Accepted for compatibility; they select models or live-mode plumbing kvtrace does not
     // have, so a value other than null is reported.
     g1_backend: Option<Json>,
@@ -354,6 +371,15 @@ impl EngineArgs {
         if let Some(tp) = raw.aic_tp_size {
             args.tp_size = tp.max(1);
         }
+        args.engine_version = match raw.engine_version.as_deref() {
+            None | Some("dynamo-1.4.2") => EngineVersion::Dynamo142,
+            Some("aisimulate-0.13") => EngineVersion::Aisimulate013,
+            Some(other) => {
+                return Err(format!(
+                    "engine_version {other:?}: expected dynamo-1.4.2 or aisimulate-0.13"
+                ))
+            }
+        };
         args.kv_bytes_per_token = raw.kv_bytes_per_token;
         args.kv_transfer_bandwidth = raw.kv_transfer_bandwidth;
         args.kv_transfer_timing = match raw.kv_transfer_timing_mode.as_deref() {
@@ -389,6 +415,12 @@ impl EngineArgs {
                     "{name} is accepted but not modelled; the polynomial timing model applies"
                 ));
             }
+        }
+        if args.engine_version != EngineVersion::Dynamo142 && args.engine_type != EngineType::Vllm {
+            warnings.push(
+                "engine_version aisimulate-0.13 changes the vllm engine's pass timing only; this engine keeps Dynamo 1.4.2's"
+                    .into(),
+            );
         }
         Ok(Parsed {
             args,
@@ -441,6 +473,10 @@ mod tests {
             (r#"{"worker_type": "both"}"#, "worker_type \"both\""),
             (r#"{"dp_size": 0}"#, "dp_size 0"),
             (r#"{"block_size": "x"}"#, "invalid type"),
+            (
+                r#"{"engine_version": "dynamo-1.6"}"#,
+                "engine_version \"dynamo-1.6\": expected dynamo-1.4.2 or aisimulate-0.13",
+            ),
         ] {
             let e = EngineArgs::from_json(json).err().expect(json);
             assert!(e.contains(expected), "{json}: {e}");

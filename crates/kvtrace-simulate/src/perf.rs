@@ -16,7 +16,7 @@ pub fn prefill_ms(batch: u64, mean_isl: u64, mean_prefix: u64) -> f64 {
 }
 
 /// Decode milliseconds for one token of `batch` requests: a function of the KV pool's
-/// occupancy only (not of batch size or context length), never below 1 ms.
+/// occupancy only (not of batch size or context length; at most full), never below 1 ms.
 pub fn decode_ms(batch: u64, active_kv_tokens: u64, total_kv_tokens: u64) -> f64 {
     if batch == 0 {
         return 0.0;
@@ -24,7 +24,7 @@ pub fn decode_ms(batch: u64, active_kv_tokens: u64, total_kv_tokens: u64) -> f64
     let u = if total_kv_tokens == 0 {
         1.0
     } else {
-        active_kv_tokens as f64 / total_kv_tokens as f64
+        (active_kv_tokens as f64 / total_kv_tokens as f64).min(1.0)
     };
     (-25.74 * u * u + 54.01 * u + 5.74).max(1.0)
 }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::args::{EngineArgs, EngineType, Preemption, WorkerType};
+use super::args::{EngineArgs, EngineType, EngineVersion, Preemption, WorkerType};
 use super::blocks::{BlockPool, Reservation};
 use super::engine::{DestinationQueue, KvConnector, PassOutput, Request, RequestId, Reserved};
 use super::perf;
@@ -51,6 +51,8 @@ struct Sequence {
     partial: bool,
     /// Got tokens in the current pass.
     scheduled: bool,
+    /// Computed prompt tokens in the current pass.
+    prompt_scheduled: bool,
     /// Its prompt's KV went to the external store (once, even if preempted later).
     stored: bool,
     /// Its prompt's KV arrives computed (a decode worker's handoff): admission costs no
@@ -76,6 +78,7 @@ impl Sequence {
             decode_hashes: Vec::new(),
             partial: false,
             scheduled: false,
+            prompt_scheduled: false,
             stored: false,
             prefilled: r.prefilled,
             preempted: false,
@@ -317,6 +320,7 @@ impl VllmEngine {
         let mut prefill = Prefill::default();
         for seq in &mut self.running {
             seq.scheduled = false;
+            seq.prompt_scheduled = false;
         }
         let mut scheduled_any = false;
         let mut i = 0;
@@ -360,6 +364,9 @@ impl VllmEngine {
         let block = u64::from(self.args.block_size);
         let decode_ms = if self.prefill_only || ready == 0 {
             0.0
+        } else if self.args.engine_version == EngineVersion::Aisimulate013 {
+            let (decoding, context) = self.decoding();
+            perf::decode_ms(decoding, context, self.pool.capacity() * block)
         } else {
             perf::decode_ms(
                 ready,
@@ -382,6 +389,20 @@ impl VllmEngine {
             .iter()
             .filter(|s| s.scheduled && s.computed == s.len() && !s.done())
             .count() as u64
+    }
+
+    /// AISimulate's decode step: the requests that emit this pass less those whose first
+    /// token an aggregated worker samples from the prefill forward pass, and the sum of
+    /// their context lengths.
+    fn decoding(&self) -> (u64, u64) {
+        let aggregated = self.args.worker_type == WorkerType::Aggregated;
+        self.running
+            .iter()
+            .filter(|s| s.scheduled && s.computed == s.len() && !s.done())
+            .filter(|s| !(aggregated && s.generated == 0 && s.prompt_scheduled))
+            .fold((0, 0), |(n, tokens), s| {
+                (n + 1, tokens + u64::from(s.len()))
+            })
     }
 
     /// The prompt tokens a waiting request finds cached, and the blocks of those that other
@@ -456,6 +477,7 @@ impl VllmEngine {
         seq.scheduled = true;
         let prompt_after = after.min(prompt_len);
         let prompt_tokens = prompt_after - prompt_before;
+        seq.prompt_scheduled = prompt_tokens > 0;
         if prompt_tokens > 0 && self.args.worker_type != WorkerType::Decode {
             prefill.add(prompt_before, prompt_after);
         }

@@ -1,0 +1,160 @@
+//! `aisim-harness`: one request trace through AISimulate's engine (`aisimulate-core` 0.13.0)
+//! with the settings `kvtrace simulate` is given, the report written as JSON. It loads the
+//! trace with AISimulate's own loaders and lowers it as AISimulate's runtime does for
+//! `aisimulate predict --stack engine` (timestamps normalised, round-robin placement,
+//! polynomial timing); only the flags below are understood.
+//!
+//! usage: aisim-harness TRACE... --trace-format F [--trace-block-size N] [--num-workers N]
+//!        [--extra-engine-args JSON] --report-json OUT
+
+use std::path::PathBuf;
+
+use aisimulate_core::replay::loadgen::{
+    load_agentic_mooncake, DynamoRequestTrace, Trace, WorkloadDriver,
+};
+use aisimulate_core::replay::{
+    ReplayEngineConfig, ReplayEngineFactory, ReplayRuntimeInput, ReplaySpec, ReplayTopology,
+    Replayer, CURRENT_REPLAY_SPEC_VERSION,
+};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Map, Value};
+
+struct Args {
+    traces: Vec<PathBuf>,
+    format: String,
+    trace_block_size: Option<usize>,
+    workers: usize,
+    engine_args: Map<String, Value>,
+    report: PathBuf,
+}
+
+fn parse() -> Result<Args> {
+    let mut it = std::env::args().skip(1);
+    let mut a = Args {
+        traces: Vec::new(),
+        format: "mooncake".into(),
+        trace_block_size: None,
+        workers: 1,
+        engine_args: Map::new(),
+        report: PathBuf::new(),
+    };
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--trace-format" => a.format = value()?,
+            "--trace-block-size" => a.trace_block_size = Some(value()?.parse()?),
+            "--num-workers" => a.workers = value()?.parse()?,
+            "--extra-engine-args" => {
+                a.engine_args = serde_json::from_str::<Value>(&value()?)?
+                    .as_object()
+                    .context("--extra-engine-args: a JSON object")?
+                    .clone()
+            }
+            "--report-json" => a.report = value()?.into(),
+            "--router-mode" => {
+                let mode = value()?;
+                if mode != "round_robin" {
+                    bail!("only round_robin placement is AISimulate's engine stack");
+                }
+            }
+            flag if flag.starts_with("--") => bail!("{flag}: not understood by the harness"),
+            path => a.traces.push(path.into()),
+        }
+    }
+    if a.traces.is_empty() || a.report.as_os_str().is_empty() {
+        bail!("usage: aisim-harness TRACE... --trace-format F --report-json OUT");
+    }
+    Ok(a)
+}
+
+/// The engine settings, Dynamo's engine-argument names mapped onto AISimulate's rank, with
+/// Dynamo's mocker defaults where the arguments are silent (the defaults kvtrace uses).
+fn engine(args: &Map<String, Value>) -> Result<ReplayEngineConfig> {
+    let mut rank = json!({
+        "backend": "vllm",
+        "block_size": 64,
+        "num_gpu_blocks": 16384,
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 8192,
+        "enable_prefix_caching": true,
+        "enable_chunked_prefill": true,
+        "timing_model": {"type": "polynomial"},
+    });
+    for (key, value) in args {
+        let key = match key.as_str() {
+            // kvtrace's selector of the model it follows; AISimulate is that model.
+            "engine_version" => continue,
+            "engine_type" => "backend",
+            "block_size"
+            | "num_gpu_blocks"
+            | "max_num_seqs"
+            | "max_num_batched_tokens"
+            | "enable_prefix_caching"
+            | "enable_chunked_prefill"
+            | "speedup_ratio"
+            | "decode_speedup_ratio"
+            | "preemption_mode" => key.as_str(),
+            other => bail!("engine argument {other}: not mapped by the harness"),
+        };
+        rank[key] = value.clone();
+    }
+    if rank["backend"] == "sglang" && args.get("block_size").is_none() {
+        rank["block_size"] = json!(1);
+    }
+    Ok(serde_json::from_value(json!({ "rank": rank }))?)
+}
+
+fn driver(a: &Args, engine_block_size: usize) -> Result<WorkloadDriver> {
+    let block = a.trace_block_size.unwrap_or(512);
+    let one = || -> Result<&PathBuf> {
+        match a.traces.as_slice() {
+            [path] => Ok(path),
+            _ => bail!("{} takes one trace file", a.format),
+        }
+    };
+    match a.format.as_str() {
+        "mooncake" => Trace::from_mooncake(one()?, block)?
+            .normalize_session_starts()?
+            .into_trace_driver_with_block_size(engine_block_size),
+        "mooncake-delta" => Trace::from_mooncake(one()?, block)?
+            .normalize_session_starts()?
+            .into_delta_accumulating_trace_driver_with_block_size(engine_block_size),
+        "agentic_mooncake" => load_agentic_mooncake(one()?, block)?
+            .normalize_starts()
+            .into_trace_driver_with_options(engine_block_size, true, None),
+        "dynamo" => {
+            match DynamoRequestTrace::from_request_trace_files(&a.traces, a.trace_block_size)? {
+                DynamoRequestTrace::Standard(trace) => trace
+                    .normalize_session_starts()?
+                    .into_trace_driver_with_block_size(engine_block_size),
+                DynamoRequestTrace::Agentic(graph) => graph
+                    .normalize_starts()
+                    .into_trace_driver_with_options(engine_block_size, true, None),
+            }
+        }
+        other => bail!("--trace-format {other}: not run by the harness"),
+    }
+}
+
+fn main() -> Result<()> {
+    let a = parse()?;
+    let engine = engine(&a.engine_args)?;
+    let block = engine.rank.block_size;
+    let spec = ReplaySpec {
+        version: CURRENT_REPLAY_SPEC_VERSION,
+        topology: ReplayTopology::aggregated(a.workers),
+        engine: serde_json::to_value(&engine)?,
+        adapters: Default::default(),
+        max_sim_time_ms: None,
+        max_in_flight: None,
+        record_per_request: false,
+        sla: Default::default(),
+        requests: Vec::new(),
+    };
+    let report = Replayer::new(spec, ReplayEngineFactory::new())?
+        .with_runtime_input(ReplayRuntimeInput::Workload(driver(&a, block)?))
+        .run()?;
+    std::fs::write(&a.report, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("writing {}", a.report.display()))?;
+    Ok(())
+}

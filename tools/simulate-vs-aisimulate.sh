@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Differential run of `kvtrace simulate` against AISimulate's own engine (crate aisimulate-core
+# 0.13.0, through tools/aisim-harness) over a matrix of configurations: prints, for each, every
+# report key the two share whose values differ (1e-9 relative), and the keys one of them lacks.
+# Timing keys (wall time and what divides by it) are skipped. kvtrace runs with the engine
+# argument "engine_version": "aisimulate-0.13" (the harness ignores it).
+#
+# usage: tools/simulate-vs-aisimulate.sh [CONFIGURATION...]
+#
+# The harness is built on first use (cargo build --release --manifest-path
+# tools/aisim-harness/Cargo.toml; minutes: it compiles AISimulate's engine and its
+# dependencies) into $AISIM_TARGET (default ../aisim-target). Exit status: 0 when every
+# configuration agrees, 1 otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kvtrace=${KVTRACE:-target/release/kvtrace}
+[ -x "$kvtrace" ] || cargo build --release --quiet
+target=${AISIM_TARGET:-../aisim-target}
+harness=$target/release/aisim-harness
+[ -x "$harness" ] || CARGO_TARGET_DIR=$target cargo build --release --quiet \
+    --manifest-path tools/aisim-harness/Cargo.toml
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+slice=testdata/mooncake/conversation_head300.jsonl
+t=testdata/traces
+v='"engine_version":"aisimulate-0.13"'
+block16="{\"block_size\":16,$v}"
+
+# Sets `args` for one configuration.
+configure() {
+    case $1 in
+    conversation-agg) args=(../shared/traces/mooncake/conversation_trace.jsonl --num-workers 4 --extra-engine-args "{\"block_size\":512,$v}") ;;
+    slice-agg) args=("$slice" --num-workers 4 --extra-engine-args "{\"block_size\":512,$v}") ;;
+    slice-pressure) args=("$slice" --num-workers 2 --extra-engine-args "{\"block_size\":64,\"num_gpu_blocks\":2000,$v}") ;;
+    slice-sglang) args=("$slice" --num-workers 4 --extra-engine-args "{\"block_size\":64,\"engine_type\":\"sglang\",$v}") ;;
+    delta-agg) args=("$t/mooncake_delta.jsonl" --trace-format mooncake-delta --trace-block-size 64 --num-workers 2 --extra-engine-args "$block16") ;;
+    delta-sglang) args=("$t/mooncake_delta.jsonl" --trace-format mooncake-delta --trace-block-size 64 --num-workers 2 --extra-engine-args "{\"block_size\":16,\"engine_type\":\"sglang\",$v}") ;;
+    agentic-legacy) args=("$t/agentic_legacy.jsonl" --trace-format agentic_mooncake --trace-block-size 64 --num-workers 2 --extra-engine-args "$block16") ;;
+    agentic-v2) args=("$t/agentic_v2.jsonl" --trace-format agentic_mooncake --num-workers 2 --extra-engine-args "$block16") ;;
+    dynamo-shards) args=("$t/dynamo_trace.part0.jsonl" "$t/dynamo_trace.part1.jsonl.gz" --trace-format dynamo --num-workers 2 --extra-engine-args "{\"block_size\":64,$v}") ;;
+    *) echo "unknown configuration $1" >&2; exit 2 ;;
+    esac
+}
+
+matrix=(conversation-agg slice-agg slice-pressure slice-sglang delta-agg delta-sglang agentic-legacy agentic-v2 dynamo-shards)
+[ $# -gt 0 ] && matrix=("$@")
+status=0
+for name in "${matrix[@]}"; do
+    configure "$name"
+    "$kvtrace" simulate "${args[@]}" --router-mode round_robin -q --report-json "$work/$name.kvtrace.json"
+    "$harness" "${args[@]}" --report-json "$work/$name.aisim.json"
+    python3 - "$name" "$work/$name.kvtrace.json" "$work/$name.aisim.json" <<'PY' || status=1
+import json, sys
+name, ours, theirs = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+live = {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"}
+differ = []
+for key in sorted(set(ours) & set(theirs) - live):
+    a, b = ours[key], theirs[key]
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        if a != b and abs(a - b) > 1e-9 * max(abs(a), abs(b)):
+            differ.append(f"  {key}: kvtrace {a}, aisimulate {b}")
+    elif a != b:
+        differ.append(f"  {key}: kvtrace {a!r}, aisimulate {b!r}")
+only = sorted(set(ours) - set(theirs))
+shared = len(set(ours) & set(theirs) - live)
+print(f"{name}: {shared - len(differ)}/{shared} shared keys equal"
+      + (f"; only in kvtrace: {', '.join(only)}" if only else ""))
+print("\n".join(differ)) if differ else None
+sys.exit(1 if differ else 0)
+PY
+done
+exit $status
