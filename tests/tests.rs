@@ -37,6 +37,7 @@ mod simulate {
     mod dynamo_parity;
     pub(crate) mod engines;
     mod live_metrics;
+    mod prediction;
     mod trace_formats;
 }
 

@@ -253,6 +253,10 @@ pub struct SyntheticSpec {
     pub arrivals: SyntheticArrivals,
     /// Picks each session's prefix group.
     pub seed: u64,
+    /// A turn's prompt is the session's previous prompt, that turn's output and the turn's
+    /// own input (AISimulate's `synthetic-session`), instead of a fresh prompt per turn
+    /// (Dynamo 1.4.2's).
+    pub carry_history: bool,
 }
 
 impl SyntheticSpec {
@@ -272,6 +276,7 @@ impl SyntheticSpec {
             *interned.entry(raw).or_insert(next)
         };
         let mut next_fresh = 1u64;
+        let mut next_output = 0u64;
         let sessions = self
             .arrivals
             .timestamps(self.count)
@@ -280,7 +285,7 @@ impl SyntheticSpec {
             .map(|(i, start_ms)| {
                 let group =
                     grouped.then(|| rng.random_range(0..self.prefix_groups as usize) as u64);
-                let turns = (0..self.turns.max(1))
+                let mut turns: Vec<Turn> = (0..self.turns.max(1))
                     .map(|t| {
                         let mut ids = Vec::with_capacity(blocks as usize);
                         if let Some(group) = group {
@@ -308,6 +313,19 @@ impl SyntheticSpec {
                         }
                     })
                     .collect();
+                if self.carry_history {
+                    for t in 1..turns.len() {
+                        let output = Run {
+                            id: intern(OUTPUT_TAG | next_output),
+                            tokens: turns[t - 1].output_length,
+                        };
+                        next_output += 1;
+                        turns[t - 1].output_content = Some(output.id);
+                        let mut runs = vec![output];
+                        runs.extend_from_slice(&turns[t].prompt.runs);
+                        turns[t].prompt = turns[t - 1].prompt.extended(&runs);
+                    }
+                }
                 Session {
                     id: (self.turns > 1).then(|| format!("session-{i}")),
                     start_ms,
@@ -328,6 +346,8 @@ impl SyntheticSpec {
 
 /// Marks a prefix group's block ids apart from the fresh ones (which count up from 1).
 const GROUP_PREFIX_TAG: u64 = 0xD00D_0000_0000_0000;
+/// Marks the content of a turn's output (a session carrying its history).
+const OUTPUT_TAG: u64 = 0xF0A7_0000_0000_0000;
 
 #[cfg(test)]
 mod tests {
@@ -381,6 +401,7 @@ mod tests {
                 seed: 42,
             },
             seed: 42,
+            carry_history: false,
         };
         let w = spec.build();
         assert_eq!(w.request_count(), 60);

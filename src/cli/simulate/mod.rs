@@ -14,6 +14,7 @@ use kvtrace::simulate::spans::request_span;
 use kvtrace::storage::config::{L2Io, StorageConfig};
 
 pub(super) mod plan;
+mod prediction;
 
 use super::otlp::{self, OtlpArgs};
 use super::prometheus::PrometheusArgs;
@@ -197,6 +198,80 @@ pub(super) struct Args {
     otlp: OtlpArgs,
     #[command(flatten)]
     prometheus: PrometheusArgs,
+    /// AISimulate's prediction interface: a prediction YAML (traffic, engine, router, planner,
+    /// evaluation) instead of the flags above; writes OUTPUT_DIR/prediction.json
+    #[arg(
+        long,
+        value_name = "YAML",
+        help_heading = "AISimulate prediction",
+        conflicts_with_all = [
+            "traces", "trace_format", "replay_mode", "router_mode", "num_workers",
+            "num_prefill_workers", "num_decode_workers", "replay_concurrency",
+            "arrival_speedup_ratio", "trace_block_size", "input_tokens", "output_tokens",
+            "request_count", "request_rate", "arrival_seed", "arrival_interval_ms",
+            "turns_per_session", "shared_prefix_ratio", "num_prefix_groups",
+            "inter_turn_delay_ms", "extra_engine_args", "prefill_engine_args",
+            "decode_engine_args", "router_config", "seed", "report_json", "report_jsonl",
+            "report_csv", "report_xlsx", "sla_ttft_ms", "sla_itl_ms", "sla_e2e_ms",
+            "per_request_metrics",
+            "storage", "record",
+        ]
+    )]
+    config: Option<PathBuf>,
+    /// Set PATH (dotted, e.g. traffic.load.concurrency) to VALUE (YAML) after reading the
+    /// configuration; repeatable, the last assignment to a path wins
+    #[arg(
+        long = "set",
+        value_name = "PATH=VALUE",
+        help_heading = "AISimulate prediction",
+        requires = "config"
+    )]
+    sets: Vec<String>,
+    /// Where prediction.json (and requests.jsonl) go
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "aisimulate-output",
+        help_heading = "AISimulate prediction",
+        requires = "config"
+    )]
+    output_dir: PathBuf,
+    /// Replace prediction.json and requests.jsonl in an existing output directory
+    #[arg(long, help_heading = "AISimulate prediction", requires = "config")]
+    overwrite: bool,
+    /// Write one record per request to OUTPUT_DIR/requests.jsonl
+    #[arg(long, help_heading = "AISimulate prediction", requires = "config")]
+    capture_per_request: bool,
+    /// table: the metrics table; json: the report as one JSON object on stdout
+    #[arg(
+        long,
+        value_enum,
+        default_value = "table",
+        help_heading = "AISimulate prediction",
+        requires = "config"
+    )]
+    format: OutputFormat,
+    /// engine: the engines alone (round robin); dynamo: with the router section
+    #[arg(
+        long,
+        value_enum,
+        default_value = "engine",
+        help_heading = "AISimulate prediction",
+        requires = "config"
+    )]
+    stack: Stack,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Stack {
+    Engine,
+    Dynamo,
 }
 
 impl Args {
@@ -227,6 +302,20 @@ impl Args {
     }
 
     pub(super) fn options(&self) -> Result<Options, Error> {
+        if let Some(config) = &self.config {
+            let run = prediction::Run {
+                stack: match self.stack {
+                    Stack::Engine => "engine",
+                    Stack::Dynamo => "dynamo",
+                }
+                .into(),
+                output_dir: self.output_dir.clone(),
+                capture_per_request: self.capture_per_request,
+            };
+            return prediction::read(config, &self.sets)?
+                .options(&run)
+                .map_err(|e| e.in_file(config.display()));
+        }
         Ok(Options {
             traces: self.traces.clone(),
             trace_format: match self.trace_format {
@@ -235,6 +324,7 @@ impl Args {
                 TraceFormatArg::AgenticMooncake => TraceFormat::AgenticMooncake,
                 TraceFormatArg::Dynamo => TraceFormat::Dynamo,
             },
+            carry_history: false,
             online: matches!(self.replay_mode, ReplayMode::Online),
             router: match self.router_mode {
                 RouterKind::RoundRobin => Router::RoundRobin,
@@ -279,6 +369,25 @@ impl Args {
     }
 }
 
+/// A prediction's output directory: made when absent; an existing one must be empty unless
+/// `--overwrite` lets its prediction.json and requests.jsonl be replaced (other files stay).
+fn prepare_output_dir(dir: &std::path::Path, overwrite: bool) -> Result<(), Error> {
+    let shown = dir.display().to_string();
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => {
+            if entries.next().is_some() && !overwrite {
+                return Err(Error::usage(format!(
+                    "--output-dir {shown} exists and is not empty: choose another or add --overwrite"
+                )));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io("cannot create the output directory", e).in_file(&shown)),
+        Err(e) => Err(Error::io("cannot read the output directory", e).in_file(&shown)),
+    }
+}
+
 fn progress_bar(quiet: bool) -> ProgressBar {
     if quiet || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
@@ -317,7 +426,18 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
             "KV offload (--storage, tier flags, --record) runs offline only: its calls follow the simulated clock",
         ));
     }
-    let mut plan = plan::plan(&args.options()?)?;
+    let options = args.options()?;
+    if args.config.is_some() {
+        prepare_output_dir(&args.output_dir, args.overwrite)?;
+        crate::cli::guard(
+            options.traces.iter().map(PathBuf::as_path),
+            [&options.report_json, &options.report_jsonl]
+                .into_iter()
+                .flatten()
+                .map(PathBuf::as_path),
+        )?;
+    }
+    let mut plan = plan::plan(&options)?;
     let trace = args.traces.first().map(|t| t.display().to_string());
     let served = args
         .prometheus
@@ -366,7 +486,14 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
     if let Some(served) = served {
         served.finish(args.quiet);
     }
-    if !args.quiet {
+    if args.config.is_some() && matches!(args.format, OutputFormat::Json) {
+        let path = &finished.report_path;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io("cannot read back", e).in_file(path.display()))?;
+        let report: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::bad_input(format!("{}: {e}", path.display())))?;
+        print_stdout(&format!("{report}\n"))?;
+    } else if !args.quiet {
         say_recorded(&finished.recordings);
         print_stdout(&format!(
             "{}Saved full report to: {}\n",

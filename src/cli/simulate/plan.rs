@@ -49,6 +49,8 @@ pub(crate) struct Options {
     /// workload below.
     pub(crate) traces: Vec<PathBuf>,
     pub(crate) trace_format: TraceFormat,
+    /// Synthetic sessions whose turns extend the previous prompt and output.
+    pub(crate) carry_history: bool,
     /// Live worker threads on the wall clock instead of virtual time.
     pub(crate) online: bool,
     pub(crate) router: Router,
@@ -102,6 +104,7 @@ impl Default for Options {
         Options {
             traces: Vec::new(),
             trace_format: TraceFormat::Mooncake,
+            carry_history: false,
             online: false,
             router: Router::RoundRobin,
             num_workers: None,
@@ -471,6 +474,7 @@ fn workload(o: &Options, block_size: u32) -> Result<Workload> {
         block_size,
         arrivals,
         seed: o.seed,
+        carry_history: o.carry_history,
     }
     .build())
 }
