@@ -37,8 +37,10 @@ mod simulate {
     mod dynamo_parity;
     pub(crate) mod engines;
     mod live_metrics;
+    mod offload_link;
     mod prediction;
     mod trace_formats;
+    mod weka;
 }
 
 /// The storage benchmark: kv-cache.py's run and outputs, MLPerf Storage's Options.

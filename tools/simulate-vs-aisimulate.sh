@@ -5,6 +5,9 @@
 # Timing keys (wall time and what divides by it) are skipped. kvtrace runs with the engine
 # argument "engine_version": "aisimulate-0.13" (the harness ignores it).
 #
+# Each side's whole process is also timed, the best of $RUNS runs (default 3, interleaved), and
+# the line ends with both times and their ratio: the speed row of issue 36.
+#
 # usage: tools/simulate-vs-aisimulate.sh [CONFIGURATION...]
 #
 # The harness is built on first use (cargo build --release --manifest-path
@@ -38,21 +41,32 @@ configure() {
     delta-sglang) args=("$t/mooncake_delta.jsonl" --trace-format mooncake-delta --trace-block-size 64 --num-workers 2 --extra-engine-args "{\"block_size\":16,\"engine_type\":\"sglang\",$v}") ;;
     agentic-legacy) args=("$t/agentic_legacy.jsonl" --trace-format agentic_mooncake --trace-block-size 64 --num-workers 2 --extra-engine-args "$block16") ;;
     agentic-v2) args=("$t/agentic_v2.jsonl" --trace-format agentic_mooncake --num-workers 2 --extra-engine-args "$block16") ;;
+    weka) args=("$t/weka_sample.jsonl" --trace-format weka --num-workers 2 --extra-engine-args "$block16") ;;
     dynamo-shards) args=("$t/dynamo_trace.part0.jsonl" "$t/dynamo_trace.part1.jsonl.gz" --trace-format dynamo --num-workers 2 --extra-engine-args "{\"block_size\":64,$v}") ;;
     *) echo "unknown configuration $1" >&2; exit 2 ;;
     esac
 }
 
-matrix=(conversation-agg slice-agg slice-pressure slice-sglang delta-agg delta-sglang agentic-legacy agentic-v2 dynamo-shards)
+matrix=(conversation-agg slice-agg slice-pressure slice-sglang delta-agg delta-sglang agentic-legacy agentic-v2 weka dynamo-shards)
 [ $# -gt 0 ] && matrix=("$@")
 status=0
 for name in "${matrix[@]}"; do
     configure "$name"
-    "$kvtrace" simulate "${args[@]}" --router-mode round_robin -q --report-json "$work/$name.kvtrace.json"
-    "$harness" "${args[@]}" --report-json "$work/$name.aisim.json"
-    python3 - "$name" "$work/$name.kvtrace.json" "$work/$name.aisim.json" <<'PY' || status=1
+    best_k= best_a=
+    for _ in $(seq "${RUNS:-3}"); do
+        t0=$(date +%s%N)
+        "$kvtrace" simulate "${args[@]}" --router-mode round_robin -q --report-json "$work/$name.kvtrace.json"
+        t1=$(date +%s%N)
+        "$harness" "${args[@]}" --report-json "$work/$name.aisim.json"
+        t2=$(date +%s%N)
+        k=$(( (t1 - t0) / 1000000 )) a=$(( (t2 - t1) / 1000000 ))
+        [ -z "$best_k" ] || [ "$k" -lt "$best_k" ] && best_k=$k
+        [ -z "$best_a" ] || [ "$a" -lt "$best_a" ] && best_a=$a
+    done
+    python3 - "$name" "$work/$name.kvtrace.json" "$work/$name.aisim.json" "$best_k" "$best_a" <<'PY' || status=1
 import json, sys
 name, ours, theirs = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+ours_ms, theirs_ms = int(sys.argv[4]), int(sys.argv[5])
 live = {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"}
 differ = []
 for key in sorted(set(ours) & set(theirs) - live):
@@ -65,7 +79,9 @@ for key in sorted(set(ours) & set(theirs) - live):
 only = sorted(set(ours) - set(theirs))
 shared = len(set(ours) & set(theirs) - live)
 print(f"{name}: {shared - len(differ)}/{shared} shared keys equal"
-      + (f"; only in kvtrace: {', '.join(only)}" if only else ""))
+      + (f"; only in kvtrace: {', '.join(only)}" if only else "")
+      + f"; whole process kvtrace {ours_ms} ms, aisimulate-core {theirs_ms} ms,"
+      + f" {theirs_ms / max(ours_ms, 1):.1f}x")
 print("\n".join(differ)) if differ else None
 sys.exit(1 if differ else 0)
 PY

@@ -94,6 +94,45 @@ fn a_trace_prediction_is_the_same_run_as_its_flags() {
 }
 
 #[test]
+fn a_weka_prediction_is_the_same_run_as_its_flags() {
+    let dir = scratch();
+    let sample = repo("testdata/traces/weka_sample.jsonl");
+    let config = write(
+        dir.path(),
+        "w.yaml",
+        &format!(
+            "traffic:\n  source: {{type: trace, format: weka, paths: [{sample}], nested_timestamp_basis: absolute}}\n  load: {{type: trace_timestamps}}\n{ENGINE}"
+        ),
+    );
+    let out_dir = captured(dir.path(), &config);
+    let flags = dir.path().join("flags.json");
+    let out = predict(&[
+        &sample,
+        "--trace-format",
+        "weka",
+        "--nested-timestamp-basis",
+        "absolute",
+        "--num-workers",
+        "2",
+        "--extra-engine-args",
+        r#"{"block_size":64,"num_gpu_blocks":4000,"engine_version":"aisimulate-0.13"}"#,
+        "--report-json",
+        &flags.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let (a, b) = (
+        read_json(&out_dir.join("prediction.json")),
+        read_json(&flags),
+    );
+    assert_eq!(b["num_requests"], 17);
+    for (key, value) in b.as_object().expect("report") {
+        if !key.contains("wall") && !key.starts_with("processed_") {
+            assert_eq!(&a[key], value, "{key}");
+        }
+    }
+}
+
+#[test]
 fn a_synthetic_session_carries_its_history_and_stops_per_load_unit() {
     let dir = scratch();
     let config = write(

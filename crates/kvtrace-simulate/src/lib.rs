@@ -1,12 +1,13 @@
 //! `kvtrace simulate`: request traces through simulated serving engines. Workloads
 //! ([`workload`]: synthetic ones, Mooncake traces read by [`mooncake`], agentic request
-//! graphs by [`agentic`], Dynamo's request traces by [`dynamo_trace`]) arrive on a virtual
+//! graphs by [`agentic`], Weka agent traces by [`weka`], Dynamo's request traces by
+//! [`dynamo_trace`]) arrive on a virtual
 //! clock ([`event_loop`]), a router ([`router`]) places them on mock engines ([`engine`]: vLLM
 //! and TRT-LLM in [`vllm`] with the KV pool of [`blocks`], SGLang in [`sglang`] with the radix
 //! cache of [`radix`], both timed by [`perf`]), disaggregated serving hands requests from
 //! prefill to decode workers ([`handoff`]), and the [`collector`] turns what happened into the
 //! [`summary`] and the [`report`]. With [`offload`], the engines share a StorageManager whose
-//! calls can be recorded as LMCT.
+//! calls can be recorded as LMCT, its L2 tier timed as a shared link ([`tier_link`]).
 
 #![warn(unreachable_pub)]
 
@@ -30,7 +31,9 @@ pub mod sglang;
 pub mod sketch;
 pub mod spans;
 pub mod summary;
+pub mod tier_link;
 pub mod vllm;
+pub mod weka;
 pub mod workload;
 
 // The crates below, under the paths this code has always used.

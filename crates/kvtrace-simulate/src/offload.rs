@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::engine::{KvConnector, RequestId};
 use super::summary::OffloadSummary;
+use super::tier_link::{Link, LinkConfig};
 use super::workload::Prompt;
 use crate::lmct::codec::{LockMode, MemoryLayoutDesc, ObjectKey, PrefetchTaskSpec};
 use crate::rng::hash32;
@@ -29,8 +30,12 @@ pub struct OffloadConfig {
     pub kv_bytes_per_token: u64,
     /// GB/s of a load from the store's L1 (host memory) into the GPU.
     pub l1_load_gbps: f64,
-    /// GB/s of a load that had to come from an L2 tier.
+    /// GB/s of a load that had to come from an L2 tier, when `l2_link` is not given: each
+    /// chunk adds its bytes over this to the pass, stores cost nothing and nothing queues.
     pub l2_load_gbps: f64,
+    /// The L2 tier as a measured, shared link: loads and stores take the tier's fitted cost
+    /// and wait for one of its lanes.
+    pub l2_link: Option<LinkConfig>,
     /// `model_name` of every key.
     pub model_name: String,
 }
@@ -95,6 +100,11 @@ pub struct Offload {
     layout: MemoryLayoutDesc,
     requests: HashMap<RequestId, Pending>,
     stats: OffloadStats,
+    /// The simulation's clock, in milliseconds, at the last [`Offload::advance_to`].
+    now_ms: f64,
+    link: Option<Link>,
+    /// L2 objects and bytes written when the link last charged them.
+    l2_charged: (u64, u64),
 }
 
 impl Offload {
@@ -102,18 +112,39 @@ impl Offload {
     pub fn new(sm: Traced, config: OffloadConfig) -> Offload {
         Offload {
             layout: config.layout(),
+            link: config.l2_link.clone().map(Link::new),
+            l2_charged: sm.manager().l2_written(),
             sm,
             config,
             requests: HashMap::new(),
             stats: OffloadStats::default(),
+            now_ms: 0.0,
+        }
+    }
+
+    /// Puts the L2 writes the manager made since the last charge (stores, write-through
+    /// copies, demotions by an eviction pass) on the link, now; they hold its lanes.
+    fn charge_writes(&mut self) {
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        let (n, bytes) = self.sm.manager().l2_written();
+        let (n0, bytes0) = std::mem::replace(&mut self.l2_charged, (n, bytes));
+        let (count, total) = (n - n0, bytes - bytes0);
+        for i in 0..count {
+            // The bytes spread over the objects, the remainder on the first ones.
+            let each = total / count + u64::from(i < total % count);
+            link.write(self.now_ms, each);
         }
     }
 
     /// Moves the store's clock (TTLs, eviction ticks, recorded times) to `ms` of virtual time.
     pub fn advance_to(&mut self, ms: f64) {
         let secs = ms / 1e3;
+        self.now_ms = ms;
         self.sm.tracer().set_virtual_time(secs);
         self.sm.manager_mut().advance_to(secs);
+        self.charge_writes();
     }
 
     /// Cuts a request's prompt into chunk keys (full chunks only).
@@ -182,6 +213,7 @@ impl Offload {
             stored_chunks: s.stored_chunks,
             store_out_of_memory: s.store_out_of_memory,
             tiers: self.sm.manager().tier_stats(),
+            l2_link: self.link.as_ref().map(Link::summary),
         }
     }
 
@@ -244,8 +276,14 @@ impl KvConnector for Offload {
                 let bytes = self.config.chunk_bytes();
                 let l1 = range.clone().filter(|&c| c < p.l1_hit).count() as u64;
                 let l2 = range.len() as u64 - l1;
-                ms = (l1 * bytes) as f64 / (self.config.l1_load_gbps * 1e6)
-                    + (l2 * bytes) as f64 / (self.config.l2_load_gbps * 1e6);
+                ms = (l1 * bytes) as f64 / (self.config.l1_load_gbps * 1e6);
+                ms += match self.link.as_mut() {
+                    // The L2 chunks go out at once, over the lanes; the pass waits for the last.
+                    Some(link) => (0..l2)
+                        .map(|_| link.read(self.now_ms, bytes) - self.now_ms)
+                        .fold(0.0, f64::max),
+                    None => (l2 * bytes) as f64 / (self.config.l2_load_gbps * 1e6),
+                };
                 self.stats.loaded_tokens += u64::from(tokens);
                 self.stats.loaded_bytes += range.len() as u64 * bytes;
                 self.stats.load_ms += ms;
@@ -271,10 +309,13 @@ impl KvConnector for Offload {
         let reservation = self.sm.reserve_write(&fresh, &self.layout);
         if reservation.out_of_memory {
             self.stats.store_out_of_memory += 1;
+            // A reservation's evictions may have demoted objects to L2 all the same.
+            self.charge_writes();
             return;
         }
         if let Ok(n) = self.sm.finish_write(&fresh) {
             self.stats.stored_chunks += n.len() as u64;
         }
+        self.charge_writes();
     }
 }

@@ -9,6 +9,7 @@ use serde::{Serialize, Serializer};
 use serde_json::{Map, Value as Json};
 
 use crate::storage::TierStats;
+use crate::tier_link::LinkSummary;
 
 /// The nine figures the report gives for every distribution.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -59,6 +60,10 @@ pub struct OffloadSummary {
     pub stored_chunks: u64,
     pub store_out_of_memory: u64,
     pub tiers: Vec<TierStats>,
+    /// The L2 tier as a measured link (`--offload-calibration`); absent with the fixed
+    /// bandwidth model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub l2_link: Option<LinkSummary>,
 }
 
 /// A finished simulation's figures. `duration_ms` is virtual time; `wall_time_ms` is how long

@@ -11,6 +11,8 @@ use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::otel::SpanSink;
 use kvtrace::simulate::offload::DEFAULT_CHUNK_TOKENS;
 use kvtrace::simulate::spans::request_span;
+use kvtrace::simulate::tier_link::LinkConfig;
+use kvtrace::simulate::weka::NestedTimestamps;
 use kvtrace::storage::config::{L2Io, StorageConfig};
 
 pub(super) mod plan;
@@ -46,6 +48,16 @@ enum TraceFormatArg {
     AgenticMooncake,
     #[value(name = "dynamo")]
     Dynamo,
+    #[value(name = "weka")]
+    Weka,
+}
+
+/// How a Weka trace's sub-agent calls are timed.
+#[derive(Clone, Copy, ValueEnum)]
+enum NestedBasisArg {
+    Auto,
+    Absolute,
+    Relative,
 }
 
 /// Simulate serving a request trace (Mooncake JSONL) or a synthetic workload on mock engines
@@ -61,9 +73,15 @@ pub(super) struct Args {
     traces: Vec<PathBuf>,
     /// How the trace is written: mooncake (every row a whole prompt), mooncake-delta (a
     /// session's later rows hold only the new input), agentic_mooncake (requests that wait
-    /// for others; version 2 header or legacy rows), dynamo (Dynamo's request-trace records)
+    /// for others; version 2 header or legacy rows), dynamo (Dynamo's request-trace records),
+    /// weka (Weka/AgentX agent traces: a .json or .jsonl file or a directory of them, their
+    /// dependencies inferred as AISimulate infers them)
     #[arg(long, value_enum, default_value = "mooncake")]
     trace_format: TraceFormatArg,
+    /// weka: sub-agent calls' timestamps are absolute, relative to their marker, or auto
+    /// (relative when any comes before its marker)
+    #[arg(long, value_enum, default_value = "auto")]
+    nested_timestamp_basis: NestedBasisArg,
     /// offline: virtual time, as fast as possible, reproducible; online: live worker threads
     /// that sleep through every pass on the wall clock (speed it up with the engines'
     /// speedup_ratio and --arrival-speedup-ratio)
@@ -188,6 +206,26 @@ pub(super) struct Args {
         help_heading = "KV offload"
     )]
     offload_l2_gbps: f64,
+    /// KV offload: time the L2 tier as measured — per-call latency and bandwidth fitted by a
+    /// `kvtrace replay` summary JSON or a `kvtrace bench` report (their read_cost and
+    /// write_cost) — with its I/O workers as lanes every engine shares; stores then hold lanes
+    /// and loads wait behind them
+    #[arg(
+        long,
+        value_name = "REPORT.json",
+        help_heading = "KV offload",
+        conflicts_with = "offload_l2_gbps"
+    )]
+    offload_calibration: Option<PathBuf>,
+    /// KV offload: calls the calibrated L2 tier serves at once (default: the measured run's
+    /// I/O workers, 1 for synchronous I/O)
+    #[arg(
+        long,
+        value_name = "N",
+        help_heading = "KV offload",
+        requires = "offload_calibration"
+    )]
+    offload_l2_lanes: Option<u32>,
     /// KV offload: record every StorageManager call as an LMCT trace (a name ending in .zst
     /// is compressed), stamped with simulated time
     #[arg(long, value_name = "PATH", help_heading = "KV offload")]
@@ -205,8 +243,8 @@ pub(super) struct Args {
         value_name = "YAML",
         help_heading = "AISimulate prediction",
         conflicts_with_all = [
-            "traces", "trace_format", "replay_mode", "router_mode", "num_workers",
-            "num_prefill_workers", "num_decode_workers", "replay_concurrency",
+            "traces", "trace_format", "nested_timestamp_basis", "replay_mode", "router_mode",
+            "num_workers", "num_prefill_workers", "num_decode_workers", "replay_concurrency",
             "arrival_speedup_ratio", "trace_block_size", "input_tokens", "output_tokens",
             "request_count", "request_rate", "arrival_seed", "arrival_interval_ms",
             "turns_per_session", "shared_prefix_ratio", "num_prefix_groups",
@@ -214,7 +252,7 @@ pub(super) struct Args {
             "decode_engine_args", "router_config", "seed", "report_json", "report_jsonl",
             "report_csv", "report_xlsx", "sla_ttft_ms", "sla_itl_ms", "sla_e2e_ms",
             "per_request_metrics",
-            "storage", "record",
+            "storage", "record", "offload_calibration", "offload_l2_lanes",
         ]
     )]
     config: Option<PathBuf>,
@@ -301,6 +339,30 @@ impl Args {
         Ok(Some(config))
     }
 
+    /// The L2 tier's measured costs, from `--offload-calibration`.
+    fn l2_link(&self) -> Result<Option<LinkConfig>, Error> {
+        let Some(path) = &self.offload_calibration else {
+            return Ok(None);
+        };
+        if self.storage.is_none() && self.tiers.l1_size_gb.is_none() {
+            return Err(Error::usage(
+                "--offload-calibration times the KV offload's L2 tier: give --storage FILE or --l1-size-gb",
+            ));
+        }
+        let origin = path.display().to_string();
+        let text = std::fs::read(path).map_err(|e| Error::io(origin.clone(), e))?;
+        let report: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
+            Error::bad_input(format!("{origin}: {}", kvtrace::error::json_reason(&e)))
+        })?;
+        let mut link = LinkConfig::from_report(&report, &origin).map_err(Error::bad_input)?;
+        match self.offload_l2_lanes {
+            Some(0) => return Err(Error::usage("--offload-l2-lanes must be at least 1")),
+            Some(n) => link.lanes = n,
+            None => {}
+        }
+        Ok(Some(link))
+    }
+
     pub(super) fn options(&self) -> Result<Options, Error> {
         if let Some(config) = &self.config {
             let run = prediction::Run {
@@ -323,6 +385,12 @@ impl Args {
                 TraceFormatArg::MooncakeDelta => TraceFormat::MooncakeDelta,
                 TraceFormatArg::AgenticMooncake => TraceFormat::AgenticMooncake,
                 TraceFormatArg::Dynamo => TraceFormat::Dynamo,
+                TraceFormatArg::Weka => TraceFormat::Weka,
+            },
+            nested_timestamps: match self.nested_timestamp_basis {
+                NestedBasisArg::Auto => NestedTimestamps::Auto,
+                NestedBasisArg::Absolute => NestedTimestamps::Absolute,
+                NestedBasisArg::Relative => NestedTimestamps::Relative,
             },
             carry_history: false,
             online: matches!(self.replay_mode, ReplayMode::Online),
@@ -359,6 +427,7 @@ impl Args {
             offload_chunk_size: self.offload_chunk_size,
             offload_l1_gbps: self.offload_l1_gbps,
             offload_l2_gbps: self.offload_l2_gbps,
+            offload_l2_link: self.l2_link()?,
             record: self.record.clone(),
             report_json: self.report_json.clone(),
             report_jsonl: self.report_jsonl.clone(),

@@ -19,6 +19,8 @@ use kvtrace::simulate::mooncake::{read_mooncake, read_mooncake_delta, GIVE_BLOCK
 use kvtrace::simulate::offload::{OffloadConfig, DEFAULT_CHUNK_TOKENS, DEFAULT_KV_BYTES_PER_TOKEN};
 use kvtrace::simulate::plan::{Plan, Setup};
 use kvtrace::simulate::router::{KvRouterConfig, QueuePolicy, RouterMode};
+use kvtrace::simulate::tier_link::LinkConfig;
+use kvtrace::simulate::weka::{read_weka, NestedTimestamps};
 use kvtrace::simulate::workload::{
     SyntheticArrivals, SyntheticSpec, Workload, DEFAULT_TRACE_BLOCK_SIZE,
 };
@@ -40,6 +42,7 @@ pub(crate) enum TraceFormat {
     MooncakeDelta,
     AgenticMooncake,
     Dynamo,
+    Weka,
 }
 
 /// Everything a simulation can be asked for; [`Default`] is Dynamo's defaults.
@@ -49,6 +52,8 @@ pub(crate) struct Options {
     /// workload below.
     pub(crate) traces: Vec<PathBuf>,
     pub(crate) trace_format: TraceFormat,
+    /// How a Weka trace's sub-agent calls are timed.
+    pub(crate) nested_timestamps: NestedTimestamps,
     /// Synthetic sessions whose turns extend the previous prompt and output.
     pub(crate) carry_history: bool,
     /// Live worker threads on the wall clock instead of virtual time.
@@ -87,6 +92,8 @@ pub(crate) struct Options {
     pub(crate) offload_chunk_size: u32,
     pub offload_l1_gbps: f64,
     pub offload_l2_gbps: f64,
+    /// The L2 tier timed as a measured, shared link instead of `offload_l2_gbps`.
+    pub(crate) offload_l2_link: Option<LinkConfig>,
     /// Record the offload's StorageManager calls as LMCT.
     pub(crate) record: Option<PathBuf>,
     /// The JSON report; `kvtrace_simulate_report_<local time>.json` when not given.
@@ -104,6 +111,7 @@ impl Default for Options {
         Options {
             traces: Vec::new(),
             trace_format: TraceFormat::Mooncake,
+            nested_timestamps: NestedTimestamps::Auto,
             carry_history: false,
             online: false,
             router: Router::RoundRobin,
@@ -136,6 +144,7 @@ impl Default for Options {
             offload_chunk_size: DEFAULT_CHUNK_TOKENS,
             offload_l1_gbps: 25.0,
             offload_l2_gbps: 5.0,
+            offload_l2_link: None,
             record: None,
             report_json: None,
             report_jsonl: None,
@@ -220,6 +229,7 @@ pub(crate) fn plan(o: &Options) -> Result<Plan> {
                     .unwrap_or(DEFAULT_KV_BYTES_PER_TOKEN),
                 l1_load_gbps: positive("--offload-l1-gbps", o.offload_l1_gbps)?,
                 l2_load_gbps: positive("--offload-l2-gbps", o.offload_l2_gbps)?,
+                l2_link: o.offload_l2_link.clone(),
                 model_name: "kvtrace/simulate".into(),
             };
             Some((storage.clone(), config))
@@ -501,15 +511,18 @@ fn read_traces(o: &Options) -> Result<Workload> {
     }
     if o.traces.len() > 1 {
         return Err(Error::usage(
-            "one trace file at a time (only --trace-format dynamo reads several shards)",
+            "one trace file at a time (only --trace-format dynamo reads several shards; a weka corpus is one directory)",
         ));
+    }
+    if o.trace_format == TraceFormat::Weka {
+        return read_weka(&o.traces[0], o.trace_block_size, o.nested_timestamps);
     }
     let (shown, reader) = open(&o.traces[0])?;
     let read = match o.trace_format {
         TraceFormat::Mooncake => read_mooncake(reader, block),
         TraceFormat::MooncakeDelta => read_mooncake_delta(reader, block),
         TraceFormat::AgenticMooncake => read_agentic_mooncake(reader, o.trace_block_size),
-        TraceFormat::Dynamo => unreachable!("read above"),
+        TraceFormat::Dynamo | TraceFormat::Weka => unreachable!("read above"),
     };
     read.map_err(|mut e| {
         if e.message.ends_with(GIVE_BLOCK_SIZE) {

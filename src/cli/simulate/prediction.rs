@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use kvtrace::error::{Error, Result};
 use kvtrace::simulate::mooncake::MAX_PROMPT_TOKENS;
+use kvtrace::simulate::weka::NestedTimestamps;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -758,24 +759,36 @@ impl Prediction {
                 block_size,
                 nested_timestamp_basis,
             } => {
-                if nested_timestamp_basis.is_some() {
-                    return Err(refuse(
-                        "traffic.source.nested_timestamp_basis",
-                        "applies to weka traces, which kvtrace does not read yet",
-                    ));
-                }
                 o.trace_format = match format.as_str() {
                     "mooncake" => TraceFormat::Mooncake,
                     "mooncake-delta" => TraceFormat::MooncakeDelta,
                     "agentic_mooncake" => TraceFormat::AgenticMooncake,
                     "dynamo" => TraceFormat::Dynamo,
+                    "weka" => TraceFormat::Weka,
                     other => {
                         return Err(refuse(
                             "traffic.source.format",
-                            &format!("{other:?}: kvtrace reads mooncake, mooncake-delta, agentic_mooncake and dynamo"),
+                            &format!("{other:?}: kvtrace reads mooncake, mooncake-delta, agentic_mooncake, dynamo and weka"),
                         ))
                     }
                 };
+                o.nested_timestamps = match nested_timestamp_basis.as_deref() {
+                    None | Some("auto") => NestedTimestamps::Auto,
+                    Some("absolute") => NestedTimestamps::Absolute,
+                    Some("relative") => NestedTimestamps::Relative,
+                    Some(other) => {
+                        return Err(refuse(
+                            "traffic.source.nested_timestamp_basis",
+                            &format!("{other:?}: expected auto, absolute or relative"),
+                        ))
+                    }
+                };
+                if nested_timestamp_basis.is_some() && o.trace_format != TraceFormat::Weka {
+                    return Err(refuse(
+                        "traffic.source.nested_timestamp_basis",
+                        "applies to weka traces only",
+                    ));
+                }
                 if stop.is_some_and(|s| {
                     s.requests.is_some()
                         || s.sessions.is_some()
@@ -920,13 +933,17 @@ impl Role {
             ));
         }
         let kv = &self.kv_cache;
-        for (field, value) in [
-            ("kv_cache.host_offload", &kv.host_offload),
-            ("kv_cache.g3_offload", &kv.g3_offload),
-            ("kv_cache.state_cache", &kv.state_cache),
+        // AISimulate's G2/G3 tiers are vLLM's native offload on fixed bandwidths; kvtrace's
+        // offload is LMCache's connector on a StorageManager with measured tier costs, which
+        // these fields cannot describe.
+        let offload_instead = "AISimulate's native G2/G3 offload is not modelled; kvtrace's KV offload (LMCache's connector, tier costs measured by replay or bench) runs with the flags: kvtrace simulate --l1-size-gb GB --l2-adapter JSON --offload-calibration REPORT.json";
+        for (field, value, why) in [
+            ("kv_cache.host_offload", &kv.host_offload, offload_instead),
+            ("kv_cache.g3_offload", &kv.g3_offload, offload_instead),
+            ("kv_cache.state_cache", &kv.state_cache, "not modelled yet"),
         ] {
             if value.as_ref().is_some_and(|v| !v.is_null()) {
-                return Err(refuse_at(field, "not modelled yet"));
+                return Err(refuse_at(field, why));
             }
         }
         match self.timing.kind.as_deref() {

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use aisimulate_core::replay::loadgen::{
-    load_agentic_mooncake, DynamoRequestTrace, Trace, WorkloadDriver,
+    load_agentic_mooncake, load_weka_agentic_graph, DynamoRequestTrace, Trace, WorkloadDriver,
 };
 use aisimulate_core::replay::{
     ReplayEngineConfig, ReplayEngineFactory, ReplayRuntimeInput, ReplaySpec, ReplayTopology,
@@ -120,6 +120,9 @@ fn driver(a: &Args, engine_block_size: usize) -> Result<WorkloadDriver> {
             .normalize_session_starts()?
             .into_delta_accumulating_trace_driver_with_block_size(engine_block_size),
         "agentic_mooncake" => load_agentic_mooncake(one()?, block)?
+            .normalize_starts()
+            .into_trace_driver_with_options(engine_block_size, true, None),
+        "weka" => load_weka_agentic_graph(one()?, a.trace_block_size)?
             .normalize_starts()
             .into_trace_driver_with_options(engine_block_size, true, None),
         "dynamo" => {

@@ -21,6 +21,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::backend::Backend;
+use super::cost_fit::{Cost, CostFit};
 use super::l2::transfer_time;
 use super::worker_pool::WorkerPool;
 use super::KeyId;
@@ -109,6 +110,9 @@ pub struct IoRecord {
     pub drain: Duration,
     /// Keys whose write failed: the accounting drops them (a refused store holds nothing).
     failed_writes: Vec<KeyId>,
+    /// Service time against bytes of the successful reads and writes.
+    read_fit: CostFit,
+    write_fit: CostFit,
 }
 
 impl Default for IoRecord {
@@ -135,6 +139,8 @@ impl Default for IoRecord {
             stall: Duration::ZERO,
             drain: Duration::ZERO,
             failed_writes: Vec::new(),
+            read_fit: CostFit::default(),
+            write_fit: CostFit::default(),
         }
     }
 }
@@ -174,6 +180,7 @@ impl IoRecord {
                     self.failed_writes.extend_from_slice(keys);
                 } else {
                     self.bytes_written += done.bytes;
+                    self.write_fit.add(done.bytes, done.service);
                 }
             }
             IoKind::Read => {
@@ -182,7 +189,10 @@ impl IoRecord {
                 match done.outcome {
                     Err(_) => self.read_errors += 1,
                     Ok(false) => self.lost_reads += 1,
-                    Ok(true) => self.bytes_read += done.bytes,
+                    Ok(true) => {
+                        self.bytes_read += done.bytes;
+                        self.read_fit.add(done.bytes, done.service);
+                    }
                 }
             }
             IoKind::Delete => {
@@ -224,6 +234,8 @@ impl IoRecord {
             },
             lost_reads: self.lost_reads,
             first_error: self.first_error.clone(),
+            read_cost: self.read_fit.cost(),
+            write_cost: self.write_fit.cost(),
         }
     }
 }
@@ -255,6 +267,10 @@ pub struct QueueFigures {
     /// I/O decides before it reads).
     pub lost_reads: u64,
     pub first_error: Option<String>,
+    /// Service time fitted to bytes (latency plus bytes over bandwidth) over the successful
+    /// reads and writes: what `simulate --offload-calibration` reads.
+    pub read_cost: Option<Cost>,
+    pub write_cost: Option<Cost>,
 }
 
 /// An operation for a worker.

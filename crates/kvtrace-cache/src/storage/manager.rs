@@ -548,6 +548,14 @@ impl StorageManager {
     }
 
     /// Counters of every tier, L1 first.
+    /// Objects and bytes written to the L2 tiers so far, all tiers together: cheap enough to
+    /// read after every call (a simulated link charges the writes a call caused).
+    pub fn l2_written(&self) -> (u64, u64) {
+        self.l2.iter().fold((0, 0), |(n, b), t| {
+            (n + t.stats.writes, b + t.stats.bytes_written)
+        })
+    }
+
     pub fn tier_stats(&self) -> Vec<TierStats> {
         std::iter::once(self.l1.tier_stats())
             .chain(self.l2.iter().map(L2::tier_stats))

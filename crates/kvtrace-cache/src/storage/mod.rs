@@ -14,6 +14,7 @@ pub mod backend;
 #[cfg(feature = "redis")]
 pub mod cluster;
 pub mod config;
+mod cost_fit;
 pub mod eviction;
 pub mod file;
 mod io_queue;
@@ -34,6 +35,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64};
 
+pub use cost_fit::{Cost, CostFit};
 pub use io_queue::{IoDone, IoKind, IoRecord, Percentiles, QueueFigures};
 use kvtrace_lmct::codec::{ObjectKey, ObjectKeyRef};
 pub use l1::{Reservation, Unreadable};
