@@ -122,6 +122,71 @@ fn the_plan_meets_the_real_servers_and_the_replays() {
     assert!(p["knee"]["l1_size_gb"].as_f64().is_some(), "a knee");
 }
 
+/// The optimal bound's curve of a plan, with each point's replayed chunk hit rate.
+fn bound(p: &Json) -> Vec<(f64, f64, f64)> {
+    p["curve"]
+        .as_array()
+        .expect("curve")
+        .iter()
+        .map(|c| {
+            let f = |k: &str| c[k].as_f64().unwrap_or_else(|| panic!("{k} in {c}"));
+            (
+                f("l1_size_gb"),
+                f("chunk_hit_rate"),
+                f("optimal_chunk_hit_rate"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn no_policy_and_no_real_server_beats_the_optimal_bound() {
+    // LMCache's own recordings under eviction pressure, every policy over one grid: the bound
+    // is the policy's ceiling, grows with the size, and does not depend on the policy.
+    let trace = std::path::PathBuf::from(repo("testdata/lmcache/churn/lru_seed1.lct"));
+    let grid = ["--min-gb", "0.0005", "--max-gb", "0.02", "--grid", "8"];
+    let mut bounds = Vec::new();
+    for policy in ["LRU", "ARC", "FIFO", "LFU"] {
+        let mut flags = vec!["--size-gb", "0.002", "--eviction-policy", policy];
+        flags.extend(grid);
+        let p = plan(&trace, &flags);
+        assert!(
+            p["optimal_bound"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("Belady")),
+            "{}",
+            p["optimal_bound"]
+        );
+        let b = bound(&p);
+        for &(gib, replayed, best) in &b {
+            assert!(
+                replayed <= best + 1e-12,
+                "{policy} at {gib} GiB: {replayed} above the bound {best}"
+            );
+        }
+        assert!(b.windows(2).all(|w| w[0].2 <= w[1].2), "{b:?}");
+        bounds.push(b.iter().map(|x| (x.0, x.2)).collect::<Vec<_>>());
+    }
+    assert!(bounds.windows(2).all(|w| w[0] == w[1]), "{bounds:?}");
+
+    // The real servers of the what-if recordings (every request's hits from the client's
+    // log) stayed under the bound at the size they ran with.
+    let Some(shared) = shared() else { return };
+    for (_, _, size, policy, path) in whatif_recordings(&shared) {
+        let log = path.with_extension("client.txt");
+        let hits: u64 = client_hits(&log).iter().sum();
+        let real = hits as f64 / client_requested(&log) as f64;
+        let p = plan(&path, &["--size-gb", &size, "--eviction-policy", &policy]);
+        let best = p["answer"]["optimal_chunk_hit_rate"]
+            .as_f64()
+            .expect("bound");
+        assert!(
+            real <= best + 1e-12,
+            "{policy} server at {size} GB: {real} above the bound {best}"
+        );
+    }
+}
+
 #[test]
 fn an_unreachable_target_is_said_and_every_output_is_written() {
     let trace = repo("testdata/lmcache/churn/lru_seed1.lct");

@@ -8,6 +8,7 @@
 
 #![warn(unreachable_pub)]
 
+pub mod optimal;
 pub mod plan;
 pub mod replay;
 pub mod report;

@@ -11,12 +11,17 @@
 //! replayed size that meets the target. The hit rate of LMCache's controller is not
 //! guaranteed to grow with the size (a pass may evict differently); the report counts the
 //! dips it saw, and the answer never rests on a size between replays.
+//!
+//! Beside each replayed size the planner gives the optimal bound ([`crate::optimal`]): the
+//! share of looked-up chunks the best possible eviction would hit there, so the curve shows
+//! how far the chosen policy is from what no policy can beat.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::{json, Value as Json};
 
+use super::optimal::Uses;
 use super::replay::{Figures, LOAD_BUDGET_BYTES};
 use super::run_points;
 use super::stack::{lru_curve, lru_curve_of, LruCurve};
@@ -74,6 +79,19 @@ pub struct SizePoint {
     pub requested_tokens: u64,
     /// Seconds between the trace's first and last request.
     pub span_s: f64,
+    /// The share of looked-up chunks the best possible eviction hits at this size.
+    pub optimal_chunk_hit_rate: Option<f64>,
+}
+
+impl SizePoint {
+    /// The replay's share of looked-up chunks that hit (the optimal bound's measure).
+    pub fn chunk_hit_rate(&self) -> f64 {
+        if self.figures.requested_chunks == 0 {
+            0.0
+        } else {
+            self.figures.hit_chunks as f64 / self.figures.requested_chunks as f64
+        }
+    }
 }
 
 /// The planner's answer and the curve it rests on.
@@ -98,6 +116,9 @@ pub struct CapacityPlan {
     pub replays: usize,
     pub interrupted: bool,
     pub sampled: Option<Sampled>,
+    /// Why the optimal bound is missing, when it is (objects of several sizes, lookups it
+    /// does not model).
+    pub optimal_unavailable: Option<String>,
 }
 
 /// `n` sizes spread evenly on a log scale over `[lo, hi]`.
@@ -215,6 +236,7 @@ pub fn plan(
             hit_tokens: (report.hits.hit_tokens as f64 / scale).round() as u64,
             requested_tokens: (report.hits.requested_tokens as f64 / scale).round() as u64,
             span_s,
+            optimal_chunk_hit_rate: None,
         })
     };
     let replay_all =
@@ -254,6 +276,27 @@ pub fn plan(
             .iter()
             .position(|p| (p.l1_gib - s).abs() <= 1e-12 * s),
     };
+    // The bound at every replayed size, over the same calls (the sample's, when sampled) and
+    // the L1 bytes the replay had.
+    let uses = match &loaded {
+        Some(l) => Uses::of(l.calls()),
+        None => Uses::read(trace, read),
+    };
+    let optimal_unavailable = match &uses {
+        Ok(u) => {
+            let rates = run_points(
+                points.len(),
+                options.jobs,
+                &|i| Ok(u.hit_rate(u.capacity(points[i].figures.l1_size_bytes))),
+                &|_| {},
+            )?;
+            for (p, rate) in points.iter_mut().zip(rates) {
+                p.optimal_chunk_hit_rate = Some(rate);
+            }
+            None
+        }
+        Err(e) => Some(e.to_string()),
+    };
     let dips = points
         .windows(2)
         .filter(|w| w[1].figures.hit_rate + 0.001 < w[0].figures.hit_rate)
@@ -271,6 +314,7 @@ pub fn plan(
         replays,
         interrupted: crate::interrupt::requested().is_some(),
         sampled,
+        optimal_unavailable,
     })
 }
 
@@ -303,6 +347,8 @@ impl CapacityPlan {
         json!({
             "l1_size_gb": p.l1_gib,
             "hit_rate": p.figures.hit_rate,
+            "chunk_hit_rate": p.chunk_hit_rate(),
+            "optimal_chunk_hit_rate": p.optimal_chunk_hit_rate,
             "l1_hit_rate": p.figures.l1_hit_rate,
             "l2_hit_rate": p.figures.l2_hit_rate,
             "hit_tokens": p.hit_tokens,
@@ -342,6 +388,10 @@ impl Report for CapacityPlan {
             "replays": self.replays,
             "dips": self.dips,
             "interrupted": self.interrupted,
+            "optimal_bound": match &self.optimal_unavailable {
+                None => json!("Belady's rule, prefix-aware: the share of looked-up chunks the best possible eviction hits, with a client that stores its misses"),
+                Some(why) => json!(format!("unavailable: {why}")),
+            },
             "sample": self.sampled.map(|Sampled { seed, counts: s }| json!({
                 "rate": s.rate,
                 "seed": seed,
@@ -363,6 +413,8 @@ impl Report for CapacityPlan {
         let mut t = Table::new(&[
             "l1_size_gb",
             "hit_rate",
+            "chunk_hit_rate",
+            "optimal_chunk_hit_rate",
             "l1_hit_rate",
             "l2_hit_rate",
             "hit_tokens",
@@ -382,6 +434,9 @@ impl Report for CapacityPlan {
             t.rows.push(vec![
                 Cell::Number(p.l1_gib),
                 Cell::Measure(p.figures.hit_rate, Unit::Ratio),
+                Cell::Measure(p.chunk_hit_rate(), Unit::Ratio),
+                p.optimal_chunk_hit_rate
+                    .map_or(Cell::Empty, |r| Cell::Measure(r, Unit::Ratio)),
                 Cell::Measure(p.figures.l1_hit_rate, Unit::Ratio),
                 Cell::Measure(p.figures.l2_hit_rate, Unit::Ratio),
                 Cell::Count(p.hit_tokens),
@@ -410,6 +465,16 @@ impl Report for CapacityPlan {
                 .map(|p| (p.l1_gib, p.figures.hit_rate))
                 .collect(),
         }];
+        if self.optimal_unavailable.is_none() {
+            series.push(Series {
+                name: "optimal bound (Belady, prefix-aware; chunks)".into(),
+                points: self
+                    .points
+                    .iter()
+                    .filter_map(|p| Some((p.l1_gib, p.optimal_chunk_hit_rate?)))
+                    .collect(),
+            });
+        }
         if let Some(i) = self.answer {
             let p = &self.points[i];
             series.push(Series {
@@ -472,9 +537,20 @@ impl Report for CapacityPlan {
                 line(&self.points[i])
             ));
         }
+        if let Some(i) = self.answer.or(self.knee) {
+            let p = &self.points[i];
+            if let Some(best) = p.optimal_chunk_hit_rate {
+                out.push_str(&format!(
+                    "  the best any eviction could do at {:.4} GiB: {} of chunks (this policy: {})\n",
+                    p.l1_gib,
+                    pct(best),
+                    pct(p.chunk_hit_rate())
+                ));
+            }
+        }
         out.push_str(&format!(
-            "\n  {:>12}  {:>9}  {:>14}  {:>16}  {:>6}\n",
-            "L1 (GiB)", "hit rate", "hit tokens", "+hit pp per GiB", ""
+            "\n  {:>12}  {:>9}  {:>9}  {:>14}  {:>16}  {:>6}\n",
+            "L1 (GiB)", "hit rate", "optimal", "hit tokens", "+hit pp per GiB", ""
         ));
         // One screen: the rows nearest the answer (or the knee), at most 15.
         let centre = self.answer.or(self.knee).unwrap_or(0);
@@ -492,9 +568,10 @@ impl Report for CapacityPlan {
                 _ => "",
             };
             out.push_str(&format!(
-                "  {:>12.4}  {:>9}  {:>14}  {:>16}  {mark}\n",
+                "  {:>12.4}  {:>9}  {:>9}  {:>14}  {:>16}  {mark}\n",
                 p.l1_gib,
                 pct(p.figures.hit_rate),
+                p.optimal_chunk_hit_rate.map_or("—".into(), pct),
                 p.hit_tokens,
                 marginal
             ));
@@ -543,6 +620,7 @@ mod tests {
             hit_tokens: (hit_rate * 1000.0) as u64,
             requested_tokens: 1000,
             span_s: 1.0,
+            optimal_chunk_hit_rate: None,
         }
     }
 

@@ -28,7 +28,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::lmct::{ReadOptions, TraceReader};
-use crate::storage::KeyId;
+use crate::storage::{KeyId, PrefetchGroup};
 use kvtrace_replay::dispatch::{Call, Decoder};
 use kvtrace_replay::loaded::Loaded;
 
@@ -69,14 +69,43 @@ impl LruCurve {
     /// Objects of this curve's size an L1 of `l1_bytes` holds: LMCache's allocator rounds each
     /// object up to 4 KiB.
     pub fn capacity(&self, l1_bytes: u64) -> u64 {
-        let unit = self.object_bytes.max(1).div_ceil(4096) * 4096;
-        l1_bytes / unit
+        objects_in(l1_bytes, self.object_bytes)
     }
 
     /// The capacity past which nothing more hits: the largest finite prefix maximum.
     pub fn saturation(&self) -> u64 {
         self.prefix_max.iter().rposition(|&n| n > 0).unwrap_or(0) as u64
     }
+}
+
+/// The one full-attention group of a lookup, or an error naming the record: what the
+/// one-object-size models (`model`: the stack-distance curve, the optimal bound) describe.
+pub(crate) fn one_group<'a>(
+    groups: &'a [PrefetchGroup],
+    offset: u64,
+    model: &str,
+) -> Result<&'a PrefetchGroup> {
+    let [group] = groups else {
+        return Err(Error::data(
+            offset,
+            "spec",
+            format!("a lookup of several groups: {model} models one"),
+        ));
+    };
+    if group.window > 0 {
+        return Err(Error::data(
+            offset,
+            "spec",
+            format!("a sliding-window lookup: {model} models full attention"),
+        ));
+    }
+    Ok(group)
+}
+
+/// Objects of `object_bytes` an L1 of `l1_bytes` holds: LMCache's allocator rounds each
+/// object up to 4 KiB.
+pub fn objects_in(l1_bytes: u64, object_bytes: u64) -> u64 {
+    l1_bytes / (object_bytes.max(1).div_ceil(4096) * 4096)
 }
 
 /// Counts, over positions in the stream of uses, which positions hold a key's latest use; a
@@ -210,20 +239,7 @@ impl Pass {
     fn add(&mut self, offset: u64, call: &Call) -> Result<()> {
         match call {
             Call::Prefetch { groups, .. } => {
-                let [group] = groups.as_slice() else {
-                    return Err(Error::data(
-                        offset,
-                        "spec",
-                        "a lookup of several groups: the stack-distance curve models one",
-                    ));
-                };
-                if group.window > 0 {
-                    return Err(Error::data(
-                        offset,
-                        "spec",
-                        "a sliding-window lookup: the stack-distance curve models full attention",
-                    ));
-                }
+                let group = one_group(groups, offset, "the stack-distance curve")?;
                 self.same_size(group.object_bytes, offset)?;
                 look_up(&mut self.stack, &mut self.curve, &group.keys);
                 // Last chunk first, as the server's policy takes a batch: the prefix ends
