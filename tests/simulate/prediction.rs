@@ -51,6 +51,27 @@ fn captured(dir: &Path, config: &str) -> std::path::PathBuf {
     out_dir
 }
 
+/// Runs the flags a prediction stands for, and holds the prediction's report in `out_dir` to
+/// theirs on every key but the simulator's own timing; returns the flags' report.
+fn same_as_flags(dir: &Path, out_dir: &Path, flags: &[&str]) -> Value {
+    let report = dir.join("flags.json");
+    let report_arg = report.display().to_string();
+    let mut args = flags.to_vec();
+    args.extend(["--report-json", &report_arg]);
+    let out = predict(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let (a, b) = (
+        read_json(&out_dir.join("prediction.json")),
+        read_json(&report),
+    );
+    for (key, value) in b.as_object().expect("report") {
+        if !key.contains("wall") && !key.starts_with("processed_") {
+            assert_eq!(&a[key], value, "{key}");
+        }
+    }
+    b
+}
+
 #[test]
 fn a_trace_prediction_is_the_same_run_as_its_flags() {
     let dir = scratch();
@@ -63,32 +84,23 @@ fn a_trace_prediction_is_the_same_run_as_its_flags() {
         ),
     );
     let out_dir = captured(dir.path(), &config);
-    let flags = dir.path().join("flags.json");
-    let out = predict(&[
-        &slice,
-        "--num-workers",
-        "2",
-        "--arrival-speedup-ratio",
-        "2",
-        "--sla-ttft-ms",
-        "800",
-        "--sla-itl-ms",
-        "40",
-        "--extra-engine-args",
-        r#"{"block_size":64,"num_gpu_blocks":4000,"engine_version":"aisimulate-0.13"}"#,
-        "--report-json",
-        &flags.display().to_string(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let (a, b) = (
-        read_json(&out_dir.join("prediction.json")),
-        read_json(&flags),
+    same_as_flags(
+        dir.path(),
+        &out_dir,
+        &[
+            &slice,
+            "--num-workers",
+            "2",
+            "--arrival-speedup-ratio",
+            "2",
+            "--sla-ttft-ms",
+            "800",
+            "--sla-itl-ms",
+            "40",
+            "--extra-engine-args",
+            r#"{"block_size":64,"num_gpu_blocks":4000,"engine_version":"aisimulate-0.13"}"#,
+        ],
     );
-    for (key, value) in b.as_object().expect("report") {
-        if !key.contains("wall") && !key.starts_with("processed_") {
-            assert_eq!(&a[key], value, "{key}");
-        }
-    }
     let lines = std::fs::read_to_string(out_dir.join("requests.jsonl")).expect("requests");
     assert_eq!(lines.lines().count(), 300);
 }
@@ -105,31 +117,22 @@ fn a_weka_prediction_is_the_same_run_as_its_flags() {
         ),
     );
     let out_dir = captured(dir.path(), &config);
-    let flags = dir.path().join("flags.json");
-    let out = predict(&[
-        &sample,
-        "--trace-format",
-        "weka",
-        "--nested-timestamp-basis",
-        "absolute",
-        "--num-workers",
-        "2",
-        "--extra-engine-args",
-        r#"{"block_size":64,"num_gpu_blocks":4000,"engine_version":"aisimulate-0.13"}"#,
-        "--report-json",
-        &flags.display().to_string(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let (a, b) = (
-        read_json(&out_dir.join("prediction.json")),
-        read_json(&flags),
+    let flags = same_as_flags(
+        dir.path(),
+        &out_dir,
+        &[
+            &sample,
+            "--trace-format",
+            "weka",
+            "--nested-timestamp-basis",
+            "absolute",
+            "--num-workers",
+            "2",
+            "--extra-engine-args",
+            r#"{"block_size":64,"num_gpu_blocks":4000,"engine_version":"aisimulate-0.13"}"#,
+        ],
     );
-    assert_eq!(b["num_requests"], 17);
-    for (key, value) in b.as_object().expect("report") {
-        if !key.contains("wall") && !key.starts_with("processed_") {
-            assert_eq!(&a[key], value, "{key}");
-        }
-    }
+    assert_eq!(flags["num_requests"], 17);
 }
 
 #[test]
@@ -235,6 +238,23 @@ fn overrides_outputs_and_refusals() {
         ),
     ] {
         let out = predict(&["--config", &config, "--output-dir", &fresh, "--set", set]);
+        let err = one_line_error(&out, 2);
+        assert!(err.contains(expected), "{set}: {err}");
+    }
+    // The nested-timestamp basis: one of three words, and for weka traces only.
+    let sample = repo("testdata/traces/weka_sample.jsonl");
+    for (source, expected) in [
+        (
+            format!("{{type: trace, format: weka, paths: [{sample}], nested_timestamp_basis: sideways}}"),
+            "traffic.source.nested_timestamp_basis: \"sideways\": expected auto, absolute or relative",
+        ),
+        (
+            format!("{{type: trace, paths: [{sample}], nested_timestamp_basis: absolute}}"),
+            "traffic.source.nested_timestamp_basis: applies to weka traces only",
+        ),
+    ] {
+        let set = format!("traffic.source={source}");
+        let out = predict(&["--config", &config, "--output-dir", &fresh, "--set", &set]);
         let err = one_line_error(&out, 2);
         assert!(err.contains(expected), "{set}: {err}");
     }

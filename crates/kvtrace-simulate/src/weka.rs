@@ -159,10 +159,10 @@ pub fn read_weka(
         return Err(Error::bad_input("the Weka source holds no trace object").in_file(&shown));
     }
     let mut block = None;
-    let mut evidence = Evidence::default();
+    let mut relative_evidence = false;
     for play in &plays {
         validate(play)?;
-        evidence.observe(&play.trace);
+        relative_evidence |= inner_before_marker(&play.trace);
         match block {
             Some(b) if b != play.trace.block_size => {
                 return Err(play.error(
@@ -186,7 +186,7 @@ pub fn read_weka(
     let relative = match basis {
         NestedTimestamps::Absolute => false,
         NestedTimestamps::Relative => true,
-        NestedTimestamps::Auto => evidence.inner_before_marker,
+        NestedTimestamps::Auto => relative_evidence,
     };
     let mut text = json!({
         "schema": SCHEMA,
@@ -345,20 +345,13 @@ fn field_of(e: &serde_json::Error) -> String {
     }
 }
 
-/// Whether any sub-agent call of the corpus comes before its marker.
-#[derive(Default)]
-struct Evidence {
-    inner_before_marker: bool,
-}
-
-impl Evidence {
-    fn observe(&mut self, trace: &Trace) {
-        for entry in &trace.requests {
-            if let Entry::Subagent(s) = entry {
-                self.inner_before_marker |= s.requests.iter().any(|r| r.call().t < s.t - EPSILON_S);
-            }
-        }
-    }
+/// Whether a sub-agent call of this trace comes before its marker: the automatic rule's
+/// evidence that nested times are relative.
+fn inner_before_marker(trace: &Trace) -> bool {
+    trace.requests.iter().any(|entry| match entry {
+        Entry::Subagent(s) => s.requests.iter().any(|r| r.call().t < s.t - EPSILON_S),
+        Entry::Call(_) => false,
+    })
 }
 
 fn validate(play: &Play) -> Result<()> {
@@ -778,30 +771,30 @@ struct Stream {
 fn streams_of(
     namespace: &str,
     prefix: &str,
-    found: &Chains,
+    mut found: Chains,
     preamble: Vec<Indexed>,
 ) -> Vec<Stream> {
-    let fork_of = |i: usize| {
-        found.chains[i]
-            .fork
-            .as_ref()
-            .and_then(|f| f.source_id.clone())
+    let mut take = |i: usize| {
+        let chain = &mut found.chains[i];
+        let spawned_by = chain.fork.as_ref().and_then(|f| f.source_id.clone());
+        (std::mem::take(&mut chain.calls), spawned_by)
     };
-    let mut main = found.chains[found.main].calls.clone();
+    let (mut main, spawned_by) = take(found.main);
     main.extend(preamble);
     main.sort_by(by_time);
     let scope = format!("{namespace}:scope:{prefix}");
     let mut streams = vec![Stream {
         session_id: format!("{namespace}:session:{prefix}"),
         calls: main,
-        spawned_by: fork_of(found.main),
+        spawned_by,
         scope: scope.clone(),
     }];
     for (k, &i) in found.workers.iter().enumerate() {
+        let (calls, spawned_by) = take(i);
         streams.push(Stream {
             session_id: format!("{namespace}:session:{prefix}:worker:{k}"),
-            calls: found.chains[i].calls.clone(),
-            spawned_by: fork_of(i),
+            calls,
+            spawned_by,
             scope: scope.clone(),
         });
     }
@@ -858,7 +851,7 @@ fn lower(
         ));
     }
     let (preamble, rest) = split_preamble(top);
-    let mut streams = streams_of(&namespace, "root", &detect_chains(rest), preamble);
+    let mut streams = streams_of(&namespace, "root", detect_chains(rest), preamble);
     let parents = streams.len();
     let mut joins: Vec<(String, Vec<String>)> = Vec::new();
     for (i, s) in subagents {
@@ -888,7 +881,7 @@ fn lower(
         }
         let prefix = format!("subagent:{i}:{}", s.agent_id);
         let (preamble, rest) = split_preamble(inner);
-        let mut children = streams_of(&namespace, &prefix, &detect_chains(rest), preamble);
+        let mut children = streams_of(&namespace, &prefix, detect_chains(rest), preamble);
         children[0].spawned_by = Some(spawner);
         let scope = children[0].session_id.clone();
         for c in &mut children {

@@ -25,8 +25,9 @@
 use std::collections::{BinaryHeap, HashMap};
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::lmct::{ReadOptions, TraceReader};
+use crate::stack::{objects_in, one_group, OneSize};
 use crate::storage::KeyId;
 use kvtrace_replay::dispatch::{Call, Decoder};
 
@@ -54,62 +55,26 @@ impl Uses {
     /// The uses of a decoded trace; fails, naming the record, on what the bound does not
     /// model (objects of several sizes, lookups of several groups or a sliding window).
     pub fn of<'a>(calls: impl Iterator<Item = (u64, &'a Call)>) -> Result<Uses> {
-        let mut u = Uses::default();
-        let mut ids: HashMap<KeyId, u32> = HashMap::new();
-        let mut size: Option<u64> = None;
-        let mut same = |bytes: u64, offset: u64| match size {
-            None => {
-                size = Some(bytes);
-                Ok(())
-            }
-            Some(s) if s == bytes => Ok(()),
-            Some(s) => Err(Error::data(
-                offset,
-                "layout_desc",
-                format!("objects of {s} and {bytes} bytes: the optimal bound needs one size"),
-            )),
-        };
+        let mut b = Builder::default();
         for (offset, call) in calls {
-            let (keys, lookup) = match call {
-                Call::Prefetch { groups, .. } => {
-                    let group = crate::stack::one_group(groups, offset, "the optimal bound")?;
-                    same(group.object_bytes, offset)?;
-                    u.lookups += 1;
-                    u.looked_up_chunks += group.keys.len() as u64;
-                    (&group.keys, true)
-                }
-                Call::ReserveWrite { keys, object_bytes } => {
-                    same(*object_bytes, offset)?;
-                    (keys, false)
-                }
-                _ => continue,
-            };
-            for key in keys {
-                let next = ids.len() as u32;
-                u.keys.push(*ids.entry(*key).or_insert(next));
-            }
-            u.uses.push((u.keys.len() as u32, lookup));
+            b.add(offset, call)?;
         }
-        u.object_bytes = size.unwrap_or(0);
-        u.distinct = ids.len();
-        u.number_needs();
-        Ok(u)
+        Ok(b.finish())
     }
 
-    /// The uses of a trace read from its file (one that did not fit in memory decoded).
+    /// The uses of a trace read from its file, one call at a time (a trace too large to
+    /// hold decoded keeps only its key numbers).
     pub fn read(path: &Path, read: ReadOptions) -> Result<Uses> {
         let shown = path.display().to_string();
         let mut reader = TraceReader::open(path, read).map_err(|e| e.in_file(&shown))?;
         let mut decoder = Decoder::default();
-        let mut calls = Vec::new();
+        let mut b = Builder::default();
         while let Some(record) = reader.next_record().map_err(|e| e.in_file(&shown))? {
-            if let Ok(call @ (Call::Prefetch { .. } | Call::ReserveWrite { .. })) =
-                decoder.decode(&record)
-            {
-                calls.push((record.offset, call));
+            if let Ok(call) = decoder.decode(&record) {
+                b.add(record.offset, &call).map_err(|e| e.in_file(&shown))?;
             }
         }
-        Uses::of(calls.iter().map(|(o, c)| (*o, c))).map_err(|e| e.in_file(&shown))
+        Ok(b.finish())
     }
 
     /// Each occurrence's next need, from the end: the next use naming the key if that use is
@@ -194,7 +159,50 @@ impl Uses {
 
     /// Objects of this trace's size an L1 of `l1_bytes` holds (4 KiB allocation units).
     pub fn capacity(&self, l1_bytes: u64) -> u64 {
-        crate::stack::objects_in(l1_bytes, self.object_bytes)
+        objects_in(l1_bytes, self.object_bytes)
+    }
+}
+
+/// Collects the uses call by call, numbering keys as they first appear.
+#[derive(Default)]
+struct Builder {
+    uses: Uses,
+    ids: HashMap<KeyId, u32>,
+    size: OneSize,
+}
+
+impl Builder {
+    fn add(&mut self, offset: u64, call: &Call) -> Result<()> {
+        const MODEL: &str = "the optimal bound";
+        let u = &mut self.uses;
+        let (keys, lookup) = match call {
+            Call::Prefetch { groups, .. } => {
+                let group = one_group(groups, offset, MODEL)?;
+                self.size.check(group.object_bytes, offset, MODEL)?;
+                u.lookups += 1;
+                u.looked_up_chunks += group.keys.len() as u64;
+                (&group.keys, true)
+            }
+            Call::ReserveWrite { keys, object_bytes } => {
+                self.size.check(*object_bytes, offset, MODEL)?;
+                (keys, false)
+            }
+            _ => return Ok(()),
+        };
+        for key in keys {
+            let next = self.ids.len() as u32;
+            u.keys.push(*self.ids.entry(*key).or_insert(next));
+        }
+        u.uses.push((u.keys.len() as u32, lookup));
+        Ok(())
+    }
+
+    fn finish(self) -> Uses {
+        let mut u = self.uses;
+        u.object_bytes = self.size.bytes();
+        u.distinct = self.ids.len();
+        u.number_needs();
+        u
     }
 }
 

@@ -78,6 +78,35 @@ impl LruCurve {
     }
 }
 
+/// The one object size the models of uniform objects (the stack-distance curve, the optimal
+/// bound) need: the first call's, which every later call must repeat.
+#[derive(Default)]
+pub(crate) struct OneSize(Option<u64>);
+
+impl OneSize {
+    /// Takes `bytes` as the size, or an error naming the record when it differs; `model`
+    /// names who needs one size.
+    pub(crate) fn check(&mut self, bytes: u64, offset: u64, model: &str) -> Result<()> {
+        match self.0 {
+            None => {
+                self.0 = Some(bytes);
+                Ok(())
+            }
+            Some(s) if s == bytes => Ok(()),
+            Some(s) => Err(Error::data(
+                offset,
+                "layout_desc",
+                format!("objects of {s} and {bytes} bytes: {model} needs one size"),
+            )),
+        }
+    }
+
+    /// The size (0 before any object).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.0.unwrap_or(0)
+    }
+}
+
 /// The one full-attention group of a lookup, or an error naming the record: what the
 /// one-object-size models (`model`: the stack-distance curve, the optimal bound) describe.
 pub(crate) fn one_group<'a>(
@@ -215,25 +244,12 @@ pub fn lru_curve_of(loaded: &Loaded) -> Result<LruCurve> {
 struct Pass {
     stack: Stack,
     curve: LruCurve,
-    size: Option<u64>,
+    size: OneSize,
 }
 
 impl Pass {
     fn same_size(&mut self, bytes: u64, offset: u64) -> Result<()> {
-        match self.size {
-            None => {
-                self.size = Some(bytes);
-                Ok(())
-            }
-            Some(s) if s == bytes => Ok(()),
-            Some(s) => Err(Error::data(
-                offset,
-                "layout_desc",
-                format!(
-                    "objects of {s} and {bytes} bytes: the stack-distance curve needs one size"
-                ),
-            )),
-        }
+        self.size.check(bytes, offset, "the stack-distance curve")
     }
 
     fn add(&mut self, offset: u64, call: &Call) -> Result<()> {
@@ -260,7 +276,7 @@ impl Pass {
     }
 
     fn finish(mut self) -> LruCurve {
-        self.curve.object_bytes = self.size.unwrap_or(0);
+        self.curve.object_bytes = self.size.bytes();
         self.curve
     }
 }

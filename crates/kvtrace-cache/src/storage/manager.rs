@@ -547,7 +547,6 @@ impl StorageManager {
         l1.into_iter().chain(l2).collect()
     }
 
-    /// Counters of every tier, L1 first.
     /// Objects and bytes written to the L2 tiers so far, all tiers together: cheap enough to
     /// read after every call (a simulated link charges the writes a call caused).
     pub fn l2_written(&self) -> (u64, u64) {
@@ -556,6 +555,7 @@ impl StorageManager {
         })
     }
 
+    /// Counters of every tier, L1 first.
     pub fn tier_stats(&self) -> Vec<TierStats> {
         std::iter::once(self.l1.tier_stats())
             .chain(self.l2.iter().map(L2::tier_stats))
