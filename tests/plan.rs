@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use calamine::{open_workbook, Data, Reader, Xlsx};
 use serde_json::Value as Json;
 
 use crate::replay::fidelity::{client_hits, client_requested, whatif_recordings};
@@ -26,21 +27,27 @@ fn plan(trace: &Path, flags: &[&str]) -> Json {
     serde_json::from_str(&std::fs::read_to_string(json).expect("plan")).expect("JSON")
 }
 
-fn replayed_hit_rate(trace: &Path, gib: f64) -> f64 {
+/// The `kvtrace` section of a single replay's JSON summary for `trace` with `flags`.
+fn replayed(trace: &Path, flags: &[String]) -> Json {
     let dir = scratch();
     let json = dir.path().join("r.json");
-    let out = kvtrace([
+    let mut args = vec![
         "replay".to_owned(),
         trace.display().to_string(),
-        format!("--l1-size-gb={gib}"),
         "--no-csv".to_owned(),
         "-q".to_owned(),
         format!("--json={}", json.display()),
-    ]);
+    ];
+    args.extend(flags.iter().cloned());
+    let out = kvtrace(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let summary: Json =
         serde_json::from_str(&std::fs::read_to_string(json).expect("summary")).expect("JSON");
-    summary["kvtrace"]["hits"]["hit_rate"]
+    summary["kvtrace"].clone()
+}
+
+fn replayed_hit_rate(trace: &Path, gib: f64) -> f64 {
+    replayed(trace, &[format!("--l1-size-gb={gib}")])["hits"]["hit_rate"]
         .as_f64()
         .expect("hit rate")
 }
@@ -187,26 +194,32 @@ fn no_policy_and_no_real_server_beats_the_optimal_bound() {
     }
 }
 
+/// A plan of `trace` with `flags` and every output in `dir` (`p.json`, `p.xlsx`, `csv/`,
+/// `p.svg`); its JSON.
+fn plan_into(dir: &tempfile::TempDir, trace: &str, flags: &[&str]) -> Json {
+    let d = |name: &str| dir.path().join(name).display().to_string();
+    let mut args = vec![
+        "plan".to_owned(),
+        trace.to_owned(),
+        "-q".to_owned(),
+        format!("--json={}", d("p.json")),
+        format!("--xlsx={}", d("p.xlsx")),
+        format!("--csv={}", d("csv")),
+        "--plot".to_owned(),
+        d("p.svg"),
+    ];
+    args.extend(flags.iter().map(|f| f.to_string()));
+    let out = kvtrace(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_str(&std::fs::read_to_string(d("p.json")).expect("json")).expect("JSON")
+}
+
 #[test]
 fn an_unreachable_target_is_said_and_every_output_is_written() {
     let trace = repo("testdata/lmcache/churn/lru_seed1.lct");
     let dir = scratch();
     let d = |name: &str| dir.path().join(name).display().to_string();
-    let out = kvtrace([
-        "plan",
-        &trace,
-        "--target-hit-rate",
-        "0.999",
-        "-q",
-        &format!("--json={}", d("p.json")),
-        &format!("--xlsx={}", d("p.xlsx")),
-        &format!("--csv={}", d("csv")),
-        "--plot",
-        &d("p.svg"),
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let p: Json =
-        serde_json::from_str(&std::fs::read_to_string(d("p.json")).expect("json")).expect("JSON");
+    let p = plan_into(&dir, &trace, &["--target-hit-rate", "0.999"]);
     assert!(p["answer"].is_null());
     assert!(p["unreachable"].as_str().expect("why").contains("hits"));
     let rows = std::fs::read_to_string(d("csv/plan_curve.csv")).expect("csv");
@@ -340,5 +353,123 @@ fn a_sampled_curve_follows_the_full_replays() {
             mae <= 0.03,
             "seed {seed}: mean error {mae}: {est:?} against {full:?}"
         );
+    }
+}
+
+/// An L1 × L2 surface: every cell is the single replay of its two sizes (an L2 memory tier of
+/// sizes only with that capacity, or none at 0), the 0 column is the L1 alone, and the
+/// workbook, the CSV and the picture carry the same grid.
+#[test]
+fn every_surface_cell_is_the_replay_of_its_sizes() {
+    let trace = repo("testdata/lmcache/churn/l2fs_seed5.lct");
+    let dir = scratch();
+    let d = |name: &str| dir.path().join(name).display().to_string();
+    let flags = [
+        "--size-gb",
+        "0.01",
+        "--l2-sizes-gb",
+        "0.05,0,0.002",
+        "--surface-l1-sizes",
+        "3",
+    ];
+    let p = plan_into(&dir, &trace, &flags);
+    let surface = &p["surface"];
+    let l1: Vec<f64> = serde_json::from_value(surface["l1_size_gb"].clone()).expect("l1");
+    let l2: Vec<f64> = serde_json::from_value(surface["l2_size_gb"].clone()).expect("l2");
+    assert_eq!(l2, [0.0, 0.002, 0.05], "sorted");
+    assert_eq!(l1.len(), 3);
+    let cells = surface["cells"].as_array().expect("cells");
+    assert_eq!(cells.len(), 9);
+    let trace = Path::new(&trace);
+    let mut any_l2_hit = false;
+    for (i, cell) in cells.iter().enumerate() {
+        let (a, b) = (l1[i / 3], l2[i % 3]);
+        assert_eq!(cell["l1_size_gb"].as_f64(), Some(a), "{cell}");
+        assert_eq!(cell["l2_size_gb"].as_f64(), Some(b), "{cell}");
+        let mut flags = vec![format!("--l1-size-gb={a}")];
+        flags.push(match b {
+            0.0 => "--no-l2".to_owned(),
+            _ => format!(r#"--l2-adapter={{"type":"memory","buffers":false,"capacity_gb":{b}}}"#),
+        });
+        let single = replayed(trace, &flags);
+        let tiers = single["tiers"].as_array().expect("tiers");
+        assert_eq!(tiers.len(), if b == 0.0 { 1 } else { 2 }, "{single}");
+        assert_eq!(cell["hit_rate"], single["hits"]["hit_rate"], "{a} x {b}");
+        assert_eq!(
+            cell["l2_hit_rate"], single["hits"]["l2_hit_rate"],
+            "{a} x {b}"
+        );
+        let l2_bytes = |field: &str| -> u64 {
+            tiers[1..]
+                .iter()
+                .map(|t| t[field].as_u64().expect(field))
+                .sum()
+        };
+        assert_eq!(cell["l2_bytes_read"].as_u64(), Some(l2_bytes("bytes_read")));
+        assert_eq!(
+            cell["l2_bytes_written"].as_u64(),
+            Some(l2_bytes("bytes_written"))
+        );
+        any_l2_hit |= cell["l2_hit_rate"].as_f64().expect("rate") > 0.0;
+        if b == 0.0 {
+            assert_eq!(cell["l2_hit_rate"].as_f64(), Some(0.0));
+            assert_eq!(cell["l2_bytes_written"].as_u64(), Some(0));
+        }
+    }
+    assert!(any_l2_hit, "an L2 that never hits tests nothing");
+    // The CSV's rows and the workbook's heat map hold the same grid.
+    let csv = std::fs::read_to_string(d("csv/plan_surface.csv")).expect("csv");
+    assert_eq!(csv.lines().count(), 10, "{csv}");
+    let mut book: Xlsx<_> = open_workbook(d("p.xlsx")).expect("workbook");
+    let names = book.sheet_names();
+    for sheet in ["Curve", "Surface", "Surface hit rate", "Surface L2 traffic"] {
+        assert!(names.iter().any(|n| n == sheet), "{sheet} in {names:?}");
+    }
+    let map = book.worksheet_range("Surface hit rate").expect("heat map");
+    for (i, cell) in cells.iter().enumerate() {
+        let at = map.get_value((3 + (i / 3) as u32, 1 + (i % 3) as u32));
+        assert_eq!(
+            at,
+            Some(&Data::Float(cell["hit_rate"].as_f64().expect("rate"))),
+            "row {} column {}",
+            i / 3,
+            i % 3
+        );
+    }
+    // The picture: the curve, then a cell per value in each of the two heat maps.
+    let svg = std::fs::read_to_string(d("p.svg")).expect("svg");
+    assert!(svg.contains("Hit rate, L1 x L2"), "{svg}");
+    assert!(svg.contains("L2 traffic"), "{svg}");
+    assert!(svg.matches("<rect").count() >= 18, "{svg}");
+}
+
+#[test]
+fn surface_flags_are_checked_in_one_line() {
+    let trace = repo("testdata/lmcache/churn/lru_seed1.lct");
+    for (args, needle) in [
+        (vec!["--l2-sizes-gb", "-1"], "--l2-sizes-gb -1"),
+        (
+            vec!["--l2-sizes-gb", "1", "--surface-l1-sizes", "1"],
+            "--surface-l1-sizes 1",
+        ),
+        (vec!["--surface-l1-sizes", "4"], "--l2-sizes-gb"),
+        (
+            vec![
+                "--l2-sizes-gb",
+                "1",
+                "--l2-adapter",
+                r#"{"type":"fs","path":"/tmp/kvtrace-surface"}"#,
+            ],
+            "give a memory or gpu tier",
+        ),
+        (
+            vec!["--l2-sizes-gb", "1", "--l2-adapter", "memory"],
+            "one JSON object",
+        ),
+    ] {
+        let mut argv = vec!["plan", trace.as_str(), "--size-gb", "0.01"];
+        argv.extend(args.iter().copied());
+        let err = one_line_error(&kvtrace(&argv), 2);
+        assert!(err.contains(needle), "{args:?}: {err}");
     }
 }

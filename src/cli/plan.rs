@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::report::Report;
-use kvtrace::sweep::plan::{plan, PlanOptions, Question};
+use kvtrace::sweep::plan::{plan, PlanOptions, Question, SurfaceGrid};
 use kvtrace::sweep::Point;
 
 use super::progress::Progress;
@@ -20,6 +20,7 @@ use super::{print_stdout, replay, OutputArg};
     "kvtrace plan trace.lct --target-hit-rate 0.6",
     "kvtrace plan trace.lct --size-gb 2 --eviction-policy ARC --xlsx=plan.xlsx --plot plan.svg",
     "kvtrace plan trace.lct --target-hit-rate 0.5 --min-gb 0.5 --max-gb 64 --json=plan.json",
+    "kvtrace plan trace.lct --size-gb 4 --l2-sizes-gb 0,16,64,256 --xlsx=plan.xlsx --plot plan.svg",
 ]) + "\nEvery replay is `kvtrace replay FILE` with the replay flags given and the L1 size the \
 planner picks (its counters, with --l1-accounting-only unless --l1-buffers). The sizes searched \
 span from the largest request to past the size beyond which nothing more hits, read off the \
@@ -75,6 +76,26 @@ pub(super) struct Args {
     /// Give every replay its real L1 buffers (the counters are the same)
     #[arg(long, help_heading = "Plan")]
     l1_buffers: bool,
+    /// L2 capacities (GiB) of an L1 × L2 surface: each is replayed with every L1 size of the
+    /// surface's grid, as the --l2-adapter given (a memory or gpu tier; by default a memory
+    /// tier of sizes only) with that capacity; 0 is L1 alone (--no-l2)
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        allow_negative_numbers = true,
+        help_heading = "Surface"
+    )]
+    l2_sizes_gb: Vec<f64>,
+    /// L1 sizes of the surface, log-spaced over the plan's range
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 8,
+        requires = "l2_sizes_gb",
+        help_heading = "Surface"
+    )]
+    surface_l1_sizes: usize,
     /// The plan as JSON [default: plan.json]
     #[arg(long, value_name = "PATH", num_args = 0..=1, require_equals = true,
           default_missing_value = "", value_parser = OutputArg::parse, help_heading = "Plan")]
@@ -99,6 +120,34 @@ pub(super) struct Args {
     quiet: bool,
     #[command(flatten)]
     flags: Lists<PlanFlags>,
+}
+
+/// The surface's L2 tier at `gib` (above 0): the user's `--l2-adapter` (one that keeps sizes
+/// in this process, since the cells run at once) with that capacity, or a memory tier of sizes
+/// only when none was given.
+fn surface_tier(given: Option<&str>, gib: f64) -> Result<String, Error> {
+    let mut tier = match given {
+        None => serde_json::json!({"type": "memory", "buffers": false}),
+        Some(text) => match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(v @ serde_json::Value::Object(_)) => v,
+            _ => {
+                return Err(Error::usage(format!(
+                    "--l2-adapter {text}: expected one JSON object with --l2-sizes-gb"
+                )))
+            }
+        },
+    };
+    match tier["type"].as_str() {
+        Some("memory" | "mock" | "gpu") => {}
+        other => {
+            return Err(Error::usage(format!(
+                "--l2-adapter type {}: a surface replays its cells at once, each with its own L2; give a memory or gpu tier",
+                other.map_or("missing".into(), |t| format!("{t:?}"))
+            )))
+        }
+    }
+    tier["capacity_gb"] = gib.into();
+    Ok(tier.to_string())
 }
 
 fn share(flag: &str, v: f64) -> Result<f64, Error> {
@@ -167,19 +216,70 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
             .map(|x| (x.flag.clone(), x.values[0].clone()))
             .collect(),
     };
+    let surface = match a.l2_sizes_gb.is_empty() {
+        true => None,
+        false => {
+            let mut l2_gib = Vec::with_capacity(a.l2_sizes_gb.len());
+            for &v in &a.l2_sizes_gb {
+                if !(v.is_finite() && (0.0..=1e6).contains(&v)) {
+                    return Err(Error::usage(format!(
+                        "--l2-sizes-gb {v}: expected GiB from 0 (L1 alone) to 1000000"
+                    )));
+                }
+                l2_gib.push(v.abs());
+            }
+            l2_gib.sort_by(f64::total_cmp);
+            l2_gib.dedup();
+            if l2_gib.len() > 16 {
+                return Err(Error::usage(format!(
+                    "--l2-sizes-gb: {} sizes; a surface takes at most 16",
+                    l2_gib.len()
+                )));
+            }
+            if !(2..=64).contains(&a.surface_l1_sizes) {
+                return Err(Error::usage(format!(
+                    "--surface-l1-sizes {}: expected 2 to 64 sizes",
+                    a.surface_l1_sizes
+                )));
+            }
+            // Every tier the surface builds is checked now, before any replay.
+            for &g in l2_gib.iter().filter(|g| **g > 0.0) {
+                surface_tier(base.get("l2-adapter"), g)?;
+            }
+            Some(SurfaceGrid {
+                l1_sizes: a.surface_l1_sizes,
+                l2_gib,
+            })
+        }
+    };
     let head: Vec<OsString> = vec!["kvtrace replay".into(), a.file.clone().into()];
-    let one = |gib: f64| -> Result<OneReplay, Error> {
-        let mut argv = point_argv::<PlanFlags>(&head, &base)?;
+    let one = |gib: f64, l2_gib: Option<f64>| -> Result<OneReplay, Error> {
+        let mut point = base.clone();
+        if let Some(l2) = l2_gib {
+            point
+                .settings
+                .retain(|(flag, _)| flag != "l2-adapter" && flag != "no-l2");
+            point.settings.push(match l2 > 0.0 {
+                true => (
+                    "l2-adapter".into(),
+                    surface_tier(base.get("l2-adapter"), l2)?,
+                ),
+                false => ("no-l2".into(), "true".into()),
+            });
+        }
+        let mut argv = point_argv::<PlanFlags>(&head, &point)?;
         argv.push(format!("--l1-size-gb={gib}").into());
         if !a.l1_buffers && base.get("l1-accounting-only").is_none() {
             argv.push("--l1-accounting-only".into());
         }
-        let mut point = base.clone();
-        point.name = format!("{gib} GiB");
+        point.name = match l2_gib {
+            Some(l2) => format!("{gib} GiB, L2 {l2} GiB"),
+            None => format!("{gib} GiB"),
+        };
         parse_point(argv, &point)
     };
     // The flags are checked once, before any replay.
-    let first = one(range.map_or(1.0, |r| r.1))?;
+    let first = one(range.map_or(1.0, |r| r.1), None)?;
     replay::check(&first.args)?;
     replay::guard(&first.args)?;
     if replay::is_events(&a.file, &first.args) {
@@ -206,9 +306,10 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
             Some(rate) => Some((share("--sample", rate)?, a.sample_seed)),
             None => None,
         },
+        surface,
     };
     let bar = Progress::points(a.grid as u64, !a.quiet);
-    let at = |gib: f64, loaded| replay::plan(&one(gib)?.args, false, None, loaded);
+    let at = |gib: f64, l2_gib, loaded| replay::plan(&one(gib, l2_gib)?.args, false, None, loaded);
     let result = plan(&a.file, &options, read, &at, &|_| bar.inc());
     bar.finish();
     let report = result?;

@@ -99,6 +99,9 @@ pub(super) struct TierArgs {
     /// (never|every_write); redis takes "url" and "prefix"
     #[arg(long, value_name = "JSON")]
     l2_adapter: Vec<String>,
+    /// No L2 tier: L1 alone, whatever tiers the trace's header or --config describe
+    #[arg(long, conflicts_with = "l2_adapter")]
+    no_l2: bool,
     /// How objects reach the L2 tiers (kvtrace)
     #[arg(long, value_enum)]
     placement: Option<PlacementArg>,
@@ -153,7 +156,7 @@ pub(super) fn apply_toml(config: &mut StorageConfig, path: &Path) -> Result<(), 
 impl TierArgs {
     /// Whether L2 tiers were given by flag.
     pub(super) fn gives_l2(&self) -> bool {
-        !self.l2_adapter.is_empty()
+        !self.l2_adapter.is_empty() || self.no_l2
     }
 
     /// Whether any tier flag was given.
@@ -169,6 +172,7 @@ impl TierArgs {
             || self.l1_accounting_only
             || self.l1_touch_pages
             || !self.l2_adapter.is_empty()
+            || self.no_l2
             || self.placement.is_some()
             || self.l2_store_policy.is_some()
             || self.l2_prefetch_policy.is_some()
@@ -257,6 +261,9 @@ impl TierArgs {
                     available as f64 / (1u64 << 30) as f64
                 )));
             }
+        }
+        if self.no_l2 {
+            config.l2.clear();
         }
         if !self.l2_adapter.is_empty() {
             config.l2 = self

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 
 use serde_json::Value as Json;
 
-pub use chart::{Chart, Series};
+pub use chart::{Chart, HeatMap, Series};
 use kvtrace_io::error::{Error, Result};
 use kvtrace_io::output::{check_writable, write_atomic};
 pub use table::{Cell, Table, Unit};
@@ -54,6 +54,10 @@ pub trait Report {
     }
     /// The charts, main one first: native charts in XLSX, the main one in SVG.
     fn charts(&self) -> Vec<Chart> {
+        Vec::new()
+    }
+    /// The heat maps: a sheet each in XLSX, drawn below the main chart in SVG.
+    fn heat_maps(&self) -> Vec<HeatMap> {
         Vec::new()
     }
     /// What the terminal shows.

@@ -2,11 +2,15 @@
 //! formats, so spreadsheets can sort, filter and chart them; every table has a bold, frozen
 //! header row and an autofilter. Rows past Excel's limit are left out and counted in a last
 //! row. A report's charts become native Excel line charts on a Charts sheet, drawn from the
-//! numbers they plot, written on a Chart data sheet (two columns per line).
+//! numbers they plot, written on a Chart data sheet (two columns per line). A heat map is a
+//! sheet of its values, row and column labels around them, under a three-colour scale.
 
-use rust_xlsxwriter::{Chart as XlsxChart, ChartType, Format, Workbook, Worksheet, XlsxError};
+use rust_xlsxwriter::{
+    Chart as XlsxChart, ChartType, ConditionalFormat3ColorScale, Format, Workbook, Worksheet,
+    XlsxError,
+};
 
-use super::{Artifact, Cell, Chart, Exporter, Report, Table, Unit};
+use super::{Artifact, Cell, Chart, Exporter, HeatMap, Report, Table, Unit};
 use kvtrace_io::error::{Error, Result};
 
 pub struct Xlsx;
@@ -171,6 +175,40 @@ fn charts(f: &Formats, charts: &[Chart]) -> Result<(Worksheet, Worksheet), XlsxE
     Ok((sheet, data))
 }
 
+/// A heat map's sheet: its title, the column labels under the x title, each row's label
+/// and values, and a red-yellow-green scale over the values (low red, high green).
+fn heat_map(f: &Formats, map: &HeatMap) -> Result<Worksheet, XlsxError> {
+    let mut ws = Worksheet::new();
+    ws.set_name(&map.sheet)?;
+    ws.write_string_with_format(0, 0, &map.title, &f.header)?;
+    ws.write_string_with_format(1, 1, &map.x_title, &f.header)?;
+    ws.write_string_with_format(2, 0, &map.y_title, &f.header)?;
+    for (c, label) in map.x_labels.iter().enumerate() {
+        ws.write_string_with_format(2, c as u16 + 1, label, &f.header)?;
+    }
+    let value = if map.ratio { &f.pct } else { &f.secs };
+    for (r, (label, row)) in map.y_labels.iter().zip(&map.values).enumerate() {
+        let r = r as u32 + 3;
+        ws.write_string_with_format(r, 0, label, &f.header)?;
+        for (c, v) in row.iter().enumerate() {
+            if let Some(v) = v {
+                ws.write_number_with_format(r, c as u16 + 1, *v, value)?;
+            }
+        }
+    }
+    let (rows, cols) = (map.y_labels.len() as u32, map.x_labels.len() as u16);
+    if rows > 0 && cols > 0 {
+        let scale = ConditionalFormat3ColorScale::new()
+            .set_minimum_color("#F8696B")
+            .set_midpoint_color("#FFEB84")
+            .set_maximum_color("#63BE7B");
+        ws.add_conditional_format(3, 1, rows + 2, cols, &scale)?;
+    }
+    ws.set_freeze_panes(3, 1)?;
+    ws.autofit();
+    Ok(ws)
+}
+
 impl Exporter for Xlsx {
     fn export(&self, report: &dyn Report) -> Result<Vec<Artifact>> {
         let f = Formats::new();
@@ -191,6 +229,9 @@ impl Exporter for Xlsx {
                     wb.push_worksheet(c);
                 }
             }
+        }
+        for map in report.heat_maps() {
+            wb.push_worksheet(heat_map(&f, &map).map_err(xlsx_error)?);
         }
         for last in [chart_sheet, data.take()].into_iter().flatten() {
             wb.push_worksheet(last);

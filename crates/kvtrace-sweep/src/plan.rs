@@ -12,6 +12,9 @@
 //! guaranteed to grow with the size (a pass may evict differently); the report counts the
 //! dips it saw, and the answer never rests on a size between replays.
 //!
+//! Asked for a surface, it also replays a log-spaced grid of L1 sizes over the same bracket
+//! against each L2 size given: the hit rate and the L2's traffic for every pair, as heat maps.
+//!
 //! Beside each replayed size the planner gives the optimal bound ([`crate::optimal`]): the
 //! share of looked-up chunks the best possible eviction would hit there, so the curve shows
 //! how far the chosen policy is from what no policy can beat.
@@ -29,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::lmct::ReadOptions;
 use kvtrace_replay::loaded::{Loaded, SampleCounts};
 use kvtrace_replay::plan::Plan;
-use kvtrace_report::{Cell, Chart, Report, Series, Table, Unit};
+use kvtrace_report::{Cell, Chart, HeatMap, Report, Series, Table, Unit};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -42,8 +45,17 @@ pub enum Question {
     Size(f64),
 }
 
+/// The L1 × L2 grid a surface replays.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SurfaceGrid {
+    /// L1 sizes, log-spaced over the plan's bracket.
+    pub l1_sizes: usize,
+    /// L2 capacities (GiB), each a column; 0 is L1 alone.
+    pub l2_gib: Vec<f64>,
+}
+
 /// How the planner searches.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct PlanOptions {
     pub question: Question,
     /// The sizes (GiB) to search between; `None`: from the trace's LRU curve.
@@ -56,6 +68,8 @@ pub struct PlanOptions {
     pub jobs: usize,
     /// Replay a sample of the trace's prefix trees instead of all of it: `(rate, seed)`.
     pub sample: Option<(f64, u64)>,
+    /// Also replay an L1 × L2 surface.
+    pub surface: Option<SurfaceGrid>,
 }
 
 /// What a sampled plan replayed: every size at [`SampleCounts::share`] of itself, token
@@ -66,9 +80,38 @@ pub struct Sampled {
     pub counts: SampleCounts,
 }
 
-/// A replay of the trace at an L1 size in GiB, as `kvtrace replay` with the user's flags and
-/// that size would run it, from the trace decoded once when it is given.
-pub type SizePlan<'a> = dyn Fn(f64, Option<Arc<Loaded>>) -> Result<Plan> + Sync + 'a;
+/// A replay of the trace at an L1 size in GiB — and, for a cell of a surface, an L2 capacity
+/// in GiB — as `kvtrace replay` with the user's flags and those sizes would run it, from the
+/// trace decoded once when it is given.
+pub type SizePlan<'a> = dyn Fn(f64, Option<f64>, Option<Arc<Loaded>>) -> Result<Plan> + Sync + 'a;
+
+/// One cell of an L1 × L2 surface.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SurfaceCell {
+    pub l1_gib: f64,
+    pub l2_gib: f64,
+    pub hit_rate: f64,
+    pub l1_hit_rate: f64,
+    pub l2_hit_rate: f64,
+    /// Bytes the L2 tiers served (hits promoted to L1) and took (stores, demotions).
+    pub l2_bytes_read: u64,
+    pub l2_bytes_written: u64,
+}
+
+impl SurfaceCell {
+    /// The L2's traffic, both ways, in GiB.
+    pub fn l2_traffic_gib(&self) -> f64 {
+        (self.l2_bytes_read + self.l2_bytes_written) as f64 / GIB
+    }
+}
+
+/// The replayed L1 × L2 grid, row by row (an L1 size each), columns the L2 sizes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Surface {
+    pub l1_gib: Vec<f64>,
+    pub l2_gib: Vec<f64>,
+    pub cells: Vec<SurfaceCell>,
+}
 
 /// One replayed size.
 #[derive(Clone, Debug, PartialEq)]
@@ -119,6 +162,23 @@ pub struct CapacityPlan {
     /// Why the optimal bound is missing, when it is (objects of several sizes, lookups it
     /// does not model).
     pub optimal_unavailable: Option<String>,
+    pub surface: Option<Surface>,
+}
+
+/// A size as an axis label: four significant digits.
+fn size_label(gib: f64) -> String {
+    if gib == 0.0 {
+        "0".into()
+    } else if gib >= 100.0 {
+        format!("{gib:.0}")
+    } else {
+        let decimals = (3 - gib.abs().log10().floor() as i32).clamp(0, 8) as usize;
+        let text = format!("{gib:.decimals$}");
+        match text.contains('.') {
+            true => text.trim_end_matches('0').trim_end_matches('.').to_owned(),
+            false => text,
+        }
+    }
 }
 
 /// `n` sizes spread evenly on a log scale over `[lo, hi]`.
@@ -224,7 +284,7 @@ pub fn plan(
         sizes.sort_by(f64::total_cmp);
     }
     let run = |gib: f64| -> Result<SizePoint> {
-        let finished = at(gib * scale, loaded.clone())?.run(|_| {})?;
+        let finished = at(gib * scale, None, loaded.clone())?.run(|_| {})?;
         let report = &finished.report;
         let span_s = match (report.requests.first(), report.requests.last()) {
             (Some(a), Some(b)) => (b.t - a.t).max(0.0),
@@ -301,6 +361,42 @@ pub fn plan(
         .windows(2)
         .filter(|w| w[1].figures.hit_rate + 0.001 < w[0].figures.hit_rate)
         .count();
+    let surface = match &options.surface {
+        Some(grid) if crate::interrupt::requested().is_none() => {
+            let l1_gib = log_grid(range.0, range.1, grid.l1_sizes.max(2));
+            let pairs: Vec<(f64, f64)> = l1_gib
+                .iter()
+                .flat_map(|&l1| grid.l2_gib.iter().map(move |&l2| (l1, l2)))
+                .collect();
+            let cells = run_points(
+                pairs.len(),
+                options.jobs,
+                &|i| {
+                    let (l1, l2) = pairs[i];
+                    let finished = at(l1 * scale, Some(l2 * scale), loaded.clone())?.run(|_| {})?;
+                    let report = &finished.report;
+                    let l2_tiers = report.tiers.iter().skip(1);
+                    Ok(SurfaceCell {
+                        l1_gib: l1,
+                        l2_gib: l2,
+                        hit_rate: report.hits.hit_rate,
+                        l1_hit_rate: report.hits.l1_hit_rate,
+                        l2_hit_rate: report.hits.l2_hit_rate,
+                        l2_bytes_read: l2_tiers.clone().map(|t| t.bytes_read).sum(),
+                        l2_bytes_written: l2_tiers.map(|t| t.bytes_written).sum(),
+                    })
+                },
+                done,
+            )?;
+            replays += cells.len();
+            Some(Surface {
+                l1_gib,
+                l2_gib: grid.l2_gib.clone(),
+                cells,
+            })
+        }
+        _ => None,
+    };
     Ok(CapacityPlan {
         trace: trace.display().to_string(),
         question: options.question,
@@ -315,6 +411,7 @@ pub fn plan(
         interrupted: crate::interrupt::requested().is_some(),
         sampled,
         optimal_unavailable,
+        surface,
     })
 }
 
@@ -402,6 +499,19 @@ impl Report for CapacityPlan {
                 "keys_kept": s.keys_kept,
             })),
             "curve": (0..self.points.len()).map(|i| self.point_json(i)).collect::<Vec<_>>(),
+            "surface": self.surface.as_ref().map(|s| json!({
+                "l1_size_gb": s.l1_gib,
+                "l2_size_gb": s.l2_gib,
+                "cells": s.cells.iter().map(|c| json!({
+                    "l1_size_gb": c.l1_gib,
+                    "l2_size_gb": c.l2_gib,
+                    "hit_rate": c.hit_rate,
+                    "l1_hit_rate": c.l1_hit_rate,
+                    "l2_hit_rate": c.l2_hit_rate,
+                    "l2_bytes_read": c.l2_bytes_read,
+                    "l2_bytes_written": c.l2_bytes_written,
+                })).collect::<Vec<_>>(),
+            })),
         }))
     }
 
@@ -450,7 +560,72 @@ impl Report for CapacityPlan {
                 Cell::Bool(self.knee == Some(i)),
             ]);
         }
-        vec![t]
+        let mut tables = vec![t];
+        if let Some(surface) = &self.surface {
+            let mut t = Table::new(&[
+                "l1_size_gb",
+                "l2_size_gb",
+                "hit_rate",
+                "l1_hit_rate",
+                "l2_hit_rate",
+                "l2_bytes_read",
+                "l2_bytes_written",
+            ])
+            .sheet("Surface")
+            .csv("plan_surface.csv");
+            t.rows = surface
+                .cells
+                .iter()
+                .map(|c| {
+                    vec![
+                        Cell::Number(c.l1_gib),
+                        Cell::Number(c.l2_gib),
+                        Cell::Measure(c.hit_rate, Unit::Ratio),
+                        Cell::Measure(c.l1_hit_rate, Unit::Ratio),
+                        Cell::Measure(c.l2_hit_rate, Unit::Ratio),
+                        Cell::Count(c.l2_bytes_read),
+                        Cell::Count(c.l2_bytes_written),
+                    ]
+                })
+                .collect();
+            tables.push(t);
+        }
+        tables
+    }
+
+    fn heat_maps(&self) -> Vec<HeatMap> {
+        let Some(surface) = &self.surface else {
+            return Vec::new();
+        };
+        let map =
+            |title: &str, sheet: &str, ratio: bool, value: &dyn Fn(&SurfaceCell) -> f64| HeatMap {
+                title: title.into(),
+                sheet: sheet.into(),
+                x_title: "L2 size (GiB)".into(),
+                x_labels: surface.l2_gib.iter().map(|g| size_label(*g)).collect(),
+                y_title: "L1 size (GiB)".into(),
+                y_labels: surface.l1_gib.iter().map(|g| size_label(*g)).collect(),
+                values: surface
+                    .cells
+                    .chunks(surface.l2_gib.len().max(1))
+                    .map(|row| row.iter().map(|c| Some(value(c))).collect())
+                    .collect(),
+                ratio,
+            };
+        vec![
+            map(
+                "Hit rate, L1 x L2 (full replays)",
+                "Surface hit rate",
+                true,
+                &|c| c.hit_rate,
+            ),
+            map(
+                "L2 traffic, GiB read + written",
+                "Surface L2 traffic",
+                false,
+                &SurfaceCell::l2_traffic_gib,
+            ),
+        ]
     }
 
     fn charts(&self) -> Vec<Chart> {
@@ -575,6 +750,27 @@ impl Report for CapacityPlan {
                 p.hit_tokens,
                 marginal
             ));
+        }
+        if let Some(surface) = &self.surface {
+            out.push_str(&format!(
+                "\n  hit rate by L1 (rows) and L2 (columns), GiB\n  {:>12}",
+                "L1 \\ L2"
+            ));
+            for l2 in &surface.l2_gib {
+                out.push_str(&format!("  {:>9}", size_label(*l2)));
+            }
+            out.push('\n');
+            for (l1, row) in surface
+                .l1_gib
+                .iter()
+                .zip(surface.cells.chunks(surface.l2_gib.len().max(1)))
+            {
+                out.push_str(&format!("  {:>12.4}", l1));
+                for c in row {
+                    out.push_str(&format!("  {:>9}", pct(c.hit_rate)));
+                }
+                out.push('\n');
+            }
         }
         out.push_str(&format!(
             "\n  {} full replays between {:.4} and {:.4} GiB{}{}\n",
