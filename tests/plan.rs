@@ -473,3 +473,104 @@ fn surface_flags_are_checked_in_one_line() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+/// A Mooncake request trace is planned as the storage trace `kvtrace generate --from-mooncake`
+/// writes for it (the same curve and answer), with the per-second figures over the request
+/// trace's own time, not the generated records' microseconds.
+#[test]
+fn a_mooncake_request_trace_is_planned_as_its_storage_trace() {
+    let requests = repo("testdata/mooncake/conversation_head300.jsonl");
+    let dir = scratch();
+    let lct = dir.path().join("g.lct");
+    let out = kvtrace([
+        "generate",
+        &lct.display().to_string(),
+        "--from-mooncake",
+        &requests,
+        "--chunk-mib",
+        "64",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let flags = ["--target-hit-rate", "0.05"];
+    let direct = plan(
+        Path::new(&requests),
+        &[&flags[..], &["--chunk-mib", "64"]].concat(),
+    );
+    let generated = plan(&lct, &flags);
+    assert!(
+        direct["trace"]
+            .as_str()
+            .expect("trace")
+            .contains("Mooncake request trace"),
+        "{}",
+        direct["trace"]
+    );
+    for key in ["question", "range_gb", "replays", "dips", "optimal_bound"] {
+        assert_eq!(direct[key], generated[key], "{key}");
+    }
+    let fields = |point: &Json| -> Vec<Json> {
+        [
+            "l1_size_gb",
+            "hit_rate",
+            "hit_tokens",
+            "optimal_chunk_hit_rate",
+        ]
+        .iter()
+        .map(|k| point[k].clone())
+        .collect()
+    };
+    let points = |p: &Json| -> Vec<Vec<Json>> {
+        p["curve"]
+            .as_array()
+            .expect("curve")
+            .iter()
+            .map(fields)
+            .collect()
+    };
+    assert_eq!(points(&direct), points(&generated));
+    assert_eq!(fields(&direct["answer"]), fields(&generated["answer"]));
+    // The request trace's span, read here from its timestamps (milliseconds).
+    let stamps: Vec<f64> = text(&std::fs::read(&requests).expect("requests"))
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str::<Json>(l).expect("row")["timestamp"]
+                .as_f64()
+                .expect("ms")
+        })
+        .collect();
+    let span_s = (stamps.iter().copied().fold(f64::MIN, f64::max)
+        - stamps.iter().copied().fold(f64::MAX, f64::min))
+        / 1000.0;
+    assert!(span_s > 1.0, "{span_s}");
+    assert_eq!(direct["trace_span_s"].as_f64(), Some(span_s));
+    let answer = &direct["answer"];
+    let per_s = answer["hit_tokens"].as_f64().expect("tokens") / span_s;
+    assert!((answer["hit_tokens_per_s"].as_f64().expect("per s") - per_s).abs() < 1e-6 * per_s);
+}
+
+#[test]
+fn bad_request_traces_and_misplaced_chunk_sizes_are_one_line() {
+    let dir = scratch();
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 8, \"hash_ids\": [1, 2]}\n\
+         {\"timestamp\": 5, \"input_length\": 1024, \"output_length\": 8, \"hash_ids\": \"x\"}\n",
+    )
+    .expect("write");
+    let err = one_line_error(
+        &kvtrace(["plan", &bad.display().to_string(), "--size-gb", "1"]),
+        1,
+    );
+    assert!(
+        err.contains("bad.jsonl") && err.contains("line 2") && err.contains("hash_ids"),
+        "{err}"
+    );
+    let lct = repo("testdata/lmcache/churn/lru_seed1.lct");
+    let err = one_line_error(
+        &kvtrace(["plan", &lct, "--size-gb", "1", "--chunk-mib", "4"]),
+        2,
+    );
+    assert!(err.contains("--chunk-mib"), "{err}");
+}

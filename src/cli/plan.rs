@@ -5,8 +5,10 @@ use std::path::PathBuf;
 
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::report::Report;
+use kvtrace::simulate::mooncake::request_span_s;
 use kvtrace::sweep::plan::{plan, PlanOptions, Question, SurfaceGrid};
 use kvtrace::sweep::Point;
+use kvtrace::trace::mooncake::{self, MooncakeOptions};
 
 use super::progress::Progress;
 use super::sweep::{jobs, parse_point, point_argv, Asked, Lists, OneReplay, PlanFlags};
@@ -21,13 +23,20 @@ use super::{print_stdout, replay, OutputArg};
     "kvtrace plan trace.lct --size-gb 2 --eviction-policy ARC --xlsx=plan.xlsx --plot plan.svg",
     "kvtrace plan trace.lct --target-hit-rate 0.5 --min-gb 0.5 --max-gb 64 --json=plan.json",
     "kvtrace plan trace.lct --size-gb 4 --l2-sizes-gb 0,16,64,256 --xlsx=plan.xlsx --plot plan.svg",
+    "kvtrace plan conversation_trace.jsonl --target-hit-rate 0.3 --chunk-mib 64",
 ]) + "\nEvery replay is `kvtrace replay FILE` with the replay flags given and the L1 size the \
 planner picks (its counters, with --l1-accounting-only unless --l1-buffers). The sizes searched \
 span from the largest request to past the size beyond which nothing more hits, read off the \
 trace's one-pass LRU curve, unless --min-gb and --max-gb say otherwise.")]
 pub(super) struct Args {
-    /// The LMCT storage trace
+    /// The LMCT storage trace, or a Mooncake JSONL request trace (planned as the storage
+    /// trace `kvtrace generate --from-mooncake` writes for it)
     file: PathBuf,
+    /// MiB per chunk of a Mooncake request trace (one chunk per hash_id, 512 tokens): the KV
+    /// bytes of 512 tokens of the served model
+    #[arg(long, value_name = "M", value_parser = clap::value_parser!(u64).range(1..=1 << 20),
+          help_heading = "Plan")]
+    chunk_mib: Option<u64>,
     /// The hit rate to reach (0 to 1): the answer is the smallest L1 that meets it
     #[arg(
         long,
@@ -150,6 +159,42 @@ fn surface_tier(given: Option<&str>, gib: f64) -> Result<String, Error> {
     Ok(tier.to_string())
 }
 
+/// A Mooncake JSONL request trace (its first byte opens a JSON object; an LMCT file opens with
+/// a binary length) as the storage trace `kvtrace generate --from-mooncake` writes for it, in
+/// a temporary file that is removed when dropped; `None` for any other file.
+fn request_trace(
+    file: &std::path::Path,
+    chunk_mib: Option<u64>,
+) -> Result<Option<tempfile::NamedTempFile>, Error> {
+    use std::io::Read;
+    let shown = file.display().to_string();
+    let mut first = [0u8; 1];
+    let json = std::fs::File::open(file)
+        .and_then(|mut f| f.read(&mut first))
+        .map_err(|e| Error::io("cannot open", e).in_file(&shown))?
+        == 1
+        && first[0] == b'{';
+    if !json {
+        return match chunk_mib {
+            Some(_) => Err(Error::usage(format!(
+                "{shown}: --chunk-mib sizes the chunks of a Mooncake request trace, and this is a storage trace"
+            ))),
+            None => Ok(None),
+        };
+    }
+    let options = MooncakeOptions {
+        chunk_mib: chunk_mib.unwrap_or(MooncakeOptions::default().chunk_mib),
+        ..MooncakeOptions::default()
+    };
+    let out = tempfile::Builder::new()
+        .prefix("kvtrace-plan-")
+        .suffix(".lct")
+        .tempfile()
+        .map_err(|e| Error::io("cannot create a temporary trace", e))?;
+    mooncake::write_file(&options, file, out.path(), None, &|_, _| {})?;
+    Ok(Some(out))
+}
+
 fn share(flag: &str, v: f64) -> Result<f64, Error> {
     if v > 0.0 && v <= 1.0 {
         Ok(v)
@@ -252,7 +297,13 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
             })
         }
     };
-    let head: Vec<OsString> = vec!["kvtrace replay".into(), a.file.clone().into()];
+    // A request trace is planned as the storage trace it gives, written aside for the
+    // replays and removed after them.
+    let generated = request_trace(&a.file, a.chunk_mib)?;
+    let trace = generated
+        .as_ref()
+        .map_or(a.file.clone(), |g| g.path().to_owned());
+    let head: Vec<OsString> = vec!["kvtrace replay".into(), trace.clone().into()];
     let one = |gib: f64, l2_gib: Option<f64>| -> Result<OneReplay, Error> {
         let mut point = base.clone();
         if let Some(l2) = l2_gib {
@@ -282,7 +333,7 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
     let first = one(range.map_or(1.0, |r| r.1), None)?;
     replay::check(&first.args)?;
     replay::guard(&first.args)?;
-    if replay::is_events(&a.file, &first.args) {
+    if replay::is_events(&trace, &first.args) {
         return Err(Error::usage(
             "the planner replays storage traces; an events trace is not one yet",
         ));
@@ -310,9 +361,19 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
     };
     let bar = Progress::points(a.grid as u64, !a.quiet);
     let at = |gib: f64, l2_gib, loaded| replay::plan(&one(gib, l2_gib)?.args, false, None, loaded);
-    let result = plan(&a.file, &options, read, &at, &|_| bar.inc());
+    let result = plan(&trace, &options, read, &at, &|_| bar.inc());
     bar.finish();
-    let report = result?;
+    let mut report = result?;
+    if generated.is_some() {
+        // The storage trace's records are a microsecond apart: the per-second figures take
+        // the request trace's own time.
+        let shown = a.file.display().to_string();
+        let file = std::fs::File::open(&a.file)
+            .map_err(|e| Error::io("cannot open", e).in_file(&shown))?;
+        report.span_s =
+            request_span_s(std::io::BufReader::new(file)).map_err(|e| e.in_file(&shown))?;
+        report.trace = format!("{shown} (Mooncake request trace)");
+    }
     for (exporter, target) in &outputs {
         kvtrace::report::write(&report, *exporter, target, "")?;
     }

@@ -157,6 +157,19 @@ pub fn read_mooncake_hash_ids(src: impl BufRead) -> Result<Vec<Vec<u64>>> {
     Ok(requests)
 }
 
+/// Seconds from the first to the last timestamp of a Mooncake-style JSONL trace's rows (their
+/// `timestamp`s are milliseconds); 0 when fewer than two rows carry one.
+pub fn request_span_s(src: impl BufRead) -> Result<f64> {
+    let mut span: Option<(f64, f64)> = None;
+    for_each_row(src, |_, row| {
+        if let Some(t) = row.timestamp {
+            span = Some(span.map_or((t, t), |(lo, hi)| (lo.min(t), hi.max(t))));
+        }
+        Ok(())
+    })?;
+    Ok(span.map_or(0.0, |(lo, hi)| (hi - lo) / 1000.0))
+}
+
 /// Parses every non-blank line into a [`Row`] and hands it on with its line number.
 pub(crate) fn for_each_row(
     src: impl BufRead,
