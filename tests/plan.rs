@@ -27,7 +27,8 @@ fn plan(trace: &Path, flags: &[&str]) -> Json {
     serde_json::from_str(&std::fs::read_to_string(json).expect("plan")).expect("JSON")
 }
 
-/// The `kvtrace` section of a single replay's JSON summary for `trace` with `flags`.
+/// The `kvtrace` section of a single replay's JSON summary for `trace` with `flags` (an events
+/// replay's summary, which has none, whole).
 fn replayed(trace: &Path, flags: &[String]) -> Json {
     let dir = scratch();
     let json = dir.path().join("r.json");
@@ -43,7 +44,10 @@ fn replayed(trace: &Path, flags: &[String]) -> Json {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let summary: Json =
         serde_json::from_str(&std::fs::read_to_string(json).expect("summary")).expect("JSON");
-    summary["kvtrace"].clone()
+    match summary.get("kvtrace") {
+        Some(section) => section.clone(),
+        None => summary,
+    }
 }
 
 fn replayed_hit_rate(trace: &Path, gib: f64) -> f64 {
@@ -573,4 +577,54 @@ fn bad_request_traces_and_misplaced_chunk_sizes_are_one_line() {
         2,
     );
     assert!(err.contains("--chunk-mib"), "{err}");
+}
+
+/// An events fleet (LMCache's own events recording): the planner's hit rate at the recorded
+/// L1 size is the recording's own within 1 pp, and every size it replayed is the single
+/// `kvtrace replay` of that size.
+#[test]
+fn an_events_fleet_is_planned_against_its_recording() {
+    let Some(shared) = shared() else { return };
+    let trace = shared.join("lmcache/events_churn.lct");
+    let recorded = replayed(&trace, &[]);
+    let bytes = recorded["config"]["l1_manager_config"]["memory_config"]["size_in_bytes"]
+        .as_u64()
+        .expect("recorded L1 size");
+    let recorded_gib = bytes as f64 / (1u64 << 30) as f64;
+    let truth = recorded["fleet"]["recorded_hit_ratio"]
+        .as_f64()
+        .expect("truth");
+    let p = plan(&trace, &["--size-gb", &recorded_gib.to_string()]);
+    let answer = &p["answer"];
+    assert_eq!(answer["l1_size_gb"].as_f64(), Some(recorded_gib));
+    let at_recorded = answer["hit_rate"].as_f64().expect("rate");
+    assert!(
+        (at_recorded - truth).abs() <= 0.01,
+        "{at_recorded} against the recording's {truth}"
+    );
+    assert!(p["optimal_bound"]
+        .as_str()
+        .expect("why")
+        .starts_with("unavailable"));
+    let curve = p["curve"].as_array().expect("curve");
+    assert!(curve.len() >= 16, "{}", curve.len());
+    for point in curve.iter().step_by(5) {
+        let gib = point["l1_size_gb"].as_f64().expect("size");
+        let single = replayed(&trace, &[format!("--l1-size-gb={gib}")]);
+        assert_eq!(point["hit_rate"], single["fleet"]["hit_ratio"], "{gib} GiB");
+    }
+    for (args, needle) in [
+        (vec!["--sample", "0.5"], "--sample"),
+        (vec!["--l2-sizes-gb", "1"], "--l2-sizes-gb"),
+    ] {
+        let mut argv = vec![
+            "plan".to_owned(),
+            trace.display().to_string(),
+            "--size-gb".into(),
+            "0.004".into(),
+        ];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        let err = one_line_error(&kvtrace(&argv), 2);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
 }

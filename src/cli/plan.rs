@@ -4,9 +4,11 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::replay::events::fleet::{summarise, FleetStream, FleetSummary};
+use kvtrace::replay::events::{replay_events, server_config};
 use kvtrace::report::Report;
 use kvtrace::simulate::mooncake::request_span_s;
-use kvtrace::sweep::plan::{plan, PlanOptions, Question, SurfaceGrid};
+use kvtrace::sweep::plan::{plan, PlanInput, PlanOptions, Question, SizeRun, SurfaceGrid};
 use kvtrace::sweep::Point;
 use kvtrace::trace::mooncake::{self, MooncakeOptions};
 
@@ -195,6 +197,20 @@ fn request_trace(
     Ok(Some(out))
 }
 
+/// The sizes (GiB) an events fleet's plan searches when none are given: up to twice the bytes
+/// the busiest server stored in its L1 (an L1 that large never evicts), down a thousandfold.
+fn events_bracket(recorded: &FleetSummary) -> (f64, f64) {
+    let stored = recorded
+        .instances
+        .iter()
+        .map(|(_, totals)| totals.store_bytes_per_tier.get("l1").copied().unwrap_or(0))
+        .max()
+        .unwrap_or(0)
+        .max(1 << 20);
+    let hi = 2.0 * stored as f64 / (1u64 << 30) as f64;
+    (hi / 1000.0, hi)
+}
+
 fn share(flag: &str, v: f64) -> Result<f64, Error> {
     if v > 0.0 && v <= 1.0 {
         Ok(v)
@@ -333,9 +349,10 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
     let first = one(range.map_or(1.0, |r| r.1), None)?;
     replay::check(&first.args)?;
     replay::guard(&first.args)?;
-    if replay::is_events(&trace, &first.args) {
+    let events = replay::is_events(&trace, &first.args);
+    if events && surface.is_some() {
         return Err(Error::usage(
-            "the planner replays storage traces; an events trace is not one yet",
+            "--l2-sizes-gb: an events replay counts no L2 bytes; plan a storage trace's surface",
         ));
     }
     let outputs = Asked {
@@ -360,8 +377,28 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
         surface,
     };
     let bar = Progress::points(a.grid as u64, !a.quiet);
-    let at = |gib: f64, l2_gib, loaded| replay::plan(&one(gib, l2_gib)?.args, false, None, loaded);
-    let result = plan(&trace, &options, read, &at, &|_| bar.inc());
+    let result = if events {
+        // The fleet is decoded once; every size replays it with its own configuration.
+        let stream = FleetStream::load(&[trace.as_path()], read)?;
+        let recorded = summarise(&stream);
+        let at = |gib: f64, l2_gib, _| {
+            let config = replay::events_config(&one(gib, l2_gib)?.args, &stream.sm_config_json)?;
+            let report =
+                replay_events(&stream, &recorded, &|server| server_config(&config, server))?;
+            Ok(SizeRun::of_events(&report, recorded.duration_s))
+        };
+        let input = PlanInput::Events {
+            bracket: events_bracket(&recorded),
+        };
+        plan(&trace, &options, input, &at, &|_| bar.inc())
+    } else {
+        let at = |gib: f64, l2_gib, loaded| {
+            SizeRun::run(replay::plan(&one(gib, l2_gib)?.args, false, None, loaded)?)
+        };
+        plan(&trace, &options, PlanInput::Storage(read), &at, &|_| {
+            bar.inc()
+        })
+    };
     bar.finish();
     let mut report = result?;
     if generated.is_some() {

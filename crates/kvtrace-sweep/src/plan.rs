@@ -30,8 +30,10 @@ use super::run_points;
 use super::stack::{lru_curve, lru_curve_of, LruCurve};
 use crate::error::{Error, Result};
 use crate::lmct::ReadOptions;
+use kvtrace_replay::events::EventsReplayReport;
 use kvtrace_replay::loaded::{Loaded, SampleCounts};
 use kvtrace_replay::plan::Plan;
+use kvtrace_replay::report::ReplayReport;
 use kvtrace_report::{Cell, Chart, HeatMap, Report, Series, Table, Unit};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -82,8 +84,69 @@ pub struct Sampled {
 
 /// A replay of the trace at an L1 size in GiB — and, for a cell of a surface, an L2 capacity
 /// in GiB — as `kvtrace replay` with the user's flags and those sizes would run it, from the
-/// trace decoded once when it is given.
-pub type SizePlan<'a> = dyn Fn(f64, Option<f64>, Option<Arc<Loaded>>) -> Result<Plan> + Sync + 'a;
+/// storage trace decoded once when it is given; what it found.
+pub type SizePlan<'a> =
+    dyn Fn(f64, Option<f64>, Option<Arc<Loaded>>) -> Result<SizeRun> + Sync + 'a;
+
+/// What one replay found, as the planner compares replays.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SizeRun {
+    pub figures: Figures,
+    pub hit_tokens: u64,
+    pub requested_tokens: u64,
+    /// Seconds between the trace's first and last request.
+    pub span_s: f64,
+    /// Bytes the L2 tiers served and took.
+    pub l2_bytes_read: u64,
+    pub l2_bytes_written: u64,
+}
+
+impl SizeRun {
+    /// A storage trace's replay.
+    pub fn of(report: &ReplayReport) -> SizeRun {
+        let l2 = report.tiers.iter().skip(1);
+        SizeRun {
+            figures: Figures::of(report),
+            hit_tokens: report.hits.hit_tokens,
+            requested_tokens: report.hits.requested_tokens,
+            span_s: match (report.requests.first(), report.requests.last()) {
+                (Some(a), Some(b)) => (b.t - a.t).max(0.0),
+                _ => 0.0,
+            },
+            l2_bytes_read: l2.clone().map(|t| t.bytes_read).sum(),
+            l2_bytes_written: l2.map(|t| t.bytes_written).sum(),
+        }
+    }
+
+    /// An events fleet's replay over `span_s` seconds of records: lookups carry no token
+    /// counts, and the fleet's replay counts no L2 bytes.
+    pub fn of_events(report: &EventsReplayReport, span_s: f64) -> SizeRun {
+        SizeRun {
+            figures: Figures::of_events(report),
+            hit_tokens: 0,
+            requested_tokens: 0,
+            span_s,
+            l2_bytes_read: 0,
+            l2_bytes_written: 0,
+        }
+    }
+
+    /// The replay of [`Plan`] `plan`.
+    pub fn run(plan: Plan) -> Result<SizeRun> {
+        Ok(SizeRun::of(&plan.run(|_| {})?.report))
+    }
+}
+
+/// What the planner replays.
+#[derive(Clone, Copy, Debug)]
+pub enum PlanInput {
+    /// An LMCT storage trace, read with these options.
+    Storage(ReadOptions),
+    /// An events-level fleet, replayed by the caller's [`SizePlan`]: there is no LRU curve
+    /// or optimal bound for it, and `bracket` (GiB) is searched when the options give no
+    /// range.
+    Events { bracket: (f64, f64) },
+}
 
 /// One cell of an L1 × L2 surface.
 #[derive(Clone, Debug, PartialEq)]
@@ -225,11 +288,11 @@ fn knee(points: &[SizePoint]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
-/// Answers `options.question` for `trace`: `at` builds the replay at a size.
+/// Answers `options.question` for `trace`: `at` replays it at a size.
 pub fn plan(
     trace: &Path,
     options: &PlanOptions,
-    read: ReadOptions,
+    input: PlanInput,
     at: &SizePlan<'_>,
     done: &(dyn Fn(usize) + Sync),
 ) -> Result<CapacityPlan> {
@@ -239,6 +302,15 @@ pub fn plan(
             trace.display()
         )));
     }
+    let read = match input {
+        PlanInput::Storage(read) => read,
+        PlanInput::Events { .. } if options.sample.is_some() => {
+            return Err(Error::usage(
+                "--sample samples a storage trace's prefix trees; an events trace has none",
+            ))
+        }
+        PlanInput::Events { bracket } => return plan_events(trace, options, bracket, at, done),
+    };
     let (loaded, sampled) = match options.sample {
         Some((rate, seed)) => {
             let sample = Loaded::load_sample(trace, read, rate, seed)?;
@@ -278,24 +350,87 @@ pub fn plan(
             ((lo / scale, hi / scale), true)
         }
     };
+    let mut search = search(
+        options,
+        range,
+        scale,
+        &|gib, l2| at(gib, l2, loaded.clone()),
+        done,
+    )?;
+    // The bound at every replayed size, over the same calls (the sample's, when sampled) and
+    // the L1 bytes the replay had.
+    let uses = match &loaded {
+        Some(l) => Uses::of(l.calls()),
+        None => Uses::read(trace, read),
+    };
+    search.optimal_unavailable = match &uses {
+        Ok(u) => {
+            let points = &search.points;
+            let rates = run_points(
+                points.len(),
+                options.jobs,
+                &|i| Ok(u.hit_rate(u.capacity(points[i].figures.l1_size_bytes))),
+                &|_| {},
+            )?;
+            for (p, rate) in search.points.iter_mut().zip(rates) {
+                p.optimal_chunk_hit_rate = Some(rate);
+            }
+            None
+        }
+        Err(e) => Some(e.to_string()),
+    };
+    Ok(CapacityPlan {
+        trace: trace.display().to_string(),
+        range_from_curve,
+        sampled,
+        ..search
+    })
+}
+
+/// [`plan`] of an events fleet: the same search, over `bracket` unless the options give a
+/// range, without a bound.
+fn plan_events(
+    trace: &Path,
+    options: &PlanOptions,
+    bracket: (f64, f64),
+    at: &SizePlan<'_>,
+    done: &(dyn Fn(usize) + Sync),
+) -> Result<CapacityPlan> {
+    let range = options.range.unwrap_or(bracket);
+    let search = search(options, range, 1.0, &|gib, l2| at(gib, l2, None), done)?;
+    Ok(CapacityPlan {
+        trace: trace.display().to_string(),
+        range_from_curve: false,
+        optimal_unavailable: Some(
+            "an events trace's lookups are single objects of a fleet, not prefixes of requests"
+                .into(),
+        ),
+        ..search
+    })
+}
+
+/// The search itself, for any input: the grid over `range` (GiB), the rounds narrowing a
+/// target's interval, and the surface, each size replayed at `scale` of itself by `at`.
+fn search(
+    options: &PlanOptions,
+    range: (f64, f64),
+    scale: f64,
+    at: &(dyn Fn(f64, Option<f64>) -> Result<SizeRun> + Sync),
+    done: &(dyn Fn(usize) + Sync),
+) -> Result<CapacityPlan> {
     let mut sizes = log_grid(range.0, range.1, options.grid.max(2));
     if let Question::Size(s) = options.question {
         sizes.push(s);
         sizes.sort_by(f64::total_cmp);
     }
     let run = |gib: f64| -> Result<SizePoint> {
-        let finished = at(gib * scale, None, loaded.clone())?.run(|_| {})?;
-        let report = &finished.report;
-        let span_s = match (report.requests.first(), report.requests.last()) {
-            (Some(a), Some(b)) => (b.t - a.t).max(0.0),
-            _ => 0.0,
-        };
+        let run = at(gib * scale, None)?;
         Ok(SizePoint {
             l1_gib: gib,
-            figures: Figures::of(report),
-            hit_tokens: (report.hits.hit_tokens as f64 / scale).round() as u64,
-            requested_tokens: (report.hits.requested_tokens as f64 / scale).round() as u64,
-            span_s,
+            hit_tokens: (run.hit_tokens as f64 / scale).round() as u64,
+            requested_tokens: (run.requested_tokens as f64 / scale).round() as u64,
+            span_s: run.span_s,
+            figures: run.figures,
             optimal_chunk_hit_rate: None,
         })
     };
@@ -336,27 +471,6 @@ pub fn plan(
             .iter()
             .position(|p| (p.l1_gib - s).abs() <= 1e-12 * s),
     };
-    // The bound at every replayed size, over the same calls (the sample's, when sampled) and
-    // the L1 bytes the replay had.
-    let uses = match &loaded {
-        Some(l) => Uses::of(l.calls()),
-        None => Uses::read(trace, read),
-    };
-    let optimal_unavailable = match &uses {
-        Ok(u) => {
-            let rates = run_points(
-                points.len(),
-                options.jobs,
-                &|i| Ok(u.hit_rate(u.capacity(points[i].figures.l1_size_bytes))),
-                &|_| {},
-            )?;
-            for (p, rate) in points.iter_mut().zip(rates) {
-                p.optimal_chunk_hit_rate = Some(rate);
-            }
-            None
-        }
-        Err(e) => Some(e.to_string()),
-    };
     let dips = points
         .windows(2)
         .filter(|w| w[1].figures.hit_rate + 0.001 < w[0].figures.hit_rate)
@@ -373,17 +487,15 @@ pub fn plan(
                 options.jobs,
                 &|i| {
                     let (l1, l2) = pairs[i];
-                    let finished = at(l1 * scale, Some(l2 * scale), loaded.clone())?.run(|_| {})?;
-                    let report = &finished.report;
-                    let l2_tiers = report.tiers.iter().skip(1);
+                    let run = at(l1 * scale, Some(l2 * scale))?;
                     Ok(SurfaceCell {
                         l1_gib: l1,
                         l2_gib: l2,
-                        hit_rate: report.hits.hit_rate,
-                        l1_hit_rate: report.hits.l1_hit_rate,
-                        l2_hit_rate: report.hits.l2_hit_rate,
-                        l2_bytes_read: l2_tiers.clone().map(|t| t.bytes_read).sum(),
-                        l2_bytes_written: l2_tiers.map(|t| t.bytes_written).sum(),
+                        hit_rate: run.figures.hit_rate,
+                        l1_hit_rate: run.figures.l1_hit_rate,
+                        l2_hit_rate: run.figures.l2_hit_rate,
+                        l2_bytes_read: run.l2_bytes_read,
+                        l2_bytes_written: run.l2_bytes_written,
                     })
                 },
                 done,
@@ -398,10 +510,10 @@ pub fn plan(
         _ => None,
     };
     Ok(CapacityPlan {
-        trace: trace.display().to_string(),
+        trace: String::new(),
         question: options.question,
         range,
-        range_from_curve,
+        range_from_curve: false,
         knee: knee(&points),
         points,
         answer,
@@ -409,8 +521,8 @@ pub fn plan(
         dips,
         replays,
         interrupted: crate::interrupt::requested().is_some(),
-        sampled,
-        optimal_unavailable,
+        sampled: None,
+        optimal_unavailable: None,
         surface,
     })
 }
@@ -677,14 +789,22 @@ impl Report for CapacityPlan {
     fn terminal(&self) -> String {
         let mut out = String::new();
         let pct = |r: f64| format!("{:.2} %", r * 100.0);
-        let line = |p: &SizePoint| {
-            format!(
+        let line = |p: &SizePoint| match p.requested_tokens {
+            // An events fleet's lookups carry no tokens.
+            0 => format!(
+                "{:.4} GiB: hit rate {}, {} of {} lookups",
+                p.l1_gib,
+                pct(p.figures.hit_rate),
+                p.figures.hit_chunks,
+                p.figures.requested_chunks
+            ),
+            _ => format!(
                 "{:.4} GiB: hit rate {}, {} hit tokens ({:.0}/s of the trace)",
                 p.l1_gib,
                 pct(p.figures.hit_rate),
                 p.hit_tokens,
                 self.per_s(p.hit_tokens)
-            )
+            ),
         };
         out.push_str(&format!(
             "Capacity plan for {}\n",
