@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::{kvtrace, sample, scratch, text, TINY_BENCH};
+use crate::util::{installed, kvtrace, mpirun, sample, scratch, text, TINY_BENCH};
 use serde_json::Value;
 
 /// Three cluster-enabled redis-server children, all masters, killed when dropped.
@@ -25,19 +25,6 @@ impl Drop for Cluster {
             let _ = child.wait();
         }
     }
-}
-
-fn installed(program: &str) -> bool {
-    let found = Command::new(program)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    if !found {
-        eprintln!("SKIP: {program} is not installed (.ci/run installs it)");
-    }
-    found
 }
 
 /// A free port whose cluster bus port (+10000) is free too.
@@ -171,23 +158,6 @@ fn ok(out: &Output) {
         text(&out.stdout),
         text(&out.stderr)
     );
-}
-
-fn mpirun(np: usize, args: &[&str]) -> Option<Output> {
-    if !installed("mpirun") {
-        return None;
-    }
-    Some(
-        Command::new("mpirun")
-            .args(["-np", &np.to_string(), "--oversubscribe"])
-            .arg(env!("CARGO_BIN_EXE_kvtrace"))
-            .args(args)
-            // CI runs as root; Open MPI refuses root without these.
-            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-            .output()
-            .expect("mpirun"),
-    )
 }
 
 #[test]

@@ -632,3 +632,111 @@ fn an_interrupted_sweep_says_its_outputs_are_partial() {
     );
     assert_eq!(json(&out)["interrupted"], Value::Bool(true));
 }
+
+/// A sweep spread over ranks: `mpirun -np 3` ranks each replay their share of the points and
+/// write a slice; `kvtrace aggregate` merges the slices into the sweep one process runs, point
+/// for point (timings aside), and one workbook. Slices of different runs, a missing rank or a
+/// point claimed twice are refused in one line.
+#[test]
+fn a_sweep_over_mpirun_ranks_merges_into_the_single_sweep() {
+    let trace = churn("lru_seed1");
+    let trace = trace.to_str().expect("path");
+    let dir = scratch();
+    let d = |name: &str| dir.path().join(name).display().to_string();
+    let lists = [
+        "--l1-size-gb",
+        "0.001,0.002,0.004,0.008,0.016",
+        "--eviction-policy",
+        "LRU,ARC",
+    ];
+    let sliced = format!("--json={}", d("sweep.json"));
+    let mut args = vec!["sweep", "replay", trace, "-q", &sliced];
+    args.extend(lists);
+    let Some(out) = crate::util::mpirun(3, &args) else {
+        return;
+    };
+    ok(&out);
+    let slices: Vec<String> = (0..3)
+        .map(|r| d(&format!("sweep.rank-{r:05}.json")))
+        .collect();
+    for (r, s) in slices.iter().enumerate() {
+        let slice = json(Path::new(s));
+        assert_eq!(slice["rank"], r, "{s}");
+        assert_eq!(slice["points_total"], 10);
+    }
+    let merged = format!("--json={}", d("merged.json"));
+    let workbook = format!("--xlsx={}", d("merged.xlsx"));
+    let mut args = vec!["aggregate", "-q", &merged, &workbook];
+    args.extend(slices.iter().map(String::as_str));
+    ok(&kvtrace(&args));
+    let single = format!("--json={}", d("single.json"));
+    let mut args = vec!["sweep", "replay", trace, "-q", &single];
+    args.extend(lists);
+    ok(&kvtrace(&args));
+    let (merged, single) = (
+        json(&dir.path().join("merged.json")),
+        json(&dir.path().join("single.json")),
+    );
+    let points = |v: &Value| -> Vec<Value> {
+        v["points"]
+            .as_array()
+            .expect("points")
+            .iter()
+            .map(|p| {
+                let mut p = p.clone();
+                p.as_object_mut().expect("point").remove("replay_s");
+                p
+            })
+            .collect()
+    };
+    assert_eq!(points(&merged).len(), 10);
+    assert_eq!(points(&merged), points(&single));
+    let mut book: Xlsx<_> = open_workbook(d("merged.xlsx")).expect("workbook");
+    let sheet = book.worksheet_range("Points").expect("Points");
+    assert_eq!(sheet.rows().count(), 11, "a header and the 10 points");
+    // Refused: a missing rank, a slice of another run, a point claimed twice.
+    let refused = |inputs: &[&str], needle: &str, code: i32| {
+        let mut args = vec!["aggregate", "-q"];
+        args.extend(inputs);
+        let err = crate::util::one_line_error(&kvtrace(&args), code);
+        assert!(err.contains(needle), "{needle}: {err}");
+    };
+    refused(&[&slices[0], &slices[1]], "rank(s) 2 missing", 2);
+    let mut other = json(Path::new(&slices[2]));
+    other["trace"] = "another.lct".into();
+    std::fs::write(d("other.json"), other.to_string()).expect("write");
+    refused(
+        &[&slices[0], &slices[1], &d("other.json")],
+        "slices of different runs",
+        1,
+    );
+    let mut twice = json(Path::new(&slices[2]));
+    let first = twice["points"][0].clone();
+    twice["points"].as_array_mut().expect("points").push(first);
+    std::fs::write(d("twice.json"), twice.to_string()).expect("write");
+    refused(
+        &[&slices[0], &slices[1], &d("twice.json")],
+        "appears twice",
+        1,
+    );
+    // Under a launcher a sweep writes its slice as JSON only.
+    let Some(out) = crate::util::mpirun(
+        2,
+        &[
+            "sweep",
+            "replay",
+            trace,
+            "--l1-size-gb",
+            "0.001,0.002",
+            &workbook,
+        ],
+    ) else {
+        return;
+    };
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("kvtrace aggregate merges"),
+        "{}",
+        text(&out.stderr)
+    );
+}

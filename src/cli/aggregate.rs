@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
 use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Report, Target};
+use kvtrace::sweep::ranks::{merge, Slice};
 
 use super::{print_stdout, OutputArg};
 
@@ -11,20 +12,23 @@ use super::{print_stdout, OutputArg};
 /// counts, throughput over the common window, percentiles from the ranks' merged
 /// histograms, the spread over ranks, each operation's worst rank P95, and for bench results
 /// MLPerf Storage v3.0's aggregate of a trial (§6.3.4: storage bandwidths and throughput
-/// summed over ranks, device P95s the worst rank's)
+/// summed over ranks, device P95s the worst rank's); or the slices of a sweep spread over
+/// ranks into the one sweep
 #[derive(clap::Args)]
 #[command(after_help = super::examples(&[
     "mpirun -np 4 kvtrace replay trace.lct --json --output-dir run1 --l2-adapter '{\"type\":\"resp-cluster\",\"nodes\":[\"redis://10.0.0.5:7000\"]}'",
     "kvtrace aggregate run1/rank-* --json=run1/aggregate.json --xlsx=run1/aggregate.xlsx",
     "kvtrace aggregate bench.rank-*.json --csv=bench-aggregate",
     "kvtrace aggregate kvcache-results-20261125_101500",
+    "mpirun -np 8 kvtrace sweep replay trace.lct --l1-size-gb 1,2,4,8 --eviction-policy LRU,ARC --json=sweep.json",
+    "kvtrace aggregate sweep.rank-*.json --xlsx=sweep.xlsx --json=sweep.json",
 ]))]
 pub(super) struct Args {
     /// Each rank's trace_replay_summary.json (or the rank directory holding it), or each
     /// rank's bench results JSON; or the results directory of `bench --mlperf-option`
     /// (option_<O>/trial_<T>/rank_<N>/), summarised as MLPerf Storage v3.0 does (sums over
     /// ranks within a trial, means over trials, the worst device P95) into
-    /// kvcache_run_summary.json
+    /// kvcache_run_summary.json; or every rank's slice of a sweep (sweep.rank-*.json)
     #[arg(value_name = "RANK-OUTPUT", required = true, num_args = 1..)]
     inputs: Vec<PathBuf>,
     /// Write the merged report as JSON [default: aggregate.json]
@@ -50,6 +54,12 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
         if kvtrace::aggregate::mlperf::is_run_dir(dir) {
             let dir = dir.clone();
             return mlperf_run(&dir, args);
+        }
+    }
+    if let Some(first) = args.inputs.first().filter(|p| p.is_file()) {
+        let (file, doc) = read_json(first)?;
+        if Slice::is_slice(&doc) {
+            return sweep_run(args, Some((file, doc)));
         }
     }
     let files: Vec<PathBuf> = args
@@ -130,4 +140,57 @@ fn mlperf_run(dir: &std::path::Path, args: Args) -> Result<i32, Error> {
     } else {
         EXIT_OK
     })
+}
+
+/// A JSON file of any size a disk holds: the error names its line.
+fn read_json(path: &std::path::Path) -> Result<(String, serde_json::Value), Error> {
+    let file = path.display().to_string();
+    let text =
+        std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", e).in_file(&file))?;
+    let doc = serde_json::from_str(&text)
+        .map_err(|e| Error::line(e.line() as u64, "json", e.to_string()).in_file(&file))?;
+    Ok((file, doc))
+}
+
+/// The slices of a sweep spread over ranks (`kvtrace sweep replay` under a launcher), merged
+/// into the one sweep: its JSON, tables and workbook. `first` is the first input, read.
+fn sweep_run(args: Args, mut first: Option<(String, serde_json::Value)>) -> Result<i32, Error> {
+    let json = args.json.map(|o| o.path(|| "sweep.json".into()));
+    let csv = args.csv.map(|o| o.path(|| ".".into()));
+    let xlsx = args.xlsx.map(|o| o.path(|| "sweep.xlsx".into()));
+    crate::cli::guard(
+        args.inputs.iter().map(PathBuf::as_path),
+        [&json, &csv, &xlsx]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path),
+    )?;
+    let outputs = kvtrace::report::outputs([
+        (&Json, json.map(Target::File)),
+        (&Csv, csv.map(Target::Dir)),
+        (&Xlsx, xlsx.map(Target::File)),
+    ])?;
+    let mut slices = Vec::with_capacity(args.inputs.len());
+    for path in &args.inputs {
+        let (file, doc) = match first.take() {
+            Some(read) => read,
+            None => read_json(path)?,
+        };
+        if !Slice::is_slice(&doc) {
+            return Err(Error::usage(format!(
+                "{file}: not a sweep slice, and the first input is one: give one run's slices"
+            )));
+        }
+        let slice = Slice::read(doc, &file)?;
+        slices.push((file, slice));
+    }
+    let sweep = merge(slices)?;
+    for (exporter, target) in &outputs {
+        kvtrace::report::write(&sweep, *exporter, target, "")?;
+    }
+    if !args.quiet {
+        print_stdout(&sweep.terminal())?;
+    }
+    let failed = sweep.points.iter().any(|p| p.figures.failed > 0);
+    Ok(if failed { EXIT_DATA } else { EXIT_OK })
 }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use clap::builder::PossibleValue;
 use clap::{Arg, ArgAction, ArgMatches, Command, FromArgMatches, Parser, Subcommand};
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
+use kvtrace::rank::{Given, Rank};
 use kvtrace::report::{csv::Csv, json::Json, svg::Svg, xlsx::Xlsx, Exporter, Report, Target};
 use kvtrace::storage::config::BackendConfig;
 use kvtrace::sweep::{self, Axis, Point};
@@ -85,6 +86,14 @@ struct ReplaySweep {
     /// Give every point real L1 buffers (memory for every point running at once)
     #[arg(long, help_heading = "Sweep")]
     l1_buffers: bool,
+    /// This process's rank in a sweep spread over ranks (it replays every world-size-th point
+    /// from its rank on and writes them as its slice of --json); without it, the launcher's
+    /// (OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, JOB_COMPLETION_INDEX)
+    #[arg(long, value_name = "N", help_heading = "Sweep over ranks")]
+    rank: Option<u32>,
+    /// How many ranks share the sweep; without it, the launcher's
+    #[arg(long, value_name = "N", help_heading = "Sweep over ranks")]
+    world_size: Option<u32>,
     #[command(flatten)]
     sweep: SweepArgs,
     #[command(flatten)]
@@ -486,6 +495,16 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
         });
         parsed.push(one.args);
     }
+    let given = Given {
+        rank: a.rank,
+        world_size: a.world_size,
+        rank_name: "--rank",
+        world_size_name: "--world-size",
+    };
+    let rank = Rank::detect(&given, |name| std::env::var(name).ok())?;
+    if let Some(rank) = rank.filter(|r| r.world_size > 1) {
+        return run_replay_slice(&a, &points, parsed, &rank);
+    }
     let mut jobs = jobs(a.sweep.jobs)?;
     if external && jobs > 1 {
         // Points at once would share the tier's directory or keys: one's eviction would
@@ -593,6 +612,63 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
     } else {
         EXIT_DATA
     })
+}
+
+/// Rank `rank`'s share of a replay sweep: its points, replayed as a sweep of its own without
+/// curves, written as its slice of the JSON output (`sweep.json` becomes
+/// `sweep.rank-00002.json`) for `kvtrace aggregate` to merge.
+fn run_replay_slice(
+    a: &ReplaySweep,
+    points: &[Point],
+    parsed: Vec<replay::Args>,
+    rank: &Rank,
+) -> Result<i32, Error> {
+    let sw = &a.sweep;
+    if sw.xlsx.is_some() || sw.csv.is_some() || sw.parquet.is_some() || sw.plot.is_some() {
+        return Err(Error::usage(format!(
+            "rank {} of {} ({}): a sweep over ranks writes each rank's slice as JSON (--json); kvtrace aggregate merges the slices into the workbook, tables and JSON",
+            rank.rank, rank.world_size, rank.source
+        )));
+    }
+    let json = rank.file_name(
+        &sw.json
+            .as_ref()
+            .map_or_else(|| "sweep.json".into(), |o| o.path(|| "sweep.json".into())),
+    );
+    crate::cli::guard([a.file.as_path()], [json.as_path()])?;
+    let outputs = kvtrace::report::outputs([(&Json as &dyn Exporter, Some(Target::File(json)))])?;
+    let mine = sweep::ranks::points_of(rank.rank, rank.world_size, points.len());
+    let my_points: Vec<Point> = mine.iter().map(|&i| points[i].clone()).collect();
+    let mut parsed: Vec<Option<replay::Args>> = parsed.into_iter().map(Some).collect();
+    let my_args: Vec<replay::Args> = mine.iter().filter_map(|&i| parsed[i].take()).collect();
+    let external = my_args.iter().any(|args| {
+        replay::check(args).is_ok_and(|config| {
+            config.l2.iter().any(|t| {
+                matches!(
+                    t.backend,
+                    BackendConfig::File { .. }
+                        | BackendConfig::Redis { .. }
+                        | BackendConfig::RespCluster { .. }
+                        | BackendConfig::S3(_)
+                )
+            })
+        })
+    });
+    let jobs = if external { 1 } else { jobs(sw.jobs)? };
+    let read = replay::read_options(&my_args[0]);
+    let bar = Progress::points(my_points.len() as u64, !sw.quiet);
+    let plan = |i: usize, loaded| replay::plan(&my_args[i], false, None, loaded);
+    let result = sweep::replay::sweep(&a.file, &my_points, jobs, false, None, read, &plan, &|_| {
+        bar.inc()
+    });
+    bar.finish();
+    let slice = sweep::ranks::Slice::of(&result?, &mine, rank.rank, rank.world_size, points.len());
+    finish(&slice, &outputs, sw.quiet)?;
+    if let Some(status) = kvtrace::interrupt::exit_status() {
+        return Ok(status);
+    }
+    let failed = slice.points.iter().any(|p| p.figures.failed > 0);
+    Ok(if failed { EXIT_DATA } else { EXIT_OK })
 }
 
 fn run_simulate(a: SimulateSweep) -> Result<i32, Error> {

@@ -54,6 +54,38 @@ pub fn scratch() -> tempfile::TempDir {
     tempfile::tempdir().expect("scratch directory")
 }
 
+/// Whether `program` runs; says SKIP when it does not.
+pub fn installed(program: &str) -> bool {
+    let found = Command::new(program)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        eprintln!("SKIP: {program} is not installed (.ci/run installs it)");
+    }
+    found
+}
+
+/// `mpirun -np np kvtrace args…` (as root where CI runs it); `None` without Open MPI.
+pub fn mpirun(np: usize, args: &[&str]) -> Option<Output> {
+    if !installed("mpirun") {
+        return None;
+    }
+    Some(
+        Command::new("mpirun")
+            .args(["-np", &np.to_string(), "--oversubscribe"])
+            .arg(env!("CARGO_BIN_EXE_kvtrace"))
+            .args(args)
+            // CI runs as root; Open MPI refuses root without these.
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .output()
+            .expect("mpirun"),
+    )
+}
+
 /// A loopback port nothing listens on: bound, then released (a server a test starts takes it,
 /// or a client finds it refused).
 pub fn free_port() -> u16 {

@@ -10,6 +10,7 @@
 
 pub mod optimal;
 pub mod plan;
+pub mod ranks;
 pub mod replay;
 pub mod report;
 pub mod simulate;

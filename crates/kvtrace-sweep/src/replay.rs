@@ -37,7 +37,7 @@ pub struct ReplayPoint {
 }
 
 /// The figures a sweep compares, read from a replay report.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Figures {
     pub l1_size_bytes: u64,
     pub eviction_policy: String,
