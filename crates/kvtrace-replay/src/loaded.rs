@@ -134,6 +134,7 @@ impl Loaded {
                 keys: trees.kept.len() as u64,
                 keys_kept: trees.keys_kept,
                 trunk_keys: trees.trunk_keys,
+                trunk_bytes: trees.trunk_bytes,
             },
         })
     }
@@ -282,8 +283,9 @@ impl Loaded {
 /// the lookups the sample expects to keep, so no tree is more than a tenth of the sample. A
 /// call other than a lookup follows the tree of its first key below the trunk (a write of
 /// the chunks after a hit prefix, the tree of the lookup that named them), a call of trunk
-/// keys only is kept. Replayed with every capacity scaled by [`SampleCounts::share`], the
-/// sample's hit rate estimates the whole trace's.
+/// keys only is kept. Replayed with every capacity scaled by [`SampleCounts::scaled`] (the
+/// trunk, which every sample holds whole, at its own bytes, the rest at
+/// [`SampleCounts::share`]), the sample's hit rate estimates the whole trace's.
 pub struct Sample {
     pub loaded: Loaded,
     pub counts: SampleCounts,
@@ -301,6 +303,9 @@ pub struct SampleCounts {
     pub keys: u64,
     pub keys_kept: u64,
     pub trunk_keys: u64,
+    /// The L1 bytes the trunk's written objects take (each rounded up to the allocator's
+    /// 4 KiB alignment).
+    pub trunk_bytes: u64,
 }
 
 impl SampleCounts {
@@ -315,6 +320,24 @@ impl SampleCounts {
             return self.rate;
         }
         kept as f64 / all as f64
+    }
+
+    /// The capacity (bytes) a sampled replay gets for `bytes` of the whole trace's: every
+    /// sample holds the trunk whole, so the trunk's bytes stay as they are and only the rest
+    /// scales by [`SampleCounts::share`]; below the trunk's bytes the capacity is unscaled.
+    pub fn scaled(&self, bytes: f64) -> f64 {
+        let trunk = self.trunk_bytes as f64;
+        bytes.min(trunk) + (bytes - trunk).max(0.0) * self.share()
+    }
+
+    /// The inverse of [`SampleCounts::scaled`]: the whole trace's bytes a sample's `bytes`
+    /// stand for.
+    pub fn unscaled(&self, bytes: f64) -> f64 {
+        let trunk = self.trunk_bytes as f64;
+        match self.share() {
+            share if bytes > trunk && share > 0.0 => trunk + (bytes - trunk) / share,
+            _ => bytes,
+        }
     }
 }
 
@@ -332,6 +355,9 @@ struct Trees {
     trees_kept: u64,
     keys_kept: u64,
     trunk_keys: u64,
+    trunk_bytes: u64,
+    /// The trunk keys whose writes were counted in `trunk_bytes`.
+    trunk_written: KeyMap<()>,
 }
 
 impl Trees {
@@ -348,6 +374,8 @@ impl Trees {
             trees_kept: 0,
             keys_kept: 0,
             trunk_keys: 0,
+            trunk_bytes: 0,
+            trunk_written: KeyMap::default(),
         }
     }
 
@@ -357,6 +385,14 @@ impl Trees {
 
     /// Whether `call` is kept; the keys it names for the first time take its decision.
     fn keep(&mut self, call: &Call) -> bool {
+        if let Call::ReserveWrite { keys, object_bytes } = call {
+            let aligned = object_bytes.div_ceil(4096).saturating_mul(4096);
+            for key in keys {
+                if self.is_trunk(key) && self.trunk_written.insert(*key, ()).is_none() {
+                    self.trunk_bytes = self.trunk_bytes.saturating_add(aligned);
+                }
+            }
+        }
         let Some(below) = call.keys().find(|k| !self.is_trunk(k)) else {
             for key in call.keys() {
                 self.mark(key, true, true);

@@ -332,8 +332,17 @@ pub fn plan(
             None,
         ),
     };
-    // Sizes are the whole trace's; a sample replays each at its share of it.
+    // Sizes are the whole trace's; a sample replays each at its share of it (the trunk,
+    // which every sample holds whole, at its own size).
     let scale = sampled.map_or(1.0, |s| s.counts.share());
+    let to_sample = |gib: f64| match sampled {
+        Some(s) => s.counts.scaled(gib * GIB) / GIB,
+        None => gib,
+    };
+    let to_whole = |gib: f64| match sampled {
+        Some(s) => s.counts.unscaled(gib * GIB) / GIB,
+        None => gib,
+    };
     let (range, range_from_curve) = match options.range {
         Some(range) => (range, false),
         None => {
@@ -347,16 +356,11 @@ pub fn plan(
                     trace.display()
                 ))
             })?;
-            ((lo / scale, hi / scale), true)
+            ((to_whole(lo), to_whole(hi)), true)
         }
     };
-    let mut search = search(
-        options,
-        range,
-        scale,
-        &|gib, l2| at(gib, l2, loaded.clone()),
-        done,
-    )?;
+    let at_size = |gib: f64, l2: Option<f64>| at(to_sample(gib), l2.map(to_sample), loaded.clone());
+    let mut search = search(options, range, scale, &at_size, done)?;
     // The bound at every replayed size, over the same calls (the sample's, when sampled) and
     // the L1 bytes the replay had.
     let uses = match &loaded {
@@ -410,7 +414,8 @@ fn plan_events(
 }
 
 /// The search itself, for any input: the grid over `range` (GiB), the rounds narrowing a
-/// target's interval, and the surface, each size replayed at `scale` of itself by `at`.
+/// target's interval, and the surface, each size replayed by `at` (a sample's at its share
+/// of the size), whose tokens `scale` divides back to the whole trace's.
 fn search(
     options: &PlanOptions,
     range: (f64, f64),
@@ -424,7 +429,7 @@ fn search(
         sizes.sort_by(f64::total_cmp);
     }
     let run = |gib: f64| -> Result<SizePoint> {
-        let run = at(gib * scale, None)?;
+        let run = at(gib, None)?;
         Ok(SizePoint {
             l1_gib: gib,
             hit_tokens: (run.hit_tokens as f64 / scale).round() as u64,
@@ -487,7 +492,7 @@ fn search(
                 options.jobs,
                 &|i| {
                     let (l1, l2) = pairs[i];
-                    let run = at(l1 * scale, Some(l2 * scale))?;
+                    let run = at(l1, Some(l2))?;
                     Ok(SurfaceCell {
                         l1_gib: l1,
                         l2_gib: l2,
