@@ -287,6 +287,7 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
                         "--l2-sizes-gb {v}: expected GiB from 0 (L1 alone) to 1000000"
                     )));
                 }
+                // -0 is 0: L1 alone.
                 l2_gib.push(v.abs());
             }
             l2_gib.sort_by(f64::total_cmp);

@@ -475,7 +475,9 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
     let points = points(&a.sweep, &a.lists.axes)?;
     let head: Vec<OsString> = vec!["kvtrace replay".into(), a.file.clone().into()];
     let mut parsed = Vec::with_capacity(points.len());
-    let mut external = false;
+    // Which points have a file, Redis or S3 tier, whose directory or keys points at once
+    // would share.
+    let mut externals = Vec::with_capacity(points.len());
     for p in &points {
         let mut argv = point_argv::<ReplayFlags>(&head, p)?;
         if !a.l1_buffers && p.get("l1-accounting-only").is_none() {
@@ -484,7 +486,7 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
         let one: OneReplay = parse_point(argv, p)?;
         let config = replay::check(&one.args)
             .map_err(|e| Error::usage(format!("point {:?}: {e}", p.name)))?;
-        external |= config.l2.iter().any(|t| {
+        externals.push(config.l2.iter().any(|t| {
             matches!(
                 t.backend,
                 BackendConfig::File { .. }
@@ -492,9 +494,10 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
                     | BackendConfig::RespCluster { .. }
                     | BackendConfig::S3(_)
             )
-        });
+        }));
         parsed.push(one.args);
     }
+    let external = externals.contains(&true);
     let given = Given {
         rank: a.rank,
         world_size: a.world_size,
@@ -503,7 +506,7 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
     };
     let rank = Rank::detect(&given, |name| std::env::var(name).ok())?;
     if let Some(rank) = rank.filter(|r| r.world_size > 1) {
-        return run_replay_slice(&a, &points, parsed, &rank);
+        return run_replay_slice(&a, &points, parsed, &externals, &rank);
     }
     let mut jobs = jobs(a.sweep.jobs)?;
     if external && jobs > 1 {
@@ -621,6 +624,7 @@ fn run_replay_slice(
     a: &ReplaySweep,
     points: &[Point],
     parsed: Vec<replay::Args>,
+    externals: &[bool],
     rank: &Rank,
 ) -> Result<i32, Error> {
     let sw = &a.sweep;
@@ -641,20 +645,10 @@ fn run_replay_slice(
     let my_points: Vec<Point> = mine.iter().map(|&i| points[i].clone()).collect();
     let mut parsed: Vec<Option<replay::Args>> = parsed.into_iter().map(Some).collect();
     let my_args: Vec<replay::Args> = mine.iter().filter_map(|&i| parsed[i].take()).collect();
-    let external = my_args.iter().any(|args| {
-        replay::check(args).is_ok_and(|config| {
-            config.l2.iter().any(|t| {
-                matches!(
-                    t.backend,
-                    BackendConfig::File { .. }
-                        | BackendConfig::Redis { .. }
-                        | BackendConfig::RespCluster { .. }
-                        | BackendConfig::S3(_)
-                )
-            })
-        })
-    });
-    let jobs = if external { 1 } else { jobs(sw.jobs)? };
+    let jobs = match mine.iter().any(|&i| externals[i]) {
+        true => 1,
+        false => jobs(sw.jobs)?,
+    };
     let read = replay::read_options(&my_args[0]);
     let bar = Progress::points(my_points.len() as u64, !sw.quiet);
     let plan = |i: usize, loaded| replay::plan(&my_args[i], false, None, loaded);

@@ -159,6 +159,14 @@ impl TierArgs {
         !self.l2_adapter.is_empty() || self.no_l2
     }
 
+    /// Whether an `--l2-adapter` asks for real buffers in so many words.
+    pub(super) fn asks_l2_buffers(&self) -> bool {
+        self.l2_adapter.iter().any(|text| {
+            serde_json::from_str::<serde_json::Value>(text)
+                .is_ok_and(|v| v.get("buffers") == Some(&serde_json::Value::Bool(true)))
+        })
+    }
+
     /// Whether any tier flag was given.
     pub(super) fn given(&self) -> bool {
         self.l1_size_gb.is_some()

@@ -256,3 +256,39 @@ fn bad_calibrations_are_one_line_errors() {
         );
     }
 }
+
+/// A memory L2 holds sizes only in a simulation (it moves no KV bytes), with the same figures
+/// as one asked for real buffers, which is told its buffers were dropped.
+#[test]
+fn memory_tiers_hold_sizes_only() {
+    let dir = scratch();
+    let sized = run(dir.path(), &[]);
+    let tiers = sized["offload_tiers"].as_array().expect("tiers");
+    assert_eq!(tiers[1]["backend"], "memory (accounting only)", "{tiers:?}");
+    let mut args = offload_workload(&[
+        "--l1-size-gb",
+        "0.0125",
+        "--eviction-timing",
+        "immediate",
+        "--l2-adapter",
+        "{\"type\":\"memory\",\"buffers\":true}",
+    ]);
+    let report = dir.path().join("asked.json");
+    args.extend([
+        "--report-json".into(),
+        report.display().to_string(),
+        "-q".into(),
+    ]);
+    let mut all = vec!["simulate".to_owned()];
+    all.extend(args);
+    let out = kvtrace(&all);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("hold sizes only"),
+        "{}",
+        text(&out.stderr)
+    );
+    let asked: Map<String, Value> =
+        serde_json::from_str(&std::fs::read_to_string(report).expect("report")).expect("json");
+    assert_eq!(without_live(asked), sized);
+}
