@@ -719,6 +719,17 @@ fn a_sweep_over_mpirun_ranks_merges_into_the_single_sweep() {
         "appears twice",
         1,
     );
+    // A slice's strings reach the terminal escaped.
+    let mut hostile = json(Path::new(&slices[2]));
+    hostile["points"][0]["name"] = "\u{1b}[2Jpoint".into();
+    std::fs::write(d("hostile.json"), hostile.to_string()).expect("write");
+    let out = kvtrace(["aggregate", &slices[0], &slices[1], &d("hostile.json")]);
+    ok(&out);
+    assert!(
+        !text(&out.stdout).contains('\u{1b}'),
+        "{}",
+        text(&out.stdout)
+    );
     // Under a launcher a sweep writes its slice as JSON only.
     let Some(out) = crate::util::mpirun(
         2,

@@ -11,7 +11,7 @@ use super::simulate::SimulateSweep;
 use super::Point;
 use crate::error::Result;
 use kvtrace_report::table::Unit;
-use kvtrace_report::terminal::fold;
+use kvtrace_report::terminal::{escape_line, fold};
 use kvtrace_report::units::{bytes, percent as pct};
 use kvtrace_report::{Cell, Chart, JsonStyle, Report, Series, Table};
 
@@ -545,10 +545,11 @@ impl Report for ReplaySweep {
         ]
         .map(String::from)
         .to_vec()];
+        // Names and the trace's path may come from files (a grid, a rank's slice): escaped.
         for p in &self.points {
             let f = &p.figures;
             rows.push(vec![
-                p.point.name.clone(),
+                escape_line(&p.point.name).into_owned(),
                 pct(f.hit_rate),
                 pct(f.l1_hit_rate),
                 pct(f.l2_hit_rate),
@@ -565,7 +566,7 @@ impl Report for ReplaySweep {
         }
         let mut out = format!(
             "Sweep of {} over {} configurations\n\n",
-            self.trace,
+            escape_line(&self.trace),
             self.points.len()
         );
         out += &columns(&rows);
@@ -574,8 +575,9 @@ impl Report for ReplaySweep {
             let p = &self.points[i];
             out += &fold(
                 &format!(
-                    "  {line}: {} — hit {} with L1 {}",
-                    p.point.name,
+                    "  {}: {} — hit {} with L1 {}",
+                    escape_line(&line),
+                    escape_line(&p.point.name),
                     pct(p.figures.hit_rate),
                     bytes(p.figures.l1_size_bytes)
                 ),
