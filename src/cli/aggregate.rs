@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
-use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Report, Target};
+use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Exporter, Report, Target};
 use kvtrace::sweep::ranks::{merge, Slice};
 
 use super::{print_stdout, OutputArg};
@@ -73,21 +73,7 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
             }
         })
         .collect();
-    let json = args.json.map(|o| o.path(|| "aggregate.json".into()));
-    let csv = args.csv.map(|o| o.path(|| ".".into()));
-    let xlsx = args.xlsx.map(|o| o.path(|| "aggregate.xlsx".into()));
-    crate::cli::guard(
-        files.iter().map(PathBuf::as_path),
-        [&json, &csv, &xlsx]
-            .into_iter()
-            .flatten()
-            .map(PathBuf::as_path),
-    )?;
-    let outputs = kvtrace::report::outputs([
-        (&Json, json.map(Target::File)),
-        (&Csv, csv.map(Target::Dir)),
-        (&Xlsx, xlsx.map(Target::File)),
-    ])?;
+    let outputs = outputs(&args, "aggregate", &files)?;
     let paths: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
     let run = match kvtrace::aggregate::aggregate(&paths) {
         Err(e) if kvtrace::interrupt::requested().is_some() => {
@@ -142,6 +128,36 @@ fn mlperf_run(dir: &std::path::Path, args: Args) -> Result<i32, Error> {
     })
 }
 
+/// The merged report's outputs, `NAME.json` and `NAME.xlsx` by default, each checked now and
+/// none of them one of `inputs`.
+fn outputs(
+    args: &Args,
+    name: &str,
+    inputs: &[PathBuf],
+) -> Result<Vec<(&'static dyn Exporter, Target)>, Error> {
+    let json = args
+        .json
+        .as_ref()
+        .map(|o| o.path(|| format!("{name}.json").into()));
+    let csv = args.csv.as_ref().map(|o| o.path(|| ".".into()));
+    let xlsx = args
+        .xlsx
+        .as_ref()
+        .map(|o| o.path(|| format!("{name}.xlsx").into()));
+    crate::cli::guard(
+        inputs.iter().map(PathBuf::as_path),
+        [&json, &csv, &xlsx]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path),
+    )?;
+    kvtrace::report::outputs([
+        (&Json, json.map(Target::File)),
+        (&Csv, csv.map(Target::Dir)),
+        (&Xlsx, xlsx.map(Target::File)),
+    ])
+}
+
 /// A JSON file of any size a disk holds: the error names its line.
 fn read_json(path: &std::path::Path) -> Result<(String, serde_json::Value), Error> {
     let file = path.display().to_string();
@@ -155,21 +171,7 @@ fn read_json(path: &std::path::Path) -> Result<(String, serde_json::Value), Erro
 /// The slices of a sweep spread over ranks (`kvtrace sweep replay` under a launcher), merged
 /// into the one sweep: its JSON, tables and workbook. `first` is the first input, read.
 fn sweep_run(args: Args, mut first: Option<(String, serde_json::Value)>) -> Result<i32, Error> {
-    let json = args.json.map(|o| o.path(|| "sweep.json".into()));
-    let csv = args.csv.map(|o| o.path(|| ".".into()));
-    let xlsx = args.xlsx.map(|o| o.path(|| "sweep.xlsx".into()));
-    crate::cli::guard(
-        args.inputs.iter().map(PathBuf::as_path),
-        [&json, &csv, &xlsx]
-            .into_iter()
-            .flatten()
-            .map(PathBuf::as_path),
-    )?;
-    let outputs = kvtrace::report::outputs([
-        (&Json, json.map(Target::File)),
-        (&Csv, csv.map(Target::Dir)),
-        (&Xlsx, xlsx.map(Target::File)),
-    ])?;
+    let outputs = outputs(&args, "sweep", &args.inputs)?;
     let mut slices = Vec::with_capacity(args.inputs.len());
     for path in &args.inputs {
         let (file, doc) = match first.take() {

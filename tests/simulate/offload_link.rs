@@ -25,17 +25,24 @@ fn calibration(dir: &Path, name: &str, read: (f64, f64), write: (f64, f64)) -> S
     path.display().to_string()
 }
 
-/// The shared-prefix workload with a small L1 over a memory L2, so prefixes come back from L2.
-fn run(dir: &Path, extra: &[&str]) -> Map<String, Value> {
+/// The shared-prefix workload with a small L1 over the L2 `adapter`, so prefixes come back
+/// from L2.
+fn offload_args(adapter: &str, extra: &[&str]) -> Vec<String> {
     let mut args = offload_workload(&[
         "--l1-size-gb",
         "0.0125",
         "--eviction-timing",
         "immediate",
         "--l2-adapter",
-        "{\"type\":\"memory\"}",
+        adapter,
     ]);
     args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// [`offload_args`] over a memory L2, simulated.
+fn run(dir: &Path, extra: &[&str]) -> Map<String, Value> {
+    let args = offload_args("{\"type\":\"memory\"}", extra);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     without_live(simulate(dir, &refs))
 }
@@ -265,20 +272,11 @@ fn memory_tiers_hold_sizes_only() {
     let sized = run(dir.path(), &[]);
     let tiers = sized["offload_tiers"].as_array().expect("tiers");
     assert_eq!(tiers[1]["backend"], "memory (accounting only)", "{tiers:?}");
-    let mut args = offload_workload(&[
-        "--l1-size-gb",
-        "0.0125",
-        "--eviction-timing",
-        "immediate",
-        "--l2-adapter",
-        "{\"type\":\"memory\",\"buffers\":true}",
-    ]);
     let report = dir.path().join("asked.json");
-    args.extend([
-        "--report-json".into(),
-        report.display().to_string(),
-        "-q".into(),
-    ]);
+    let args = offload_args(
+        "{\"type\":\"memory\",\"buffers\":true}",
+        &["--report-json", &report.display().to_string(), "-q"],
+    );
     let mut all = vec!["simulate".to_owned()];
     all.extend(args);
     let out = kvtrace(&all);
