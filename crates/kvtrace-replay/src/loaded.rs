@@ -21,7 +21,7 @@ use super::session::Position;
 use crate::error::Result;
 use crate::lmct::blocks::read_ahead;
 use crate::lmct::{Header, ReadOptions, ReadSummary, TraceReader};
-use crate::storage::{KeyId, KeyMap, PrefetchGroup};
+use crate::storage::{KeyId, KeyMap, KeySet, PrefetchGroup};
 
 /// One record as a replay needs it.
 pub(crate) struct LoadedRecord {
@@ -357,7 +357,7 @@ struct Trees {
     trunk_keys: u64,
     trunk_bytes: u64,
     /// The trunk keys whose writes were counted in `trunk_bytes`.
-    trunk_written: KeyMap<()>,
+    trunk_written: KeySet,
 }
 
 impl Trees {
@@ -375,7 +375,7 @@ impl Trees {
             keys_kept: 0,
             trunk_keys: 0,
             trunk_bytes: 0,
-            trunk_written: KeyMap::default(),
+            trunk_written: KeySet::default(),
         }
     }
 
@@ -388,7 +388,7 @@ impl Trees {
         if let Call::ReserveWrite { keys, object_bytes } = call {
             let aligned = object_bytes.div_ceil(4096).saturating_mul(4096);
             for key in keys {
-                if self.is_trunk(key) && self.trunk_written.insert(*key, ()).is_none() {
+                if self.is_trunk(key) && self.trunk_written.insert(*key) {
                     self.trunk_bytes = self.trunk_bytes.saturating_add(aligned);
                 }
             }

@@ -96,15 +96,11 @@ pub struct SizeRun {
     pub requested_tokens: u64,
     /// Seconds between the trace's first and last request.
     pub span_s: f64,
-    /// Bytes the L2 tiers served and took.
-    pub l2_bytes_read: u64,
-    pub l2_bytes_written: u64,
 }
 
 impl SizeRun {
     /// A storage trace's replay.
     pub fn of(report: &ReplayReport) -> SizeRun {
-        let l2 = report.tiers.iter().skip(1);
         SizeRun {
             figures: Figures::of(report),
             hit_tokens: report.hits.hit_tokens,
@@ -113,21 +109,17 @@ impl SizeRun {
                 (Some(a), Some(b)) => (b.t - a.t).max(0.0),
                 _ => 0.0,
             },
-            l2_bytes_read: l2.clone().map(|t| t.bytes_read).sum(),
-            l2_bytes_written: l2.map(|t| t.bytes_written).sum(),
         }
     }
 
     /// An events fleet's replay over `span_s` seconds of records: lookups carry no token
-    /// counts, and the fleet's replay counts no L2 bytes.
+    /// counts.
     pub fn of_events(report: &EventsReplayReport, span_s: f64) -> SizeRun {
         SizeRun {
             figures: Figures::of_events(report),
             hit_tokens: 0,
             requested_tokens: 0,
             span_s,
-            l2_bytes_read: 0,
-            l2_bytes_written: 0,
         }
     }
 
@@ -493,14 +485,15 @@ fn search(
                 &|i| {
                     let (l1, l2) = pairs[i];
                     let run = at(l1, Some(l2))?;
+                    let (l2_bytes_read, l2_bytes_written) = run.figures.l2_bytes();
                     Ok(SurfaceCell {
                         l1_gib: l1,
                         l2_gib: l2,
                         hit_rate: run.figures.hit_rate,
                         l1_hit_rate: run.figures.l1_hit_rate,
                         l2_hit_rate: run.figures.l2_hit_rate,
-                        l2_bytes_read: run.l2_bytes_read,
-                        l2_bytes_written: run.l2_bytes_written,
+                        l2_bytes_read,
+                        l2_bytes_written,
                     })
                 },
                 done,

@@ -113,6 +113,16 @@ impl Figures {
 }
 
 impl Figures {
+    /// Bytes the L2 tiers (every tier after L1) served and took: `(read, written)`.
+    pub fn l2_bytes(&self) -> (u64, u64) {
+        self.tier_bytes
+            .iter()
+            .skip(1)
+            .fold((0, 0), |(r, w), (_, written, read, _)| {
+                (r.saturating_add(*read), w.saturating_add(*written))
+            })
+    }
+
     /// The figures of an events replay (see [`kvtrace_replay::events`]): a lookup is a request
     /// of one chunk, the per-request percentiles are the servers' hit ratios, and the
     /// fidelity counts stay 0, since an events trace records no request outcomes to match.
