@@ -453,6 +453,10 @@ fn surface_flags_are_checked_in_one_line() {
     for (args, needle) in [
         (vec!["--l2-sizes-gb", "-1"], "--l2-sizes-gb -1"),
         (
+            vec!["--l2-sizes-gb", "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16"],
+            "at most 16",
+        ),
+        (
             vec!["--l2-sizes-gb", "1", "--surface-l1-sizes", "1"],
             "--surface-l1-sizes 1",
         ),

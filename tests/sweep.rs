@@ -719,6 +719,34 @@ fn a_sweep_over_mpirun_ranks_merges_into_the_single_sweep() {
         "appears twice",
         1,
     );
+    // Forged slices of rank 2, each refused in one line naming what is wrong.
+    type Forge = fn(&mut Value);
+    let forged: [(Forge, &str); 6] = [
+        (|v| v["version"] = 2.into(), "version 2"),
+        (|v| v["rank"] = 5.into(), "rank 5 of a world of 3"),
+        (
+            |v| v["points"][0]["index"] = 99.into(),
+            "past the sweep's 10 points",
+        ),
+        (
+            |v| v["points"][0]["index"] = 0.into(),
+            "not a point of rank 2",
+        ),
+        (|v| v["points"] = Value::Array(Vec::new()), "in no slice"),
+        (|v| v["extra"] = true.into(), "not a sweep slice"),
+    ];
+    for (forge, needle) in forged {
+        let mut slice = json(Path::new(&slices[2]));
+        forge(&mut slice);
+        std::fs::write(d("forged.json"), slice.to_string()).expect("write");
+        refused(&[&slices[0], &slices[1], &d("forged.json")], needle, 1);
+    }
+    std::fs::write(d("report.json"), "{}").expect("write");
+    refused(
+        &[&slices[0], &slices[1], &d("report.json")],
+        "not a sweep slice, and the first input is one",
+        2,
+    );
     // A slice's strings reach the terminal escaped.
     let mut hostile = json(Path::new(&slices[2]));
     hostile["points"][0]["name"] = "\u{1b}[2Jpoint".into();
