@@ -127,8 +127,9 @@ impl KeyContext {
 }
 
 /// Byte equality without a call to `memcmp`: the fields compared are a few dozen bytes read
-/// from the trace a moment before, and the library call (its dispatch and its vector loads
-/// through masks) was a third of `info`'s time, more than hashing the key itself.
+/// from the trace a moment before, and on the development machine the library call (glibc's
+/// AVX-512 variant, stalling on its masked load) took a third of `info`'s time, more than
+/// hashing the key itself (docs/performance.md).
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
