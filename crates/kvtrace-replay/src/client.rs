@@ -37,7 +37,7 @@ use crate::lmct::ReadOptions;
 use crate::storage::{KeyId, KeyMap, KeySet, PrefetchGroup};
 
 use super::dispatch::Call;
-use super::loaded::Loaded;
+use super::loaded::{Loaded, LoadedRecord};
 use super::session::membership;
 use super::Source;
 
@@ -153,16 +153,21 @@ fn infer_head(loaded: &Loaded) -> ClientInfo {
 /// [`infer`] from the decoded calls of the head of a trace.
 fn infer_from<'a>(head: impl Iterator<Item = &'a Call>) -> ClientInfo {
     let mut prompts = Prompts::default();
+    // The chunks the recording hit, by lookup.
+    let mut hits = std::collections::HashMap::<u64, usize>::new();
     let (mut tail, mut whole, mut last_lookup) = (0u64, 0u64, None::<u64>);
     for call in head {
         match call {
             Call::Prefetch { groups, .. } => last_lookup = Some(prompts.add(groups)),
             Call::ReadEnter { keys } => {
                 // The lookup's read names what the recording hit.
-                if let Some(prompt) = last_lookup.take().and_then(|seq| prompts.get_mut(seq)) {
-                    prompt.hit = membership(keys, prompt.first_group())
-                        .filter(|&(_, held)| held)
-                        .count();
+                if let Some(seq) = last_lookup.take() {
+                    if let Some(groups) = prompts.get(seq) {
+                        let hit = membership(keys, first_group(groups))
+                            .filter(|&(_, held)| held)
+                            .count();
+                        hits.insert(seq, hit);
+                    }
                 }
             }
             Call::ReserveWrite { keys, .. } => {
@@ -170,7 +175,7 @@ fn infer_from<'a>(head: impl Iterator<Item = &'a Call>) -> ClientInfo {
                 let Some((seq, start, _)) = prompts.locate(keys) else {
                     continue;
                 };
-                let hit = prompts.get(seq).map_or(0, |p| p.hit);
+                let hit = hits.get(&seq).copied().unwrap_or(0);
                 if hit == 0 {
                     continue;
                 }
@@ -206,45 +211,57 @@ fn infer_from<'a>(head: impl Iterator<Item = &'a Call>) -> ClientInfo {
 /// between a lookup and its store.
 const PROMPTS: usize = 1024;
 
-/// One lookup's prompt: its key groups, chunk by chunk.
-struct Prompt {
-    seq: u64,
-    groups: Vec<Vec<KeyId>>,
-    object_bytes: u64,
-    /// The chunks the recording hit (for the inference only).
-    hit: usize,
+/// The chunks of a lookup's groups `from..`, group by group: the keys of a store of those
+/// chunks.
+fn tail(groups: &[PrefetchGroup], from: usize) -> Vec<KeyId> {
+    groups
+        .iter()
+        .flat_map(|g| g.keys.get(from..).unwrap_or(&[]).iter().copied())
+        .collect()
 }
 
-impl Prompt {
-    fn first_group(&self) -> &[KeyId] {
-        self.groups.first().map_or(&[], Vec::as_slice)
-    }
-
-    /// Chunks `from..` of every group, group by group: the keys of a store of those chunks.
-    fn tail(&self, from: usize) -> Vec<KeyId> {
-        self.groups
-            .iter()
-            .flat_map(|g| g.get(from..).unwrap_or(&[]).iter().copied())
-            .collect()
-    }
-
-    /// Chunks `..to` of every group: what the end of a session over those chunks touches.
-    fn head(&self, to: usize) -> Vec<KeyId> {
-        self.groups
-            .iter()
-            .flat_map(|g| g[..to.min(g.len())].iter().copied())
-            .collect()
-    }
-
-    fn chunks(&self) -> usize {
-        self.groups.iter().map(Vec::len).max().unwrap_or(0)
-    }
+/// Chunks `..to` of every group: what the end of a session over those chunks touches.
+fn head(groups: &[PrefetchGroup], to: usize) -> Vec<KeyId> {
+    groups
+        .iter()
+        .flat_map(|g| g.keys[..to.min(g.keys.len())].iter().copied())
+        .collect()
 }
 
-/// The recent lookups, and where each of their keys sits (bounded: the last [`PROMPTS`]).
+fn first_group(groups: &[PrefetchGroup]) -> &[KeyId] {
+    groups.first().map_or(&[], |g| g.keys.as_slice())
+}
+
+fn chunks(groups: &[PrefetchGroup]) -> usize {
+    groups.iter().map(|g| g.keys.len()).max().unwrap_or(0)
+}
+
+/// Ties a store to the lookup its keys belong to: `at` gives, for each of the store's keys in
+/// order, its latest lookup still remembered and its chunk there; `chunks` a lookup's length.
+/// The lookup of the first key, the chunk the store begins at and the chunk after its last:
+/// every key must be that lookup's.
+fn tie(
+    mut at: impl Iterator<Item = Option<(u64, usize)>>,
+    chunks: impl FnOnce(u64) -> Option<usize>,
+) -> Option<(u64, usize, usize)> {
+    let (seq, start) = at.next()??;
+    let chunks = chunks(seq)?;
+    let mut end = start + 1;
+    for key in at {
+        match key {
+            Some((s, i)) if s == seq => end = end.max(i + 1),
+            _ => return None,
+        }
+    }
+    (start < chunks).then_some((seq, start, end))
+}
+
+/// The recent lookups, and where each of their keys sits (bounded: the last [`PROMPTS`]),
+/// kept as the lookups come.
 #[derive(Default)]
 struct Prompts {
-    ring: VecDeque<Prompt>,
+    /// The remembered lookups' groups, oldest first; the first is lookup `next - ring.len()`.
+    ring: VecDeque<Vec<PrefetchGroup>>,
     /// A key's latest lookup and chunk index. An entry whose lookup has left the ring is stale
     /// and reads as absent: entries are not removed as lookups leave (that would cost a map
     /// operation per key of every lookup) but swept when stale ones could outnumber the rest.
@@ -260,13 +277,13 @@ impl Prompts {
         self.next += 1;
         if self.ring.len() == PROMPTS {
             if let Some(old) = self.ring.pop_front() {
-                self.held -= old.groups.iter().map(Vec::len).sum::<usize>();
+                self.held -= old.iter().map(|g| g.keys.len()).sum::<usize>();
             }
         }
         let added: usize = groups.iter().map(|g| g.keys.len()).sum();
         self.held += added;
         if self.at.len() + added > 2 * self.held {
-            let oldest = self.ring.front().map_or(seq, |p| p.seq);
+            let oldest = self.front();
             self.at.retain(|_, &mut (s, _)| s >= oldest);
         }
         for group in groups {
@@ -274,47 +291,289 @@ impl Prompts {
                 self.at.insert(key, (seq, i));
             }
         }
-        self.ring.push_back(Prompt {
-            seq,
-            groups: groups.iter().map(|g| g.keys.clone()).collect(),
-            object_bytes: groups.first().map_or(0, |g| g.object_bytes),
-            hit: 0,
-        });
+        self.ring.push_back(groups.to_vec());
         seq
+    }
+
+    /// The oldest lookup remembered (the next one while none is).
+    fn front(&self) -> u64 {
+        self.next - self.ring.len() as u64
     }
 
     /// A key's lookup and chunk index, while that lookup is in the ring.
     fn at(&self, key: &KeyId) -> Option<(u64, usize)> {
-        let front = self.ring.front()?.seq;
+        let front = self.front();
         self.at.get(key).copied().filter(|&(s, _)| s >= front)
     }
 
-    fn get(&self, seq: u64) -> Option<&Prompt> {
-        let front = self.ring.front()?.seq;
-        self.ring
-            .get(usize::try_from(seq.checked_sub(front)?).ok()?)
-    }
-
-    fn get_mut(&mut self, seq: u64) -> Option<&mut Prompt> {
-        let front = self.ring.front()?.seq;
-        self.ring
-            .get_mut(usize::try_from(seq.checked_sub(front)?).ok()?)
+    fn get(&self, seq: u64) -> Option<&[PrefetchGroup]> {
+        let at = usize::try_from(seq.checked_sub(self.front())?).ok()?;
+        self.ring.get(at).map(Vec::as_slice)
     }
 
     /// The lookup a store of `keys` belongs to, the chunk it begins at and the chunk after its
-    /// last: the store's keys must all be that lookup's.
+    /// last (see [`tie`]).
     fn locate(&self, keys: &[KeyId]) -> Option<(u64, usize, usize)> {
-        let (seq, start) = self.at(keys.first()?)?;
-        let prompt = self.get(seq)?;
-        let mut end = 0;
-        for key in keys {
-            match self.at(key) {
-                Some((s, i)) if s == seq => end = end.max(i + 1),
-                _ => return None,
+        tie(keys.iter().map(|k| self.at(k)), |seq| {
+            self.get(seq).map(chunks)
+        })
+    }
+}
+
+/// No lookup, no next occurrence: the index's sentinel.
+const NONE: u32 = u32::MAX;
+
+/// One key of one lookup, in a [`LookupIndex`].
+#[derive(Clone, Copy)]
+struct Occurrence {
+    /// The lookup (its number among the trace's lookups).
+    seq: u32,
+    /// Its chunk in its group.
+    chunk: u32,
+    /// The next occurrence of the same key, in the order lookups name keys; [`NONE`] if none.
+    next: u32,
+}
+
+/// What [`Prompts`] would hold at every point of a loaded trace, worked out once for all of
+/// its replays (a sweep's points and curves): which record each lookup is, every lookup key's
+/// next occurrence, and the lookup each recorded store is tied to. A replay reads its window
+/// of lookups from here instead of inserting every key of every lookup into a map of its own
+/// — a fifth of a sweep point's time. Valid while a replay looks up exactly the trace's
+/// lookups, in order; a replay that does not (a lookup the replay's server refused) goes back
+/// to a window of its own (see [`Window`]). About 12 bytes a lookup key and 12 a record.
+pub(crate) struct LookupIndex {
+    /// The record of each lookup.
+    lookups: Vec<u32>,
+    /// Where each lookup's occurrences begin in `occurrences` (one more entry: the end).
+    first: Vec<u32>,
+    occurrences: Vec<Occurrence>,
+    /// By record: the lookup a recorded store's keys are tied to when it is replayed as
+    /// recorded, its first chunk and the chunk after its last; `[NONE; 3]` when none.
+    ties: Vec<[u32; 3]>,
+}
+
+impl LookupIndex {
+    /// The index of `records`; `None` when they are too many to number in 32 bits.
+    pub(crate) fn build<'r>(
+        records: impl ExactSizeIterator<Item = Option<&'r Call>>,
+    ) -> Option<LookupIndex> {
+        let mut index = LookupIndex {
+            lookups: Vec::new(),
+            first: vec![0],
+            occurrences: Vec::new(),
+            ties: vec![[NONE; 3]; records.len()],
+        };
+        // Each key's latest occurrence so far: what a replay's map holds at that record.
+        let mut latest = KeyMap::<u32>::default();
+        for (r, call) in records.enumerate() {
+            match call {
+                Some(Call::Prefetch { groups, .. }) => {
+                    let seq = u32::try_from(index.lookups.len()).ok()?;
+                    index.lookups.push(u32::try_from(r).ok()?);
+                    for group in groups {
+                        for (chunk, &key) in group.keys.iter().enumerate() {
+                            let at = u32::try_from(index.occurrences.len()).ok()?;
+                            if at == NONE {
+                                return None;
+                            }
+                            index.occurrences.push(Occurrence {
+                                seq,
+                                chunk: u32::try_from(chunk).ok()?,
+                                next: NONE,
+                            });
+                            if let Some(before) = latest.insert(key, at) {
+                                index.occurrences[before as usize].next = at;
+                            }
+                        }
+                    }
+                    index
+                        .first
+                        .push(u32::try_from(index.occurrences.len()).ok()?);
+                }
+                Some(Call::ReserveWrite { keys, .. }) => {
+                    let next = index.lookups.len() as u64;
+                    let front = next.saturating_sub(PROMPTS as u64);
+                    let at = |key: &KeyId| {
+                        let o = index.occurrences[*latest.get(key)? as usize];
+                        (u64::from(o.seq) >= front).then_some((u64::from(o.seq), o.chunk as usize))
+                    };
+                    let tied = tie(keys.iter().map(at), |seq| {
+                        (seq >= front).then(|| index.chunks(seq))
+                    });
+                    if let Some((seq, start, end)) = tied {
+                        index.ties[r] = [
+                            u32::try_from(seq).ok()?,
+                            u32::try_from(start).ok()?,
+                            u32::try_from(end).ok()?,
+                        ];
+                    }
+                }
+                _ => {}
             }
         }
-        (start < prompt.chunks()).then_some((seq, start, end))
+        Some(index)
     }
+
+    /// The longest group of lookup `seq`, from its occurrences' chunk numbers.
+    fn chunks(&self, seq: u64) -> usize {
+        let (from, to) = (self.first[seq as usize], self.first[seq as usize + 1]);
+        self.occurrences[from as usize..to as usize]
+            .iter()
+            .map(|o| o.chunk as usize + 1)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Where occurrence `at`'s key sits once lookups `..next` were made: its latest
+    /// occurrence among them.
+    fn latest(&self, mut at: u32, next: u64) -> (u64, usize) {
+        loop {
+            let o = self.occurrences[at as usize];
+            match self.occurrences.get(o.next as usize) {
+                Some(later) if u64::from(later.seq) < next => at = o.next,
+                _ => return (u64::from(o.seq), o.chunk as usize),
+            }
+        }
+    }
+}
+
+/// The window of recent lookups a replay ties its stores to.
+enum Window<'a> {
+    /// Kept as the lookups come.
+    Own(Prompts),
+    /// Read from a loaded trace's index: lookups `..next` were made, each the trace's.
+    Indexed {
+        records: &'a [LoadedRecord],
+        index: &'a LookupIndex,
+        next: u64,
+    },
+}
+
+impl Window<'_> {
+    /// Lookup `record` (the loaded trace's record number, when there is one) was made with
+    /// `groups`; its number.
+    fn add(&mut self, groups: &[PrefetchGroup], record: Option<u64>) -> u64 {
+        if let Window::Indexed { index, next, .. } = self {
+            let theirs = index.lookups.get(*next as usize).map(|&r| u64::from(r));
+            if theirs.is_some() && theirs == record {
+                *next += 1;
+                return *next - 1;
+            }
+            self.keep_own();
+        }
+        match self {
+            Window::Own(prompts) => prompts.add(groups),
+            Window::Indexed { .. } => unreachable!("keeps its own now"),
+        }
+    }
+
+    /// From here on, a window of its own, holding what the index held: the replay's lookups
+    /// are no longer the trace's.
+    fn keep_own(&mut self) {
+        let Window::Indexed { next, .. } = *self else {
+            return;
+        };
+        let mut own = Prompts {
+            next: next.saturating_sub(PROMPTS as u64),
+            ..Prompts::default()
+        };
+        for seq in own.next..next {
+            if let Some(groups) = self.get(seq) {
+                own.add(groups);
+            }
+        }
+        *self = Window::Own(own);
+    }
+
+    /// The oldest lookup remembered.
+    fn front(&self) -> u64 {
+        match self {
+            Window::Own(prompts) => prompts.front(),
+            Window::Indexed { next, .. } => next.saturating_sub(PROMPTS as u64),
+        }
+    }
+
+    /// Lookup `seq`'s groups, while it is remembered.
+    fn get(&self, seq: u64) -> Option<&[PrefetchGroup]> {
+        match self {
+            Window::Own(prompts) => prompts.get(seq),
+            Window::Indexed {
+                records,
+                index,
+                next,
+            } => {
+                if seq < self.front() || seq >= *next {
+                    return None;
+                }
+                match &records[index.lookups[seq as usize] as usize].call {
+                    Ok(Call::Prefetch { groups, .. }) => Some(groups),
+                    _ => None,
+                }
+            }
+        }
+    }
+
+    /// The lookup a store of `keys` belongs to, its first chunk and the chunk after its last
+    /// (see [`tie`]). `origin` says where the keys came from, which is how the index finds
+    /// them.
+    fn locate(&mut self, keys: &[KeyId], origin: Option<Origin>) -> Option<(u64, usize, usize)> {
+        if let (Window::Indexed { index, next, .. }, Some(Origin::Recorded(record))) =
+            (&*self, origin)
+        {
+            // A record's tie assumes every lookup before it was made; one the replay did
+            // not make (its server refused it) leaves the index behind.
+            let missed = index.lookups.get(*next as usize);
+            if missed.is_some_and(|&r| u64::from(r) < record) {
+                self.keep_own();
+            }
+        }
+        match &*self {
+            Window::Own(prompts) => prompts.locate(keys),
+            Window::Indexed { index, next, .. } => match origin? {
+                Origin::Recorded(record) => {
+                    let [seq, start, end] = *index.ties.get(record as usize)?;
+                    debug_assert_eq!(recorded_keys(self, record), Some(keys));
+                    (seq != NONE).then_some((seq.into(), start as usize, end as usize))
+                }
+                Origin::Tail { seq, from } => {
+                    let groups = self.get(seq)?;
+                    let mut at = index.first[seq as usize] as usize;
+                    let mut occurrences = Vec::with_capacity(keys.len());
+                    for g in groups {
+                        let n = g.keys.len();
+                        occurrences.extend((at + from.min(n)) as u32..(at + n) as u32);
+                        at += n;
+                    }
+                    tie(
+                        occurrences
+                            .into_iter()
+                            .map(|o| Some(index.latest(o, *next))),
+                        |seq| self.get(seq).map(chunks),
+                    )
+                }
+            },
+        }
+    }
+}
+
+/// The keys of loaded record `record`'s store.
+fn recorded_keys<'w>(window: &'w Window<'_>, record: u64) -> Option<&'w [KeyId]> {
+    let Window::Indexed { records, .. } = window else {
+        return None;
+    };
+    match &records.get(record as usize)?.call {
+        Ok(Call::ReserveWrite { keys, .. }) => Some(keys),
+        _ => None,
+    }
+}
+
+/// Where the keys of a store the replay applied came from.
+#[derive(Clone, Copy)]
+enum Origin {
+    /// The recorded store of the loaded trace's record (0-based).
+    Recorded(u64),
+    /// The client model's: chunks `from..` of lookup `seq`.
+    Tail { seq: u64, from: usize },
 }
 
 /// A vLLM store the recording will make: of lookup `seq`, from chunk `recorded` on, where the
@@ -327,16 +586,24 @@ struct Pending {
 }
 
 /// The client model of one replay (see the module documentation).
-pub struct ClientModel {
+pub struct ClientModel<'a> {
     shape: Shape,
-    prompts: Prompts,
+    prompts: Window<'a>,
     /// vLLM stores still to come, by the first key the recorded store names: the lookup, and
     /// the chunks the recording's and the replay's hit prefixes ended at.
     pending: KeyMap<Pending>,
-    /// A recorded store being replayed otherwise: its recorded keys and the keys the modelled
-    /// client names instead (empty: dropped), until its `finish_write`.
-    rewritten: Option<(Vec<KeyId>, Vec<KeyId>)>,
+    /// A recorded store being replayed otherwise, until its `finish_write`.
+    rewritten: Option<Rewritten>,
     pub report: ClientReport,
+}
+
+/// A recorded store the modelled client makes otherwise.
+struct Rewritten {
+    recorded: Vec<KeyId>,
+    /// What the client stores instead (empty: nothing): chunks `from..` of lookup `seq`.
+    wanted: Vec<KeyId>,
+    seq: u64,
+    from: usize,
 }
 
 /// What the client model makes of a recorded call.
@@ -357,11 +624,21 @@ pub struct NewStore {
     pub prompt: Vec<KeyId>,
 }
 
-impl ClientModel {
-    pub fn new(info: ClientInfo) -> ClientModel {
+impl<'a> ClientModel<'a> {
+    /// The model of a replay of `loaded` (which it then reads its window of lookups from), or
+    /// of a trace read as it comes.
+    pub fn new(info: ClientInfo, loaded: Option<&'a Loaded>) -> ClientModel<'a> {
+        let prompts = match loaded.and_then(|l| Some((l, l.lookup_index()?))) {
+            Some((loaded, index)) => Window::Indexed {
+                records: &loaded.records,
+                index,
+                next: 0,
+            },
+            None => Window::Own(Prompts::default()),
+        };
         ClientModel {
             shape: info.model,
-            prompts: Prompts::default(),
+            prompts,
             pending: KeyMap::default(),
             rewritten: None,
             report: ClientReport {
@@ -371,19 +648,29 @@ impl ClientModel {
         }
     }
 
-    /// A lookup was issued; returns its handle for [`ClientModel::retrieve_closed`].
-    pub fn looked_up(&mut self, groups: &[PrefetchGroup]) -> u64 {
-        self.prompts.add(groups)
+    /// A lookup was issued (by the loaded trace's record `record`, 0-based, when replaying
+    /// one); returns its handle for [`ClientModel::retrieve_closed`].
+    pub fn looked_up(&mut self, groups: &[PrefetchGroup], record: Option<u64>) -> u64 {
+        self.prompts.add(groups, record)
     }
 
     /// What the end of a store session of `keys` touches: every chunk of the prompt up to the
     /// store's last, when the store is tied to a lookup; the store's own keys otherwise.
-    pub fn store_touch(&self, keys: &[KeyId]) -> Vec<KeyId> {
-        match self.prompts.locate(keys) {
-            Some((seq, _, end)) => self.prompts.get(seq).map(|p| p.head(end)),
-            None => None,
-        }
-        .unwrap_or_else(|| keys.to_vec())
+    /// `record` is the loaded trace's record (0-based) whose recorded keys these are; `None`
+    /// when they are the client model's, the store [`ClientModel::rewrite`] last replaced.
+    pub fn store_touch(&mut self, keys: &[KeyId], record: Option<u64>) -> Vec<KeyId> {
+        let origin = match (record, &self.rewritten) {
+            (Some(record), _) => Some(Origin::Recorded(record)),
+            (None, Some(r)) => Some(Origin::Tail {
+                seq: r.seq,
+                from: r.from,
+            }),
+            (None, None) => None,
+        };
+        self.prompts
+            .locate(keys, origin)
+            .and_then(|(seq, _, end)| Some(head(self.prompts.get(seq)?, end)))
+            .unwrap_or_else(|| keys.to_vec())
     }
 
     /// A retrieve session ended: the recording hit `recorded` chunks of the lookup, the
@@ -395,14 +682,14 @@ impl ClientModel {
             return None;
         }
         let prompt = self.prompts.get(seq)?;
-        let n = prompt.first_group().len();
+        let n = first_group(prompt).len();
         let (recorded, replayed) = (recorded as usize, replayed as usize);
         if recorded < n {
-            let first = prompt.first_group()[recorded];
+            let first = first_group(prompt)[recorded];
             if self.pending.len() >= 2 * PROMPTS {
                 // Stores that never came (an aborted request): forget those whose lookup
                 // has left the window a store can be tied to.
-                let oldest = self.prompts.ring.front().map_or(0, |p| p.seq);
+                let oldest = self.prompts.front();
                 self.pending.retain(|_, p| p.seq >= oldest);
             }
             let pending = Pending {
@@ -416,12 +703,12 @@ impl ClientModel {
         if replayed >= n {
             return None;
         }
-        let keys = prompt.tail(replayed);
+        let keys = tail(prompt, replayed);
         self.report.stores_added += 1;
         self.report.keys_added_by_new_stores += keys.len() as u64;
         Some(NewStore {
-            prompt: prompt.head(n),
-            object_bytes: prompt.object_bytes,
+            prompt: head(prompt, n),
+            object_bytes: prompt.first().map_or(0, |g| g.object_bytes),
             keys,
         })
     }
@@ -442,11 +729,16 @@ impl ClientModel {
                 let Some(prompt) = self.prompts.get(seq) else {
                     return Rewrite::Keep;
                 };
-                if replayed == recorded || prompt.tail(recorded) != *keys {
+                if replayed == recorded || tail(prompt, recorded) != *keys {
                     return Rewrite::Keep;
                 }
-                let wanted = prompt.tail(replayed);
-                self.rewritten = Some((keys.clone(), wanted.clone()));
+                let wanted = tail(prompt, replayed);
+                self.rewritten = Some(Rewritten {
+                    recorded: keys.clone(),
+                    wanted: wanted.clone(),
+                    seq,
+                    from: replayed,
+                });
                 if wanted.is_empty() {
                     self.report.stores_dropped += 1;
                     self.report.keys_dropped_with_stores += keys.len() as u64;
@@ -463,7 +755,10 @@ impl ClientModel {
                 })
             }
             Call::FinishWrite { keys } => {
-                let Some((recorded, wanted)) = &self.rewritten else {
+                let Some(Rewritten {
+                    recorded, wanted, ..
+                }) = &self.rewritten
+                else {
                     return Rewrite::Keep;
                 };
                 if !membership(keys, recorded).all(|(_, ours)| ours) {
@@ -496,20 +791,26 @@ mod tests {
         range.map(|i| KeyId(u128::from(i) + 1)).collect()
     }
 
-    fn lookup(model: &mut ClientModel, n: u32) -> u64 {
-        model.looked_up(&[PrefetchGroup {
-            keys: keys(0..n),
-            object_bytes: 4096,
-            chunk_tokens: Some(64),
-            window: -1,
-        }])
+    fn lookup(model: &mut ClientModel<'_>, n: u32) -> u64 {
+        model.looked_up(
+            &[PrefetchGroup {
+                keys: keys(0..n),
+                object_bytes: 4096,
+                chunk_tokens: Some(64),
+                window: -1,
+            }],
+            None,
+        )
     }
 
-    fn vllm() -> ClientModel {
-        ClientModel::new(ClientInfo {
-            model: Shape::Vllm,
-            ..ClientInfo::default()
-        })
+    fn vllm() -> ClientModel<'static> {
+        ClientModel::new(
+            ClientInfo {
+                model: Shape::Vllm,
+                ..ClientInfo::default()
+            },
+            None,
+        )
     }
 
     fn reserve(k: Vec<KeyId>) -> Call {
@@ -572,20 +873,137 @@ mod tests {
 
     #[test]
     fn a_store_touches_its_prompt_and_other_shapes_keep_the_recorded_calls() {
-        let mut m = ClientModel::new(ClientInfo::default());
+        let mut m = ClientModel::new(ClientInfo::default(), None);
         let seq = lookup(&mut m, 5);
         assert!(m.retrieve_closed(seq, 2, 0).is_none());
         assert!(matches!(m.rewrite(&reserve(keys(2..5))), Rewrite::Keep));
         // The session of a store of chunks 2..4 touches chunks 0..4 of its prompt.
-        assert_eq!(m.store_touch(&keys(2..4)), keys(0..4));
+        assert_eq!(m.store_touch(&keys(2..4), None), keys(0..4));
         // A store of keys no lookup named touches its own keys.
         let stray = keys(100..103);
-        assert_eq!(m.store_touch(&stray), stray);
+        assert_eq!(m.store_touch(&stray, None), stray);
+    }
+
+    #[test]
+    fn the_index_of_a_loaded_trace_ties_every_store_as_a_window_of_its_own_does() {
+        // A trace of conversations behind one shared system prompt: each lookup names its
+        // conversation's first n chunks (some in two groups, the second a sliding window's
+        // shorter one), each store a tail of a recent lookup, of an old one or stray keys.
+        // Enough lookups that stores outlive their lookup's place in the window. The window
+        // kept as the lookups come is the reference: the index must answer as it does for
+        // the recorded stores, for the client model's tails, and after a lookup the replay
+        // did not make.
+        let mut rng = kvtrace_io::rng::SplitMix64::new(7);
+        let key = |conv: u64, chunk: u64| match chunk {
+            0 | 1 => KeyId(u128::from(chunk) + 1),
+            _ => KeyId((u128::from(conv) << 32) + u128::from(chunk) + 1_000),
+        };
+        let group = |keys: Vec<KeyId>| PrefetchGroup {
+            keys,
+            object_bytes: 4096,
+            chunk_tokens: Some(64),
+            window: -1,
+        };
+        let mut records = Vec::new();
+        let mut lookups: Vec<Vec<KeyId>> = Vec::new();
+        for _ in 0..6_000 {
+            let call = if lookups.is_empty() || rng.next_f64() < 0.5 {
+                let (conv, n) = (rng.range(0, 150), rng.range(1, 12));
+                let keys: Vec<KeyId> = (0..n).map(|c| key(conv, c)).collect();
+                let mut groups = vec![group(keys.clone())];
+                if rng.next_f64() < 0.2 {
+                    let short = rng.range(0, n) as usize;
+                    groups.push(group(keys[..short].iter().map(|k| KeyId(!k.0)).collect()));
+                }
+                lookups.push(keys);
+                Call::Prefetch {
+                    groups,
+                    prefix_only: true,
+                    readers: 1,
+                    lock: true,
+                    skip_l2: false,
+                    request_id: String::new(),
+                }
+            } else {
+                let back = match rng.next_f64() {
+                    x if x < 0.7 => rng.range(0, 3),
+                    x if x < 0.9 => rng.range(1_000, 1_040),
+                    _ => rng.range(0, 2_000),
+                } as usize;
+                let of = &lookups[lookups.len() - 1 - back.min(lookups.len() - 1)];
+                let from = rng.range(0, of.len() as u64) as usize;
+                let mut keys = of[from..].to_vec();
+                if rng.next_f64() < 0.05 {
+                    keys.push(key(rng.range(0, 150), rng.range(0, 12)));
+                }
+                reserve(keys)
+            };
+            records.push(LoadedRecord {
+                offset: 0,
+                t_mono: 0.0,
+                qualname: std::sync::Arc::from(""),
+                call: Ok(call),
+            });
+        }
+        let index = LookupIndex::build(records.iter().map(|r| r.call.as_ref().ok())).unwrap();
+        let mut own = Window::Own(Prompts::default());
+        let mut indexed = Window::Indexed {
+            records: &records,
+            index: &index,
+            next: 0,
+        };
+        let skipped = 2_500;
+        let (mut stores, mut tails, mut tied) = (0, 0, 0);
+        for (r, record) in records.iter().enumerate() {
+            match record.call.as_ref().unwrap() {
+                Call::Prefetch { groups, .. } => {
+                    if r == skipped {
+                        // The replay's server refused this lookup: neither window has it.
+                        continue;
+                    }
+                    let seq = own.add(groups, Some(r as u64));
+                    assert_eq!(indexed.add(groups, Some(r as u64)), seq, "record {r}");
+                    // A client-model store of a tail of a lookup still remembered.
+                    let back = rng.range(0, 1_100).min(seq);
+                    let Some(prompt) = own.get(seq - back) else {
+                        continue;
+                    };
+                    assert_eq!(indexed.get(seq - back), Some(prompt), "record {r}");
+                    let from = rng.range(0, chunks(prompt) as u64) as usize;
+                    let keys = tail(prompt, from);
+                    let origin = Origin::Tail {
+                        seq: seq - back,
+                        from,
+                    };
+                    let expected = own.locate(&keys, None);
+                    assert_eq!(indexed.locate(&keys, Some(origin)), expected, "record {r}");
+                    tails += 1;
+                    tied += usize::from(expected.is_some());
+                }
+                Call::ReserveWrite { keys, .. } => {
+                    let expected = own.locate(keys, None);
+                    let origin = Some(Origin::Recorded(r as u64));
+                    assert_eq!(indexed.locate(keys, origin), expected, "record {r}");
+                    stores += 1;
+                    tied += usize::from(expected.is_some());
+                }
+                _ => unreachable!(),
+            }
+        }
+        assert!(
+            matches!(indexed, Window::Own(_)),
+            "the skipped lookup left the index"
+        );
+        assert!(
+            stores > 2_000 && tails > 2_000,
+            "{stores} stores, {tails} tails"
+        );
+        assert!(tied > 2_000 && tied < stores + tails - 500, "{tied} tied");
     }
 
     #[test]
     fn a_store_is_tied_to_a_lookup_only_while_it_is_among_the_last_prompts() {
-        let mut m = ClientModel::new(ClientInfo::default());
+        let mut m = ClientModel::new(ClientInfo::default(), None);
         let group = |range| PrefetchGroup {
             keys: keys(range),
             object_bytes: 4096,
@@ -595,32 +1013,38 @@ mod tests {
         // Lookup i names chunks 10i..10i+10: every key belongs to one lookup.
         let lookups = PROMPTS as u32 + 3 * PROMPTS as u32 / 2;
         for i in 0..lookups {
-            m.looked_up(&[group(10 * i..10 * i + 10)]);
+            m.looked_up(&[group(10 * i..10 * i + 10)], None);
             // What the index holds stays within twice the keys of the lookups it remembers.
-            let held = m.prompts.held;
+            let Window::Own(prompts) = &m.prompts else {
+                panic!("a trace read as it comes keeps its own window");
+            };
             assert!(
-                m.prompts.at.len() <= 2 * held,
-                "{} > 2 × {held}",
-                m.prompts.at.len()
+                prompts.at.len() <= 2 * prompts.held,
+                "{} > 2 × {}",
+                prompts.at.len(),
+                prompts.held
             );
         }
         // The lookups that left the window no longer tie their stores: those touch their own
         // keys, while a store of the oldest lookup still remembered touches its prompt's head.
         let gone = lookups - PROMPTS as u32 - 1;
         let stale = keys(10 * gone + 4..10 * gone + 6);
-        assert_eq!(m.store_touch(&stale), stale);
+        assert_eq!(m.store_touch(&stale, None), stale);
         let oldest = gone + 1;
         let kept = keys(10 * oldest + 4..10 * oldest + 6);
-        assert_eq!(m.store_touch(&kept), keys(10 * oldest..10 * oldest + 6));
+        assert_eq!(
+            m.store_touch(&kept, None),
+            keys(10 * oldest..10 * oldest + 6)
+        );
         // Keys a later lookup names again belong to that lookup: a store of them touches its
         // head, one with a key only the earlier lookup named is tied to neither.
         let last = lookups - 1;
-        m.looked_up(&[group(10 * last..10 * last + 4)]);
+        m.looked_up(&[group(10 * last..10 * last + 4)], None);
         assert_eq!(
-            m.store_touch(&keys(10 * last + 2..10 * last + 4)),
+            m.store_touch(&keys(10 * last + 2..10 * last + 4), None),
             keys(10 * last..10 * last + 4)
         );
         let mixed = keys(10 * last + 2..10 * last + 5);
-        assert_eq!(m.store_touch(&mixed), mixed);
+        assert_eq!(m.store_touch(&mixed, None), mixed);
     }
 }

@@ -244,10 +244,19 @@ pub fn replay_from(
     sm.keep_journal();
     let mut latencies: BTreeMap<&'static str, (Vec<f64>, u64)> = BTreeMap::new();
     let mut dispatcher = Dispatcher::default();
-    let mut sessions = Sessions::new(&SessionModel {
-        emulate: options.emulate_sessions,
-        client,
-    });
+    // The client model reads a loaded trace's lookups from its index while the replay sees
+    // every record; a rank's share of the records is followed as it comes.
+    let indexed = match &input {
+        Input::Loaded(loaded) if options.rank.is_none() => Some(*loaded),
+        _ => None,
+    };
+    let mut sessions = Sessions::new(
+        &SessionModel {
+            emulate: options.emulate_sessions,
+            client,
+        },
+        indexed,
+    );
     let mut fidelity = Fidelity::default();
     let mut spans = options
         .spans

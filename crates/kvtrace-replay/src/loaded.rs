@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::client::ClientInfo;
+use super::client::{ClientInfo, LookupIndex};
 use super::dispatch::{Call, Decoder, Outcome};
 use super::phase::PhaseReport;
 use super::session::Position;
@@ -40,6 +40,9 @@ pub struct Loaded {
     pub(crate) records: Vec<LoadedRecord>,
     pub(crate) summary: ReadSummary,
     client: OnceLock<ClientInfo>,
+    /// Where the client model's window of lookups stands at each record, worked out on first
+    /// use (`None`: too many records to index).
+    lookups: OnceLock<Option<LookupIndex>>,
     /// Phase estimates by what they were estimated from (the recorded configuration and the
     /// session model, in words): every point of a sweep asks for the same one.
     phases: Mutex<HashMap<String, PhaseReport>>,
@@ -200,6 +203,7 @@ impl Loaded {
             records,
             summary,
             client: OnceLock::new(),
+            lookups: OnceLock::new(),
             phases: Mutex::new(HashMap::new()),
         };
         Ok((loaded, abandoned))
@@ -252,6 +256,13 @@ impl Loaded {
     /// The client inferred from the head, inferring it on first use.
     pub(crate) fn client(&self, infer: impl FnOnce() -> ClientInfo) -> ClientInfo {
         self.client.get_or_init(infer).clone()
+    }
+
+    /// The index of the trace's lookups for the client model, built on first use.
+    pub(crate) fn lookup_index(&self) -> Option<&LookupIndex> {
+        self.lookups
+            .get_or_init(|| LookupIndex::build(self.records.iter().map(|r| r.call.as_ref().ok())))
+            .as_ref()
     }
 
     /// The phase estimated from `inputs` (in words), estimating it on first use; callers

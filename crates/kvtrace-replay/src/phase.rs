@@ -128,7 +128,7 @@ fn replay(
     let mut sm = StorageManager::new(config.clone()).ok()?;
     let mut dispatcher = Dispatcher::default();
     let tracer = Tracer::disabled();
-    let mut sessions = Sessions::new(follow);
+    let mut sessions = Sessions::new(follow, None);
     let mut fidelity = Fidelity::default();
     for (at, call) in calls {
         if let Some(closed) = sessions.before(&mut sm, call, *at) {

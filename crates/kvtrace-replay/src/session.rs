@@ -22,6 +22,7 @@ use crate::storage::{KeyId, KeyMap, PrefetchOutcome, StorageManager};
 
 use super::client::{ClientInfo, ClientModel, Rewrite};
 use super::dispatch::{Call, Effect};
+use super::loaded::Loaded;
 
 /// How long after a session's last record the server's end-of-session touch lands
 /// (measured on the reference recordings: 1–7 ms).
@@ -119,12 +120,14 @@ pub struct SessionModel {
 }
 
 /// Follows the trace's sessions; see the module documentation.
-pub struct Sessions {
+pub struct Sessions<'a> {
     /// Apply the end-of-session touch and the client's completions.
     emulate: bool,
     open: Option<(Open, f64)>,
     pub completions: Completions,
-    client: ClientModel,
+    client: ClientModel<'a>,
+    /// Replaying a loaded trace: a record's position is its number in it.
+    loaded: bool,
 }
 
 /// Each of `keys` with whether `of` holds it. A session's lists are in chunk order (a read
@@ -153,14 +156,22 @@ fn subset(keys: &[KeyId], of: &[KeyId]) -> bool {
     membership(keys, of).all(|(_, held)| held)
 }
 
-impl Sessions {
-    pub fn new(model: &SessionModel) -> Sessions {
+impl<'a> Sessions<'a> {
+    /// Follows the sessions of a trace read as it comes, or of `loaded`'s records in order
+    /// (each record's [`Position::record`] its number there).
+    pub fn new(model: &SessionModel, loaded: Option<&'a Loaded>) -> Sessions<'a> {
         Sessions {
             emulate: model.emulate,
             open: None,
             completions: Completions::default(),
-            client: ClientModel::new(model.client.clone()),
+            client: ClientModel::new(model.client.clone(), loaded),
+            loaded: loaded.is_some(),
         }
+    }
+
+    /// `at`'s record in the loaded trace (0-based), when replaying one.
+    fn loaded_record(&self, at: Position) -> Option<u64> {
+        self.loaded.then(|| at.record.saturating_sub(1))
     }
 
     /// What the client model sends instead of the recorded `call` (after [`Sessions::before`],
@@ -223,7 +234,7 @@ impl Sessions {
                 let mut outcome = outcome.clone();
                 let held = std::mem::take(&mut outcome.held);
                 outcome.recorded_hit_chunks = Some(0);
-                let lookup = self.client.looked_up(groups);
+                let lookup = self.client.looked_up(groups, self.loaded_record(at));
                 let session = Retrieve {
                     at,
                     keys: groups.first().map(|g| g.keys.clone()).unwrap_or_default(),
@@ -253,13 +264,15 @@ impl Sessions {
                     recorded: Vec::new(),
                     end,
                 };
-                let stored = match applied {
-                    Call::ReserveWrite { keys: stored, .. } => stored,
-                    _ => keys,
+                let (stored, record) = match applied {
+                    Call::ReserveWrite { keys: stored, .. } if !std::ptr::eq(applied, call) => {
+                        (stored, None)
+                    }
+                    _ => (keys, self.loaded_record(at)),
                 };
                 // Only the end-of-session touch needs it.
                 let touch = if self.emulate {
-                    self.client.store_touch(stored)
+                    self.client.store_touch(stored, record)
                 } else {
                     Vec::new()
                 };
