@@ -336,11 +336,25 @@ pub fn sweep(
             replay_s: start.elapsed().as_secs_f64(),
         })
     };
-    let results = run_points(points.len(), jobs, &run, done)?;
+    // The idealised curve of a loaded trace runs beside the points (it reads only the
+    // records), so that it costs a share of the cores rather than a pass of its own after
+    // them; `--jobs 1` keeps to one thread.
+    let (results, beside) = std::thread::scope(|scope| {
+        let beside = match (&loaded, curve_wanted && jobs > 1) {
+            (Some(loaded), true) => Some(scope.spawn(|| lru_curve_of(loaded))),
+            _ => None,
+        };
+        let results = run_points(points.len(), jobs, &run, done);
+        (results, beside.map(|curve| curve.join()))
+    });
+    let results = results?;
     let (curve, curve_note) = if curve_wanted {
-        let curve = match &loaded {
-            Some(loaded) => lru_curve_of(loaded),
-            None => lru_curve(trace, read),
+        let curve = match (beside, &loaded) {
+            (Some(curve), _) => {
+                curve.map_err(|_| Error::usage("the idealised curve's thread panicked"))?
+            }
+            (None, Some(loaded)) => lru_curve_of(loaded),
+            (None, None) => lru_curve(trace, read),
         };
         match curve {
             Ok(c) => (Some(c), None),
