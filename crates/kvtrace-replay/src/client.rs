@@ -657,7 +657,8 @@ impl<'a> ClientModel<'a> {
     /// What the end of a store session of `keys` touches: every chunk of the prompt up to the
     /// store's last, when the store is tied to a lookup; the store's own keys otherwise.
     /// `record` is the loaded trace's record (0-based) whose recorded keys these are; `None`
-    /// when they are the client model's, the store [`ClientModel::rewrite`] last replaced.
+    /// when they are the client model's (the store [`ClientModel::rewrite`] last replaced) or
+    /// the trace is read as it comes.
     pub fn store_touch(&mut self, keys: &[KeyId], record: Option<u64>) -> Vec<KeyId> {
         let origin = match (record, &self.rewritten) {
             (Some(record), _) => Some(Origin::Recorded(record)),
