@@ -354,9 +354,7 @@ pub(crate) struct LookupIndex {
 
 impl LookupIndex {
     /// The index of `records`; `None` when they are too many to number in 32 bits.
-    pub(crate) fn build<'r>(
-        records: impl ExactSizeIterator<Item = Option<&'r Call>>,
-    ) -> Option<LookupIndex> {
+    pub(crate) fn build(records: &[LoadedRecord]) -> Option<LookupIndex> {
         let mut index = LookupIndex {
             lookups: Vec::new(),
             first: vec![0],
@@ -365,9 +363,9 @@ impl LookupIndex {
         };
         // Each key's latest occurrence so far: what a replay's map holds at that record.
         let mut latest = KeyMap::<u32>::default();
-        for (r, call) in records.enumerate() {
-            match call {
-                Some(Call::Prefetch { groups, .. }) => {
+        for (r, record) in records.iter().enumerate() {
+            match &record.call {
+                Ok(Call::Prefetch { groups, .. }) => {
                     let seq = u32::try_from(index.lookups.len()).ok()?;
                     index.lookups.push(u32::try_from(r).ok()?);
                     for group in groups {
@@ -390,7 +388,7 @@ impl LookupIndex {
                         .first
                         .push(u32::try_from(index.occurrences.len()).ok()?);
                 }
-                Some(Call::ReserveWrite { keys, .. }) => {
+                Ok(Call::ReserveWrite { keys, .. }) => {
                     let next = index.lookups.len() as u64;
                     let front = next.saturating_sub(PROMPTS as u64);
                     let at = |key: &KeyId| {
@@ -398,7 +396,10 @@ impl LookupIndex {
                         (u64::from(o.seq) >= front).then_some((u64::from(o.seq), o.chunk as usize))
                     };
                     let tied = tie(keys.iter().map(at), |seq| {
-                        (seq >= front).then(|| index.chunks(seq))
+                        index
+                            .groups(records, seq)
+                            .filter(|_| seq >= front)
+                            .map(chunks)
                     });
                     if let Some((seq, start, end)) = tied {
                         index.ties[r] = [
@@ -414,14 +415,13 @@ impl LookupIndex {
         Some(index)
     }
 
-    /// The longest group of lookup `seq`, from its occurrences' chunk numbers.
-    fn chunks(&self, seq: u64) -> usize {
-        let (from, to) = (self.first[seq as usize], self.first[seq as usize + 1]);
-        self.occurrences[from as usize..to as usize]
-            .iter()
-            .map(|o| o.chunk as usize + 1)
-            .max()
-            .unwrap_or(0)
+    /// Lookup `seq`'s groups, in the records the index was built of.
+    fn groups<'r>(&self, records: &'r [LoadedRecord], seq: u64) -> Option<&'r [PrefetchGroup]> {
+        let record = *self.lookups.get(usize::try_from(seq).ok()?)?;
+        match &records.get(record as usize)?.call {
+            Ok(Call::Prefetch { groups, .. }) => Some(groups),
+            _ => None,
+        }
     }
 
     /// Where occurrence `at`'s key sits once lookups `..next` were made: its latest
@@ -505,10 +505,7 @@ impl Window<'_> {
                 if seq < self.front() || seq >= *next {
                     return None;
                 }
-                match &records[index.lookups[seq as usize] as usize].call {
-                    Ok(Call::Prefetch { groups, .. }) => Some(groups),
-                    _ => None,
-                }
+                index.groups(records, seq)
             }
         }
     }
@@ -536,20 +533,18 @@ impl Window<'_> {
                     (seq != NONE).then_some((seq.into(), start as usize, end as usize))
                 }
                 Origin::Tail { seq, from } => {
-                    let groups = self.get(seq)?;
-                    let mut at = index.first[seq as usize] as usize;
-                    let mut occurrences = Vec::with_capacity(keys.len());
-                    for g in groups {
-                        let n = g.keys.len();
-                        occurrences.extend((at + from.min(n)) as u32..(at + n) as u32);
-                        at += n;
-                    }
-                    tie(
-                        occurrences
-                            .into_iter()
-                            .map(|o| Some(index.latest(o, *next))),
-                        |seq| self.get(seq).map(chunks),
-                    )
+                    // The tail's keys are the lookup's occurrences from chunk `from` of each
+                    // group, which lie one group after another.
+                    let mut group_at = index.first[seq as usize];
+                    let occurrences = self.get(seq)?.iter().flat_map(|g| {
+                        let (n, skip) = (g.keys.len() as u32, from.min(g.keys.len()) as u32);
+                        let at = group_at;
+                        group_at += n;
+                        at + skip..at + n
+                    });
+                    tie(occurrences.map(|o| Some(index.latest(o, *next))), |seq| {
+                        self.get(seq).map(chunks)
+                    })
                 }
             },
         }
@@ -946,7 +941,7 @@ mod tests {
                 call: Ok(call),
             });
         }
-        let index = LookupIndex::build(records.iter().map(|r| r.call.as_ref().ok())).unwrap();
+        let index = LookupIndex::build(&records).unwrap();
         let mut own = Window::Own(Prompts::default());
         let mut indexed = Window::Indexed {
             records: &records,

@@ -261,7 +261,7 @@ impl Loaded {
     /// The index of the trace's lookups for the client model, built on first use.
     pub(crate) fn lookup_index(&self) -> Option<&LookupIndex> {
         self.lookups
-            .get_or_init(|| LookupIndex::build(self.records.iter().map(|r| r.call.as_ref().ok())))
+            .get_or_init(|| LookupIndex::build(&self.records))
             .as_ref()
     }
 

@@ -264,6 +264,8 @@ impl<'a> Sessions<'a> {
                     recorded: Vec::new(),
                     end,
                 };
+                // `applied` is `call` itself unless the client model replaced it: then its keys
+                // are the model's, not the record's.
                 let (stored, record) = match applied {
                     Call::ReserveWrite { keys: stored, .. } if !std::ptr::eq(applied, call) => {
                         (stored, None)
