@@ -193,8 +193,8 @@ struct Simulation<'a> {
     in_flight: Vec<Option<InFlight>>,
     actions: ActionQueue,
     order_of_handoff: HandoffOrder,
-    /// `drive`'s workers with nothing to start, kept between calls.
-    skip: Vec<bool>,
+    /// `drive`'s workers with nothing to start (its list, kept for its allocation).
+    skip: Vec<usize>,
     /// An agentic workload's dependencies, released as requests are sent and end.
     dependents: Option<Dependents>,
 }
@@ -280,7 +280,12 @@ pub fn simulate(
     // and is never copied while both its old and new buffers are resident (a tenth of a
     // 12,000-request simulation's peak memory).
     let turns: usize = workload.sessions.iter().map(|s| s.turns.len()).sum();
-    let mut collector = Collector::default();
+    // With a second core, the pooled token gaps are folded beside the simulation.
+    let mut collector = if std::thread::available_parallelism().is_ok_and(|n| n.get() > 1) {
+        Collector::beside()
+    } else {
+        Collector::default()
+    };
     collector.records.reserve_exact(turns);
     let mut sim = Simulation {
         workload,
@@ -331,6 +336,7 @@ pub fn simulate(
     } else {
         sim.run(progress);
     }
+    sim.collector.settle();
     let (prefill_workers, prefill_gpus_per_worker) = match &config.prefill {
         Some(p) => (u64::from(p.workers.max(1)), p.engine.gpus_per_worker()),
         None => (0, 0),
@@ -426,14 +432,16 @@ impl Simulation<'_> {
         if pool == ENTRY {
             self.drain_queue();
         }
+        // Workers whose pass could not start; almost always none, so a list, not a mask:
+        // this runs twice for every pass of a simulation.
         let mut skip = std::mem::take(&mut self.skip);
         skip.clear();
-        skip.resize(self.pools[pool].workers.len(), false);
         let mut changed = false;
         loop {
-            let next = (0..skip.len()).find(|&w| {
-                let worker = &self.pools[pool].workers[w];
-                !skip[w] && !worker.busy && worker.ranks.iter().any(|e| !e.is_idle())
+            let workers = &self.pools[pool].workers;
+            let next = (0..workers.len()).find(|&w| {
+                let worker = &workers[w];
+                !worker.busy && !skip.contains(&w) && worker.ranks.iter().any(|e| !e.is_idle())
             });
             let Some(w) = next else {
                 break;
@@ -444,7 +452,7 @@ impl Simulation<'_> {
                     self.finish_pass(pool, w, now);
                     changed = true;
                 }
-                None => skip[w] = true,
+                None => skip.push(w),
             }
         }
         self.skip = skip;

@@ -55,6 +55,15 @@ fn ceil_key(x: f64) -> i32 {
 }
 
 impl Sketch {
+    /// An empty sketch with room for `buckets` buckets (a span of about `buckets / 1000`
+    /// natural-log units of the sampled values) before it allocates.
+    pub fn with_room(buckets: usize) -> Sketch {
+        Sketch {
+            buckets: Vec::with_capacity(buckets),
+            ..Sketch::default()
+        }
+    }
+
     /// Adds a non-negative sample (others are not representable and are ignored).
     pub fn add(&mut self, v: f64) {
         if !(v >= 0.0 && v.is_finite()) {
