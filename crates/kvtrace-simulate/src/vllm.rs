@@ -161,6 +161,8 @@ pub struct VllmEngine {
     capacity_generation: u64,
     /// Seeds [`Engine::unique_hash`]: unique per engine and block.
     next_decode_block: u64,
+    /// The decode step's time, as the last pass asked it.
+    decode_time: perf::Quantizer,
 }
 
 impl VllmEngine {
@@ -180,6 +182,7 @@ impl VllmEngine {
             reserved: Vec::new(),
             capacity_generation: 0,
             next_decode_block: 0,
+            decode_time: perf::Quantizer::default(),
         }
     }
 
@@ -377,7 +380,9 @@ impl VllmEngine {
         let speedup = self.args.speedup_ratio;
         out.load_ms = load_ms;
         out.prefill_ms = perf::quantized(prefill_ms, speedup);
-        out.decode_ms = perf::quantized(decode_ms, speedup * self.args.decode_speedup_ratio);
+        out.decode_ms = self
+            .decode_time
+            .quantized(decode_ms, speedup * self.args.decode_speedup_ratio);
         self.emit(out);
         self.pool.move_events_to(&mut out.kv_events);
         true
