@@ -442,6 +442,10 @@ impl Collector {
     /// The summary: Dynamo's 74 figures, plus goodput when an SLA is given.
     /// `wall_ms` is the simulation's real time.
     pub fn summary(&self, provision: Provision, wall_ms: f64, sla: Sla) -> Summary {
+        debug_assert!(
+            self.folder.is_none(),
+            "a folding thread's gaps are settled first"
+        );
         let done: Vec<&RequestRecord> = self
             .records
             .iter()
