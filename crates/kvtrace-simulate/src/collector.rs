@@ -128,7 +128,7 @@ struct Gaps {
 }
 
 impl Gaps {
-    /// Both sketches with their buckets allocated for six orders of magnitude, where the
+    /// Both sketches with their buckets allocated for seven orders of magnitude, where the
     /// folding thread need not grow them.
     fn with_room() -> Gaps {
         Gaps {

@@ -55,7 +55,7 @@ fn ceil_key(x: f64) -> i32 {
 }
 
 impl Sketch {
-    /// An empty sketch with room for `buckets` buckets (a span of about `buckets / 1000`
+    /// An empty sketch with room for `buckets` buckets (a span of about `buckets / 500`
     /// natural-log units of the sampled values) before it allocates.
     pub fn with_room(buckets: usize) -> Sketch {
         Sketch {
