@@ -103,8 +103,6 @@ struct Worker {
 /// Workers of one kind and the router that places requests on them.
 struct Pool {
     workers: Vec<Worker>,
-    /// Workers in a pass: `drive` has nothing to look for when all are.
-    busy: usize,
     router: Router,
     dp: usize,
     block_size: u32,
@@ -127,7 +125,6 @@ impl Pool {
         let router = Router::new(router, workers.max(1) as usize * dp, args.block_size, seed);
         let track = router.uses_kv_events();
         Pool {
-            busy: 0,
             workers: (0..workers.max(1))
                 .map(|_| Worker {
                     ranks: (0..dp)
@@ -435,12 +432,8 @@ impl Simulation<'_> {
         if pool == ENTRY {
             self.drain_queue();
         }
-        // This runs at least twice for every pass of a simulation, the second time almost
-        // always with every worker in a pass.
-        if self.pools[pool].busy == self.pools[pool].workers.len() {
-            return false;
-        }
-        // Workers whose pass could not start; almost always none, so a list, not a mask.
+        // Workers whose pass could not start; almost always none, so a list, not a mask:
+        // this runs twice for every pass of a simulation.
         let mut skip = std::mem::take(&mut self.skip);
         skip.clear();
         let mut changed = false;
@@ -500,13 +493,11 @@ impl Simulation<'_> {
             self.drain_queue();
             for pool in 0..self.pools.len() {
                 for w in 0..self.pools[pool].workers.len() {
-                    let p = &mut self.pools[pool];
-                    let worker = &mut p.workers[w];
+                    let worker = &mut self.pools[pool].workers[w];
                     if let Some(live) = worker.live.as_mut().filter(|l| !worker.busy && l.has_work)
                     {
                         live.run_pass();
                         worker.busy = true;
-                        p.busy += 1;
                     }
                 }
             }
@@ -898,8 +889,7 @@ impl Simulation<'_> {
             o.advance_to(now);
         }
         let disaggregated = self.disaggregated();
-        let p = &mut self.pools[pool];
-        let worker = &mut p.workers[w];
+        let worker = &mut self.pools[pool].workers[w];
         let mut longest: Option<f64> = None;
         for (rank, engine) in worker.ranks.iter_mut().enumerate() {
             if engine.is_idle() {
@@ -932,9 +922,7 @@ impl Simulation<'_> {
         let end = longest?;
         self.passes += 1;
         if end > now {
-            if !std::mem::replace(&mut worker.busy, true) {
-                p.busy += 1;
-            }
+            worker.busy = true;
             self.order += 1;
             self.completions
                 .push(Reverse((Time(end), self.order, pool as u8, w as u32)));
@@ -949,10 +937,7 @@ impl Simulation<'_> {
         let p = &mut self.pools[pool];
         let (dp, prefill_only) = (p.dp, p.prefill_only);
         let worker = &mut p.workers[w];
-        // A pass that took no time never made its worker busy.
-        if std::mem::replace(&mut worker.busy, false) {
-            p.busy -= 1;
-        }
+        worker.busy = false;
         let retried: Vec<Reserved> = worker
             .ranks
             .iter_mut()
