@@ -109,17 +109,24 @@ impl Loaded {
             Some(_) => Next::Abandon,
             None => Next::More,
         };
+        // Every key the trace names, with the lookups that name it (0: only other calls do).
         let mut lookups = KeyMap::<u32>::default();
         let mut chains = 0u64;
+        let mut reuse = Reuse::default();
         Loaded::load_while(
             path,
             read,
             |call| {
                 if let Call::Prefetch { .. } = call {
                     chains += 1;
+                    reuse.count(call, |key| lookups.contains_key(key));
                     for key in call.keys() {
                         let n = lookups.entry(key).or_insert(0);
                         *n = n.saturating_add(1);
+                    }
+                } else {
+                    for key in call.keys() {
+                        lookups.entry(key).or_insert(0);
                     }
                 }
                 false
@@ -138,6 +145,8 @@ impl Loaded {
                 keys_kept: trees.keys_kept,
                 trunk_keys: trees.trunk_keys,
                 trunk_bytes: trees.trunk_bytes,
+                reuse,
+                reuse_kept: trees.reuse_kept,
             },
         })
     }
@@ -296,7 +305,8 @@ impl Loaded {
 /// the chunks after a hit prefix, the tree of the lookup that named them), a call of trunk
 /// keys only is kept. Replayed with every capacity scaled by [`SampleCounts::scaled`] (the
 /// trunk, which every sample holds whole, at its own bytes, the rest at
-/// [`SampleCounts::share`]), the sample's hit rate estimates the whole trace's.
+/// [`SampleCounts::share`]), the sample's hit rate times [`SampleCounts::correction`]
+/// estimates the whole trace's.
 pub struct Sample {
     pub loaded: Loaded,
     pub counts: SampleCounts,
@@ -317,6 +327,42 @@ pub struct SampleCounts {
     /// The L1 bytes the trunk's written objects take (each rounded up to the allocator's
     /// 4 KiB alignment).
     pub trunk_bytes: u64,
+    /// The whole trace's lookups and the sample's: how many of their chunks an unbounded
+    /// cache could hit (see [`Reuse`]).
+    pub reuse: Reuse,
+    pub reuse_kept: Reuse,
+}
+
+/// Chunks looked up, and how many of them lead their lookup's key list and were named by an
+/// earlier call: the hits of a cache that never evicts, the curve's plateau. It is counted
+/// over the whole trace and over the sample alike, so the sample's error at the plateau is
+/// known exactly, and it moves with the sample's error at every size (the trees a sample
+/// happens to hold that reuse more than the average hit more at every size, too).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Reuse {
+    pub chunks: u64,
+    pub named_before: u64,
+}
+
+impl Reuse {
+    /// Counts a lookup, `seen` telling whether an earlier call named a key.
+    fn count(&mut self, call: &Call, seen: impl Fn(&KeyId) -> bool) {
+        let mut leading = true;
+        for key in call.keys() {
+            leading = leading && seen(&key);
+            self.chunks += 1;
+            self.named_before += u64::from(leading);
+        }
+    }
+
+    /// The share of looked-up chunks an unbounded cache could hit.
+    pub fn rate(&self) -> f64 {
+        if self.chunks == 0 {
+            0.0
+        } else {
+            self.named_before as f64 / self.chunks as f64
+        }
+    }
 }
 
 impl SampleCounts {
@@ -339,6 +385,21 @@ impl SampleCounts {
     pub fn scaled(&self, bytes: f64) -> f64 {
         let trunk = self.trunk_bytes as f64;
         bytes.min(trunk) + (bytes - trunk).max(0.0) * self.share()
+    }
+
+    /// What the sample's hit rates are multiplied by to estimate the whole trace's: the whole
+    /// trace's [`Reuse::rate`] over the sample's. A sample's error is mostly which heavy
+    /// trees it happens to hold, and a tree that reuses more than the average hits more at
+    /// every size that holds it; the reuse is counted exactly on both sides, so this ratio
+    /// estimator removes the error where the curve levels off and most of it before
+    /// (docs/commands/plan.md measures it). 1 when either side reuses nothing.
+    pub fn correction(&self) -> f64 {
+        let (whole, kept) = (self.reuse.rate(), self.reuse_kept.rate());
+        if whole > 0.0 && kept > 0.0 {
+            whole / kept
+        } else {
+            1.0
+        }
     }
 
     /// The inverse of [`SampleCounts::scaled`]: the whole trace's bytes a sample's `bytes`
@@ -369,6 +430,7 @@ struct Trees {
     trunk_bytes: u64,
     /// The trunk keys whose writes were counted in `trunk_bytes`.
     trunk_written: KeySet,
+    reuse_kept: Reuse,
 }
 
 impl Trees {
@@ -387,6 +449,7 @@ impl Trees {
             trunk_keys: 0,
             trunk_bytes: 0,
             trunk_written: KeySet::default(),
+            reuse_kept: Reuse::default(),
         }
     }
 
@@ -404,7 +467,11 @@ impl Trees {
                 }
             }
         }
+        let lookup = matches!(call, Call::Prefetch { .. });
         let Some(below) = call.keys().find(|k| !self.is_trunk(k)) else {
+            if lookup {
+                self.reuse_kept.count(call, |k| self.kept.contains_key(k));
+            }
             for key in call.keys() {
                 self.mark(key, true, true);
             }
@@ -420,6 +487,9 @@ impl Trees {
                 kept
             }
         };
+        if kept && lookup {
+            self.reuse_kept.count(call, |k| self.kept.contains_key(k));
+        }
         for key in call.keys() {
             let trunk = self.is_trunk(&key);
             self.mark(key, kept || trunk, trunk);
@@ -474,5 +544,76 @@ mod tests {
         let calls = head.records.iter().filter(|r| r.call.is_ok()).count();
         assert_eq!(calls, 10);
         assert_eq!(head.head(usize::MAX, 10), all.head(usize::MAX, 10));
+    }
+
+    fn lookup(keys: &[u8]) -> Call {
+        Call::Prefetch {
+            groups: vec![crate::storage::PrefetchGroup {
+                keys: keys.iter().map(|&k| KeyId(u128::from(k))).collect(),
+                object_bytes: 4096,
+                chunk_tokens: None,
+                window: -1,
+            }],
+            prefix_only: true,
+            readers: 1,
+            lock: false,
+            skip_l2: false,
+            request_id: String::new(),
+        }
+    }
+
+    #[test]
+    fn reuse_counts_the_leading_chunks_named_before() {
+        let mut reuse = Reuse::default();
+        let seen: std::collections::HashSet<u128> = [1, 2, 3].into();
+        // [1, 2, 3]: all three; [1, 4, 2]: the 2 after the new 4 does not lead; [5, 1]: none.
+        for keys in [&[1u8, 2, 3][..], &[1, 4, 2], &[5, 1]] {
+            reuse.count(&lookup(keys), |k| seen.contains(&{ k.0 }));
+        }
+        assert_eq!(
+            reuse,
+            Reuse {
+                chunks: 8,
+                named_before: 4
+            }
+        );
+        assert_eq!(reuse.rate(), 0.5);
+        assert_eq!(Reuse::default().rate(), 0.0);
+    }
+
+    #[test]
+    fn a_sample_counts_the_whole_traces_reuse_and_its_own() {
+        let read = ReadOptions::default();
+        // Counted independently over every call: a lookup's chunks, and those of its
+        // leading run that any earlier call named.
+        let all = Loaded::load(&churn(), read, usize::MAX)
+            .unwrap()
+            .expect("within budget");
+        let mut named = std::collections::HashSet::new();
+        let (mut chunks, mut before) = (0u64, 0u64);
+        for (_, call) in all.calls() {
+            if let Call::Prefetch { .. } = call {
+                let keys: Vec<KeyId> = call.keys().collect();
+                chunks += keys.len() as u64;
+                before += keys.iter().take_while(|k| named.contains(*k)).count() as u64;
+            }
+            named.extend(call.keys());
+        }
+        assert!(before > 0 && before < chunks, "{before} of {chunks}");
+        let whole = Reuse {
+            chunks,
+            named_before: before,
+        };
+        let every = Loaded::load_sample(&churn(), read, 1.0, 0).unwrap().counts;
+        assert_eq!((every.reuse, every.reuse_kept), (whole, whole));
+        assert_eq!(every.correction(), 1.0);
+        let half = Loaded::load_sample(&churn(), read, 0.5, 7).unwrap().counts;
+        assert_eq!(half.reuse, whole);
+        assert!(half.reuse_kept.chunks < chunks, "{:?}", half.reuse_kept);
+        assert_eq!(
+            half.correction(),
+            whole.rate() / half.reuse_kept.rate(),
+            "{half:?}"
+        );
     }
 }

@@ -326,7 +326,10 @@ pub fn plan(
     };
     // Sizes are the whole trace's; a sample replays each at its share of it (the trunk,
     // which every sample holds whole, at its own size).
-    let scale = sampled.map_or(1.0, |s| s.counts.share());
+    let estimate = sampled.map_or(Estimate::WHOLE, |s| Estimate {
+        share: s.counts.share(),
+        correction: s.counts.correction(),
+    });
     let to_sample = |gib: f64| match sampled {
         Some(s) => s.counts.scaled(gib * GIB) / GIB,
         None => gib,
@@ -352,7 +355,7 @@ pub fn plan(
         }
     };
     let at_size = |gib: f64, l2: Option<f64>| at(to_sample(gib), l2.map(to_sample), loaded.clone());
-    let mut search = search(options, range, scale, &at_size, done)?;
+    let mut search = search(options, range, estimate, &at_size, done)?;
     // The bound at every replayed size, over the same calls (the sample's, when sampled) and
     // the L1 bytes the replay had.
     let uses = match &loaded {
@@ -369,7 +372,7 @@ pub fn plan(
                 &|_| {},
             )?;
             for (p, rate) in search.points.iter_mut().zip(rates) {
-                p.optimal_chunk_hit_rate = Some(rate);
+                p.optimal_chunk_hit_rate = Some(estimate.rate(rate));
             }
             None
         }
@@ -393,7 +396,13 @@ fn plan_events(
     done: &(dyn Fn(usize) + Sync),
 ) -> Result<CapacityPlan> {
     let range = options.range.unwrap_or(bracket);
-    let search = search(options, range, 1.0, &|gib, l2| at(gib, l2, None), done)?;
+    let search = search(
+        options,
+        range,
+        Estimate::WHOLE,
+        &|gib, l2| at(gib, l2, None),
+        done,
+    )?;
     Ok(CapacityPlan {
         trace: trace.display().to_string(),
         range_from_curve: false,
@@ -407,11 +416,11 @@ fn plan_events(
 
 /// The search itself, for any input: the grid over `range` (GiB), the rounds narrowing a
 /// target's interval, and the surface, each size replayed by `at` (a sample's at its share
-/// of the size), whose tokens `scale` divides back to the whole trace's.
+/// of the size), whose figures `estimate` turns back into the whole trace's.
 fn search(
     options: &PlanOptions,
     range: (f64, f64),
-    scale: f64,
+    estimate: Estimate,
     at: &(dyn Fn(f64, Option<f64>) -> Result<SizeRun> + Sync),
     done: &(dyn Fn(usize) + Sync),
 ) -> Result<CapacityPlan> {
@@ -420,17 +429,7 @@ fn search(
         sizes.push(s);
         sizes.sort_by(f64::total_cmp);
     }
-    let run = |gib: f64| -> Result<SizePoint> {
-        let run = at(gib, None)?;
-        Ok(SizePoint {
-            l1_gib: gib,
-            hit_tokens: (run.hit_tokens as f64 / scale).round() as u64,
-            requested_tokens: (run.requested_tokens as f64 / scale).round() as u64,
-            span_s: run.span_s,
-            figures: run.figures,
-            optimal_chunk_hit_rate: None,
-        })
-    };
+    let run = |gib: f64| -> Result<SizePoint> { Ok(estimate.point(gib, at(gib, None)?)) };
     let replay_all =
         |sizes: &[f64]| run_points(sizes.len(), options.jobs, &|i| run(sizes[i]), done);
     let mut points = replay_all(&sizes)?;
@@ -489,9 +488,9 @@ fn search(
                     Ok(SurfaceCell {
                         l1_gib: l1,
                         l2_gib: l2,
-                        hit_rate: run.figures.hit_rate,
-                        l1_hit_rate: run.figures.l1_hit_rate,
-                        l2_hit_rate: run.figures.l2_hit_rate,
+                        hit_rate: estimate.rate(run.figures.hit_rate),
+                        l1_hit_rate: estimate.rate(run.figures.l1_hit_rate),
+                        l2_hit_rate: estimate.rate(run.figures.l2_hit_rate),
                         l2_bytes_read,
                         l2_bytes_written,
                     })
@@ -523,6 +522,49 @@ fn search(
         optimal_unavailable: None,
         surface,
     })
+}
+
+/// How a replay's figures stand for the whole trace's: a sample's token counts divided by
+/// its share, its hit rates multiplied by its reuse correction
+/// ([`SampleCounts::correction`](kvtrace_replay::loaded::SampleCounts::correction)).
+#[derive(Clone, Copy, Debug)]
+struct Estimate {
+    share: f64,
+    correction: f64,
+}
+
+impl Estimate {
+    /// A replay of the whole trace: its figures as they are.
+    const WHOLE: Estimate = Estimate {
+        share: 1.0,
+        correction: 1.0,
+    };
+
+    fn rate(&self, rate: f64) -> f64 {
+        (rate * self.correction).min(1.0)
+    }
+
+    fn count(&self, n: u64, corrected: bool) -> u64 {
+        let c = if corrected { self.correction } else { 1.0 };
+        (n as f64 * c / self.share).round() as u64
+    }
+
+    fn point(&self, gib: f64, run: SizeRun) -> SizePoint {
+        let mut figures = run.figures;
+        figures.hit_rate = self.rate(figures.hit_rate);
+        figures.l1_hit_rate = self.rate(figures.l1_hit_rate);
+        figures.l2_hit_rate = self.rate(figures.l2_hit_rate);
+        figures.hit_chunks = ((figures.hit_chunks as f64 * self.correction).round() as u64)
+            .min(figures.requested_chunks);
+        SizePoint {
+            l1_gib: gib,
+            hit_tokens: self.count(run.hit_tokens, true),
+            requested_tokens: self.count(run.requested_tokens, false),
+            span_s: run.span_s,
+            figures,
+            optimal_chunk_hit_rate: None,
+        }
+    }
 }
 
 impl CapacityPlan {
@@ -607,6 +649,9 @@ impl Report for CapacityPlan {
                 "prefix_trees_kept": s.trees_kept,
                 "keys": s.keys,
                 "keys_kept": s.keys_kept,
+                "reuse_rate": s.reuse.rate(),
+                "reuse_rate_kept": s.reuse_kept.rate(),
+                "correction": s.correction(),
             })),
             "curve": (0..self.points.len()).map(|i| self.point_json(i)).collect::<Vec<_>>(),
             "surface": self.surface.as_ref().map(|s| json!({
@@ -909,11 +954,14 @@ impl Report for CapacityPlan {
         ));
         if let Some(Sampled { counts: s, .. }) = self.sampled {
             out.push_str(&format!(
-                "  sampled: {} of {} prefix trees ({:.2} % of {} distinct keys), each size replayed at that share; tokens are estimates\n",
+                "  sampled: {} of {} prefix trees ({:.2} % of {} distinct keys), each size replayed at that share; tokens are estimates\n  hit rates x {:.4}: the trace reuses {:.2} % of its looked-up chunks, the sample {:.2} %\n",
                 s.trees_kept,
                 s.trees,
                 s.share() * 100.0,
-                s.keys
+                s.keys,
+                s.correction(),
+                s.reuse.rate() * 100.0,
+                s.reuse_kept.rate() * 100.0,
             ));
         }
         out
