@@ -467,27 +467,21 @@ impl Trees {
                 }
             }
         }
-        let lookup = matches!(call, Call::Prefetch { .. });
-        let Some(below) = call.keys().find(|k| !self.is_trunk(k)) else {
-            if lookup {
-                self.reuse_kept.count(call, |k| self.kept.contains_key(k));
-            }
-            for key in call.keys() {
-                self.mark(key, true, true);
-            }
-            return true;
+        // A call of trunk keys only is kept: every sample holds the trunk.
+        let kept = match call.keys().find(|k| !self.is_trunk(k)) {
+            None => true,
+            Some(below) => match self.kept.get(&below) {
+                Some(&kept) => kept,
+                None => {
+                    let root = below.0;
+                    let kept = mix(root as u64 ^ (root >> 64) as u64 ^ self.seed) <= self.threshold;
+                    self.trees += 1;
+                    self.trees_kept += u64::from(kept);
+                    kept
+                }
+            },
         };
-        let kept = match self.kept.get(&below) {
-            Some(&kept) => kept,
-            None => {
-                let root = below.0;
-                let kept = mix(root as u64 ^ (root >> 64) as u64 ^ self.seed) <= self.threshold;
-                self.trees += 1;
-                self.trees_kept += u64::from(kept);
-                kept
-            }
-        };
-        if kept && lookup {
+        if kept && matches!(call, Call::Prefetch { .. }) {
             self.reuse_kept.count(call, |k| self.kept.contains_key(k));
         }
         for key in call.keys() {

@@ -544,9 +544,9 @@ impl Estimate {
         (rate * self.correction).min(1.0)
     }
 
-    fn count(&self, n: u64, corrected: bool) -> u64 {
-        let c = if corrected { self.correction } else { 1.0 };
-        (n as f64 * c / self.share).round() as u64
+    /// A sample's token count scaled to the whole trace.
+    fn tokens(&self, n: f64) -> u64 {
+        (n / self.share).round() as u64
     }
 
     fn point(&self, gib: f64, run: SizeRun) -> SizePoint {
@@ -558,8 +558,8 @@ impl Estimate {
             .min(figures.requested_chunks);
         SizePoint {
             l1_gib: gib,
-            hit_tokens: self.count(run.hit_tokens, true),
-            requested_tokens: self.count(run.requested_tokens, false),
+            hit_tokens: self.tokens(run.hit_tokens as f64 * self.correction),
+            requested_tokens: self.tokens(run.requested_tokens as f64),
             span_s: run.span_s,
             figures,
             optimal_chunk_hit_rate: None,
