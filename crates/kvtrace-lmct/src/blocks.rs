@@ -670,6 +670,48 @@ mod tests {
         }
     }
 
+    /// Records picked by offset, from a plain file and from a zstd stream, are those a
+    /// sequential read finds there, body for body; an offset where no frame begins (the file
+    /// changed since its offsets were taken) is an error at that byte.
+    #[test]
+    fn records_read_at_their_offsets_are_the_sequential_reads() {
+        let whole = trace(300);
+        let mut expected = Vec::new();
+        let mut r = reader(&whole);
+        while let Some(record) = r.next_record().expect("read") {
+            expected.push((record.offset, record.t_mono, record.body.to_vec()));
+        }
+        let picked: Vec<_> = expected.iter().skip(1).step_by(7).cloned().collect();
+        let offsets: Vec<u64> = picked.iter().map(|p| p.0).collect();
+        let dir = std::env::temp_dir().join(format!("kvtrace-lmct-at-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let zstd = zstd::encode_all(whole.as_slice(), 3).expect("zstd");
+        for (name, bytes) in [("plain.lct", &whole), ("zstd.lct.zst", &zstd)] {
+            let path = dir.join(name);
+            std::fs::write(&path, bytes).expect("write");
+            let read_at = |offsets: &[u64]| {
+                let mut seen = Vec::new();
+                crate::reader::read_records_at(&path, ReadOptions::default(), offsets, &mut |r| {
+                    seen.push((r.offset, r.t_mono, r.body.to_vec()));
+                    Ok(())
+                })
+                .map(|()| seen)
+            };
+            assert_eq!(read_at(&offsets).expect(name), picked, "{name}");
+            let inside = offsets[3] + 1;
+            let err = read_at(&[offsets[0], inside]).expect_err("not a frame");
+            assert_eq!(
+                err.place,
+                Some(kvtrace_io::error::Place::Byte(inside)),
+                "{name}"
+            );
+            assert!(err.to_string().contains("did the file change"), "{err}");
+            let past = whole.len() as u64 + 10;
+            assert!(read_at(&[past]).is_err(), "{name}");
+        }
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
     /// A consumer that stops: only what it was handed is counted — not an undecodable frame
     /// or a cut tail the reading thread had already reached — and its error comes back.
     #[test]

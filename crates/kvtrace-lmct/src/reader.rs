@@ -537,3 +537,73 @@ impl TraceReader {
         )
     }
 }
+
+/// Reads the records that begin at `offsets` (ascending; each the offset of a frame that an
+/// earlier read of the same file found decodable), for a reader that picks a few records out
+/// of a whole read and needs them again: a plain file is read only around them; a zstd
+/// stream, which cannot be entered in the middle, is read through, and only the frames at
+/// `offsets` are handed on. A frame that is not there any more (the file changed since) is
+/// an error at its offset.
+pub fn read_records_at(
+    path: &Path,
+    options: ReadOptions,
+    offsets: &[u64],
+    each: &mut dyn FnMut(RecordRef<'_>) -> Result<()>,
+) -> Result<()> {
+    let changed = |offset: u64, what: &str| {
+        Error::data(
+            offset,
+            "record",
+            format!(
+                "{what}, where an earlier read of this file found a record: did the file change?"
+            ),
+        )
+    };
+    let mut wanted = offsets.iter().copied().peekable();
+    let mut file = File::open(path).map_err(|e| Error::io("cannot open", e))?;
+    let mut magic = [0u8; 4];
+    let n = read_fully(&mut file, &mut magic).map_err(|e| Error::io("cannot read", e))?;
+    if n == 4 && magic == ZSTD_MAGIC {
+        let mut reader = TraceReader::open(path, options)?;
+        while let Some(&offset) = wanted.peek() {
+            let Some(frame) = reader.next_frame()? else {
+                return Err(changed(offset, "the trace ends before this byte"));
+            };
+            match frame {
+                Frame::Record(record) if record.offset == offset => {
+                    wanted.next();
+                    each(record)?;
+                }
+                frame if frame.offset() >= offset => {
+                    return Err(changed(offset, "no decodable frame begins here"))
+                }
+                _ => {}
+            }
+        }
+        return Ok(());
+    }
+    let mut file = BufReader::with_capacity(1 << 16, file);
+    let (mut at, mut body) = (4u64, Vec::new());
+    for offset in wanted {
+        let step = i64::try_from(offset).unwrap_or(i64::MAX) - i64::try_from(at).unwrap_or(0);
+        file.seek_relative(step)
+            .map_err(|e| Error::io(format!("cannot seek to byte {offset}"), e))?;
+        let mut prefix = [0u8; 4];
+        let got = read_fully(&mut file, &mut prefix)
+            .map_err(|e| Error::io(format!("read failed near byte {offset}"), e))?;
+        let len = u32::from_be_bytes(prefix);
+        if got < 4 || len > options.max_frame_bytes {
+            return Err(changed(offset, "no frame begins here"));
+        }
+        let got = read_body(&mut file, &mut body, len as usize)
+            .map_err(|e| Error::io(format!("read failed near byte {offset}"), e))?;
+        if got < len as usize {
+            return Err(changed(offset, "the trace ends inside this frame"));
+        }
+        at = offset + 4 + u64::from(len);
+        let record = RecordRef::parse(offset, &body[..got])
+            .map_err(|reason| changed(offset, &format!("undecodable frame ({reason})")))?;
+        each(record)?;
+    }
+    Ok(())
+}

@@ -19,9 +19,10 @@ use super::dispatch::{Call, Decoder, Outcome};
 use super::phase::PhaseReport;
 use super::session::Position;
 use crate::error::Result;
-use crate::lmct::blocks::read_ahead;
-use crate::lmct::{Header, ReadOptions, ReadSummary, TraceReader};
-use crate::storage::{KeyId, KeyMap, KeySet, PrefetchGroup};
+use crate::lmct::blocks::{fold_records, read_ahead};
+use crate::lmct::reader::read_records_at;
+use crate::lmct::{Header, ReadOptions, ReadSummary, RecordRef, TraceReader};
+use crate::storage::{KeyId, KeyMap, PrefetchGroup};
 
 /// One record as a replay needs it.
 pub(crate) struct LoadedRecord {
@@ -55,6 +56,16 @@ fn call_bytes(call: &Call) -> usize {
         _ => 0,
     };
     groups + call.keys().count() * std::mem::size_of::<KeyId>()
+}
+
+/// `name` as one of `names`, which a trace has a handful of: each record holds a count.
+fn interned(names: &mut Vec<Arc<str>>, name: &str) -> Arc<str> {
+    if let Some(known) = names.iter().find(|n| ***n == *name) {
+        return known.clone();
+    }
+    let new: Arc<str> = Arc::from(name);
+    names.push(new.clone());
+    new
 }
 
 /// What a load does after a record.
@@ -100,48 +111,60 @@ impl Loaded {
     }
 
     /// The calls of a share of `path`'s prefix trees, for a sampled curve: see [`Sample`].
-    /// The file is read twice (once to count how many lookups pass through each key, once
-    /// to keep the sampled calls) and only the sampled records are held, so a trace too
-    /// large to load whole can be sampled; what the whole trace costs is two maps over its
-    /// distinct keys (about 60 bytes a key).
+    /// The file is read once whole, holding every call's kind and keys as dense ids (4
+    /// bytes a key named, plus about 60 bytes a distinct key while reading); the sample is
+    /// decided over those in memory, and only the kept records are read again (a plain file
+    /// at their offsets). Only the sampled records are held afterwards, so a trace too large
+    /// to load whole can be sampled.
     pub fn load_sample(path: &Path, read: ReadOptions, rate: f64, seed: u64) -> Result<Sample> {
-        let stop = |_: usize, _: usize| match crate::interrupt::requested() {
-            Some(_) => Next::Abandon,
-            None => Next::More,
-        };
-        // Every key the trace names, with the lookups that name it (0: only other calls do).
-        let mut lookups = KeyMap::<u32>::default();
-        let mut chains = 0u64;
-        let mut reuse = Reuse::default();
-        Loaded::load_while(
-            path,
-            read,
-            |call| {
-                if let Call::Prefetch { .. } = call {
-                    chains += 1;
-                    reuse.count(call, |key| lookups.contains_key(key));
-                    for key in call.keys() {
-                        let n = lookups.entry(key).or_insert(0);
-                        *n = n.saturating_add(1);
-                    }
-                } else {
-                    for key in call.keys() {
-                        lookups.entry(key).or_insert(0);
-                    }
-                }
-                false
-            },
-            stop,
-        )?;
-        let mut trees = Trees::new(rate, seed, lookups, chains);
-        let (loaded, _) = Loaded::load_while(path, read, |call| trees.keep(call), stop)?;
+        let census = Census::read(path, read)?;
+        let mut trees = Trees::new(rate, seed, &census);
+        let mut offsets = Vec::new();
+        let mut from = 0;
+        for call in &census.calls {
+            if trees.keep(&census, call, &census.keys[from..call.keys_end]) {
+                offsets.push(call.offset);
+            }
+            from = call.keys_end;
+        }
+        let Census {
+            shown,
+            header,
+            header_warnings,
+            summary,
+            folded,
+            reuse,
+            ..
+        } = census;
+        let mut records = Vec::with_capacity(offsets.len());
+        let mut names = Vec::new();
+        let mut decoder = Decoder::default();
+        read_records_at(path, read, &offsets, &mut |record| {
+            records.push(LoadedRecord {
+                offset: record.offset,
+                t_mono: record.t_mono,
+                qualname: interned(&mut names, record.qualname),
+                call: decoder.decode(&record),
+            });
+            Ok(())
+        })
+        .map_err(|e| e.in_file(&shown))?;
         Ok(Sample {
-            loaded,
+            loaded: Loaded {
+                shown,
+                header,
+                header_warnings,
+                records,
+                summary,
+                client: OnceLock::new(),
+                lookups: OnceLock::new(),
+                phases: Mutex::new(HashMap::new()),
+            },
             counts: SampleCounts {
                 rate,
                 trees: trees.trees,
                 trees_kept: trees.trees_kept,
-                keys: trees.kept.len() as u64,
+                keys: folded.len() as u64,
                 keys_kept: trees.keys_kept,
                 trunk_keys: trees.trunk_keys,
                 trunk_bytes: trees.trunk_bytes,
@@ -173,14 +196,16 @@ impl Loaded {
             super::READ_AHEAD_BLOCK_BYTES,
             &mut |record| Some(decoder.decode(record)),
             &mut |record, decoded| {
-                let Some(call) = decoded.take() else {
-                    return Ok(true);
-                };
-                if let Ok(c) = &call {
+                // A call not kept stays where it is, to be dropped on the decoding thread
+                // that allocated it (see `read_ahead`).
+                if let Some(Ok(c)) = decoded.as_ref() {
                     if !keep(c) {
                         return Ok(true);
                     }
                 }
+                let Some(call) = decoded.take() else {
+                    return Ok(true);
+                };
                 held += std::mem::size_of::<LoadedRecord>() + call.as_ref().map_or(0, call_bytes);
                 calls += usize::from(call.is_ok());
                 let next = next(held, calls);
@@ -188,17 +213,10 @@ impl Loaded {
                     abandoned = true;
                     return Ok(false);
                 }
-                let qualname = match names.iter().find(|n| ***n == *record.qualname) {
-                    Some(n) => n.clone(),
-                    None => {
-                        names.push(Arc::from(record.qualname));
-                        names[names.len() - 1].clone()
-                    }
-                };
                 records.push(LoadedRecord {
                     offset: record.offset,
                     t_mono: record.t_mono,
-                    qualname,
+                    qualname: interned(&mut names, record.qualname),
                     call,
                 });
                 Ok(matches!(next, Next::More))
@@ -303,7 +321,8 @@ impl Loaded {
 /// the lookups the sample expects to keep, so no tree is more than a tenth of the sample. A
 /// call other than a lookup follows the tree of its first key below the trunk (a write of
 /// the chunks after a hit prefix, the tree of the lookup that named them), a call of trunk
-/// keys only is kept. Replayed with every capacity scaled by [`SampleCounts::scaled`] (the
+/// keys only is kept, except a read: a read of trunk keys only (or of none, after a lookup
+/// that hit nothing) follows the last lookup's tree. Replayed with every capacity scaled by [`SampleCounts::scaled`] (the
 /// trunk, which every sample holds whole, at its own bytes, the rest at
 /// [`SampleCounts::share`]), the sample's hit rate times [`SampleCounts::correction`]
 /// estimates the whole trace's.
@@ -345,11 +364,11 @@ pub struct Reuse {
 }
 
 impl Reuse {
-    /// Counts a lookup, `seen` telling whether an earlier call named a key.
-    fn count(&mut self, call: &Call, seen: impl Fn(&KeyId) -> bool) {
+    /// Counts a lookup by whether an earlier call named each of its keys, in order.
+    fn count(&mut self, seen: impl IntoIterator<Item = bool>) {
         let mut leading = true;
-        for key in call.keys() {
-            leading = leading && seen(&key);
+        for seen in seen {
+            leading = leading && seen;
             self.chunks += 1;
             self.named_before += u64::from(leading);
         }
@@ -413,14 +432,180 @@ impl SampleCounts {
     }
 }
 
-/// The sample's decisions, key by key.
+/// A sample's one read of the whole trace: every record's kind and its call's keys, each
+/// key a dense id given in the order keys are first named (so the keys a call names first
+/// are the ids it was given), for deciding the sample without a second read of the keys.
+struct Census {
+    shown: String,
+    header: Header,
+    header_warnings: Vec<String>,
+    summary: ReadSummary,
+    calls: Vec<Counted>,
+    /// Every call's keys in order, one run after another.
+    keys: Vec<u32>,
+    /// By dense id: the key's id folded to 64 bits, which a tree's draw hashes.
+    folded: Vec<u64>,
+    /// By dense id: how many lookups name the key.
+    lookups: Vec<u32>,
+    /// Lookups.
+    chains: u64,
+    reuse: Reuse,
+}
+
+/// One record of a [`Census`].
+struct Counted {
+    offset: u64,
+    /// Where the call's run of [`Census::keys`] ends.
+    keys_end: usize,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Lookup,
+    /// `read_prefetched_results` or `finish_read_prefetched`: the read of a lookup's hit.
+    Read,
+    /// `reserve_write`, of objects of this many bytes.
+    Reserve(u64),
+    Other,
+    /// A record replay skips: every sample keeps it.
+    Skipped,
+}
+
+/// A block of records decoded on a worker thread, for [`Census::read`] to take in order.
+#[derive(Default)]
+struct Decoded {
+    decoder: Decoder,
+    /// Each record's offset, kind and where its keys end in `keys`.
+    records: Vec<(u64, Kind, usize)>,
+    keys: Vec<KeyId>,
+}
+
+impl Decoded {
+    fn add(&mut self, record: &RecordRef<'_>) {
+        let call = self.decoder.decode(record);
+        let kind = match &call {
+            Err(_) => Kind::Skipped,
+            Ok(Call::Prefetch { .. }) => Kind::Lookup,
+            Ok(Call::ReadEnter { .. } | Call::ReadExit { .. } | Call::FinishRead { .. }) => {
+                Kind::Read
+            }
+            Ok(Call::ReserveWrite { object_bytes, .. }) => Kind::Reserve(*object_bytes),
+            Ok(_) => Kind::Other,
+        };
+        if let Ok(call) = &call {
+            self.keys.extend(call.keys());
+        }
+        self.records.push((record.offset, kind, self.keys.len()));
+    }
+}
+
+impl Census {
+    /// Reads the whole of `path`, its records decoded on [`ReadOptions::threads`] threads
+    /// and taken in order.
+    fn read(path: &Path, read: ReadOptions) -> Result<Census> {
+        let shown = path.display().to_string();
+        let reader = TraceReader::open(path, read).map_err(|e| e.in_file(&shown))?;
+        let mut census = Census {
+            header: reader.header().clone(),
+            header_warnings: reader.header_warnings(),
+            shown,
+            summary: ReadSummary::default(),
+            calls: Vec::new(),
+            keys: Vec::new(),
+            folded: Vec::new(),
+            lookups: Vec::new(),
+            chains: 0,
+            reuse: Reuse::default(),
+        };
+        let mut ids = KeyMap::<u32>::default();
+        let mut failed = None;
+        let summary = fold_records(
+            reader,
+            read.threads(),
+            super::READ_AHEAD_BLOCK_BYTES,
+            &Decoded::default,
+            &Decoded::add,
+            &mut |block| {
+                let mut from = 0;
+                for &(offset, kind, to) in &block.records {
+                    if failed.is_none() {
+                        let keys = &block.keys[from..to];
+                        if let Err(e) = census.add(&mut ids, keys, kind == Kind::Lookup, offset) {
+                            failed = Some(e);
+                        }
+                    }
+                    census.calls.push(Counted {
+                        offset,
+                        keys_end: census.keys.len(),
+                        kind,
+                    });
+                    from = to;
+                }
+            },
+            &|_, _| {},
+        )
+        .and_then(|summary| failed.map_or(Ok(summary), Err))
+        .map_err(|e| e.in_file(&census.shown))?;
+        census.summary = summary;
+        Ok(census)
+    }
+
+    /// Gives `call`'s keys their ids and counts a lookup's reuse.
+    fn add(
+        &mut self,
+        ids: &mut KeyMap<u32>,
+        keys: &[KeyId],
+        lookup: bool,
+        offset: u64,
+    ) -> Result<()> {
+        let known = self.folded.len();
+        let start = self.keys.len();
+        for &key in keys {
+            let id = match ids.entry(key) {
+                Entry::Occupied(id) => *id.get(),
+                Entry::Vacant(slot) => {
+                    let Ok(id) = u32::try_from(self.folded.len()) else {
+                        return Err(crate::error::Error::data(
+                            offset,
+                            "keys",
+                            "more than 2^32 distinct keys: too many to sample",
+                        ));
+                    };
+                    self.folded.push(key.0 as u64 ^ (key.0 >> 64) as u64);
+                    self.lookups.push(0);
+                    *slot.insert(id)
+                }
+            };
+            self.keys.push(id);
+        }
+        if lookup {
+            self.chains += 1;
+            let run = &self.keys[start..];
+            self.reuse
+                .count(run.iter().map(|&id| (id as usize) < known));
+            for &id in run {
+                let n = &mut self.lookups[id as usize];
+                *n = n.saturating_add(1);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a key is kept, by dense id.
+#[derive(Clone, Copy, PartialEq)]
+enum Mark {
+    Unseen,
+    Dropped,
+    Kept,
+}
+
+/// The sample's decisions, call by call over a [`Census`].
 struct Trees {
-    /// How many lookups name each key (the first pass).
-    lookups: KeyMap<u32>,
     /// A key named by more lookups is in the trunk.
     trunk_limit: u32,
-    /// Whether each key seen so far is kept (the trunk's are).
-    kept: KeyMap<bool>,
+    marks: Vec<Mark>,
     threshold: u64,
     seed: u64,
     trees: u64,
@@ -429,18 +614,20 @@ struct Trees {
     trunk_keys: u64,
     trunk_bytes: u64,
     /// The trunk keys whose writes were counted in `trunk_bytes`.
-    trunk_written: KeySet,
+    trunk_written: Vec<bool>,
     reuse_kept: Reuse,
+    /// Whether the last lookup was kept (`None` before the first).
+    last_lookup: Option<bool>,
 }
 
 impl Trees {
-    fn new(rate: f64, seed: u64, lookups: KeyMap<u32>, chains: u64) -> Trees {
+    fn new(rate: f64, seed: u64, census: &Census) -> Trees {
         let rate = rate.clamp(0.0, 1.0);
+        let keys = census.folded.len();
         Trees {
-            lookups,
-            trunk_limit: ((chains as f64 * rate / 10.0) as u64).clamp(1, u64::from(u32::MAX))
+            trunk_limit: ((census.chains as f64 * rate / 10.0) as u64).clamp(1, u64::from(u32::MAX))
                 as u32,
-            kept: KeyMap::default(),
+            marks: vec![Mark::Unseen; keys],
             threshold: (rate * u64::MAX as f64) as u64,
             seed,
             trees: 0,
@@ -448,55 +635,63 @@ impl Trees {
             keys_kept: 0,
             trunk_keys: 0,
             trunk_bytes: 0,
-            trunk_written: KeySet::default(),
+            trunk_written: vec![false; keys],
             reuse_kept: Reuse::default(),
+            last_lookup: None,
         }
     }
 
-    fn is_trunk(&self, key: &KeyId) -> bool {
-        self.lookups.get(key).is_some_and(|&n| n > self.trunk_limit)
-    }
-
-    /// Whether `call` is kept; the keys it names for the first time take its decision.
-    fn keep(&mut self, call: &Call) -> bool {
-        if let Call::ReserveWrite { keys, object_bytes } = call {
+    /// Whether `call` (naming `keys`) is kept; the keys it names for the first time take its
+    /// decision.
+    fn keep(&mut self, census: &Census, call: &Counted, keys: &[u32]) -> bool {
+        let trunk = |id: u32| census.lookups[id as usize] > self.trunk_limit;
+        if let Kind::Reserve(object_bytes) = call.kind {
             let aligned = object_bytes.div_ceil(4096).saturating_mul(4096);
-            for key in keys {
-                if self.is_trunk(key) && self.trunk_written.insert(*key) {
+            for &id in keys {
+                if trunk(id) && !std::mem::replace(&mut self.trunk_written[id as usize], true) {
                     self.trunk_bytes = self.trunk_bytes.saturating_add(aligned);
                 }
             }
         }
-        // A call of trunk keys only is kept: every sample holds the trunk.
-        let kept = match call.keys().find(|k| !self.is_trunk(k)) {
+        let kept = match keys.iter().find(|&&id| !trunk(id)) {
+            // A read of the trunk only (a hit on the shared prefix, or nothing) belongs to
+            // the lookup before it, as a server's calls for one request come together: kept
+            // with every tree, such reads were half of a 1 % sample's records.
+            None if call.kind == Kind::Read => self.last_lookup.unwrap_or(true),
+            // Any other call of trunk keys only is kept (every sample holds the trunk), and
+            // so is a record replay skips.
             None => true,
-            Some(below) => match self.kept.get(&below) {
-                Some(&kept) => kept,
-                None => {
-                    let root = below.0;
-                    let kept = mix(root as u64 ^ (root >> 64) as u64 ^ self.seed) <= self.threshold;
+            Some(&below) => match self.marks[below as usize] {
+                Mark::Kept => true,
+                Mark::Dropped => false,
+                Mark::Unseen => {
+                    let draw = mix(census.folded[below as usize] ^ self.seed);
+                    let kept = draw <= self.threshold;
                     self.trees += 1;
                     self.trees_kept += u64::from(kept);
                     kept
                 }
             },
         };
-        if kept && matches!(call, Call::Prefetch { .. }) {
-            self.reuse_kept.count(call, |k| self.kept.contains_key(k));
+        if call.kind == Kind::Lookup {
+            self.last_lookup = Some(kept);
+            if kept {
+                let marks = &self.marks;
+                self.reuse_kept
+                    .count(keys.iter().map(|&id| marks[id as usize] != Mark::Unseen));
+            }
         }
-        for key in call.keys() {
-            let trunk = self.is_trunk(&key);
-            self.mark(key, kept || trunk, trunk);
+        for &id in keys {
+            let mark = &mut self.marks[id as usize];
+            if *mark == Mark::Unseen {
+                let trunk = census.lookups[id as usize] > self.trunk_limit;
+                let kept = kept || trunk;
+                *mark = if kept { Mark::Kept } else { Mark::Dropped };
+                self.keys_kept += u64::from(kept);
+                self.trunk_keys += u64::from(trunk);
+            }
         }
         kept
-    }
-
-    fn mark(&mut self, key: KeyId, kept: bool, trunk: bool) {
-        if let Entry::Vacant(slot) = self.kept.entry(key) {
-            slot.insert(kept);
-            self.keys_kept += u64::from(kept);
-            self.trunk_keys += u64::from(trunk);
-        }
     }
 }
 
@@ -562,7 +757,7 @@ mod tests {
         let seen: std::collections::HashSet<u128> = [1, 2, 3].into();
         // [1, 2, 3]: all three; [1, 4, 2]: the 2 after the new 4 does not lead; [5, 1]: none.
         for keys in [&[1u8, 2, 3][..], &[1, 4, 2], &[5, 1]] {
-            reuse.count(&lookup(keys), |k| seen.contains(&{ k.0 }));
+            reuse.count(lookup(keys).keys().map(|k| seen.contains(&{ k.0 })));
         }
         assert_eq!(
             reuse,
@@ -573,6 +768,50 @@ mod tests {
         );
         assert_eq!(reuse.rate(), 0.5);
         assert_eq!(Reuse::default().rate(), 0.0);
+    }
+
+    /// A recording with one request at a time: a sample that holds a read holds the lookup
+    /// before it, whatever the read names (a hit on keys every tree shares, or nothing).
+    #[test]
+    fn a_sampled_read_comes_with_its_lookup() {
+        let read = ReadOptions::default();
+        let all = Loaded::load(&churn(), read, usize::MAX)
+            .unwrap()
+            .expect("within budget");
+        // Each read's lookup, found independently: the last lookup before it in the file.
+        let mut lookup_of = HashMap::new();
+        let mut last = None;
+        for r in &all.records {
+            match &r.call {
+                Ok(Call::Prefetch { .. }) => last = Some(r.offset),
+                Ok(Call::ReadEnter { .. } | Call::ReadExit { .. } | Call::FinishRead { .. }) => {
+                    lookup_of.insert(r.offset, last.expect("a lookup first"));
+                }
+                _ => {}
+            }
+        }
+        for (rate, seed) in [(0.5, 7), (0.2, 1), (0.2, 2)] {
+            let sample = Loaded::load_sample(&churn(), read, rate, seed)
+                .unwrap()
+                .loaded;
+            let kept: std::collections::HashSet<u64> =
+                sample.records.iter().map(|r| r.offset).collect();
+            let reads: Vec<u64> = lookup_of
+                .keys()
+                .copied()
+                .filter(|r| kept.contains(r))
+                .collect();
+            assert!(
+                !reads.is_empty() && reads.len() < lookup_of.len(),
+                "{rate}: {reads:?}"
+            );
+            for r in reads {
+                assert!(
+                    kept.contains(&lookup_of[&r]),
+                    "{rate} {seed}: the read at byte {r}"
+                );
+            }
+        }
     }
 
     #[test]
