@@ -150,16 +150,7 @@ impl Loaded {
         })
         .map_err(|e| e.in_file(&shown))?;
         Ok(Sample {
-            loaded: Loaded {
-                shown,
-                header,
-                header_warnings,
-                records,
-                summary,
-                client: OnceLock::new(),
-                lookups: OnceLock::new(),
-                phases: Mutex::new(HashMap::new()),
-            },
+            loaded: Loaded::new(shown, header, header_warnings, records, summary),
             counts: SampleCounts {
                 rate,
                 trees: trees.trees,
@@ -223,7 +214,19 @@ impl Loaded {
             },
         )
         .map_err(|e| e.in_file(&shown))?;
-        let loaded = Loaded {
+        let loaded = Loaded::new(shown, header, header_warnings, records, summary);
+        Ok((loaded, abandoned))
+    }
+
+    /// Records read, with nothing inferred from them yet.
+    fn new(
+        shown: String,
+        header: Header,
+        header_warnings: Vec<String>,
+        records: Vec<LoadedRecord>,
+        summary: ReadSummary,
+    ) -> Loaded {
+        Loaded {
             shown,
             header,
             header_warnings,
@@ -232,8 +235,7 @@ impl Loaded {
             client: OnceLock::new(),
             lookups: OnceLock::new(),
             phases: Mutex::new(HashMap::new()),
-        };
-        Ok((loaded, abandoned))
+        }
     }
 
     pub fn shown(&self) -> &str {

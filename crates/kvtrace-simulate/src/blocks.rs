@@ -278,9 +278,11 @@ impl BlockPool {
         let hash = self.copies[id as usize].hash.take().expect("cached");
         self.live -= 1;
         self.vacant.push(id);
-        let gone = self.by_hash.get_mut(&hash).expect("indexed").remove(id);
-        if gone {
-            self.by_hash.remove(&hash);
+        let Entry::Occupied(mut copies) = self.by_hash.entry(hash) else {
+            unreachable!("a cached copy is indexed");
+        };
+        if copies.get_mut().remove(id) {
+            copies.remove();
             if let Some(e) = self.events.as_mut() {
                 e.push(KvEvent::Removed(hash));
             }

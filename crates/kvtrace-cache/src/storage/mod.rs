@@ -161,6 +161,13 @@ impl std::hash::Hasher for KeyIdHasher {
     fn write_u128(&mut self, n: u128) {
         self.0 = (n as u64) ^ ((n >> 64) as u64);
     }
+
+    /// A `u64` key (the simulator's block hashes) in one step: the same value as
+    /// [`std::hash::Hasher::write`] of its bytes, which the default took a loop over chunks
+    /// to give.
+    fn write_u64(&mut self, n: u64) {
+        self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(n.to_ne_bytes());
+    }
 }
 
 /// One line, whatever a server or a client library said: a peer's reply, or an error's

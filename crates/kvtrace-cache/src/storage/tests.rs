@@ -445,3 +445,19 @@ fn a_key_id_stands_for_every_field_whatever_keys_came_before() {
     let elsewhere = std::thread::spawn(move || KeyId::of(&variants[6])).join();
     assert_eq!(elsewhere.unwrap(), ids[6]);
 }
+
+/// A `u64` key hashes to what its bytes did before `write_u64` took it in one step: the
+/// simulator's block maps (their iteration order among them) stay as they were.
+#[test]
+fn a_u64_key_hashes_as_its_bytes_did() {
+    use std::hash::Hasher;
+    for n in [0u64, 1, 0x9e37_79b9_7f4a_7c15, u64::MAX, 1 << 63] {
+        let (mut whole, mut bytes) = (super::KeyIdHasher::default(), super::KeyIdHasher::default());
+        for h in [&mut whole, &mut bytes] {
+            h.write(b"seed!");
+        }
+        whole.write_u64(n);
+        bytes.write(&n.to_ne_bytes());
+        assert_eq!(whole.finish(), bytes.finish(), "{n:#x}");
+    }
+}
