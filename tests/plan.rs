@@ -312,7 +312,8 @@ fn a_sample_of_every_prefix_tree_is_the_full_plan() {
 /// replays' curve within 2 points on average for each of three seeds (0.6–1.1 measured, about
 /// 2 before the reuse correction; the error shrinks with the trees sampled,
 /// docs/commands/plan.md), and its plateau within 0.1 point (the correction makes it the
-/// whole trace's reuse; without it the seeds' plateaus differ by points). Unscaled sizes, or
+/// whole trace's reuse; without it the seeds' plateaus differ by points), and what its L2
+/// takes beside the largest L1 within 1 % of the full plan's bytes. Unscaled sizes, or
 /// a sample that is one tree because every prompt starts alike, miss by tens of points.
 #[test]
 fn a_sampled_curve_follows_the_full_replays() {
@@ -338,8 +339,20 @@ fn a_sampled_curve_follows_the_full_replays() {
         "320",
         "--grid",
         "12",
+        "--l2-sizes-gb",
+        "20",
+        "--surface-l1-sizes",
+        "2",
     ];
-    let full = curve(&plan(&trace, &flags));
+    // What the L2 took beside the largest L1 (every store written through), in bytes.
+    let written = |p: &Json| {
+        let cells = p["surface"]["cells"].as_array().expect("cells");
+        cells[cells.len() - 1]["l2_bytes_written"]
+            .as_f64()
+            .expect("bytes")
+    };
+    let full_plan = plan(&trace, &flags);
+    let full = curve(&full_plan);
     assert!(full[0] < 0.05 && full[full.len() - 1] > 0.35, "{full:?}");
     for seed in ["0", "1", "2"] {
         let mut sampled = flags.to_vec();
@@ -361,6 +374,12 @@ fn a_sampled_curve_follows_the_full_replays() {
         );
         let plateau = (est[est.len() - 1] - full[full.len() - 1]).abs();
         assert!(plateau <= 0.001, "seed {seed}: plateau off by {plateau}");
+        // A sample's L2 traffic is scaled to the whole trace's, not its share of it.
+        let (all, kept) = (written(&full_plan), written(&p));
+        assert!(
+            (kept / all - 1.0).abs() < 0.01,
+            "seed {seed}: L2 writes {kept} against {all}"
+        );
     }
 }
 

@@ -484,15 +484,17 @@ fn search(
                 &|i| {
                     let (l1, l2) = pairs[i];
                     let run = at(l1, Some(l2))?;
-                    let (l2_bytes_read, l2_bytes_written) = run.figures.l2_bytes();
+                    // A sample's traffic is its share of the whole trace's; what L2 serves
+                    // is hits, corrected as they are.
+                    let (read, written) = run.figures.l2_bytes();
                     Ok(SurfaceCell {
                         l1_gib: l1,
                         l2_gib: l2,
                         hit_rate: estimate.rate(run.figures.hit_rate),
                         l1_hit_rate: estimate.rate(run.figures.l1_hit_rate),
                         l2_hit_rate: estimate.rate(run.figures.l2_hit_rate),
-                        l2_bytes_read,
-                        l2_bytes_written,
+                        l2_bytes_read: estimate.whole(read as f64 * estimate.correction),
+                        l2_bytes_written: estimate.whole(written as f64),
                     })
                 },
                 done,
@@ -544,8 +546,8 @@ impl Estimate {
         (rate * self.correction).min(1.0)
     }
 
-    /// A sample's token count scaled to the whole trace.
-    fn tokens(&self, n: f64) -> u64 {
+    /// A sample's count (tokens, bytes) scaled to the whole trace.
+    fn whole(&self, n: f64) -> u64 {
         (n / self.share).round() as u64
     }
 
@@ -558,8 +560,8 @@ impl Estimate {
             .min(figures.requested_chunks);
         SizePoint {
             l1_gib: gib,
-            hit_tokens: self.tokens(run.hit_tokens as f64 * self.correction),
-            requested_tokens: self.tokens(run.requested_tokens as f64),
+            hit_tokens: self.whole(run.hit_tokens as f64 * self.correction),
+            requested_tokens: self.whole(run.requested_tokens as f64),
             span_s: run.span_s,
             figures,
             optimal_chunk_hit_rate: None,
