@@ -58,7 +58,8 @@ fn call_bytes(call: &Call) -> usize {
     groups + call.keys().count() * std::mem::size_of::<KeyId>()
 }
 
-/// `name` as one of `names`, which a trace has a handful of: each record holds a count.
+/// `name` as one of `names` (a trace has a handful): each record holds a shared reference,
+/// not a copy.
 fn interned(names: &mut Vec<Arc<str>>, name: &str) -> Arc<str> {
     if let Some(known) = names.iter().find(|n| ***n == *name) {
         return known.clone();
@@ -112,7 +113,7 @@ impl Loaded {
 
     /// The calls of a share of `path`'s prefix trees, for a sampled curve: see [`Sample`].
     /// The file is read once whole, holding every call's kind and keys as dense ids (4
-    /// bytes a key named, plus about 60 bytes a distinct key while reading); the sample is
+    /// bytes a key named and 32 a record, plus 50–90 bytes a distinct key); the sample is
     /// decided over those in memory, and only the kept records are read again (a plain file
     /// at their offsets). Only the sampled records are held afterwards, so a trace too large
     /// to load whole can be sampled.
