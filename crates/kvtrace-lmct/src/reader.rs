@@ -564,21 +564,29 @@ pub fn read_records_at(
     let mut magic = [0u8; 4];
     let n = read_fully(&mut file, &mut magic).map_err(|e| Error::io("cannot read", e))?;
     if n == 4 && magic == ZSTD_MAGIC {
-        let mut reader = TraceReader::open(path, options)?;
-        while let Some(&offset) = wanted.peek() {
-            let Some(frame) = reader.next_frame()? else {
-                return Err(changed(offset, "the trace ends before this byte"));
+        // Frames are split in blocks without being parsed; only the wanted ones are.
+        let mut blocks = TraceReader::open(path, options)?.into_blocks(1 << 20);
+        let mut buf = Vec::new();
+        while let Some(&first) = wanted.peek() {
+            let Some(block) = blocks.next_block(buf)? else {
+                return Err(changed(first, "the trace ends before this byte"));
             };
-            match frame {
-                Frame::Record(record) if record.offset == offset => {
-                    wanted.next();
-                    each(record)?;
+            for (at, body) in block.frames() {
+                match wanted.peek() {
+                    Some(&offset) if at == offset => {
+                        wanted.next();
+                        let record = RecordRef::parse(offset, body).map_err(|reason| {
+                            changed(offset, &format!("undecodable frame ({reason})"))
+                        })?;
+                        each(record)?;
+                    }
+                    Some(&offset) if at > offset => {
+                        return Err(changed(offset, "no frame begins here"))
+                    }
+                    _ => {}
                 }
-                frame if frame.offset() >= offset => {
-                    return Err(changed(offset, "no decodable frame begins here"))
-                }
-                _ => {}
             }
+            buf = block.into_buffer();
         }
         return Ok(());
     }
