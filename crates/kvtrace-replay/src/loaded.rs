@@ -83,15 +83,12 @@ impl Loaded {
     /// more than `budget_bytes` (the caller then replays the file as usual) or a signal asks
     /// to stop.
     pub fn load(path: &Path, read: ReadOptions, budget_bytes: usize) -> Result<Option<Loaded>> {
-        let (loaded, abandoned) = Loaded::load_while(
-            path,
-            read,
-            |_| true,
-            |held, _| match held > budget_bytes || crate::interrupt::requested().is_some() {
+        let (loaded, abandoned) = Loaded::load_while(path, read, |held, _| {
+            match held > budget_bytes || crate::interrupt::requested().is_some() {
                 true => Next::Abandon,
                 false => Next::More,
-            },
-        )?;
+            }
+        })?;
         Ok((!abandoned).then_some(loaded))
     }
 
@@ -99,15 +96,10 @@ impl Loaded {
     /// a shorter trace. What the client inference and the phase estimate read, decoded once
     /// for both by a plan.
     pub(crate) fn load_head(path: &Path, read: ReadOptions, calls: usize) -> Result<Loaded> {
-        let (head, _) = Loaded::load_while(
-            path,
-            read,
-            |_| true,
-            |_, decoded| match decoded >= calls {
-                true => Next::Done,
-                false => Next::More,
-            },
-        )?;
+        let (head, _) = Loaded::load_while(path, read, |_, decoded| match decoded >= calls {
+            true => Next::Done,
+            false => Next::More,
+        })?;
         Ok(head)
     }
 
@@ -166,12 +158,11 @@ impl Loaded {
         })
     }
 
-    /// Reads records until `next(bytes held, calls decoded)` says to stop, keeping the calls
-    /// `keep` accepts (and every record that decoded to none); whether it gave up.
+    /// Reads records until `next(bytes held, calls decoded)` says to stop; whether it gave
+    /// up.
     fn load_while(
         path: &Path,
         read: ReadOptions,
-        mut keep: impl FnMut(&Call) -> bool,
         mut next: impl FnMut(usize, usize) -> Next,
     ) -> Result<(Loaded, bool)> {
         let shown = path.display().to_string();
@@ -188,13 +179,6 @@ impl Loaded {
             super::READ_AHEAD_BLOCK_BYTES,
             &mut |record| Some(decoder.decode(record)),
             &mut |record, decoded| {
-                // A call not kept stays where it is, to be dropped on the decoding thread
-                // that allocated it (see `read_ahead`).
-                if let Some(Ok(c)) = decoded.as_ref() {
-                    if !keep(c) {
-                        return Ok(true);
-                    }
-                }
                 let Some(call) = decoded.take() else {
                     return Ok(true);
                 };
@@ -325,10 +309,10 @@ impl Loaded {
 /// call other than a lookup follows the tree of its first key below the trunk (a write of
 /// the chunks after a hit prefix, the tree of the lookup that named them), a call of trunk
 /// keys only is kept, except a read: a read of trunk keys only (or of none, after a lookup
-/// that hit nothing) follows the last lookup's tree. Replayed with every capacity scaled by [`SampleCounts::scaled`] (the
-/// trunk, which every sample holds whole, at its own bytes, the rest at
-/// [`SampleCounts::share`]), the sample's hit rate times [`SampleCounts::correction`]
-/// estimates the whole trace's.
+/// that hit nothing) follows the last lookup's tree. Replayed with every capacity scaled by
+/// [`SampleCounts::scaled`] (the trunk, which every sample holds whole, at its own bytes, the
+/// rest at [`SampleCounts::share`]), the sample's hit rate times
+/// [`SampleCounts::correction`] estimates the whole trace's.
 pub struct Sample {
     pub loaded: Loaded,
     pub counts: SampleCounts,
@@ -647,7 +631,8 @@ impl Trees {
     /// Whether `call` (naming `keys`) is kept; the keys it names for the first time take its
     /// decision.
     fn keep(&mut self, census: &Census, call: &Counted, keys: &[u32]) -> bool {
-        let trunk = |id: u32| census.lookups[id as usize] > self.trunk_limit;
+        let limit = self.trunk_limit;
+        let trunk = |id: u32| census.lookups[id as usize] > limit;
         if let Kind::Reserve(object_bytes) = call.kind {
             let aligned = object_bytes.div_ceil(4096).saturating_mul(4096);
             for &id in keys {
@@ -687,7 +672,7 @@ impl Trees {
         for &id in keys {
             let mark = &mut self.marks[id as usize];
             if *mark == Mark::Unseen {
-                let trunk = census.lookups[id as usize] > self.trunk_limit;
+                let trunk = trunk(id);
                 let kept = kept || trunk;
                 *mark = if kept { Mark::Kept } else { Mark::Dropped };
                 self.keys_kept += u64::from(kept);
@@ -716,12 +701,17 @@ mod tests {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/lmcache/churn/lru_seed1.lct")
     }
 
+    /// The churn recording, every record of it.
+    fn whole_churn() -> Loaded {
+        Loaded::load(&churn(), ReadOptions::default(), usize::MAX)
+            .unwrap()
+            .expect("within budget")
+    }
+
     #[test]
     fn a_load_holds_every_record_or_none_past_its_budget() {
         let read = ReadOptions::default();
-        let all = Loaded::load(&churn(), read, usize::MAX)
-            .unwrap()
-            .expect("within budget");
+        let all = whole_churn();
         // Counted independently: every record the reader hands out, in order.
         let mut reader = TraceReader::open(&churn(), read).unwrap();
         let mut offsets = Vec::new();
@@ -778,9 +768,7 @@ mod tests {
     #[test]
     fn a_sampled_read_comes_with_its_lookup() {
         let read = ReadOptions::default();
-        let all = Loaded::load(&churn(), read, usize::MAX)
-            .unwrap()
-            .expect("within budget");
+        let all = whole_churn();
         // Each read's lookup, found independently: the last lookup before it in the file.
         let mut lookup_of = HashMap::new();
         let mut last = None;
@@ -822,9 +810,7 @@ mod tests {
         let read = ReadOptions::default();
         // Counted independently over every call: a lookup's chunks, and those of its
         // leading run that any earlier call named.
-        let all = Loaded::load(&churn(), read, usize::MAX)
-            .unwrap()
-            .expect("within budget");
+        let all = whole_churn();
         let mut named = std::collections::HashSet::new();
         let (mut chunks, mut before) = (0u64, 0u64);
         for (_, call) in all.calls() {
