@@ -294,20 +294,27 @@ impl Collector {
 
     /// A token at `at_ms`.
     pub fn token(&mut self, id: u32, at_ms: f64) {
+        self.tokens(id, std::slice::from_ref(&at_ms));
+    }
+
+    /// Tokens at `times_ms`, in order: the passes a worker ran in one step.
+    pub fn tokens(&mut self, id: u32, times_ms: &[f64]) {
         let r = &mut self.records[id as usize];
-        match r.last_token_ms {
-            None => r.first_token_ms = Some(at_ms),
-            Some(_) if r.output_length == 1 => r.second_token_ms = Some(at_ms),
-            Some(_) => {}
+        for &at_ms in times_ms {
+            match r.last_token_ms {
+                None => r.first_token_ms = Some(at_ms),
+                Some(_) if r.output_length == 1 => r.second_token_ms = Some(at_ms),
+                Some(_) => {}
+            }
+            r.last_token_ms = Some(at_ms);
+            r.output_length += 1;
         }
-        r.last_token_ms = Some(at_ms);
-        r.output_length += 1;
         if r.token_times.capacity() == 0 {
             if let Some(spare) = self.spare_times.pop() {
                 r.token_times = spare;
             }
         }
-        r.token_times.push(at_ms);
+        r.token_times.extend_from_slice(times_ms);
     }
 
     /// The request ended. A completed request's token gaps join the pooled distributions

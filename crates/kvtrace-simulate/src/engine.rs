@@ -123,8 +123,14 @@ impl PassOutput {
 
     /// When a pass that started at `start_ms` ends.
     pub fn end_ms(&self, start_ms: f64) -> f64 {
-        ((start_ms + self.load_ms) + self.prefill_ms) + self.decode_ms
+        pass_end_ms(start_ms, self.load_ms, self.prefill_ms, self.decode_ms)
     }
+}
+
+/// When a pass that started at `start_ms` ends: its load, prefill and decode added in that
+/// order, which the last bit of every later time depends on.
+pub fn pass_end_ms(start_ms: f64, load_ms: f64, prefill_ms: f64, decode_ms: f64) -> f64 {
+    ((start_ms + load_ms) + prefill_ms) + decode_ms
 }
 
 /// A handoff's destination side has room for the prompt's KV: the transfer may start.
@@ -222,6 +228,21 @@ impl Engine {
         match self {
             Engine::Vllm(e) => e.pass_into(connector, out),
             Engine::Sglang(e) => e.pass_into(out),
+        }
+    }
+
+    /// Runs the passes from `start` that would change nothing but token counts as one step
+    /// (see [`VllmEngine::coast`]); SGLang's engine runs every pass through
+    /// [`Engine::pass_into`].
+    pub fn coast(
+        &mut self,
+        start: f64,
+        before: f64,
+        tokens: &mut dyn FnMut(RequestId, &[f64]),
+    ) -> Option<(u64, f64)> {
+        match self {
+            Engine::Vllm(e) => e.coast(start, before, tokens),
+            Engine::Sglang(_) => None,
         }
     }
 

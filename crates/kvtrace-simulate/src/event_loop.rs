@@ -197,6 +197,12 @@ struct Simulation<'a> {
     skip: Vec<usize>,
     /// An agentic workload's dependencies, released as requests are sent and end.
     dependents: Option<Dependents>,
+    /// Workers may run their quiet decode passes as one step ([`Engine::coast`]) when
+    /// nothing but an arrival brings a worker work: a worker's passes before the next
+    /// arrival are then its own business. The arrivals not yet in `arrivals` are made by
+    /// events at least this long before them (see [`arrival_lead`]), so none of those comes
+    /// before `now` plus it.
+    coasting: Option<f64>,
 }
 
 /// What each session of an agentic workload releases, and what each still waits for.
@@ -231,6 +237,29 @@ impl Dependents {
         }
         Some(d)
     }
+}
+
+/// The least virtual time between an event and an arrival it makes: the smallest delay
+/// before a session's later turn or a dependent request (a finish at `t` makes no arrival
+/// before `t` plus it); none in a closed loop, which starts a session the moment another
+/// ends. Infinite when every arrival is known from the start.
+fn arrival_lead(workload: &Workload, concurrency: Option<u32>) -> f64 {
+    if concurrency.is_some() {
+        return 0.0;
+    }
+    let turns = workload
+        .sessions
+        .iter()
+        .flat_map(|s| s.turns.iter().skip(1).map(|t| t.delay_ms));
+    let waits = workload
+        .graph
+        .iter()
+        .flat_map(|g| g.waits.iter().flatten().map(|w| w.delay_ms));
+    // A delay that is not a number, or is negative, leaves no lead.
+    turns.chain(waits).fold(
+        f64::INFINITY,
+        |lead, d| if d >= 0.0 { lead.min(d) } else { 0.0 },
+    )
 }
 
 /// Runs the workload to completion. `progress(simulated_ms, completed)` is called now and
@@ -311,7 +340,25 @@ pub fn simulate(
         },
         skip: Vec::new(),
         dependents: Dependents::new(workload),
+        coasting: None,
     };
+    // A request the router queues is released when another worker's pass ends, and a
+    // handoff's or an offload store's work runs between passes: any of them could reach a
+    // worker in the middle of its step.
+    let router_queues = matches!(
+        &config.router,
+        RouterMode::KvRouter(KvRouterConfig {
+            router_queue_threshold: Some(_),
+            ..
+        })
+    );
+    let lead = arrival_lead(workload, config.concurrency);
+    sim.coasting = (!config.online
+        && config.prefill.is_none()
+        && sim.offload.is_none()
+        && !router_queues
+        && lead > 0.0)
+        .then_some(lead);
     for (i, s) in workload.sessions.iter().enumerate() {
         if sim.dependents.as_ref().is_some_and(|d| d.remaining[i] > 0) {
             continue;
@@ -883,6 +930,11 @@ impl Simulation<'_> {
     /// Starts a pass on worker `w` of `pool`; returns when it ends, or `None` when no rank
     /// had anything to do.
     fn start_pass(&mut self, pool: usize, w: usize, now: f64) -> Option<f64> {
+        if let Some(lead) = self.coasting {
+            if let Some(end) = self.coast(pool, w, now, now + lead) {
+                return Some(end);
+            }
+        }
         // The prompt runs where the store is consulted: the entry pool.
         let use_store = pool == ENTRY;
         if let Some(o) = self.offload.as_deref_mut() {
@@ -927,6 +979,32 @@ impl Simulation<'_> {
             self.completions
                 .push(Reverse((Time(end), self.order, pool as u8, w as u32)));
         }
+        Some(end)
+    }
+
+    /// Runs worker `w`'s quiet decode passes from `now` to before the next arrival (and
+    /// before `unmade`, which no arrival yet to be made precedes) as one step (a worker of
+    /// one rank; see [`Engine::coast`]), their tokens recorded at once; the step ends with
+    /// an event that applies nothing, after which the worker's next pass starts in the
+    /// loop's order. Returns when the step ends, or `None` when no pass qualifies.
+    fn coast(&mut self, pool: usize, w: usize, now: f64, unmade: f64) -> Option<f64> {
+        let before = self
+            .arrivals
+            .peek()
+            .map_or(unmade, |Reverse((t, _))| t.0.min(unmade));
+        let worker = &mut self.pools[pool].workers[w];
+        let [engine] = worker.ranks.as_mut_slice() else {
+            return None;
+        };
+        let collector = &mut self.collector;
+        let (passes, end) = engine.coast(now, before, &mut |id, times| {
+            collector.tokens(id, times);
+        })?;
+        worker.busy = true;
+        self.passes += passes;
+        self.order += 1;
+        self.completions
+            .push(Reverse((Time(end), self.order, pool as u8, w as u32)));
         Some(end)
     }
 
@@ -1041,5 +1119,69 @@ impl Simulation<'_> {
                 self.arrivals.push(Reverse((Time(at), target)));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::{Graph, Prompt, Session, Turn, Wait};
+
+    fn session(delays: &[f64]) -> Session {
+        Session {
+            id: None,
+            start_ms: 0.0,
+            turns: delays
+                .iter()
+                .map(|&delay_ms| Turn {
+                    prompt: Prompt::from_blocks(&[1], 16, 16),
+                    output_length: 1,
+                    output_content: None,
+                    delay_ms,
+                    request_id: None,
+                    priority: 0,
+                    strict_priority: 0,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_arrival_lead_is_the_least_delay_an_event_puts_before_an_arrival() {
+        let single = Workload {
+            sessions: vec![session(&[0.0]), session(&[0.0])],
+            ..Workload::default()
+        };
+        assert_eq!(arrival_lead(&single, None), f64::INFINITY);
+        assert_eq!(arrival_lead(&single, Some(8)), 0.0, "a closed loop");
+        let turns = Workload {
+            sessions: vec![session(&[0.0, 250.0, 40.0]), session(&[0.0, 90.0])],
+            ..Workload::default()
+        };
+        assert_eq!(
+            arrival_lead(&turns, None),
+            40.0,
+            "a first turn's delay is no lead"
+        );
+        for bad in [-1.0, f64::NAN] {
+            let odd = Workload {
+                sessions: vec![session(&[0.0, 250.0]), session(&[0.0, bad])],
+                ..Workload::default()
+            };
+            assert_eq!(arrival_lead(&odd, None), 0.0, "{bad}");
+        }
+        let wait = |delay_ms| Wait {
+            on: 0,
+            trigger: Trigger::Completion,
+            delay_ms,
+        };
+        let graph = Workload {
+            sessions: vec![session(&[0.0]), session(&[0.0]), session(&[0.0])],
+            graph: Some(Graph {
+                waits: vec![vec![], vec![wait(30.0)], vec![wait(12.5), wait(70.0)]],
+            }),
+            ..Workload::default()
+        };
+        assert_eq!(arrival_lead(&graph, None), 12.5);
     }
 }

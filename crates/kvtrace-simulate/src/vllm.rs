@@ -24,7 +24,9 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::args::{EngineArgs, EngineType, EngineVersion, Preemption, WorkerType};
 use super::blocks::{BlockPool, Reservation};
-use super::engine::{DestinationQueue, KvConnector, PassOutput, Request, RequestId, Reserved};
+use super::engine::{
+    pass_end_ms, DestinationQueue, KvConnector, PassOutput, Request, RequestId, Reserved,
+};
 use super::perf;
 
 /// A request as the vLLM engine tracks it.
@@ -163,6 +165,8 @@ pub struct VllmEngine {
     next_decode_block: u64,
     /// The decode step's time, as the last pass asked it.
     decode_time: perf::Quantizer,
+    /// When each pass of the last [`VllmEngine::coast`] ended.
+    coast_ends: Vec<f64>,
 }
 
 impl VllmEngine {
@@ -183,6 +187,7 @@ impl VllmEngine {
             capacity_generation: 0,
             next_decode_block: 0,
             decode_time: perf::Quantizer::default(),
+            coast_ends: Vec::new(),
         }
     }
 
@@ -364,18 +369,13 @@ impl VllmEngine {
         } else {
             0.0
         };
-        let block = u64::from(self.args.block_size);
         let decode_ms = if self.prefill_only || ready == 0 {
             0.0
         } else if self.args.engine_version == EngineVersion::Aisimulate013 {
             let (decoding, context) = self.decoding();
-            perf::decode_ms(decoding, context, self.pool.capacity() * block)
+            self.decode_model_ms(decoding, context)
         } else {
-            perf::decode_ms(
-                ready,
-                self.pool.active() * block,
-                self.pool.capacity() * block,
-            )
+            self.decode_model_ms(ready, 0)
         };
         let speedup = self.args.speedup_ratio;
         out.load_ms = load_ms;
@@ -386,6 +386,97 @@ impl VllmEngine {
         self.emit(out);
         self.pool.move_events_to(&mut out.kv_events);
         true
+    }
+
+    /// The decode step's model milliseconds for `batch` requests holding `context` tokens in
+    /// all: AISimulate's engine charges by context, Dynamo 1.4.2's by the pool's occupancy.
+    fn decode_model_ms(&self, batch: u64, context: u64) -> f64 {
+        let block = u64::from(self.args.block_size);
+        let total = self.pool.capacity() * block;
+        match self.args.engine_version {
+            EngineVersion::Aisimulate013 => perf::decode_ms(batch, context, total),
+            EngineVersion::Dynamo142 => perf::decode_ms(batch, self.pool.active() * block, total),
+        }
+    }
+
+    /// Runs from `start`, as one step, the decode passes that change nothing but token
+    /// counts: nothing waits to be admitted and nothing arrives (each pass starts before
+    /// `before`), no request finishes, and none fills, takes or caches a block. A long
+    /// decode is mostly such passes, and each is a few additions per request: run one by one
+    /// through [`VllmEngine::pass_into`] and the event loop they were most of a simulation's
+    /// time. Their timing is
+    /// [`VllmEngine::pass_into`]'s, pass by pass, so the state left and every token's time
+    /// are the same as had the passes run one by one. `tokens(id, times)` hears each
+    /// request's tokens. Returns how many passes ran and when the last ended; `None` when
+    /// not even one qualifies.
+    pub fn coast(
+        &mut self,
+        start: f64,
+        before: f64,
+        tokens: &mut dyn FnMut(RequestId, &[f64]),
+    ) -> Option<(u64, f64)> {
+        let quiet = !self.prefill_only
+            && self.waiting.is_empty()
+            && self.destinations.is_empty()
+            && self.reserved.is_empty()
+            && !self.running.is_empty()
+            && start < before;
+        let batch = self.running.len() as u64;
+        // A budget smaller than the batch leaves requests out of a pass.
+        if !quiet || self.args.max_num_batched_tokens.is_some_and(|b| b < batch) {
+            return None;
+        }
+        let block = self.args.block_size;
+        let mut passes = u32::MAX;
+        let mut context = 0u64;
+        for seq in &self.running {
+            let c = seq.computed;
+            // A request in decode has every token computed but the one it generated last.
+            if seq.generated == 0 || seq.done() || c + 1 != seq.len() {
+                return None;
+            }
+            let unique = seq.unique_len();
+            if self.blocks_for(c + 1).min(unique) > self.blocks_for(seq.allocated).min(unique) {
+                return None;
+            }
+            // The pass whose token fills a block caches it (and the next starts one): before it.
+            let to_full_block = (block - (c + 1) % block) % block;
+            let to_last_token = seq.output_len - seq.generated - 1;
+            passes = passes.min(to_full_block).min(to_last_token);
+            context += u64::from(seq.len());
+        }
+        let speedup = self.args.speedup_ratio;
+        let prefill_ms = perf::quantized(0.0, speedup);
+        let divisor = speedup * self.args.decode_speedup_ratio;
+        let mut ends = std::mem::take(&mut self.coast_ends);
+        ends.clear();
+        let mut at = start;
+        while (ends.len() as u32) < passes && at < before {
+            let grown = batch * ends.len() as u64;
+            let model = self.decode_model_ms(batch, context + grown);
+            let decode_ms = self.decode_time.quantized(model, divisor);
+            let end = pass_end_ms(at, 0.0, prefill_ms, decode_ms);
+            // A pass that takes no time ends where it starts: the event loop's to apply.
+            if end <= at {
+                break;
+            }
+            ends.push(end);
+            at = end;
+        }
+        let ran = ends.len() as u32;
+        let last = ends.last().copied();
+        if last.is_some() {
+            for seq in &mut self.running {
+                seq.computed += ran;
+                seq.generated += ran;
+                seq.allocated = seq.allocated.max(seq.computed);
+                seq.scheduled = true;
+                seq.prompt_scheduled = false;
+                tokens(seq.id, &ends);
+            }
+        }
+        self.coast_ends = ends;
+        Some((u64::from(ran), last?))
     }
 
     /// Running requests whose every token is computed: they emit this pass.
@@ -804,6 +895,102 @@ mod tests {
             rejected.extend(out.rejected);
         }
         (tokens, rejected)
+    }
+
+    /// What [`token_times`] saw: every request's token times, the passes run as one step
+    /// and the preemptions.
+    #[derive(Default)]
+    struct Seen {
+        times: std::collections::BTreeMap<RequestId, Vec<f64>>,
+        coasted: u64,
+        preempted: usize,
+    }
+
+    /// Runs `engine` to the end with `arrivals` (time, request) reaching it as the event
+    /// loop brings them: before the first pass that starts at or after their time. With
+    /// `coast`, quiet passes before the next arrival run as one step.
+    fn token_times(
+        mut engine: VllmEngine,
+        mut arrivals: VecDeque<(f64, Request)>,
+        coast: bool,
+    ) -> Seen {
+        let mut seen = Seen::default();
+        let mut now = 0.0;
+        let mut out = PassOutput::default();
+        loop {
+            while arrivals.front().is_some_and(|(t, _)| *t <= now) {
+                engine.enqueue(arrivals.pop_front().expect("front").1);
+            }
+            let before = arrivals.front().map_or(f64::INFINITY, |(t, _)| *t);
+            let times = &mut seen.times;
+            let mut hear = |id, at: &[f64]| times.entry(id).or_default().extend_from_slice(at);
+            let stepped = coast.then(|| engine.coast(now, before, &mut hear));
+            if let Some((passes, end)) = stepped.flatten() {
+                seen.coasted += passes;
+                now = end;
+            } else if engine.pass_into(None, &mut out) {
+                let end = out.end_ms(now);
+                for &(id, _) in &out.emitted {
+                    hear(id, &[end]);
+                }
+                seen.preempted += out.preempted.len();
+                now = end;
+            } else if let Some(&(t, _)) = arrivals.front() {
+                now = t;
+            } else {
+                return seen;
+            }
+        }
+    }
+
+    #[test]
+    fn quiet_passes_run_as_one_step_give_the_times_passes_run_one_by_one_do() {
+        // Both timing models; small blocks (a boundary every few passes) in a pool small
+        // enough to preempt, and large ones (long quiet stretches); shared prefixes, and
+        // arrivals in the middle of decodes.
+        let cases = [
+            (EngineVersion::Dynamo142, 16, 40),
+            (EngineVersion::Aisimulate013, 16, 40),
+            (EngineVersion::Dynamo142, 128, 400),
+        ];
+        for (version, block_size, num_gpu_blocks) in cases {
+            let args = EngineArgs {
+                block_size,
+                num_gpu_blocks,
+                engine_version: version,
+                ..EngineArgs::default()
+            };
+            let shared: Arc<[u64]> = Arc::from(vec![7u64, 8, 9]);
+            let arrivals: VecDeque<(f64, Request)> = (0..24u32)
+                .map(|id| {
+                    let prompt = 20 + (id * 37) % 90;
+                    let output = 1 + (id * 53) % 150;
+                    let hashes = match id % 3 {
+                        0 => shared.clone(),
+                        _ => Arc::from(Vec::new()),
+                    };
+                    (
+                        f64::from(id) * 97.5,
+                        Request::new(id, prompt, output, hashes),
+                    )
+                })
+                .collect();
+            let case = format!("{version:?}, blocks of {block_size}");
+            let engine = || VllmEngine::new(args.clone(), true, false);
+            let one_by_one = token_times(engine(), arrivals.clone(), false);
+            let stepped = token_times(engine(), arrivals, true);
+            assert!(
+                stepped.coasted > 50,
+                "{case}: {} passes in steps",
+                stepped.coasted
+            );
+            assert_eq!(one_by_one.preempted > 0, num_gpu_blocks < 100, "{case}");
+            assert_eq!(one_by_one.times.len(), 24, "{case}");
+            assert_eq!(one_by_one.preempted, stepped.preempted, "{case}");
+            for (id, times) in &one_by_one.times {
+                assert_eq!(Some(times), stepped.times.get(id), "{case}: request {id}");
+            }
+        }
     }
 
     #[test]
