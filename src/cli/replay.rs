@@ -249,7 +249,8 @@ pub(super) fn read_options(args: &Args) -> kvtrace::lmct::ReadOptions {
 }
 
 /// The replay `args` describe, as rank `rank` of a run when given; without `outputs`, one
-/// that writes no report files (a sweep's point).
+/// that writes no report files and does not time its calls (a sweep's point, a planner's
+/// size).
 /// `loaded`: the trace decoded before, which many plans share.
 pub(super) fn plan(
     args: &Args,
@@ -305,6 +306,7 @@ pub(super) fn plan(
             client: args.client.choice(),
             fail_fast: args.fail_fast,
             rank: rank.map(|r| (r.clone(), shard)),
+            time_calls: outputs,
             ..ReplayOptions::default()
         },
         phase: phase(&args.eviction_phase)?,
