@@ -251,7 +251,8 @@ impl Decoder {
             | FINISH_READ_PREFETCHED => {}
             _ => return Err(None),
         }
-        let args = CallArgs::read(record.args).ok_or(Some("args: not a map".to_string()))?;
+        let args =
+            CallArgs::read(record.args).ok_or_else(|| Some("args: not a map".to_string()))?;
         let bad = |name: &str| Some(format!("{name}: unexpected value"));
         let mut keys = match &args.keys {
             Arg::Valid(keys) => Some(key_ids(keys)),
@@ -259,7 +260,10 @@ impl Decoder {
             Arg::Absent => None,
         };
         // Each call takes the list at most once.
-        let mut keys = || keys.take().ok_or(Some("missing argument keys".to_string()));
+        let mut keys = || {
+            keys.take()
+                .ok_or_else(|| Some("missing argument keys".to_string()))
+        };
         let spec = match &args.spec {
             Arg::Valid(spec) => Some(spec),
             Arg::Malformed => return Err(Some("spec: not a PrefetchTaskSpec".into())),
@@ -285,7 +289,7 @@ impl Decoder {
                 let (groups, prefix_only, readers, lock) = match spec {
                     Some(spec) => (
                         self.groups(spec)
-                            .ok_or(Some("spec: not a PrefetchTaskSpec".to_string()))?,
+                            .ok_or_else(|| Some("spec: not a PrefetchTaskSpec".to_string()))?,
                         spec.prefix_only,
                         spec.readers,
                         spec.lock,

@@ -129,7 +129,7 @@ impl PassOutput {
 
 /// When a pass that started at `start_ms` ends: its load, prefill and decode added in that
 /// order, which the last bit of every later time depends on.
-pub fn pass_end_ms(start_ms: f64, load_ms: f64, prefill_ms: f64, decode_ms: f64) -> f64 {
+pub(crate) fn pass_end_ms(start_ms: f64, load_ms: f64, prefill_ms: f64, decode_ms: f64) -> f64 {
     ((start_ms + load_ms) + prefill_ms) + decode_ms
 }
 
