@@ -177,7 +177,9 @@ pub struct Dispatcher {
 
 /// The ids of a list of keys.
 fn key_ids(keys: &Keys<'_>) -> Vec<KeyId> {
-    keys.keys.iter().map(KeyId::of_ref).collect()
+    let mut ids = Vec::new();
+    KeyId::of_refs(&keys.keys, &mut ids);
+    ids
 }
 
 /// `read_locks`, or the pre-rename `extra_count = N` meaning `N + 1`; default 1.

@@ -153,6 +153,8 @@ struct Tally {
     recent: Recent,
     /// Occurrences no earlier record of this block sized, per use.
     waiting: KeyMap<[u64; 5]>,
+    /// The ids of the record's keys, in a buffer kept from record to record.
+    ids: Vec<KeyId>,
     sizes: Vec<u64>,
     payload: PayloadBytes,
     evidence: SchemaEvidence,
@@ -171,6 +173,7 @@ impl Default for Tally {
             keys: KeyMap::with_capacity_and_hasher(BLOCK_BYTES / 512, Default::default()),
             recent: Recent::new(),
             waiting: KeyMap::default(),
+            ids: Vec::new(),
             sizes: Vec::new(),
             payload: PayloadBytes::default(),
             evidence: SchemaEvidence::default(),
@@ -228,8 +231,10 @@ impl Tally {
             return;
         };
         let mut bytes = 0;
-        for k in &keys.keys {
-            let h = KeyId::of_ref(k);
+        let mut ids = std::mem::take(&mut self.ids);
+        ids.clear();
+        KeyId::of_refs(&keys.keys, &mut ids);
+        for &h in &ids {
             let known = match (size, self.recent.get(h)) {
                 (Some(s), Some(was)) if s == was => s,
                 (None, Some(was)) => was,
@@ -250,6 +255,7 @@ impl Tally {
                 bytes += known;
             }
         }
+        self.ids = ids;
         self.payload.add(used, bytes);
     }
 

@@ -461,3 +461,70 @@ fn a_u64_key_hashes_as_its_bytes_did() {
         assert_eq!(whole.finish(), bytes.finish(), "{n:#x}");
     }
 }
+
+#[test]
+fn fields_compare_equal_only_when_every_byte_is() {
+    let text = b"meta-llama/Llama-3.1-8B-Instruct, and a salt";
+    for len in 0..text.len() {
+        let a = &text[..len];
+        let copy = a.to_vec();
+        assert!(super::same_bytes(a, &copy), "{len} bytes");
+        assert!(
+            !super::same_bytes(a, &text[..len + 1]),
+            "{len} against {} bytes",
+            len + 1
+        );
+        for at in 0..len {
+            let mut b = a.to_vec();
+            b[at] ^= 0x20;
+            assert!(!super::same_bytes(a, &b), "{len} bytes, byte {at} differs");
+        }
+    }
+}
+
+#[test]
+fn a_calls_keys_read_in_place_have_their_owned_copies_ids() {
+    use kvtrace_lmct::codec::ObjectKeyRef;
+    // The fields around the chunk hash change within the call, and back, so the seed the
+    // call's keys share must follow them.
+    let owned: Vec<ObjectKey> = [
+        ("m-a", 0, 0, ""),
+        ("m-a", 0, 0, ""),
+        ("m-b", 0, 0, ""),
+        ("m-a", 1, 0, ""),
+        ("m-a", 1, 3, ""),
+        ("m-a", 1, 3, "salt"),
+        ("m-a", 0, 0, ""),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, &(model, rank, group, salt))| ObjectKey {
+        chunk_hash: vec![i as u8; 32],
+        model_name: model.to_owned(),
+        kv_rank: rank,
+        object_group_id: group,
+        cache_salt: salt.to_owned(),
+    })
+    .collect();
+    let refs: Vec<ObjectKeyRef<'_>> = owned
+        .iter()
+        .map(|k| ObjectKeyRef {
+            chunk_hash: &k.chunk_hash,
+            model_name: &k.model_name,
+            kv_rank: k.kv_rank,
+            object_group_id: k.object_group_id,
+            cache_salt: (!k.cache_salt.is_empty()).then_some(k.cache_salt.as_str()),
+        })
+        .collect();
+    let mut ids = vec![KeyId(7)];
+    KeyId::of_refs(&refs, &mut ids);
+    let expected: Vec<KeyId> = std::iter::once(KeyId(7))
+        .chain(owned.iter().map(KeyId::of))
+        .collect();
+    assert_eq!(
+        ids, expected,
+        "appended after what was there, each its owned copy's id"
+    );
+    let distinct: std::collections::HashSet<u128> = ids[1..].iter().map(|id| id.0).collect();
+    assert_eq!(distinct.len(), owned.len());
+}
