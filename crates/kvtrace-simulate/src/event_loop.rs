@@ -316,6 +316,23 @@ pub fn simulate(
         Collector::default()
     };
     collector.records.reserve_exact(turns);
+    // A request the router queues is released when another worker's pass ends, and a
+    // handoff's or an offload store's work runs between passes: any of them could reach a
+    // worker in the middle of its step.
+    let router_queues = matches!(
+        &config.router,
+        RouterMode::KvRouter(KvRouterConfig {
+            router_queue_threshold: Some(_),
+            ..
+        })
+    );
+    let lead = arrival_lead(workload, config.concurrency);
+    let coasting = (!config.online
+        && config.prefill.is_none()
+        && offload.is_none()
+        && !router_queues
+        && lead > 0.0)
+        .then_some(lead);
     let mut sim = Simulation {
         workload,
         config,
@@ -340,25 +357,8 @@ pub fn simulate(
         },
         skip: Vec::new(),
         dependents: Dependents::new(workload),
-        coasting: None,
+        coasting,
     };
-    // A request the router queues is released when another worker's pass ends, and a
-    // handoff's or an offload store's work runs between passes: any of them could reach a
-    // worker in the middle of its step.
-    let router_queues = matches!(
-        &config.router,
-        RouterMode::KvRouter(KvRouterConfig {
-            router_queue_threshold: Some(_),
-            ..
-        })
-    );
-    let lead = arrival_lead(workload, config.concurrency);
-    sim.coasting = (!config.online
-        && config.prefill.is_none()
-        && sim.offload.is_none()
-        && !router_queues
-        && lead > 0.0)
-        .then_some(lead);
     for (i, s) in workload.sessions.iter().enumerate() {
         if sim.dependents.as_ref().is_some_and(|d| d.remaining[i] > 0) {
             continue;

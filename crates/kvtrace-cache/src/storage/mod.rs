@@ -53,40 +53,33 @@ pub struct KeyId(pub u128);
 
 impl KeyId {
     pub fn of(key: &ObjectKey) -> KeyId {
-        KeyId::from_parts(
-            &key.chunk_hash,
-            &key.model_name,
-            &key.cache_salt,
-            key.kv_rank,
-            key.object_group_id,
-        )
+        CONTEXT.with_borrow_mut(|context| {
+            context.id(
+                &key.chunk_hash,
+                &key.model_name,
+                &key.cache_salt,
+                key.kv_rank,
+                key.object_group_id,
+            )
+        })
     }
 
     /// The identities of a call's keys read straight out of a trace, without copying them,
-    /// appended to `into`: [`KeyId::of`] of each, with the thread's seed taken once for the
-    /// call rather than once a key.
+    /// appended to `into`: [`KeyId::of`] of each, with the thread's context taken once for
+    /// the call rather than once a key.
     pub fn of_refs(keys: &[ObjectKeyRef<'_>], into: &mut Vec<KeyId>) {
         into.reserve(keys.len());
         CONTEXT.with_borrow_mut(|context| {
             into.extend(keys.iter().map(|key| {
-                let seed = context.seed(
+                context.id(
+                    key.chunk_hash,
                     key.model_name,
                     key.cache_salt.unwrap_or(""),
                     key.kv_rank,
                     key.object_group_id,
-                );
-                KeyId(xxh3_128_with_seed(key.chunk_hash, seed))
+                )
             }));
         });
-    }
-
-    /// The chunk hash (already a digest) hashed with a seed that stands for the other fields.
-    /// The keys of one call, and of a whole trace in practice, share their model, salt, rank
-    /// and group, so the seed is kept per thread and recomputed only when those change: a key
-    /// costs one short hash instead of one over all its fields.
-    fn from_parts(hash: &[u8], model: &str, salt: &str, kv_rank: i64, group: i64) -> KeyId {
-        let seed = CONTEXT.with_borrow_mut(|context| context.seed(model, salt, kv_rank, group));
-        KeyId(xxh3_128_with_seed(hash, seed))
     }
 
     /// 32 lowercase hex digits.
@@ -108,6 +101,17 @@ struct KeyContext {
 }
 
 impl KeyContext {
+    /// The chunk hash (already a digest) hashed with a seed that stands for the other fields.
+    /// The keys of one call, and of a whole trace in practice, share their model, salt, rank
+    /// and group, so the seed is kept per thread and recomputed only when those change: a key
+    /// costs one short hash instead of one over all its fields.
+    fn id(&mut self, hash: &[u8], model: &str, salt: &str, kv_rank: i64, group: i64) -> KeyId {
+        KeyId(xxh3_128_with_seed(
+            hash,
+            self.seed(model, salt, kv_rank, group),
+        ))
+    }
+
     fn seed(&mut self, model: &str, salt: &str, kv_rank: i64, group: i64) -> u64 {
         let same = self.known
             && self.kv_rank == kv_rank
