@@ -12,6 +12,7 @@
 
 #![warn(unreachable_pub)]
 
+pub mod chunk_times;
 pub mod client;
 pub mod diff;
 pub mod dispatch;

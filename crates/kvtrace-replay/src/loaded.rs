@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use super::chunk_times::{Recency, Times};
 use super::client::{ClientInfo, LookupIndex};
 use super::dispatch::{Call, Decoder, Outcome};
 use super::phase::PhaseReport;
@@ -105,17 +106,22 @@ impl Loaded {
 
     /// The calls of a share of `path`'s prefix trees, for a sampled curve: see [`Sample`].
     /// The file is read once whole, holding every call's kind and keys as dense ids (4
-    /// bytes a key named and 32 a record, plus 50–90 bytes a distinct key); the sample is
-    /// decided over those in memory, and only the kept records are read again (a plain file
-    /// at their offsets). Only the sampled records are held afterwards, so a trace too large
-    /// to load whole can be sampled.
+    /// bytes a key named and 32 a record, plus 66–106 bytes a distinct key, its times among
+    /// them); the sample is decided over those in memory, and only the kept records are read
+    /// again (a plain file at their offsets). Only the sampled records are held afterwards,
+    /// so a trace too large to load whole can be sampled.
     pub fn load_sample(path: &Path, read: ReadOptions, rate: f64, seed: u64) -> Result<Sample> {
         let census = Census::read(path, read)?;
         let mut trees = Trees::new(rate, seed, &census);
         let mut offsets = Vec::new();
         let mut from = 0;
-        for call in &census.calls {
-            if trees.keep(&census, call, &census.keys[from..call.keys_end]) {
+        for (index, call) in census.calls.iter().enumerate() {
+            if trees.keep(
+                &census,
+                index as u64,
+                call,
+                &census.keys[from..call.keys_end],
+            ) {
                 offsets.push(call.offset);
             }
             from = call.keys_end;
@@ -127,6 +133,7 @@ impl Loaded {
             summary,
             folded,
             reuse,
+            recency,
             ..
         } = census;
         let mut records = Vec::with_capacity(offsets.len());
@@ -155,6 +162,8 @@ impl Loaded {
                 reuse,
                 reuse_kept: trees.reuse_kept,
             },
+            times: recency.times,
+            times_kept: trees.recency.times,
         })
     }
 
@@ -311,11 +320,16 @@ impl Loaded {
 /// keys only is kept, except a read: a read of trunk keys only (or of none, after a lookup
 /// that hit nothing) follows the last lookup's tree. Replayed with every capacity scaled by
 /// [`SampleCounts::scaled`] (the trunk, which every sample holds whole, at its own bytes, the
-/// rest at [`SampleCounts::share`]), the sample's hit rate times
-/// [`SampleCounts::correction`] estimates the whole trace's.
+/// rest at [`SampleCounts::share`]), the sample's hit rate, mapped through [`Sample::times`]
+/// (see [`crate::chunk_times`]), estimates the whole trace's.
 pub struct Sample {
     pub loaded: Loaded,
     pub counts: SampleCounts,
+    /// The whole trace's looked-up chunks by their times, and the sample's (counted over
+    /// its own calls, as its replay sees them): what turns a sampled hit rate into the
+    /// whole trace's.
+    pub times: Times,
+    pub times_kept: Times,
 }
 
 /// What a sample kept of its trace.
@@ -393,12 +407,13 @@ impl SampleCounts {
         bytes.min(trunk) + (bytes - trunk).max(0.0) * self.share()
     }
 
-    /// What the sample's hit rates are multiplied by to estimate the whole trace's: the whole
-    /// trace's [`Reuse::rate`] over the sample's. A sample's error is mostly which heavy
-    /// trees it happens to hold, and a tree that reuses more than the average hits more at
-    /// every size that holds it; the reuse is counted exactly on both sides, so this ratio
-    /// estimator removes the error where the curve levels off and most of it before
-    /// (docs/commands/plan.md measures it). 1 when either side reuses nothing.
+    /// The whole trace's [`Reuse::rate`] over the sample's: a ratio estimator of the whole
+    /// trace's hit rates from the sample's. A sample's error is mostly which heavy trees it
+    /// happens to hold, and a tree that reuses more than the average hits more at every size
+    /// that holds it; the reuse is counted exactly on both sides, so the ratio is exact where
+    /// the curve levels off. The planner maps a policy's rates through the chunks' times
+    /// instead, which measured closer below the plateau, and multiplies the optimal bound by
+    /// this (docs/commands/plan.md measures both). 1 when either side reuses nothing.
     pub fn correction(&self) -> f64 {
         let (whole, kept) = (self.reuse.rate(), self.reuse_kept.rate());
         if whole > 0.0 && kept > 0.0 {
@@ -437,6 +452,8 @@ struct Census {
     /// Lookups.
     chains: u64,
     reuse: Reuse,
+    /// The chunks' times over every call.
+    recency: Recency,
 }
 
 /// One record of a [`Census`].
@@ -504,6 +521,7 @@ impl Census {
             lookups: Vec::new(),
             chains: 0,
             reuse: Reuse::default(),
+            recency: Recency::default(),
         };
         let mut ids = KeyMap::<u32>::default();
         let mut failed = None;
@@ -576,6 +594,8 @@ impl Census {
                 *n = n.saturating_add(1);
             }
         }
+        self.recency
+            .call(self.calls.len() as u64, lookup, &self.keys[start..]);
         Ok(())
     }
 }
@@ -603,6 +623,8 @@ struct Trees {
     /// The trunk keys whose writes were counted in `trunk_bytes`.
     trunk_written: Vec<bool>,
     reuse_kept: Reuse,
+    /// The chunks' times over the kept calls.
+    recency: Recency,
     /// Whether the last lookup was kept (`None` before the first).
     last_lookup: Option<bool>,
 }
@@ -624,13 +646,14 @@ impl Trees {
             trunk_bytes: 0,
             trunk_written: vec![false; keys],
             reuse_kept: Reuse::default(),
+            recency: Recency::default(),
             last_lookup: None,
         }
     }
 
     /// Whether `call` (naming `keys`) is kept; the keys it names for the first time take its
     /// decision.
-    fn keep(&mut self, census: &Census, call: &Counted, keys: &[u32]) -> bool {
+    fn keep(&mut self, census: &Census, index: u64, call: &Counted, keys: &[u32]) -> bool {
         let limit = self.trunk_limit;
         let trunk = |id: u32| census.lookups[id as usize] > limit;
         if let Kind::Reserve(object_bytes) = call.kind {
@@ -668,6 +691,9 @@ impl Trees {
                 self.reuse_kept
                     .count(keys.iter().map(|&id| marks[id as usize] != Mark::Unseen));
             }
+        }
+        if kept {
+            self.recency.call(index, call.kind == Kind::Lookup, keys);
         }
         for &id in keys {
             let mark = &mut self.marks[id as usize];
@@ -803,6 +829,50 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Every looked-up chunk's times, counted independently with the keys themselves over
+    /// every record of a real recording: a sample of every tree counts exactly these on both
+    /// sides, a half sample these for the whole trace and its own for itself.
+    #[test]
+    fn a_samples_chunk_times_are_the_whole_traces_and_its_own_calls() {
+        let read = ReadOptions::default();
+        let all = whole_churn();
+        let (mut used, mut stored) = (HashMap::new(), HashMap::new());
+        let (mut reuse, mut admission) = (Vec::new(), Vec::new());
+        for (now, record) in all.records.iter().enumerate() {
+            let Ok(call) = &record.call else { continue };
+            let now = now as u64;
+            let keys: Vec<KeyId> = call.keys().collect();
+            if !matches!(call, Call::Prefetch { .. }) {
+                for &k in &keys {
+                    used.insert(k, now);
+                    stored.entry(k).or_insert(now);
+                }
+                continue;
+            }
+            let (mut r, mut a) = (Some(0), Some(0));
+            for k in &keys {
+                r = r.zip(used.get(k)).map(|(r, &u)| u64::max(r, now - u));
+                a = a.zip(stored.get(k)).map(|(a, &s)| u64::max(a, s));
+                reuse.push(r);
+                admission.push(a);
+            }
+            for k in keys.iter().take_while(|k| stored.contains_key(*k)) {
+                used.insert(*k, now);
+            }
+        }
+        assert!(reuse.iter().any(Option::is_some) && reuse.iter().any(Option::is_none));
+        let whole = Times {
+            reuse: reuse.into_iter().collect(),
+            admission: admission.into_iter().collect(),
+        };
+        let every = Loaded::load_sample(&churn(), read, 1.0, 0).unwrap();
+        assert_eq!((&every.times, &every.times_kept), (&whole, &whole));
+        let half = Loaded::load_sample(&churn(), read, 0.5, 7).unwrap();
+        assert_eq!(half.times, whole);
+        assert_ne!(half.times_kept, whole);
+        assert!(half.times_kept.reuse.share_within(1e12) > 0.0);
     }
 
     #[test]

@@ -30,6 +30,7 @@ use super::run_points;
 use super::stack::{lru_curve, lru_curve_of, LruCurve};
 use crate::error::{Error, Result};
 use crate::lmct::ReadOptions;
+use kvtrace_replay::chunk_times::Times;
 use kvtrace_replay::events::EventsReplayReport;
 use kvtrace_replay::loaded::{Loaded, SampleCounts};
 use kvtrace_replay::plan::Plan;
@@ -303,6 +304,7 @@ pub fn plan(
         }
         PlanInput::Events { bracket } => return plan_events(trace, options, bracket, at, done),
     };
+    let mut times = None;
     let (loaded, sampled) = match options.sample {
         Some((rate, seed)) => {
             let sample = Loaded::load_sample(trace, read, rate, seed)?;
@@ -317,6 +319,13 @@ pub fn plan(
                 seed,
                 counts: sample.counts,
             };
+            // A sample of every tree counts the same times: its figures stand as they are.
+            if sample.times != sample.times_kept {
+                times = Some(Arc::new(SampleTimes {
+                    whole: sample.times,
+                    kept: sample.times_kept,
+                }));
+            }
             (Some(Arc::new(sample.loaded)), Some(sampled))
         }
         None => (
@@ -329,6 +338,7 @@ pub fn plan(
     let estimate = sampled.map_or(Estimate::WHOLE, |s| Estimate {
         share: s.counts.share(),
         correction: s.counts.correction(),
+        times,
     });
     let to_sample = |gib: f64| match sampled {
         Some(s) => s.counts.scaled(gib * GIB) / GIB,
@@ -355,7 +365,7 @@ pub fn plan(
         }
     };
     let at_size = |gib: f64, l2: Option<f64>| at(to_sample(gib), l2.map(to_sample), loaded.clone());
-    let mut search = search(options, range, estimate, &at_size, done)?;
+    let mut search = search(options, range, &estimate, &at_size, done)?;
     // The bound at every replayed size, over the same calls (the sample's, when sampled) and
     // the L1 bytes the replay had.
     let uses = match &loaded {
@@ -368,11 +378,15 @@ pub fn plan(
             let rates = run_points(
                 points.len(),
                 options.jobs,
-                &|i| Ok(u.hit_rate(u.capacity(points[i].figures.l1_size_bytes))),
+                &|i| {
+                    let p = &points[i];
+                    let rate = u.hit_rate(u.capacity(p.figures.l1_size_bytes));
+                    Ok(estimate.bound(rate, p.figures.hit_rate))
+                },
                 &|_| {},
             )?;
             for (p, rate) in search.points.iter_mut().zip(rates) {
-                p.optimal_chunk_hit_rate = Some(estimate.rate(rate));
+                p.optimal_chunk_hit_rate = Some(rate);
             }
             None
         }
@@ -399,7 +413,7 @@ fn plan_events(
     let search = search(
         options,
         range,
-        Estimate::WHOLE,
+        &Estimate::WHOLE,
         &|gib, l2| at(gib, l2, None),
         done,
     )?;
@@ -420,7 +434,7 @@ fn plan_events(
 fn search(
     options: &PlanOptions,
     range: (f64, f64),
-    estimate: Estimate,
+    estimate: &Estimate,
     at: &(dyn Fn(f64, Option<f64>) -> Result<SizeRun> + Sync),
     done: &(dyn Fn(usize) + Sync),
 ) -> Result<CapacityPlan> {
@@ -487,13 +501,14 @@ fn search(
                     // A sample's traffic is its share of the whole trace's; what L2 serves
                     // is hits, corrected as they are.
                     let (read, written) = run.figures.l2_bytes();
+                    let factor = estimate.factor(&run.figures);
                     Ok(SurfaceCell {
                         l1_gib: l1,
                         l2_gib: l2,
-                        hit_rate: estimate.rate(run.figures.hit_rate),
-                        l1_hit_rate: estimate.rate(run.figures.l1_hit_rate),
-                        l2_hit_rate: estimate.rate(run.figures.l2_hit_rate),
-                        l2_bytes_read: estimate.whole(read as f64 * estimate.correction),
+                        hit_rate: (run.figures.hit_rate * factor).min(1.0),
+                        l1_hit_rate: (run.figures.l1_hit_rate * factor).min(1.0),
+                        l2_hit_rate: (run.figures.l2_hit_rate * factor).min(1.0),
+                        l2_bytes_read: estimate.whole(read as f64 * factor),
                         l2_bytes_written: estimate.whole(written as f64),
                     })
                 },
@@ -527,12 +542,43 @@ fn search(
 }
 
 /// How a replay's figures stand for the whole trace's: a sample's token counts divided by
-/// its share, its hit rates multiplied by its reuse correction
-/// ([`SampleCounts::correction`](kvtrace_replay::loaded::SampleCounts::correction)).
-#[derive(Clone, Copy, Debug)]
+/// its share, its hit rates mapped through the chunks' times
+/// ([`kvtrace_replay::chunk_times`]): the time within which the sample's own chunks hit as
+/// often as its replay did, and the whole trace's chunks within that time.
+#[derive(Clone, Debug)]
 struct Estimate {
     share: f64,
+    /// The whole trace's reuse over the sample's
+    /// ([`SampleCounts::correction`](kvtrace_replay::loaded::SampleCounts::correction)):
+    /// for a rate past every chunk the sample's times place.
     correction: f64,
+    /// `None`: the replay held every tree.
+    times: Option<Arc<SampleTimes>>,
+}
+
+/// The whole trace's chunk times and the sample's.
+#[derive(Debug)]
+struct SampleTimes {
+    whole: Times,
+    kept: Times,
+}
+
+/// How a replay's L1 turned over, which decides the time its hits follow.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Turnover {
+    /// It evicted: it keeps what was used recently, by reuse time.
+    Evicted,
+    /// It evicted nothing: it kept what was stored before it filled, by admission time.
+    Filled,
+}
+
+impl Turnover {
+    fn of(figures: &Figures) -> Turnover {
+        match figures.evictions {
+            0 => Turnover::Filled,
+            _ => Turnover::Evicted,
+        }
+    }
 }
 
 impl Estimate {
@@ -540,10 +586,42 @@ impl Estimate {
     const WHOLE: Estimate = Estimate {
         share: 1.0,
         correction: 1.0,
+        times: None,
     };
 
-    fn rate(&self, rate: f64) -> f64 {
-        (rate * self.correction).min(1.0)
+    /// A replay's hit rate `rate` as the whole trace's.
+    fn rate(&self, rate: f64, turnover: Turnover) -> f64 {
+        let Some(times) = &self.times else {
+            return rate;
+        };
+        let (whole, kept) = match turnover {
+            Turnover::Evicted => (&times.whole.reuse, &times.kept.reuse),
+            Turnover::Filled => (&times.whole.admission, &times.kept.admission),
+        };
+        match kept.time_of(rate) {
+            Some(time) => whole.share_within(time),
+            None => rate * self.correction,
+        }
+        .min(1.0)
+    }
+
+    /// The optimal bound's rate `rate` over a sample as the whole trace's: by the reuse
+    /// ratio, which measured closer than the times (they model a policy's turnover, not
+    /// Belady's choices), and never below `policy`, the policy's own estimate at that size.
+    fn bound(&self, rate: f64, policy: f64) -> f64 {
+        match self.times {
+            None => rate,
+            Some(_) => (rate * self.correction).min(1.0).max(policy),
+        }
+    }
+
+    /// What a replay's hits (its L1's and L2's, its hit tokens and bytes) are multiplied by:
+    /// its hit rate's estimate over the rate.
+    fn factor(&self, figures: &Figures) -> f64 {
+        match figures.hit_rate {
+            rate if rate > 0.0 => self.rate(rate, Turnover::of(figures)) / rate,
+            _ => 1.0,
+        }
     }
 
     /// A sample's count (tokens, bytes) scaled to the whole trace.
@@ -553,14 +631,15 @@ impl Estimate {
 
     fn point(&self, gib: f64, run: SizeRun) -> SizePoint {
         let mut figures = run.figures;
-        figures.hit_rate = self.rate(figures.hit_rate);
-        figures.l1_hit_rate = self.rate(figures.l1_hit_rate);
-        figures.l2_hit_rate = self.rate(figures.l2_hit_rate);
-        figures.hit_chunks = ((figures.hit_chunks as f64 * self.correction).round() as u64)
-            .min(figures.requested_chunks);
+        let factor = self.factor(&figures);
+        figures.hit_rate = (figures.hit_rate * factor).min(1.0);
+        figures.l1_hit_rate = (figures.l1_hit_rate * factor).min(1.0);
+        figures.l2_hit_rate = (figures.l2_hit_rate * factor).min(1.0);
+        figures.hit_chunks =
+            ((figures.hit_chunks as f64 * factor).round() as u64).min(figures.requested_chunks);
         SizePoint {
             l1_gib: gib,
-            hit_tokens: self.whole(run.hit_tokens as f64 * self.correction),
+            hit_tokens: self.whole(run.hit_tokens as f64 * factor),
             requested_tokens: self.whole(run.requested_tokens as f64),
             span_s: run.span_s,
             figures,
@@ -956,14 +1035,14 @@ impl Report for CapacityPlan {
         ));
         if let Some(Sampled { counts: s, .. }) = self.sampled {
             out.push_str(&format!(
-                "  sampled: {} of {} prefix trees ({:.2} % of {} distinct keys), each size replayed at that share; tokens are estimates\n  hit rates x {:.4}: the trace reuses {:.2} % of its looked-up chunks, the sample {:.2} %\n",
+                "  sampled: {} of {} prefix trees ({:.2} % of {} distinct keys), each size replayed at that share; tokens are estimates\n  hit rates mapped through the chunks' reuse or admission times; the trace reuses {:.2} % of its looked-up chunks, the sample {:.2} % (the bound x {:.4})\n",
                 s.trees_kept,
                 s.trees,
                 s.share() * 100.0,
                 s.keys,
-                s.correction(),
                 s.reuse.rate() * 100.0,
                 s.reuse_kept.rate() * 100.0,
+                s.correction(),
             ));
         }
         out
@@ -973,6 +1052,60 @@ impl Report for CapacityPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sample's hit rate is read as a time against its own chunks and mapped to the whole
+    /// trace's chunks within that time: by reuse time when its replay evicted, by admission
+    /// time when it did not; past every chunk the sample's times place, by the reuse ratio.
+    #[test]
+    fn a_sampled_rate_maps_through_the_time_its_turnover_follows() {
+        // Chunks at these times, and `none` without one.
+        let times = |known: &[u64], none: usize| {
+            let known = known.iter().map(|&t| Some(t));
+            known.chain(std::iter::repeat_n(None, none)).collect()
+        };
+        let sample = SampleTimes {
+            whole: Times {
+                reuse: times(&[5, 6, 7, 10, 30, 40], 2),
+                admission: times(&[50, 200, 300, 400], 0),
+            },
+            kept: Times {
+                reuse: times(&[10, 20], 2),
+                admission: times(&[100], 3),
+            },
+        };
+        let estimate = Estimate {
+            share: 0.5,
+            correction: 1.5,
+            times: Some(Arc::new(sample)),
+        };
+        let evicting = Figures {
+            evictions: 3,
+            hit_rate: 0.25,
+            ..Figures::default()
+        };
+        let filling = Figures {
+            evictions: 0,
+            ..evicting.clone()
+        };
+        assert_eq!(Turnover::of(&evicting), Turnover::Evicted);
+        assert_eq!(Turnover::of(&filling), Turnover::Filled);
+        // A quarter of the sample's chunks: the one at reuse time 10, spread over [10, 11),
+        // so within 11 records — where half the whole trace's chunks are (5, 6, 7, 10).
+        assert_eq!(estimate.rate(0.25, Turnover::Evicted), 0.5);
+        // By admission: the sample's chunk stored at 100, within 101 records; the whole
+        // trace's stored by then are the one at 50, a quarter.
+        assert_eq!(estimate.rate(0.25, Turnover::Filled), 0.25);
+        // Half the sample's chunks have a reuse time; more is past them: the ratio.
+        assert_eq!(estimate.rate(0.6, Turnover::Evicted), 0.6 * 1.5);
+        assert_eq!(estimate.factor(&evicting), 2.0);
+        assert_eq!(estimate.factor(&filling), 1.0);
+        // The optimal bound by the ratio, never below the policy's estimate.
+        assert_eq!(estimate.bound(0.25, 0.25), 0.375);
+        assert_eq!(estimate.bound(0.25, 0.5), 0.5);
+        // The whole trace's own replay stands as it is.
+        assert_eq!(Estimate::WHOLE.rate(0.25, Turnover::Evicted), 0.25);
+        assert_eq!(Estimate::WHOLE.bound(0.2, 0.5), 0.2);
+    }
 
     fn point(gib: f64, hit_rate: f64) -> SizePoint {
         SizePoint {

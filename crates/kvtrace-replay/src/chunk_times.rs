@@ -1,0 +1,263 @@
+//! Looked-up chunks by when their prefix was last used or first stored, counted in one pass
+//! over a trace, for turning a sampled replay's hit rate into the whole trace's.
+//!
+//! A cache that hits a chunk when some per-chunk time is within a threshold hits, at any
+//! size, the share of chunks whose time is within that size's threshold. A sampled replay
+//! shows the threshold its scaled cache reached: the time within which its own chunks hit as
+//! often as it did. The whole trace's chunks within the same threshold are the estimate —
+//! a quantile mapping, which keeps what trees the sample happens to hold out of the answer,
+//! as the threshold is read against the sample's own chunks. Which time fits depends on how
+//! the cache turned over:
+//!
+//! - [`Times::reuse`]: the records since the chunk's prefix was last used (named by a store,
+//!   a read or a lookup that found it stored). An LRU-like cache that evicts keeps what was
+//!   used within its *characteristic time*, so a chunk hits when its whole prefix was.
+//! - [`Times::admission`]: the record at which the last of the prefix's keys was first
+//!   stored. A cache that never evicts (LMCache's controller runs once a second; a trace
+//!   recorded faster never sees it) keeps what was stored before it filled, and refuses the
+//!   rest.
+//!
+//! A prefix hits only whole, so a chunk's time is the largest over its prefix; a chunk whose
+//! prefix holds a key never stored has none (no cache hits it).
+
+/// Buckets of single records up to 2^10, then 2^10 buckets an octave: every time is placed
+/// within a 1/1024 share of itself, in a few tens of thousands of buckets for any trace.
+const EXACT_BITS: u32 = 10;
+
+fn bucket(t: u64) -> usize {
+    if t < 2 << EXACT_BITS {
+        return t as usize;
+    }
+    let shift = 63 - t.leading_zeros() - EXACT_BITS;
+    ((shift as usize) << EXACT_BITS) + (t >> shift) as usize
+}
+
+/// The first time in bucket `b`, and how many times it spans.
+fn bucket_span(b: usize) -> (f64, f64) {
+    if b < 2 << EXACT_BITS {
+        return (b as f64, 1.0);
+    }
+    let shift = (b >> EXACT_BITS) - 1;
+    let mantissa = b - (shift << EXACT_BITS);
+    let width = (1u64 << shift) as f64;
+    (mantissa as f64 * width, width)
+}
+
+/// Looked-up chunks by a time in records (see the module): a histogram whose chunks are
+/// spread evenly over their bucket, so the share within a time and the time of a share are
+/// continuous and each other's inverse.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChunkTimes {
+    /// By bucket: chunks with a time in it.
+    counts: Vec<u64>,
+    /// Chunks counted, with a time or none.
+    chunks: u64,
+}
+
+impl ChunkTimes {
+    /// Counts a lookup by its keys' times in order (`None`: the key was never stored).
+    fn count(&mut self, times: impl IntoIterator<Item = Option<u64>>) {
+        let mut prefix = Some(0);
+        for time in times {
+            self.chunks += 1;
+            prefix = prefix.zip(time).map(|(p, t)| p.max(t));
+            if let Some(t) = prefix {
+                let b = bucket(t);
+                if b >= self.counts.len() {
+                    self.counts.resize(b + 1, 0);
+                }
+                self.counts[b] += 1;
+            }
+        }
+    }
+
+    /// The share of chunks whose time is at most `t`.
+    pub fn share_within(&self, t: f64) -> f64 {
+        if self.chunks == 0 || t <= 0.0 {
+            return 0.0;
+        }
+        let b = bucket(t as u64);
+        let before: u64 = self.counts.iter().take(b).sum();
+        let (low, width) = bucket_span(b);
+        let inside = self.counts.get(b).copied().unwrap_or(0) as f64;
+        let within = before as f64 + inside * ((t - low) / width).clamp(0.0, 1.0);
+        within / self.chunks as f64
+    }
+
+    /// The least time within which `share` of the chunks lie; `None` past the share that has
+    /// a time at all.
+    pub fn time_of(&self, share: f64) -> Option<f64> {
+        let target = share * self.chunks as f64;
+        if target <= 0.0 {
+            return Some(0.0);
+        }
+        let mut before = 0.0;
+        for (b, &n) in self.counts.iter().enumerate() {
+            let after = before + n as f64;
+            if after >= target {
+                let (low, width) = bucket_span(b);
+                return Some(low + width * (target - before) / n as f64);
+            }
+            before = after;
+        }
+        None
+    }
+}
+
+/// Each item one chunk's time (`None`: none), its prefix's already folded in.
+impl FromIterator<Option<u64>> for ChunkTimes {
+    fn from_iter<I: IntoIterator<Item = Option<u64>>>(chunks: I) -> ChunkTimes {
+        let mut times = ChunkTimes::default();
+        for chunk in chunks {
+            times.count([chunk]);
+        }
+        times
+    }
+}
+
+/// A trace's chunks by both times of the module.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Times {
+    pub reuse: ChunkTimes,
+    pub admission: ChunkTimes,
+}
+
+/// Per key, by dense id: the record that last used it and the one that first stored it,
+/// for counting [`Times`] call by call.
+#[derive(Default)]
+pub(crate) struct Recency {
+    used: Vec<u32>,
+    stored: Vec<u32>,
+    pub(crate) times: Times,
+}
+
+/// Not yet: a key never used or never stored.
+const NEVER: u32 = u32::MAX;
+
+impl Recency {
+    /// Counts record `now`'s call naming keys `keys` (dense ids): a lookup's chunks by their
+    /// times, then what the call used or stored.
+    pub(crate) fn call(&mut self, now: u64, lookup: bool, keys: &[u32]) {
+        // Past 2^32 - 1 records, later records count as the last: times stay bounded.
+        let now = u32::try_from(now).unwrap_or(NEVER - 1);
+        if let Some(&top) = keys.iter().max() {
+            if top as usize >= self.used.len() {
+                self.used.resize(top as usize + 1, NEVER);
+                self.stored.resize(top as usize + 1, NEVER);
+            }
+        }
+        if !lookup {
+            for &id in keys {
+                self.used[id as usize] = now;
+                let stored = &mut self.stored[id as usize];
+                if *stored == NEVER {
+                    *stored = now;
+                }
+            }
+            return;
+        }
+        let known = |t: u32| (t != NEVER).then_some(t);
+        let (used, stored) = (&self.used, &self.stored);
+        self.times.reuse.count(
+            keys.iter()
+                .map(|&id| known(used[id as usize]).map(|u| u64::from(now - u))),
+        );
+        self.times.admission.count(
+            keys.iter()
+                .map(|&id| known(stored[id as usize]).map(u64::from)),
+        );
+        // The lookup finds its stored prefix, and uses it.
+        for &id in keys {
+            if self.stored[id as usize] == NEVER {
+                break;
+            }
+            self.used[id as usize] = now;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_single_times_then_a_1024th_of_an_octave() {
+        for t in [
+            0u64,
+            1,
+            1023,
+            2047,
+            2048,
+            2049,
+            4095,
+            4096,
+            1 << 40,
+            (1 << 50) + 12_345,
+        ] {
+            let (low, width) = bucket_span(bucket(t));
+            assert!(
+                low <= t as f64 && (t as f64) < low + width,
+                "{t}: {low} + {width}"
+            );
+            assert!(width <= 1.0_f64.max(low / 1024.0), "{t}: {width}");
+        }
+        // Consecutive: each bucket starts where the one before ends.
+        for b in 1..(8 << EXACT_BITS) {
+            let ((l0, w0), (l1, _)) = (bucket_span(b - 1), bucket_span(b));
+            assert_eq!(l0 + w0, l1, "bucket {b}");
+        }
+    }
+
+    #[test]
+    fn a_chunks_time_is_its_prefixs_largest_and_none_past_a_key_never_stored() {
+        let mut times = ChunkTimes::default();
+        times.count([Some(3), Some(1), Some(5), None, Some(1)]);
+        // Times 3, 3, 5; then none for the last two.
+        assert_eq!(times.chunks, 5);
+        assert_eq!(times.counts, [0, 0, 0, 2, 0, 1]);
+        // Spread evenly over their record: within 3.5, half of time 3's two chunks.
+        assert_eq!(times.share_within(3.5), 1.0 / 5.0);
+        assert_eq!(times.share_within(100.0), 3.0 / 5.0);
+        let near = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-9);
+        assert!(near(times.time_of(1.0 / 5.0), 3.5));
+        assert!(near(times.time_of(3.0 / 5.0), 6.0));
+        assert_eq!(times.time_of(0.8), None);
+    }
+
+    #[test]
+    fn the_share_within_a_time_and_the_time_of_a_share_are_each_others_inverse() {
+        let mut times = ChunkTimes::default();
+        for t in [2u64, 7, 7, 900, 5000, 5001, 70_000, 1 << 33] {
+            times.count([Some(t)]);
+        }
+        for share in [0.01, 0.125, 0.3, 0.5, 0.77, 0.99, 1.0] {
+            let t = times.time_of(share).expect("every chunk has a time");
+            let back = times.share_within(t);
+            assert!((back - share).abs() < 1e-12, "{share} -> {t} -> {back}");
+        }
+    }
+
+    #[test]
+    fn reuse_is_the_records_since_a_use_and_admission_the_first_store() {
+        let mut recency = Recency::default();
+        recency.call(0, false, &[0, 1]); // store keys 0 and 1
+        recency.call(4, true, &[0, 2, 1]); // 0 hits (4 after its store); 2 never stored
+                                           // The lookup used key 0 but not 1, behind the never-stored 2.
+        assert_eq!(recency.used, [4, 0, NEVER]);
+        recency.call(6, false, &[2]); // store 2
+        recency.call(9, true, &[0, 2, 1]); // 0 used at 4, 2 at 6, 1 at 0
+        let (reuse, admission) = (&recency.times.reuse, &recency.times.admission);
+        assert_eq!(reuse.chunks, 6);
+        // Lookup at 4: chunk 0 at 4, then none. At 9: 5, 5 (2 used at 6: 3), 9 (1 at 0).
+        let mut expected = vec![0; 10];
+        expected[4] = 1;
+        expected[5] = 2;
+        expected[9] = 1;
+        assert_eq!(reuse.counts, expected);
+        // Admission: lookup at 4: 0; at 9: 0, 6, 6.
+        let mut expected = vec![0; 7];
+        expected[0] = 2;
+        expected[6] = 2;
+        assert_eq!(admission.counts, expected);
+    }
+}
