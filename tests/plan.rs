@@ -699,3 +699,24 @@ fn an_events_fleet_is_planned_against_its_recording() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+/// A sampled LFU plan says that its curve is not to be trusted; a sampled LRU plan and a
+/// whole LFU plan do not.
+#[test]
+fn a_sampled_lfu_plan_warns() {
+    let trace = repo("testdata/lmcache/churn/lru_seed1.lct");
+    let dir = scratch();
+    let json = dir.path().join("p.json").display().to_string();
+    let warned = |flags: &[&str]| {
+        let mut args = vec!["plan", trace.as_str(), "--size-gb", "0.01", "-q"];
+        let json = format!("--json={json}");
+        args.push(&json);
+        args.extend(flags);
+        let out = kvtrace(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stderr).contains("--sample under LFU")
+    };
+    assert!(warned(&["--sample", "0.5", "--eviction-policy", "lfu"]));
+    assert!(!warned(&["--sample", "0.5"]));
+    assert!(!warned(&["--eviction-policy", "LFU"]));
+}
