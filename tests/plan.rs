@@ -345,11 +345,11 @@ const TWIN_SIZES: [&str; 8] = [
     "12",
 ];
 
-/// On the conversation twin (LRU, evicting), a tenth of its prefix trees, each size scaled
-/// to the sample and each hit rate mapped through the chunks' reuse times, draws the full
-/// replays' curve within 1 point on average for each of three seeds (0.33, 0.68, 0.48
-/// measured; 0.71, 1.06, 0.58 with the reuse ratio alone, which this bound fails,
-/// docs/commands/plan.md), and its plateau within 0.1 point, and what its L2 takes beside
+/// On the conversation twin (LRU, evicting), a tenth of its prefix trees, stratified by
+/// weight, each size scaled to the sample and each hit rate mapped through the chunks' reuse
+/// times, draws the full replays' curve within 1 point on average for each of three seeds
+/// (0.18, 0.28, 0.30 measured; 0.71, 1.06, 0.58 with trees drawn alone and the reuse ratio,
+/// which this bound fails, docs/commands/plan.md), and its plateau within 0.1 point, and what its L2 takes beside
 /// the largest L1 within 1 % of the full plan's bytes. Unscaled sizes, or a sample that is
 /// one tree because every prompt starts alike, miss by tens of points.
 #[test]
@@ -395,9 +395,10 @@ fn a_sampled_curve_follows_the_full_replays() {
 /// A cache that never evicts (`noop`) keeps what was stored before it filled: a sample's
 /// hit rates are mapped through the chunks' admission times, not their reuse times, and
 /// on the conversation twin at a tenth of its trees the curve is the full replays' within
-/// 1 point on average for each of three seeds (0.53, 0.39, 0.81 measured; 0.57, 1.27, 0.52
-/// with the reuse ratio alone; mapped by reuse time, as an evicting cache is, 2 to 4
-/// points too high at small sizes on LMCache's own big trace, docs/commands/plan.md).
+/// 1 point on average for each of three seeds (0.73, 0.35, 0.65 measured; 0.57, 1.27, 0.52
+/// with trees drawn alone and the reuse ratio; mapped by reuse time, as an evicting cache
+/// is, 2 to 4 points too high at small sizes on LMCache's own big trace,
+/// docs/commands/plan.md).
 #[test]
 fn a_sampled_curve_of_a_cache_that_never_evicts_follows_the_full_replays() {
     let Some(shared) = shared() else { return };

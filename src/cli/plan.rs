@@ -410,7 +410,7 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
     if report.sampled.is_some() && report.points.iter().any(lfu) {
         warn(
             &a.file.display().to_string(),
-            "--sample under LFU: a sample uses the shared prefix's keys less often than the whole trace, so LFU keeps other objects (8 pp mean error measured at 1 % on the Mooncake twin, docs/commands/plan.md); plan LFU without --sample",
+            "--sample under LFU: a sample uses the shared prefix's keys less often than the whole trace, so LFU keeps other objects (8–9 pp mean error measured at 1 % on the Mooncake twin, docs/commands/plan.md); plan LFU without --sample",
         );
     }
     if generated.is_some() {

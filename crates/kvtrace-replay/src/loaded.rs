@@ -312,8 +312,9 @@ impl Loaded {
 /// tree instead, stratified so that one hot prefix does not decide the sample: keys that
 /// more than a limit of lookups pass through (a shared system prompt) are the *trunk*, in
 /// every sample; each lookup's tree is rooted at its first key below the trunk (the lookups
-/// through a key all pass through its ancestors, so a tree is a whole subtree), and a hash
-/// of that root and the seed keeps the tree with probability `rate`. The limit is a tenth of
+/// through a key all pass through its ancestors, so a tree is a whole subtree), and one
+/// tree in each run of `1 / rate` of them in weight order is kept (stratified by weight;
+/// a tree no lookup roots, by a hash of its root and the seed). The limit is a tenth of
 /// the lookups the sample expects to keep, so no tree is more than a tenth of the sample. A
 /// call other than a lookup follows the tree of its first key below the trunk (a write of
 /// the chunks after a hit prefix, the tree of the lookup that named them), a call of trunk
@@ -608,11 +609,22 @@ enum Mark {
     Kept,
 }
 
+/// A lookup tree's root, in the order [`Trees::stratified`] takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Root {
+    weight: u64,
+    folded: u64,
+    id: u32,
+}
+
 /// The sample's decisions, call by call over a [`Census`].
 struct Trees {
     /// A key named by more lookups is in the trunk.
     trunk_limit: u32,
     marks: Vec<Mark>,
+    /// The roots of the lookups' trees, each kept or not (see [`Trees::stratified`]).
+    roots: HashMap<u32, bool>,
+    /// A tree first named by another call is kept when its root's draw is at most this.
     threshold: u64,
     seed: u64,
     trees: u64,
@@ -633,10 +645,12 @@ impl Trees {
     fn new(rate: f64, seed: u64, census: &Census) -> Trees {
         let rate = rate.clamp(0.0, 1.0);
         let keys = census.folded.len();
+        let trunk_limit =
+            ((census.chains as f64 * rate / 10.0) as u64).clamp(1, u64::from(u32::MAX)) as u32;
         Trees {
-            trunk_limit: ((census.chains as f64 * rate / 10.0) as u64).clamp(1, u64::from(u32::MAX))
-                as u32,
+            trunk_limit,
             marks: vec![Mark::Unseen; keys],
+            roots: Trees::stratified(&Trees::roots(census, trunk_limit), rate, seed),
             threshold: (rate * u64::MAX as f64) as u64,
             seed,
             trees: 0,
@@ -649,6 +663,69 @@ impl Trees {
             recency: Recency::default(),
             last_lookup: None,
         }
+    }
+
+    /// The roots of the lookups' trees — a lookup's first key that `trunk_limit` lookups or
+    /// fewer name — each with its tree's weight (the chunks its lookups look up) and its
+    /// folded id, sorted by weight.
+    fn roots(census: &Census, trunk_limit: u32) -> Vec<Root> {
+        let mut weights: HashMap<u32, u64> = HashMap::new();
+        let mut from = 0;
+        for call in &census.calls {
+            let keys = &census.keys[from..call.keys_end];
+            from = call.keys_end;
+            if call.kind != Kind::Lookup {
+                continue;
+            }
+            if let Some(&root) = keys
+                .iter()
+                .find(|&&id| census.lookups[id as usize] <= trunk_limit)
+            {
+                *weights.entry(root).or_default() += keys.len() as u64;
+            }
+        }
+        let mut roots: Vec<Root> = weights
+            .into_iter()
+            .map(|(id, weight)| Root {
+                weight,
+                folded: census.folded[id as usize],
+                id,
+            })
+            .collect();
+        roots.sort_unstable();
+        roots
+    }
+
+    /// Which of `roots` (sorted by weight) a sample of `rate` keeps: cut into runs of
+    /// `1 / rate`, one from each run, the one whose draw with the seed is least (a last,
+    /// shorter run keeps one with the chance its length gives). Stratified by weight, a
+    /// sample keeps each weight class in proportion: drawn one by one, a sample of a few
+    /// hundred trees holds more or fewer of the few heavy ones by chance, and they move the
+    /// curve by points (docs/commands/plan.md).
+    fn stratified(roots: &[Root], rate: f64, seed: u64) -> HashMap<u32, bool> {
+        let mut kept: HashMap<u32, bool> = roots.iter().map(|r| (r.id, false)).collect();
+        if rate <= 0.0 {
+            return kept;
+        }
+        let step = 1.0 / rate;
+        for run in 0u64.. {
+            let start = (run as f64 * step) as usize;
+            if start >= roots.len() {
+                break;
+            }
+            let end = (((run + 1) as f64 * step) as usize).clamp(start + 1, roots.len());
+            let length = (end - start) as f64 / step;
+            if length < 1.0 && mix(seed ^ run) as f64 > length * u64::MAX as f64 {
+                break;
+            }
+            if let Some(r) = roots[start..end]
+                .iter()
+                .min_by_key(|r| mix(r.folded ^ seed))
+            {
+                kept.insert(r.id, true);
+            }
+        }
+        kept
     }
 
     /// Whether `call` (naming `keys`) is kept; the keys it names for the first time take its
@@ -676,8 +753,10 @@ impl Trees {
                 Mark::Kept => true,
                 Mark::Dropped => false,
                 Mark::Unseen => {
-                    let draw = mix(census.folded[below as usize] ^ self.seed);
-                    let kept = draw <= self.threshold;
+                    let kept = match self.roots.get(&below) {
+                        Some(&kept) => kept,
+                        None => mix(census.folded[below as usize] ^ self.seed) <= self.threshold,
+                    };
                     self.trees += 1;
                     self.trees_kept += u64::from(kept);
                     kept
@@ -829,6 +908,37 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A sample takes one tree from each run of `1 / rate` trees in weight order: as many
+    /// as the rate asks, every weight class in proportion, a different tree for another seed.
+    #[test]
+    fn a_sample_takes_one_tree_from_each_run_of_weights() {
+        let roots: Vec<Root> = (0..40u32)
+            .map(|id| Root {
+                weight: u64::from(id) * 3,
+                folded: mix(u64::from(id)),
+                id,
+            })
+            .collect();
+        let kept = |rate: f64, seed: u64| {
+            let kept = Trees::stratified(&roots, rate, seed);
+            assert_eq!(kept.len(), roots.len());
+            let mut ids: Vec<u32> = kept.iter().filter(|(_, &k)| k).map(|(&id, _)| id).collect();
+            ids.sort_unstable();
+            ids
+        };
+        assert_eq!(kept(1.0, 3), (0..40).collect::<Vec<_>>());
+        for seed in 0..8 {
+            let quarter = kept(0.25, seed);
+            // One in each run of four: ids 0-3, 4-7, ...
+            let runs: Vec<u32> = quarter.iter().map(|id| id / 4).collect();
+            assert_eq!(runs, (0..10).collect::<Vec<_>>(), "seed {seed}");
+            // Runs of 3.33: [0, 3), [3, 6), ..., the last [36, 40); twelve runs in all.
+            assert_eq!(kept(0.3, seed).len(), 12, "seed {seed}");
+        }
+        assert_ne!(kept(0.25, 0), kept(0.25, 1));
+        assert!(kept(0.0, 0).is_empty());
     }
 
     /// Every looked-up chunk's times, counted independently with the keys themselves over

@@ -1,7 +1,8 @@
 //! What-if sweeps: one trace, many configurations. A sweep is a list of [`Point`]s — the
 //! cross product of flag lists ([`cross`]) or named configurations from a TOML grid
 //! ([`grid`]) — each run exactly as the single command with those flags would run it, in
-//! parallel over the cores ([`run_points`]), and gathered into one [`report::SweepReport`].
+//! parallel over the cores ([`run_points`]), and gathered into one report
+//! ([`replay::ReplaySweep`] or [`simulate::SimulateSweep`], each a [`kvtrace_report::Report`]).
 //!
 //! Points are independent runs of deterministic engines, so the sweep's figures do not
 //! depend on how many run at once or in which order they finish.
