@@ -84,6 +84,14 @@ impl ChunkTimes {
         within / self.chunks as f64
     }
 
+    /// The share of chunks that have a time at all: what a cache that never evicts hits.
+    pub fn share_timed(&self) -> f64 {
+        match self.chunks {
+            0 => 0.0,
+            chunks => self.counts.iter().sum::<u64>() as f64 / chunks as f64,
+        }
+    }
+
     /// The least time within which `share` of the chunks lie; `None` past the share that has
     /// a time at all.
     pub fn time_of(&self, share: f64) -> Option<f64> {
@@ -218,6 +226,7 @@ mod tests {
         // Spread evenly over their record: within 3.5, half of time 3's two chunks.
         assert_eq!(times.share_within(3.5), 1.0 / 5.0);
         assert_eq!(times.share_within(100.0), 3.0 / 5.0);
+        assert_eq!(times.share_timed(), 3.0 / 5.0);
         let near = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-9);
         assert!(near(times.time_of(1.0 / 5.0), 3.5));
         assert!(near(times.time_of(3.0 / 5.0), 6.0));

@@ -599,8 +599,11 @@ impl Estimate {
             Turnover::Filled => (&times.whole.admission, &times.kept.admission),
         };
         match kept.time_of(rate) {
-            Some(time) => whole.share_within(time),
             None => rate * self.correction,
+            // Every chunk the sample could hit hit: the whole trace's plateau. The sample
+            // holds few of the trace's longest times, so the time read there falls short.
+            Some(_) if rate >= kept.share_timed() * (1.0 - 1e-9) => whole.share_timed(),
+            Some(time) => whole.share_within(time),
         }
         .min(1.0)
     }
@@ -1070,7 +1073,7 @@ mod tests {
             },
             kept: Times {
                 reuse: times(&[10, 20], 2),
-                admission: times(&[100], 3),
+                admission: times(&[100, 300], 2),
             },
         };
         let estimate = Estimate {
@@ -1095,7 +1098,10 @@ mod tests {
         // By admission: the sample's chunk stored at 100, within 101 records; the whole
         // trace's stored by then are the one at 50, a quarter.
         assert_eq!(estimate.rate(0.25, Turnover::Filled), 0.25);
-        // Half the sample's chunks have a reuse time; more is past them: the ratio.
+        // Half the sample's chunks have a reuse time: at that rate, the whole trace's share
+        // with one (6 of 8), though the sample's longest time (20) is short of its (40).
+        assert_eq!(estimate.rate(0.5, Turnover::Evicted), 0.75);
+        // More is past every chunk the sample's times place: the ratio.
         assert_eq!(estimate.rate(0.6, Turnover::Evicted), 0.6 * 1.5);
         assert_eq!(estimate.factor(&evicting), 2.0);
         assert_eq!(estimate.factor(&filling), 1.0);
