@@ -550,7 +550,7 @@ struct Estimate {
     share: f64,
     /// The whole trace's reuse over the sample's
     /// ([`SampleCounts::correction`](kvtrace_replay::loaded::SampleCounts::correction)):
-    /// for a rate past every chunk the sample's times place.
+    /// for the optimal bound, and a rate past every chunk the sample's times place.
     correction: f64,
     /// `None`: the replay held every tree.
     times: Option<Arc<SampleTimes>>,
