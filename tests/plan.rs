@@ -349,9 +349,10 @@ const TWIN_SIZES: [&str; 8] = [
 /// weight, each size scaled to the sample and each hit rate mapped through the chunks' reuse
 /// times, draws the full replays' curve within 1 point on average for each of three seeds
 /// (0.17, 0.27, 0.29 measured; 0.71, 1.06, 0.58 with trees drawn alone and the reuse ratio,
-/// which this bound fails, docs/commands/plan.md), and its plateau within 0.1 point, and what its L2 takes beside
-/// the largest L1 within 1 % of the full plan's bytes. Unscaled sizes, or a sample that is
-/// one tree because every prompt starts alike, miss by tens of points.
+/// which this bound fails, docs/commands/plan.md), and its plateau within 0.1 point, and
+/// what its L2 takes beside the largest L1 within 1 % of the full plan's bytes. Unscaled
+/// sizes, or a sample that is one tree because every prompt starts alike, miss by tens of
+/// points.
 #[test]
 fn a_sampled_curve_follows_the_full_replays() {
     let Some(shared) = shared() else { return };

@@ -131,7 +131,8 @@ pub struct Times {
 }
 
 /// Per key, by dense id: the record that last used it and the one that first stored it,
-/// for counting [`Times`] call by call.
+/// for counting [`Times`] call by call. Sized by whoever gives the ids: a key is added as it
+/// is given one.
 #[derive(Default)]
 pub(crate) struct Recency {
     used: Vec<u32>,
@@ -143,17 +144,26 @@ pub(crate) struct Recency {
 const NEVER: u32 = u32::MAX;
 
 impl Recency {
+    /// For keys of ids `..keys`, none used or stored yet.
+    pub(crate) fn with_keys(keys: usize) -> Recency {
+        Recency {
+            used: vec![NEVER; keys],
+            stored: vec![NEVER; keys],
+            times: Times::default(),
+        }
+    }
+
+    /// One more key, the next id.
+    pub(crate) fn add_key(&mut self) {
+        self.used.push(NEVER);
+        self.stored.push(NEVER);
+    }
+
     /// Counts record `now`'s call naming keys `keys` (dense ids): a lookup's chunks by their
     /// times, then what the call used or stored.
     pub(crate) fn call(&mut self, now: u64, lookup: bool, keys: &[u32]) {
         // Past 2^32 - 1 records, later records count as the last: times stay bounded.
         let now = u32::try_from(now).unwrap_or(NEVER - 1);
-        if let Some(&top) = keys.iter().max() {
-            if top as usize >= self.used.len() {
-                self.used.resize(top as usize + 1, NEVER);
-                self.stored.resize(top as usize + 1, NEVER);
-            }
-        }
         if !lookup {
             for &id in keys {
                 self.used[id as usize] = now;
@@ -248,7 +258,7 @@ mod tests {
 
     #[test]
     fn reuse_is_the_records_since_a_use_and_admission_the_first_store() {
-        let mut recency = Recency::default();
+        let mut recency = Recency::with_keys(3);
         recency.call(0, false, &[0, 1]); // store keys 0 and 1
         recency.call(4, true, &[0, 2, 1]); // 0 hits (4 after its store); 2 never stored
                                            // The lookup used key 0 but not 1, behind the never-stored 2.

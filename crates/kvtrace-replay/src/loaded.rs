@@ -580,6 +580,7 @@ impl Census {
                     };
                     self.folded.push(key.0 as u64 ^ (key.0 >> 64) as u64);
                     self.lookups.push(0);
+                    self.recency.add_key();
                     *slot.insert(id)
                 }
             };
@@ -660,7 +661,7 @@ impl Trees {
             trunk_bytes: 0,
             trunk_written: vec![false; keys],
             reuse_kept: Reuse::default(),
-            recency: Recency::default(),
+            recency: Recency::with_keys(keys),
             last_lookup: None,
         }
     }

@@ -304,8 +304,7 @@ pub fn plan(
         }
         PlanInput::Events { bracket } => return plan_events(trace, options, bracket, at, done),
     };
-    let mut times = None;
-    let (loaded, sampled) = match options.sample {
+    let (loaded, sampled, times) = match options.sample {
         Some((rate, seed)) => {
             let sample = Loaded::load_sample(trace, read, rate, seed)?;
             if sample.counts.trees_kept == 0 {
@@ -320,16 +319,15 @@ pub fn plan(
                 counts: sample.counts,
             };
             // A sample of every tree counts the same times: its figures stand as they are.
-            if sample.times != sample.times_kept {
-                times = Some(Arc::new(SampleTimes {
-                    whole: sample.times,
-                    kept: sample.times_kept,
-                }));
-            }
-            (Some(Arc::new(sample.loaded)), Some(sampled))
+            let times = (sample.times != sample.times_kept).then_some(SampleTimes {
+                whole: sample.times,
+                kept: sample.times_kept,
+            });
+            (Some(Arc::new(sample.loaded)), Some(sampled), times)
         }
         None => (
             Loaded::load(trace, read, LOAD_BUDGET_BYTES)?.map(Arc::new),
+            None,
             None,
         ),
     };
@@ -545,7 +543,7 @@ fn search(
 /// its share, its hit rates mapped through the chunks' times
 /// ([`kvtrace_replay::chunk_times`]): the time within which the sample's own chunks hit as
 /// often as its replay did, and the whole trace's chunks within that time.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 struct Estimate {
     share: f64,
     /// The whole trace's reuse over the sample's
@@ -553,7 +551,7 @@ struct Estimate {
     /// for the optimal bound, and a rate past every chunk the sample's times place.
     correction: f64,
     /// `None`: the replay held every tree.
-    times: Option<Arc<SampleTimes>>,
+    times: Option<SampleTimes>,
 }
 
 /// The whole trace's chunk times and the sample's.
@@ -1079,7 +1077,7 @@ mod tests {
         let estimate = Estimate {
             share: 0.5,
             correction: 1.5,
-            times: Some(Arc::new(sample)),
+            times: Some(sample),
         };
         let evicting = Figures {
             evictions: 3,
