@@ -214,7 +214,7 @@ fn lmct_reader() {
         if let Ok(summary) = blocks {
             assert_eq!(summary.records, seen);
         }
-        // Replay's path: read ahead, each record's arguments read in one pass.
+        // Replay's path: read ahead on two workers, each record's arguments read in one pass.
         let Ok(again) = TraceReader::from_reader(Cursor::new(bytes.to_vec()), options) else {
             return;
         };
@@ -222,7 +222,9 @@ fn lmct_reader() {
         let ahead = read_ahead(
             again,
             4096,
-            &mut |r| CallArgs::read(r.args).is_some_and(|a| a.keys.is_present()),
+            2,
+            &|| (),
+            &|_, r| CallArgs::read(r.args).is_some_and(|a| a.keys.is_present()),
             &mut |_, _| {
                 handed += 1;
                 Ok(true)

@@ -446,95 +446,154 @@ enum Ahead<T> {
     },
 }
 
-/// Reads every record of `reader` with the decoding done one step ahead: a second thread
-/// frames and validates the records and runs `prepare` on each (replay's call decoding),
-/// while `consume` takes them in stream order on the calling thread — for a consumer that
-/// must see records in order but need not parse them. Undecodable frames are skipped and
-/// counted where they fall, as [`TraceReader::next_record`] does. `consume` returning
-/// `Ok(false)` stops the read; what was read ahead past that point is not counted, and a
-/// truncated tail is reported only when the read got there. Memory is a few blocks, whatever
-/// the trace's length.
+/// Decoding workers [`read_ahead`] uses at most. The consumer takes each record in order on
+/// one thread, and replay applies a call in about half the instructions its decoding takes
+/// (callgrind, `big_1x.lct`): two workers keep up with it, and many more would only hold
+/// blocks in memory.
+const MAX_READ_AHEAD_WORKERS: usize = 4;
+
+/// A block of frames decoded ahead, with the worker whose allocations its values are.
+struct Decoded<T> {
+    block: Block,
+    items: Vec<Ahead<T>>,
+    worker: usize,
+}
+
+/// Reads every record of `reader` with the decoding done ahead: a reading thread frames the
+/// stream into blocks, up to `workers` threads (at most [`MAX_READ_AHEAD_WORKERS`]) validate
+/// each block's records and run `prepare` on each with their own state from `init`
+/// (replay's call decoding), while `consume` takes them in stream order on the calling
+/// thread — for a consumer that must see records in order but need not parse them.
+/// Undecodable frames are skipped and counted where they fall, as
+/// [`TraceReader::next_record`] does. `consume` returning `Ok(false)` stops the read; what
+/// was read ahead past that point is not counted, and a truncated tail is reported only when
+/// the read got there. Memory is a few blocks a worker, whatever the trace's length: a
+/// block is read only into a buffer the consumer has given back.
 ///
-/// `consume` borrows each prepared value; the block's values go back to the reading thread
-/// with the block's buffer and are dropped there, where they were allocated: glibc's
-/// allocator takes a lock for every block freed by another thread than its own, and replay's
-/// key lists made that a tenth of its time.
-pub fn read_ahead<T: Send>(
+/// `consume` borrows each prepared value; the block's values go back to the worker that made
+/// them and are dropped there, where they were allocated: glibc's allocator takes a lock for
+/// every block freed by another thread than its own, and replay's key lists made that a
+/// tenth of its time.
+pub fn read_ahead<S, T: Send>(
     reader: TraceReader,
     block_bytes: usize,
-    prepare: &mut (dyn FnMut(&RecordRef<'_>) -> T + Send),
+    workers: usize,
+    init: &(dyn Fn() -> S + Sync),
+    prepare: &(dyn Fn(&mut S, &RecordRef<'_>) -> T + Sync),
     consume: &mut dyn FnMut(&RecordRef<'_>, &mut T) -> Result<bool>,
 ) -> Result<ReadSummary> {
+    let workers = workers.clamp(1, MAX_READ_AHEAD_WORKERS);
     let mut blocks = reader.into_blocks(block_bytes);
-    let (ahead_tx, ahead_rx) = bounded::<Result<(Block, Vec<Ahead<T>>)>>(2);
-    let (spare_tx, spare_rx) = unbounded::<(Vec<u8>, Vec<Ahead<T>>)>();
+    let (work_tx, work_rx) = unbounded::<(u64, Block)>();
+    let (done_tx, done_rx) = unbounded::<(u64, Result<Decoded<T>>)>();
+    let (spare_tx, spare_rx) = unbounded::<Vec<u8>>();
+    // The buffers in circulation: the reading thread waits for one to come back before it
+    // reads on, which bounds the blocks in flight.
+    for _ in 0..2 * workers + 1 {
+        let _ = spare_tx.send(Vec::new());
+    }
+    let returns: Vec<_> = (0..workers).map(|_| unbounded::<Vec<Ahead<T>>>()).collect();
     std::thread::scope(|scope| -> Result<ReadSummary> {
-        let producer = scope.spawn(move || {
-            loop {
-                let (buf, mut items) = spare_rx.try_recv().unwrap_or_default();
-                items.clear();
-                let block = match blocks.next_block(buf) {
-                    Ok(Some(block)) => block,
+        for (worker, (_, back_rx)) in returns.iter().enumerate() {
+            let (work_rx, done_tx) = (work_rx.clone(), done_tx.clone());
+            scope.spawn(move || {
+                let mut state = init();
+                for (seq, block) in work_rx {
+                    let mut items = back_rx.try_recv().unwrap_or_default();
+                    items.clear();
+                    for (offset, body) in block.frames() {
+                        items.push(match RecordSpans::parse(body) {
+                            Ok(spans) => {
+                                let record = RecordRef::from_spans(offset, body, &spans);
+                                let start = (offset - block.start) as usize + 4;
+                                Ahead::Record {
+                                    offset,
+                                    body: start..start + body.len(),
+                                    prepared: prepare(&mut state, &record),
+                                    spans,
+                                }
+                            }
+                            Err(reason) => Ahead::Undecodable { offset, reason },
+                        });
+                    }
+                    let decoded = Decoded {
+                        block,
+                        items,
+                        worker,
+                    };
+                    if done_tx.send((seq, Ok(decoded))).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(work_rx);
+        let reading = scope.spawn(move || {
+            let mut seq = 0u64;
+            while let Ok(buf) = spare_rx.recv() {
+                match blocks.next_block(buf) {
+                    Ok(Some(block)) => {
+                        if work_tx.send((seq, block)).is_err() {
+                            break;
+                        }
+                    }
                     Ok(None) => break,
                     Err(e) => {
-                        let _ = ahead_tx.send(Err(e));
+                        let _ = done_tx.send((seq, Err(e)));
                         break;
                     }
-                };
-                for (offset, body) in block.frames() {
-                    items.push(match RecordSpans::parse(body) {
-                        Ok(spans) => {
-                            let record = RecordRef::from_spans(offset, body, &spans);
-                            let start = (offset - block.start) as usize + 4;
-                            Ahead::Record {
-                                offset,
-                                body: start..start + body.len(),
-                                prepared: prepare(&record),
-                                spans,
-                            }
-                        }
-                        Err(reason) => Ahead::Undecodable { offset, reason },
-                    });
                 }
-                if ahead_tx.send(Ok((block, items))).is_err() {
-                    break;
-                }
+                seq += 1;
             }
             blocks
         });
         let (mut records, mut undecodable, mut examples) = (0, 0, Vec::new());
         let mut finished = true;
-        'blocks: for next in ahead_rx.iter() {
-            let (block, mut items) = next?;
-            for item in &mut items {
-                match item {
-                    Ahead::Record {
-                        offset,
-                        body,
-                        spans,
-                        prepared,
-                    } => {
-                        let record =
-                            RecordRef::from_spans(*offset, block.body(body.clone()), spans);
-                        records += 1;
-                        if !consume(&record, prepared)? {
-                            finished = false;
-                            break 'blocks;
+        let mut pending = BTreeMap::new();
+        let mut next = 0u64;
+        'blocks: for (seq, decoded) in done_rx.iter() {
+            pending.insert(seq, decoded);
+            while let Some(decoded) = pending.remove(&next) {
+                next += 1;
+                let Decoded {
+                    block,
+                    mut items,
+                    worker,
+                } = decoded?;
+                for item in &mut items {
+                    match item {
+                        Ahead::Record {
+                            offset,
+                            body,
+                            spans,
+                            prepared,
+                        } => {
+                            let record =
+                                RecordRef::from_spans(*offset, block.body(body.clone()), spans);
+                            records += 1;
+                            if !consume(&record, prepared)? {
+                                finished = false;
+                                break 'blocks;
+                            }
                         }
-                    }
-                    Ahead::Undecodable { offset, reason } => {
-                        undecodable += 1;
-                        if examples.len() < KEPT_SKIP_REASONS {
-                            examples.push((*offset, std::mem::take(reason)));
+                        Ahead::Undecodable { offset, reason } => {
+                            undecodable += 1;
+                            if examples.len() < KEPT_SKIP_REASONS {
+                                examples.push((*offset, std::mem::take(reason)));
+                            }
                         }
                     }
                 }
+                // The reader or the worker may have finished already; what they would have
+                // reused is then simply dropped here.
+                let _ = spare_tx.send(block.into_buffer());
+                let _ = returns[worker].0.send(items);
             }
-            // The reader may have finished already; both are then simply dropped here.
-            let _ = spare_tx.send((block.into_buffer(), items));
         }
-        drop(ahead_rx);
-        let blocks = producer
+        // Closing the way back stops the reading thread at its next block; the workers end
+        // with the blocks it sent.
+        drop((spare_tx, done_rx, pending));
+        let blocks = reading
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         let mut summary = blocks.into_summary();
@@ -620,13 +679,15 @@ mod tests {
         (offsets, summary)
     }
 
-    /// The same read ahead on a second thread, `prepare` and `consume` agreeing on each.
-    fn ahead(bytes: &[u8]) -> (Vec<u64>, ReadSummary) {
+    /// The same read ahead on `workers` threads, `prepare` and `consume` agreeing on each.
+    fn ahead(bytes: &[u8], workers: usize) -> (Vec<u64>, ReadSummary) {
         let mut offsets = Vec::new();
         let summary = read_ahead(
             reader(bytes),
             4096,
-            &mut |r| r.offset,
+            workers,
+            &|| (),
+            &|_, r| r.offset,
             &mut |r, prepared| {
                 assert_eq!(r.offset, *prepared);
                 offsets.push(*prepared);
@@ -666,7 +727,13 @@ mod tests {
                     "{threads} threads"
                 );
             }
-            assert_eq!(shown(ahead(bytes)), expected, "read ahead");
+            for workers in [1, 3] {
+                assert_eq!(
+                    shown(ahead(bytes, workers)),
+                    expected,
+                    "read ahead, {workers} workers"
+                );
+            }
         }
     }
 
@@ -721,19 +788,33 @@ mod tests {
         let mut bytes = whole[..whole.len() - 1].to_vec();
         let late = offsets[200] as usize;
         bytes[late + 4..late + 12].fill(0xc1);
-        let mut seen = 0;
-        let summary = read_ahead(reader(&bytes), 4096, &mut |_| (), &mut |_, _| {
-            seen += 1;
-            Ok(seen < 10)
-        })
-        .expect("read");
-        assert_eq!((seen, summary.records, summary.undecodable), (10, 10, 0));
-        assert!(summary.truncation.is_none());
-        let err = read_ahead(reader(&bytes), 4096, &mut |_| (), &mut |r, _| {
-            Err(Error::data(r.offset, "t_mono", "refused"))
-        })
-        .expect_err("the consumer's error");
-        assert!(err.to_string().contains("refused"), "{err}");
+        for workers in [1, 3] {
+            let mut seen = 0;
+            let summary = read_ahead(
+                reader(&bytes),
+                4096,
+                workers,
+                &|| (),
+                &|_, _| (),
+                &mut |_, _| {
+                    seen += 1;
+                    Ok(seen < 10)
+                },
+            )
+            .expect("read");
+            assert_eq!((seen, summary.records, summary.undecodable), (10, 10, 0));
+            assert!(summary.truncation.is_none());
+            let err = read_ahead(
+                reader(&bytes),
+                4096,
+                workers,
+                &|| (),
+                &|_, _| (),
+                &mut |r, _| Err(Error::data(r.offset, "t_mono", "refused")),
+            )
+            .expect_err("the consumer's error");
+            assert!(err.to_string().contains("refused"), "{err}");
+        }
     }
 
     /// A zstd stream that ends early: the same records and the same frame cut, with the
@@ -747,7 +828,12 @@ mod tests {
         let mut r = reader(cut);
         while r.next_record().expect("read").is_some() {}
         let expected = r.into_summary().truncation.expect("cut");
-        let runs = [in_blocks(cut, 1), in_blocks(cut, 3), ahead(cut)];
+        let runs = [
+            in_blocks(cut, 1),
+            in_blocks(cut, 3),
+            ahead(cut, 1),
+            ahead(cut, 3),
+        ];
         for (seen, summary) in runs {
             assert_eq!(seen, offsets);
             let t = summary.truncation.expect("cut");

@@ -292,7 +292,6 @@ pub fn replay_from(
     let start = Instant::now();
     let mut origin: Option<f64> = None;
     let (mut first_t, mut last_t) = (f64::INFINITY, f64::NEG_INFINITY);
-    let mut decoder = Decoder::default();
     let mut object_bytes = None;
     let mut consume = |record: At<'_>, decoded: &std::result::Result<Call, Outcome>| {
         if crate::interrupt::requested().is_some() {
@@ -437,7 +436,9 @@ pub fn replay_from(
         Input::Reader(reader) => read_ahead(
             *reader,
             READ_AHEAD_BLOCK_BYTES,
-            &mut |record| decoder.decode(record),
+            options.read.threads(),
+            &Decoder::default,
+            &|decoder, record| decoder.decode(record),
             &mut |record, decoded| {
                 let at = At {
                     offset: record.offset,

@@ -182,11 +182,12 @@ impl Loaded {
         let mut names: Vec<Arc<str>> = Vec::new();
         let (mut held, mut calls) = (0usize, 0usize);
         let mut abandoned = false;
-        let mut decoder = Decoder::default();
         let summary = read_ahead(
             reader,
             super::READ_AHEAD_BLOCK_BYTES,
-            &mut |record| Some(decoder.decode(record)),
+            read.threads(),
+            &Decoder::default,
+            &|decoder, record| Some(decoder.decode(record)),
             &mut |record, decoded| {
                 let Some(call) = decoded.take() else {
                     return Ok(true);
