@@ -460,7 +460,7 @@ struct Decoded<T> {
 }
 
 /// Reads every record of `reader` with the decoding done ahead: a reading thread frames the
-/// stream into blocks, up to `workers` threads (at most [`MAX_READ_AHEAD_WORKERS`]) validate
+/// stream into blocks, up to `workers` threads (at most four) validate
 /// each block's records and run `prepare` on each with their own state from `init`
 /// (replay's call decoding), while `consume` takes them in stream order on the calling
 /// thread — for a consumer that must see records in order but need not parse them.
