@@ -389,3 +389,84 @@ fn the_manuals_config_example_parses_as_pasted() {
         assert!(e.contains(says), "{bad}: {e}");
     }
 }
+
+/// A plan decodes the head of a trace to infer its client and estimate its phase, then
+/// replays that head from memory and reads the file on after it. Over a trace longer than
+/// the head, with an undecodable frame inside the head and one after it and a cut tail,
+/// that replay is the one that reads the whole file (the client given, so no head is
+/// decoded): the same requests, divergences, counts and warnings.
+#[test]
+fn a_replay_after_the_decoded_head_is_the_whole_read() {
+    let dir = scratch();
+    let whole = generated(dir.path(), 30_000);
+    let mut bytes = std::fs::read(&whole).expect("read");
+    let mut frames = Vec::new();
+    let mut at = 0;
+    while at + 4 <= bytes.len() {
+        frames.push(at);
+        at += 4 + u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+    }
+    assert!(frames.len() > 2 * kvtrace::replay::phase::ESTIMATE_RECORDS);
+    for frame in [frames[3], frames[25_000]] {
+        bytes[frame + 4..frame + 12].fill(0xc1);
+    }
+    bytes.truncate(bytes.len() - 100);
+    let trace = dir.path().join("damaged.lct");
+    std::fs::write(&trace, &bytes).expect("write");
+    let replay = |out: &str, extra: &[&str]| {
+        let out = dir.path().join(out);
+        let mut args = vec![
+            "replay".to_owned(),
+            trace.display().to_string(),
+            "--output-dir".to_owned(),
+            out.display().to_string(),
+            "--json".to_owned(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let run = crate::util::kvtrace(&args);
+        assert_eq!(
+            run.status.code(),
+            Some(0),
+            "{}",
+            crate::util::text(&run.stderr)
+        );
+        let summary: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(out.join("trace_replay_summary.json")).expect("summary"),
+        )
+        .expect("JSON");
+        let csv = |name: &str| std::fs::read_to_string(out.join(name)).expect(name);
+        (
+            summary["kvtrace"].clone(),
+            csv("trace_replay_requests.csv"),
+            csv("trace_replay_divergences.csv"),
+        )
+    };
+    let (after_head, requests, divergences) = replay("after-head", &[]);
+    assert_eq!(after_head["client"]["source"], "inferred");
+    let model = after_head["client"]["model"]
+        .as_str()
+        .expect("model")
+        .to_owned();
+    let (whole_read, whole_requests, whole_divergences) =
+        replay("whole", &["--client", &model, "--eviction-phase", "0"]);
+    assert_eq!(whole_read["client"]["source"], "given");
+    assert_eq!(requests, whole_requests);
+    assert_eq!(divergences, whole_divergences);
+    for field in [
+        "records",
+        "replayed",
+        "skipped",
+        "failed",
+        "warnings",
+        "hits",
+        "calls",
+        "tiers",
+        "fidelity",
+        "completions",
+    ] {
+        assert_eq!(after_head[field], whole_read[field], "{field}");
+    }
+    let warnings = after_head["warnings"].to_string();
+    assert_eq!(warnings.matches("skipped undecodable record").count(), 2);
+    assert!(warnings.contains("truncated frame"), "{warnings}");
+}

@@ -146,6 +146,22 @@ pub struct ReadSummary {
 }
 
 impl ReadSummary {
+    /// The summary of a whole read made of `before` and this one, which went on from the
+    /// frame where `before` stopped ([`TraceReader::skip_frames`]): the counts of both, the
+    /// first skip reasons, and where and how this one ended.
+    pub fn following(self, before: &ReadSummary) -> ReadSummary {
+        let mut examples = before.undecodable_examples.clone();
+        let room = KEPT_SKIP_REASONS.saturating_sub(examples.len());
+        examples.extend(self.undecodable_examples.into_iter().take(room));
+        ReadSummary {
+            records: before.records + self.records,
+            undecodable: before.undecodable + self.undecodable,
+            undecodable_examples: examples,
+            interrupted: before.interrupted || self.interrupted,
+            ..self
+        }
+    }
+
     /// One line per condition a user should know about.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -492,6 +508,17 @@ impl TraceReader {
                 }))
             }
         }
+    }
+
+    /// Steps over the next `frames` frames without decoding or counting them (a read that
+    /// goes on where an earlier read of the same file stopped); the frames stepped over,
+    /// fewer where the stream ends first.
+    pub fn skip_frames(&mut self, frames: u64) -> Result<u64> {
+        let mut skipped = 0;
+        while skipped < frames && self.read_next_body()?.is_some() {
+            skipped += 1;
+        }
+        Ok(skipped)
     }
 
     /// The next decodable record; undecodable ones are skipped and counted.

@@ -43,7 +43,7 @@ use crate::bus::Tracer;
 use crate::error::{Error, Result};
 use crate::lmct::blocks::read_ahead;
 use crate::lmct::digest::{compare_configs, config_digest, python_json, DigestMatch};
-use crate::lmct::{ReadOptions, TraceReader};
+use crate::lmct::{ReadOptions, ReadSummary, TraceReader};
 use crate::rank::Rank;
 use crate::storage::config::{EvictionTiming, StorageConfig};
 use crate::storage::{CallStats, StorageManager, TierIo};
@@ -195,19 +195,54 @@ pub fn replay_from(
     source: Source<'_>,
     sm: &mut StorageManager,
     options: &ReplayOptions,
+    on_record: impl FnMut(&RecordEvent<'_>),
+) -> Result<ReplayReport> {
+    replay_records(source, None, sm, options, on_record)
+}
+
+/// [`replay`] of a file whose head was decoded before (a plan's, for the client and the
+/// phase): the head's calls are replayed from memory and the file is read after them, so
+/// that no record is decoded twice. The same report as [`replay`]; a replay whose tracer
+/// records reads the file whole, for the argument bytes.
+pub(crate) fn replay_after_head(
+    path: &Path,
+    head: &Loaded,
+    sm: &mut StorageManager,
+    options: &ReplayOptions,
+    on_record: impl FnMut(&RecordEvent<'_>),
+) -> Result<ReplayReport> {
+    replay_records(Source::File(path), Some(head), sm, options, on_record)
+}
+
+fn replay_records(
+    source: Source<'_>,
+    head: Option<&Loaded>,
+    sm: &mut StorageManager,
+    options: &ReplayOptions,
     mut on_record: impl FnMut(&RecordEvent<'_>),
 ) -> Result<ReplayReport> {
     /// The source, opened.
     enum Input<'a> {
         Reader(Box<TraceReader>),
         Loaded(&'a Loaded),
+        /// A head decoded before, and the file read on from the frame after it.
+        AfterHead(&'a Loaded, Box<TraceReader>),
     }
     let (input, header, header_warnings, shown) = match source {
         Source::File(path) => {
             let shown = path.display().to_string();
-            let reader = TraceReader::open(path, options.read).map_err(|e| e.in_file(&shown))?;
+            let mut reader =
+                TraceReader::open(path, options.read).map_err(|e| e.in_file(&shown))?;
             let (header, warnings) = (reader.header().clone(), reader.header_warnings());
-            (Input::Reader(Box::new(reader)), header, warnings, shown)
+            let input = match head {
+                Some(head) if !options.tracer.is_recording() => {
+                    let frames = head.summary.records + head.summary.undecodable;
+                    reader.skip_frames(frames).map_err(|e| e.in_file(&shown))?;
+                    Input::AfterHead(head, Box::new(reader))
+                }
+                _ => Input::Reader(Box::new(reader)),
+            };
+            (input, header, warnings, shown)
         }
         Source::Loaded(loaded) => {
             if options.tracer.is_recording() {
@@ -418,23 +453,25 @@ pub fn replay_from(
         }
         Ok(true)
     };
-    let summary = match input {
-        Input::Loaded(loaded) => {
-            for r in &loaded.records {
-                let at = At {
-                    offset: r.offset,
-                    t_mono: r.t_mono,
-                    qualname: &r.qualname,
-                    args: &[],
-                };
-                if !consume(at, &r.call).map_err(|e| e.in_file(&shown))? {
-                    break;
-                }
+    type Consume<'c> = dyn FnMut(At<'_>, &std::result::Result<Call, Outcome>) -> Result<bool> + 'c;
+    // The records decoded before, in order; whether the consumer took them all.
+    let from_memory = |loaded: &Loaded, consume: &mut Consume<'_>| -> Result<bool> {
+        for r in &loaded.records {
+            let at = At {
+                offset: r.offset,
+                t_mono: r.t_mono,
+                qualname: &r.qualname,
+                args: &[],
+            };
+            if !consume(at, &r.call).map_err(|e| e.in_file(&shown))? {
+                return Ok(false);
             }
-            loaded.summary.clone()
         }
-        Input::Reader(reader) => read_ahead(
-            *reader,
+        Ok(true)
+    };
+    let from_file = |reader: TraceReader, consume: &mut Consume<'_>| -> Result<ReadSummary> {
+        read_ahead(
+            reader,
             READ_AHEAD_BLOCK_BYTES,
             options.read.threads(),
             &Decoder::default,
@@ -449,7 +486,18 @@ pub fn replay_from(
                 consume(at, decoded)
             },
         )
-        .map_err(|e| e.in_file(&shown))?,
+        .map_err(|e| e.in_file(&shown))
+    };
+    let summary = match input {
+        Input::Loaded(loaded) => {
+            from_memory(loaded, &mut consume)?;
+            loaded.summary.clone()
+        }
+        Input::Reader(reader) => from_file(*reader, &mut consume)?,
+        Input::AfterHead(head, reader) => match from_memory(head, &mut consume)? {
+            true => from_file(*reader, &mut consume)?.following(&head.summary),
+            false => head.summary.clone(),
+        },
     };
     if let Some(closed) = sessions.close(sm, f64::INFINITY) {
         absorb(sm, closed, &mut report);

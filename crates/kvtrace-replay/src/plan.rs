@@ -14,7 +14,7 @@ use super::phase::{settle, PhaseChoice, PhaseReport, ESTIMATE_RECORDS};
 use super::report::ReplayReport;
 use super::session::SessionModel;
 use super::spool::Spooled;
-use super::{replay_from, RecordEvent, ReplayOptions, Source};
+use super::{replay_after_head, replay_from, RecordEvent, ReplayOptions, Source};
 use crate::error::{Error, Result};
 use crate::lmct::digest::{config_digest, python_json};
 use crate::lmct::{Header, TraceReader};
@@ -65,6 +65,8 @@ pub struct Plan {
     shown: String,
     config: StorageConfig,
     phase: Option<PhaseReport>,
+    /// The head of the file decoded for the client and the phase, replayed from memory.
+    head: Option<Loaded>,
     options: Options,
     jsonl: Option<JsonlWriter>,
     /// The digest of the storage configuration the trace recorded.
@@ -137,6 +139,7 @@ impl Plan {
             shown,
             config,
             phase,
+            head,
             options,
             jsonl,
             recorded_digest: header.sm_config_digest,
@@ -192,14 +195,20 @@ impl Plan {
         let mut jsonl_error = None;
         let jsonl = &mut self.jsonl;
         let source = source(&self.options.loaded, &self.input);
-        let mut report = replay_from(source, &mut sm, &self.options.replay, |event| {
+        let each = |event: &RecordEvent<'_>| {
             on_record(event);
             if let Some(w) = jsonl.as_mut() {
                 if let Err(e) = w.write(&record_line(event)) {
                     jsonl_error.get_or_insert(e);
                 }
             }
-        })?;
+        };
+        let mut report = match (source, &self.head) {
+            (Source::File(path), Some(head)) => {
+                replay_after_head(path, head, &mut sm, &self.options.replay, each)?
+            }
+            _ => replay_from(source, &mut sm, &self.options.replay, each)?,
+        };
         // A spooled pipe is named as the user gave it, not by its temporary copy.
         report.trace = self.shown;
         report.eviction_phase = self.phase;
