@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crossbeam_channel::{bounded, unbounded};
 
@@ -493,12 +494,18 @@ pub fn read_ahead<S, T: Send>(
         let _ = spare_tx.send(Vec::new());
     }
     let returns: Vec<_> = (0..workers).map(|_| unbounded::<Vec<Ahead<T>>>()).collect();
+    // Set when the consumer stops early: the blocks in flight are then dropped undecoded
+    // (a plan's head of the trace stops after a few blocks of a long file).
+    let stopped = AtomicBool::new(false);
     std::thread::scope(|scope| -> Result<ReadSummary> {
         for (worker, (_, back_rx)) in returns.iter().enumerate() {
-            let (work_rx, done_tx) = (work_rx.clone(), done_tx.clone());
+            let (work_rx, done_tx, stopped) = (work_rx.clone(), done_tx.clone(), &stopped);
             scope.spawn(move || {
                 let mut state = init();
                 for (seq, block) in work_rx {
+                    if stopped.load(Ordering::Relaxed) {
+                        return;
+                    }
                     let mut items = back_rx.try_recv().unwrap_or_default();
                     items.clear();
                     for (offset, body) in block.frames() {
@@ -528,9 +535,13 @@ pub fn read_ahead<S, T: Send>(
             });
         }
         drop(work_rx);
+        let stopping = &stopped;
         let reading = scope.spawn(move || {
             let mut seq = 0u64;
             while let Ok(buf) = spare_rx.recv() {
+                if stopping.load(Ordering::Relaxed) {
+                    break;
+                }
                 match blocks.next_block(buf) {
                     Ok(Some(block)) => {
                         if work_tx.send((seq, block)).is_err() {
@@ -591,7 +602,8 @@ pub fn read_ahead<S, T: Send>(
             }
         }
         // Closing the way back stops the reading thread at its next block; the workers end
-        // with the blocks it sent.
+        // with the blocks it sent, which a consumer that stopped early leaves undecoded.
+        stopped.store(!finished, Ordering::Relaxed);
         drop((spare_tx, done_rx, pending));
         let blocks = reading
             .join()

@@ -24,7 +24,7 @@ use super::client::Rewrite;
 use super::dispatch::{Call, Dispatcher};
 use super::fidelity::Fidelity;
 use super::loaded::Loaded;
-use super::session::{Position, SessionModel, Sessions};
+use super::session::{Position, SessionModel, Sessions, SESSION_END_DELAY_S};
 use super::Source;
 
 /// Records the estimate replays at most: enough for the evidence of many passes, small
@@ -350,21 +350,7 @@ pub fn settle(
             plateau_s: [phase_s, phase_s],
         },
         PhaseChoice::Estimate => {
-            let recorded = match StorageConfig::from_lmcache_json(recorded_json) {
-                Some((mut recorded, _)) => {
-                    // Where the recording had adapters that were not rebuilt (unreadable,
-                    // or tiers a header may not open), the replay's own tiers stand in.
-                    if recorded.l2.len() < StorageConfig::adapters_in(recorded_json) {
-                        recorded.l2 = config.l2.clone();
-                    }
-                    recorded.eviction.timing = EvictionTiming::Periodic {
-                        interval_s,
-                        phase_s: 0.0,
-                    };
-                    recorded
-                }
-                None => config.clone(),
-            };
+            let recorded = recorded_model(recorded_json, config, interval_s);
             match source {
                 Source::File(_) => estimate(source, read, &recorded, follow)?,
                 Source::Loaded(loaded) => loaded
@@ -376,6 +362,88 @@ pub fn settle(
     };
     *config = with_phase(config, report.phase_s);
     Ok(Some(report))
+}
+
+/// The recorded configuration the estimate replays, its phase 0.
+fn recorded_model(recorded_json: &str, config: &StorageConfig, interval_s: f64) -> StorageConfig {
+    match StorageConfig::from_lmcache_json(recorded_json) {
+        Some((mut recorded, _)) => {
+            // Where the recording had adapters that were not rebuilt (unreadable, or tiers
+            // a header may not open), the replay's own tiers stand in.
+            if recorded.l2.len() < StorageConfig::adapters_in(recorded_json) {
+                recorded.l2 = config.l2.clone();
+            }
+            recorded.eviction.timing = EvictionTiming::Periodic {
+                interval_s,
+                phase_s: 0.0,
+            };
+            recorded
+        }
+        None => config.clone(),
+    }
+}
+
+/// The score [`settle_beside`] leaves to be made beside the replay.
+pub(crate) struct PriorScore {
+    config: StorageConfig,
+    follow: SessionModel,
+}
+
+impl PriorScore {
+    /// The sessions of `head` the prior phase reproduces, and of how many: the figures
+    /// [`estimate`] would have reported.
+    pub(crate) fn run(&self, head: &Loaded) -> (u64, u64) {
+        let calls = head.head(usize::MAX, ESTIMATE_RECORDS);
+        let s = score(&calls, &self.config, &self.follow);
+        (s.matched, s.sessions)
+    }
+}
+
+/// [`settle`] for a replay that has the head of its trace to itself (a plan's). Where the
+/// head's calls end before the first pass of any candidate phase, every phase replays them
+/// alike: the estimate is the prior whatever they score, and only how many sessions it
+/// reproduces is left to count — which the caller may do beside the replay, with the
+/// [`PriorScore`] returned, and write into the report's `matched` and `sessions`.
+pub(crate) fn settle_beside(
+    head: &Loaded,
+    read: ReadOptions,
+    recorded_json: &str,
+    config: &mut StorageConfig,
+    choice: PhaseChoice,
+    follow: &SessionModel,
+) -> Result<(Option<PhaseReport>, Option<PriorScore>)> {
+    if let (PhaseChoice::Estimate, EvictionTiming::Periodic { interval_s, .. }) =
+        (choice, config.eviction.timing)
+    {
+        let calls = head.head(usize::MAX, ESTIMATE_RECORDS);
+        let last = calls
+            .iter()
+            .map(|(at, _)| at.t)
+            .filter(|t| t.is_finite())
+            .fold(0.0, f64::max);
+        // A replay's clock ends at most two session-end delays after its last call (the
+        // close of the last session, then the modelled client's store): the horizon
+        // [`estimate`] compares the period with. A third delay covers the rounding.
+        if interval_s.max(1e-3) > last + 3.0 * SESSION_END_DELAY_S {
+            let recorded = recorded_model(recorded_json, config, interval_s);
+            let report = prior(0, 0, interval_s);
+            *config = with_phase(config, report.phase_s);
+            let later = PriorScore {
+                config: with_phase(&model(&recorded), 0.0),
+                follow: follow.clone(),
+            };
+            return Ok((Some(report), Some(later)));
+        }
+    }
+    let report = settle(
+        Source::Loaded(head),
+        read,
+        recorded_json,
+        config,
+        choice,
+        follow,
+    )?;
+    Ok((report, None))
 }
 
 #[cfg(test)]
@@ -458,5 +526,88 @@ mod tests {
         assert_eq!(best_run(&[1, 3, 3, 1, 3, 3], true), (1, 2));
         // Everything best: the whole interval, no evidence.
         assert_eq!(best_run(&[2, 2, 2], true), (0, 3));
+    }
+
+    /// A churn recording moved to start at trace time 0, as one written through the
+    /// recorder API does (LMCache's servers record a start-up gap of seconds first).
+    fn from_zero(name: &str, dir: &Path) -> std::path::PathBuf {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/lmcache/churn")
+            .join(name);
+        let mut reader = TraceReader::open(&path, ReadOptions::default()).unwrap();
+        let header = reader.header().clone();
+        let mut writer = crate::lmct::TraceWriter::new(Vec::new(), header.clone());
+        writer
+            .attach_storage_config(&header.sm_config_json)
+            .unwrap();
+        let mut first = None;
+        while let Some(r) = reader.next_record().unwrap() {
+            let t = r.t_mono - *first.get_or_insert(r.t_mono);
+            writer
+                .write_record_parts(t, r.t_wall, r.qualname, r.args.bytes())
+                .unwrap();
+        }
+        let out = dir.join(name);
+        std::fs::write(&out, writer.finish().unwrap()).unwrap();
+        out
+    }
+
+    /// Settled beside the replay, a head that ends before any candidate's first pass gives
+    /// the report the estimate gives, once its score is made; a head reaching past it is
+    /// estimated as before. Heads of recordings under eviction pressure, short and long.
+    #[test]
+    fn a_prior_scored_beside_the_replay_is_the_estimate() {
+        let read = ReadOptions::default();
+        let dir = std::env::temp_dir().join(format!("kvtrace-phase-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (mut short, mut long) = (0, 0);
+        for name in ["lru_seed1.lct", "arc_seed2.lct", "lru_small_seed3.lct"] {
+            let path = from_zero(name, &dir);
+            let header = TraceReader::open(&path, read).unwrap().header().clone();
+            let (recorded, _) = StorageConfig::from_lmcache_json(&header.sm_config_json).unwrap();
+            let follow = churn(name).2;
+            for calls in [3, 12, 40, 400] {
+                // Two loads: settle keeps its estimate in the head it was given.
+                let head = || Loaded::load_head(&path, read, calls).unwrap();
+                let mut config = recorded.clone();
+                let expected = settle(
+                    Source::Loaded(&head()),
+                    read,
+                    &header.sm_config_json,
+                    &mut config,
+                    PhaseChoice::Estimate,
+                    &follow,
+                )
+                .unwrap()
+                .unwrap();
+                let beside = head();
+                let mut beside_config = recorded.clone();
+                let (report, later) = settle_beside(
+                    &beside,
+                    read,
+                    &header.sm_config_json,
+                    &mut beside_config,
+                    PhaseChoice::Estimate,
+                    &follow,
+                )
+                .unwrap();
+                let mut report = report.unwrap();
+                match later {
+                    Some(score) => {
+                        short += 1;
+                        (report.matched, report.sessions) = score.run(&beside);
+                        assert!(report.sessions > 0, "{name}, {calls} calls");
+                    }
+                    None => long += 1,
+                }
+                assert_eq!(report, expected, "{name}, {calls} calls");
+                assert_eq!(format!("{beside_config:?}"), format!("{config:?}"));
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            short > 0 && long > 0,
+            "{short} heads scored beside, {long} estimated"
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::client::{resolve, ClientChoice};
 use super::dispatch::Outcome;
 use super::loaded::Loaded;
-use super::phase::{settle, PhaseChoice, PhaseReport, ESTIMATE_RECORDS};
+use super::phase::{settle, settle_beside, PhaseChoice, PhaseReport, PriorScore, ESTIMATE_RECORDS};
 use super::report::ReplayReport;
 use super::session::SessionModel;
 use super::spool::Spooled;
@@ -67,6 +67,8 @@ pub struct Plan {
     phase: Option<PhaseReport>,
     /// The head of the file decoded for the client and the phase, replayed from memory.
     head: Option<Loaded>,
+    /// The prior phase's score, made beside the replay.
+    prior_score: Option<PriorScore>,
     options: Options,
     jsonl: Option<JsonlWriter>,
     /// The digest of the storage configuration the trace recorded.
@@ -116,14 +118,25 @@ impl Plan {
             emulate: options.replay.emulate_sessions,
             client,
         };
-        let phase = settle(
-            told_by,
-            options.replay.read,
-            &header.sm_config_json,
-            &mut config,
-            options.phase,
-            &model,
-        )
+        let (phase, prior_score) = match &head {
+            Some(head) => settle_beside(
+                head,
+                options.replay.read,
+                &header.sm_config_json,
+                &mut config,
+                options.phase,
+                &model,
+            ),
+            None => settle(
+                told_by,
+                options.replay.read,
+                &header.sm_config_json,
+                &mut config,
+                options.phase,
+                &model,
+            )
+            .map(|phase| (phase, None)),
+        }
         .map_err(|e| e.in_file(&shown))?;
         // The reports land there after the whole replay: find out now that they can.
         for (_, target, _) in &options.outputs {
@@ -140,6 +153,7 @@ impl Plan {
             config,
             phase,
             head,
+            prior_score,
             options,
             jsonl,
             recorded_digest: header.sm_config_digest,
@@ -203,15 +217,29 @@ impl Plan {
                 }
             }
         };
-        let mut report = match (source, &self.head) {
-            (Source::File(path), Some(head)) => {
-                replay_after_head(path, head, &mut sm, &self.options.replay, each)?
-            }
-            _ => replay_from(source, &mut sm, &self.options.replay, each)?,
-        };
+        let (head, options) = (&self.head, &self.options.replay);
+        let (replayed, prior) = std::thread::scope(|scope| {
+            let prior = self
+                .prior_score
+                .as_ref()
+                .zip(head.as_ref())
+                .map(|(score, head)| scope.spawn(move || score.run(head)));
+            let replayed = match (source, head) {
+                (Source::File(path), Some(head)) => {
+                    replay_after_head(path, head, &mut sm, options, each)
+                }
+                _ => replay_from(source, &mut sm, options, each),
+            };
+            let prior = prior.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+            (replayed, prior)
+        });
+        let mut report = replayed?;
         // A spooled pipe is named as the user gave it, not by its temporary copy.
         report.trace = self.shown;
         report.eviction_phase = self.phase;
+        if let (Some(phase), Some((matched, sessions))) = (report.eviction_phase.as_mut(), prior) {
+            (phase.matched, phase.sessions) = (matched, sessions);
+        }
         if let Some(e) = jsonl_error {
             return Err(e);
         }
