@@ -147,7 +147,7 @@ pub fn infer(path: &std::path::Path, read: ReadOptions) -> Result<ClientInfo> {
 /// [`infer`] from a trace's head decoded before.
 fn infer_head(loaded: &Loaded) -> ClientInfo {
     let head = loaded.head(INFER_RECORDS, usize::MAX);
-    infer_from(head.iter().map(|(_, call)| call))
+    infer_from(head.iter().map(|&(_, call)| call))
 }
 
 /// [`infer`] from the decoded calls of the head of a trace.

@@ -259,7 +259,7 @@ impl Loaded {
 
     /// The calls of the head of the trace: at most `records` records, of which at most
     /// `calls` decoded, each with where it is.
-    pub(crate) fn head(&self, records: usize, calls: usize) -> Vec<(Position, Call)> {
+    pub(crate) fn head(&self, records: usize, calls: usize) -> Vec<(Position, &Call)> {
         self.records
             .iter()
             .take(records)
@@ -271,7 +271,7 @@ impl Loaded {
                     offset: r.offset,
                     t: r.t_mono,
                 };
-                Some((at, call.clone()))
+                Some((at, call))
             })
             .take(calls)
             .collect()

@@ -73,16 +73,6 @@ fn with_phase(config: &StorageConfig, phase_s: f64) -> StorageConfig {
     c
 }
 
-/// The first [`ESTIMATE_RECORDS`] calls of a trace, decoded once.
-fn decode(source: Source<'_>, read: ReadOptions) -> Result<Vec<(Position, Call)>> {
-    Ok(match source {
-        Source::File(path) => {
-            Loaded::load_head(path, read, ESTIMATE_RECORDS)?.head(usize::MAX, ESTIMATE_RECORDS)
-        }
-        Source::Loaded(loaded) => loaded.head(usize::MAX, ESTIMATE_RECORDS),
-    })
-}
-
 /// What one replay of the estimate's calls found.
 struct Score {
     /// Sessions (retrieves and stores) reproduced.
@@ -98,7 +88,7 @@ struct Score {
 }
 
 /// Replays the calls under `config`.
-fn score(calls: &[(Position, Call)], config: &StorageConfig, follow: &SessionModel) -> Score {
+fn score(calls: &[(Position, &Call)], config: &StorageConfig, follow: &SessionModel) -> Score {
     let Some((sm, fidelity)) = replay(calls, config, follow) else {
         return Score {
             matched: 0,
@@ -121,7 +111,7 @@ fn score(calls: &[(Position, Call)], config: &StorageConfig, follow: &SessionMod
 /// The storage manager after replaying the calls under `config`, and how many sessions
 /// it reproduced; `None` when `config` cannot make one.
 fn replay(
-    calls: &[(Position, Call)],
+    calls: &[(Position, &Call)],
     config: &StorageConfig,
     follow: &SessionModel,
 ) -> Option<(StorageManager, Fidelity)> {
@@ -154,7 +144,7 @@ fn replay(
 /// first pass (`phase + period`) comes after the horizon of the replay `without_passes`
 /// runs none, and scores as that replay did.
 fn scores(
-    calls: &[(Position, Call)],
+    calls: &[(Position, &Call)],
     config: &StorageConfig,
     follow: &SessionModel,
     phases: &[f64],
@@ -175,7 +165,7 @@ fn scores(
 
 /// Replays every phase of `phases`, over the machine's cores.
 fn replay_all(
-    calls: &[(Position, Call)],
+    calls: &[(Position, &Call)],
     config: &StorageConfig,
     follow: &SessionModel,
     phases: &[f64],
@@ -265,7 +255,16 @@ pub fn estimate(
             plateau_s: [0.0, 0.0],
         });
     };
-    let calls = decode(source, read)?;
+    // The first calls of the trace, decoded once: the loaded trace's, or the file's.
+    let decoded;
+    let head = match source {
+        Source::File(path) => {
+            decoded = Loaded::load_head(path, read, ESTIMATE_RECORDS)?;
+            &decoded
+        }
+        Source::Loaded(loaded) => loaded,
+    };
+    let calls = head.head(usize::MAX, ESTIMATE_RECORDS);
     let config = model(recorded);
     let first = score(&calls, &with_phase(&config, 0.0), follow);
     let (matched, sessions) = (first.matched, first.sessions);
@@ -454,9 +453,9 @@ mod tests {
     use super::*;
     use crate::lmct::TraceReader;
 
-    /// The calls of a real LMCache 0.5.6 recording under eviction pressure, its recorded
+    /// The decoded head of a real LMCache 0.5.6 recording under eviction pressure, its recorded
     /// configuration, and the session model a default replay infers for it.
-    fn churn(name: &str) -> (Vec<(Position, Call)>, StorageConfig, SessionModel) {
+    fn churn(name: &str) -> (Loaded, StorageConfig, SessionModel) {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../testdata/lmcache/churn")
             .join(name);
@@ -469,7 +468,7 @@ mod tests {
             client,
         };
         (
-            decode(Source::File(&path), read).unwrap(),
+            Loaded::load_head(&path, read, ESTIMATE_RECORDS).unwrap(),
             model(&recorded),
             follow,
         )
@@ -478,7 +477,8 @@ mod tests {
     #[test]
     fn phases_without_a_pass_score_as_one_replay_without_passes_does() {
         for name in ["lru_seed1.lct", "arc_seed2.lct"] {
-            let (calls, config, follow) = churn(name);
+            let (head, config, follow) = churn(name);
+            let calls = head.head(usize::MAX, ESTIMATE_RECORDS);
             let EvictionTiming::Periodic { interval_s, .. } = config.eviction.timing else {
                 panic!("{name}: periodic eviction recorded");
             };
