@@ -45,15 +45,28 @@ impl Cell {
 
     /// The CSV text.
     pub fn csv(&self) -> String {
-        match self {
-            Cell::Count(n) => n.to_string(),
-            Cell::Number(v) if v.fract() == 0.0 && v.abs() < 1e15 => format!("{}", *v as i64),
-            Cell::Number(v) => v.to_string(),
-            Cell::Measure(v, _) => format!("{v:.6}"),
-            Cell::Text(s) => s.clone(),
-            Cell::Bool(b) => b.to_string(),
-            Cell::Empty => String::new(),
-        }
+        let mut out = String::new();
+        self.write_csv(&mut out);
+        out
+    }
+
+    /// Appends the CSV text to `out`: a table's cells are written into one buffer rather
+    /// than a string each (a replay's request table is a hundred thousand of them).
+    pub fn write_csv(&self, out: &mut String) {
+        use std::fmt::Write;
+        // Writing to a String cannot fail.
+        let _ = match self {
+            Cell::Count(n) => write!(out, "{n}"),
+            Cell::Number(v) if v.fract() == 0.0 && v.abs() < 1e15 => write!(out, "{}", *v as i64),
+            Cell::Number(v) => write!(out, "{v}"),
+            Cell::Measure(v, _) => write!(out, "{v:.6}"),
+            Cell::Text(s) => {
+                out.push_str(s);
+                Ok(())
+            }
+            Cell::Bool(b) => write!(out, "{b}"),
+            Cell::Empty => Ok(()),
+        };
     }
 }
 
