@@ -137,10 +137,20 @@ pub struct RecordEvent<'a> {
     pub sm: &'a StorageManager,
 }
 
+/// The calls of one kind a replay made: each one's latency when calls are timed (none are
+/// kept otherwise: every latency is zero, and a sweep's points pushed a hundred thousand of
+/// them each).
+#[derive(Default)]
+struct CallTimes {
+    ms: Vec<f64>,
+    calls: u64,
+    errors: u64,
+}
+
 /// Where a replay's records come from.
 #[derive(Clone, Copy)]
 pub enum Source<'a> {
-    /// A trace file, decoded on a second thread as it is read.
+    /// A trace file, decoded on worker threads as it is read.
     File(&'a Path),
     /// A trace decoded before, whose records many replays share.
     Loaded(&'a Loaded),
@@ -179,7 +189,7 @@ fn digest_report(
 const READ_AHEAD_BLOCK_BYTES: usize = 1 << 20;
 
 /// Replays `path` onto `sm`, calling `on_record` after each record. The records are decoded
-/// on a second thread, ahead of the calls.
+/// on worker threads, ahead of the calls.
 pub fn replay(
     path: &Path,
     sm: &mut StorageManager,
@@ -284,7 +294,7 @@ fn replay_records(
     let client =
         client::resolve(source, options.read, &options.client).map_err(|e| e.in_file(&shown))?;
     sm.keep_journal();
-    let mut latencies: BTreeMap<&'static str, (Vec<f64>, u64)> = BTreeMap::new();
+    let mut latencies: BTreeMap<&'static str, CallTimes> = BTreeMap::new();
     let mut dispatcher = Dispatcher::default();
     // The client model reads a loaded trace's lookups from its index while the replay sees
     // every record; a rank's share of the records is followed as it comes.
@@ -424,10 +434,13 @@ fn replay_records(
             Outcome::Ok { .. } | Outcome::Failed { .. } => {
                 report.replayed += 1;
                 let entry = latencies.entry(qualname).or_default();
-                entry.0.push(latency_ms);
+                entry.calls += 1;
+                if options.time_calls {
+                    entry.ms.push(latency_ms);
+                }
                 if let Outcome::Failed { reason } = &outcome {
                     report.failed += 1;
-                    entry.1 += 1;
+                    entry.errors += 1;
                     count_failure(&mut report.failure_reasons, reason);
                 }
             }
@@ -517,15 +530,24 @@ fn replay_records(
     });
     report.latency_histograms = latencies
         .iter()
-        .map(|(q, (ms, _))| {
+        .map(|(q, times)| {
             let mut h = LatencyHistogram::new();
-            ms.iter().for_each(|&v| h.record_ms(v));
+            match options.time_calls {
+                true => times.ms.iter().for_each(|&v| h.record_ms(v)),
+                false => h.record_n_ms(0.0, times.calls),
+            }
             ((*q).to_owned(), h.encode())
         })
         .collect();
     report.ops = latencies
         .into_iter()
-        .map(|(q, (ms, errors))| (q.to_owned(), OpStats::from_latencies(ms, errors)))
+        .map(|(q, times)| {
+            let stats = match options.time_calls {
+                true => OpStats::from_latencies(times.ms, times.errors),
+                false => OpStats::untimed(times.calls, times.errors),
+            };
+            (q.to_owned(), stats)
+        })
         .collect();
     report.hits = HitSummary::from_requests(&report.requests);
     report.calls = sm.call_stats();

@@ -9,8 +9,9 @@
 //! most of those outcomes: a coarse grid over one interval, then a fine one around the best,
 //! taking the middle of the widest run of best-scoring phases. Phases whose first pass comes
 //! after the calls estimated on run none and are replayed once for all, so a trace shorter
-//! than one interval costs one replay, not hundreds. Deterministic for a given trace and
-//! configuration; the caller may pin the phase instead.
+//! than one interval costs one replay, not hundreds — and a plan whose head ends before any
+//! candidate's first pass makes that one beside its own replay (`settle_beside`).
+//! Deterministic for a given trace and configuration; the caller may pin the phase instead.
 
 use serde::Serialize;
 

@@ -44,6 +44,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 impl OpStats {
+    /// The statistics of `count` calls that were not timed: every latency zero, as
+    /// [`OpStats::from_latencies`] gives of that many zeros.
+    pub fn untimed(count: u64, errors: u64) -> OpStats {
+        OpStats {
+            count,
+            errors,
+            ..OpStats::default()
+        }
+    }
+
     pub fn from_latencies(mut ms: Vec<f64>, errors: u64) -> OpStats {
         ms.sort_by(f64::total_cmp);
         let n = ms.len();
@@ -627,5 +637,20 @@ impl Report for ReplayReport {
 
     fn terminal(&self) -> String {
         super::terminal::render(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OpStats;
+
+    #[test]
+    fn untimed_calls_are_calls_of_no_time() {
+        for (calls, errors) in [(1, 0), (2, 1), (72_162, 11)] {
+            assert_eq!(
+                OpStats::untimed(calls, errors),
+                OpStats::from_latencies(vec![0.0; calls as usize], errors)
+            );
+        }
     }
 }

@@ -32,9 +32,14 @@ impl LatencyHistogram {
 
     /// Records one latency in milliseconds (clamped to 1 ns .. one hour).
     pub fn record_ms(&mut self, ms: f64) {
+        self.record_n_ms(ms, 1);
+    }
+
+    /// Records `n` calls of `ms` each, as many [`LatencyHistogram::record_ms`] would.
+    pub fn record_n_ms(&mut self, ms: f64, n: u64) {
         let ns = if ms.is_finite() { ms * 1e6 } else { 0.0 };
         self.0
-            .saturating_record((ns.round() as u64).clamp(1, MAX_NS));
+            .saturating_record_n((ns.round() as u64).clamp(1, MAX_NS), n);
     }
 
     /// Adds every sample of `other`.
@@ -151,6 +156,17 @@ fn inflate(bytes: &[u8]) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Many calls of one latency recorded at once encode as recording each of them does.
+    #[test]
+    fn calls_recorded_at_once_are_each_recorded() {
+        for ms in [0.0, 0.25, f64::NAN] {
+            let (mut at_once, mut each) = (LatencyHistogram::new(), LatencyHistogram::new());
+            at_once.record_n_ms(ms, 72_162);
+            (0..72_162).for_each(|_| each.record_ms(ms));
+            assert_eq!(at_once.encode(), each.encode(), "{ms}");
+        }
+    }
 
     #[test]
     fn round_trips_and_merges_as_one_histogram_of_all_samples() {

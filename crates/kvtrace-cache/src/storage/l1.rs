@@ -335,6 +335,9 @@ impl L1 {
     /// if that eviction takes it, as in LMCache, where the check precedes the allocation.
     pub(super) fn plan_write(&mut self, keys: &[KeyId], now: f64) -> WritePlan {
         let mut plan = WritePlan::default();
+        // Sized for the call at once: grown a key at a time, the list was reallocated four
+        // times a reservation, a twentieth of a sweep.
+        plan.pending.reserve(keys.len());
         let seen = &mut self.planned;
         seen.clear();
         for &key in keys {
@@ -377,6 +380,7 @@ impl L1 {
                     refused = pending;
                 }
                 Some(addresses) => {
+                    out.reserved.reserve(pending.len());
                     for (key, address) in pending.into_iter().zip(addresses) {
                         let mut write_lock = TtlLock::default();
                         write_lock.lock(1, now, self.write_ttl);
