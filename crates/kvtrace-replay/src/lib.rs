@@ -35,7 +35,6 @@ use kvtrace_lmct as lmct;
 use kvtrace_otel as otel;
 use kvtrace_rank as rank;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -294,7 +293,10 @@ fn replay_records(
     let client =
         client::resolve(source, options.read, &options.client).map_err(|e| e.in_file(&shown))?;
     sm.keep_journal();
-    let mut latencies: BTreeMap<&'static str, CallTimes> = BTreeMap::new();
+    // A few kinds of call, each named by one of the decoder's constants: found by the
+    // constant's address before its text (qualnames share their first 54 bytes, and a
+    // sorted map compared them three times a call), sorted for the report at the end.
+    let mut latencies: Vec<(&'static str, CallTimes)> = Vec::new();
     let mut dispatcher = Dispatcher::default();
     // The client model reads a loaded trace's lookups from its index while the replay sees
     // every record; a rank's share of the records is followed as it comes.
@@ -433,7 +435,14 @@ fn replay_records(
         match &outcome {
             Outcome::Ok { .. } | Outcome::Failed { .. } => {
                 report.replayed += 1;
-                let entry = latencies.entry(qualname).or_default();
+                let at = latencies
+                    .iter()
+                    .position(|(q, _)| std::ptr::eq(*q, qualname) || *q == qualname)
+                    .unwrap_or_else(|| {
+                        latencies.push((qualname, CallTimes::default()));
+                        latencies.len() - 1
+                    });
+                let entry = &mut latencies[at].1;
                 entry.calls += 1;
                 if options.time_calls {
                     entry.ms.push(latency_ms);
@@ -528,6 +537,7 @@ fn replay_records(
         started_unix_s,
         finished_unix_s: started_unix_s + report.duration_s,
     });
+    latencies.sort_by_key(|&(qualname, _)| qualname);
     report.latency_histograms = latencies
         .iter()
         .map(|(q, times)| {
