@@ -461,10 +461,10 @@ struct Decoded<T> {
 }
 
 /// Reads every record of `reader` with the decoding done ahead: a reading thread frames the
-/// stream into blocks, up to `workers` threads (at most four) validate
-/// each block's records and run `prepare` on each with their own state from `init`
-/// (replay's call decoding), while `consume` takes them in stream order on the calling
-/// thread — for a consumer that must see records in order but need not parse them.
+/// stream into blocks, up to `workers` threads (at most four) validate each block's records
+/// and run `prepare` on each with their own state from `init` (replay's call decoding),
+/// while `consume` takes them in stream order on the calling thread — for a consumer that
+/// must see records in order but need not parse them.
 /// Undecodable frames are skipped and counted where they fall, as
 /// [`TraceReader::next_record`] does. `consume` returning `Ok(false)` stops the read; what
 /// was read ahead past that point is not counted, and a truncated tail is reported only when
@@ -559,55 +559,60 @@ pub fn read_ahead<S, T: Send>(
             blocks
         });
         let (mut records, mut undecodable, mut examples) = (0, 0, Vec::new());
-        let mut finished = true;
         let mut pending = BTreeMap::new();
         let mut next = 0u64;
-        'blocks: for (seq, decoded) in done_rx.iter() {
-            pending.insert(seq, decoded);
-            while let Some(decoded) = pending.remove(&next) {
-                next += 1;
-                let Decoded {
-                    block,
-                    mut items,
-                    worker,
-                } = decoded?;
-                for item in &mut items {
-                    match item {
-                        Ahead::Record {
-                            offset,
-                            body,
-                            spans,
-                            prepared,
-                        } => {
-                            let record =
-                                RecordRef::from_spans(*offset, block.body(body.clone()), spans);
-                            records += 1;
-                            if !consume(&record, prepared)? {
-                                finished = false;
-                                break 'blocks;
+        // Whether the consumer took every record.
+        let mut take = || -> Result<bool> {
+            for (seq, decoded) in done_rx.iter() {
+                pending.insert(seq, decoded);
+                while let Some(decoded) = pending.remove(&next) {
+                    next += 1;
+                    let Decoded {
+                        block,
+                        mut items,
+                        worker,
+                    } = decoded?;
+                    for item in &mut items {
+                        match item {
+                            Ahead::Record {
+                                offset,
+                                body,
+                                spans,
+                                prepared,
+                            } => {
+                                let body = block.body(body.clone());
+                                let record = RecordRef::from_spans(*offset, body, spans);
+                                records += 1;
+                                if !consume(&record, prepared)? {
+                                    return Ok(false);
+                                }
                             }
-                        }
-                        Ahead::Undecodable { offset, reason } => {
-                            undecodable += 1;
-                            if examples.len() < KEPT_SKIP_REASONS {
-                                examples.push((*offset, std::mem::take(reason)));
+                            Ahead::Undecodable { offset, reason } => {
+                                undecodable += 1;
+                                if examples.len() < KEPT_SKIP_REASONS {
+                                    examples.push((*offset, std::mem::take(reason)));
+                                }
                             }
                         }
                     }
+                    // The reader or the worker may have finished already; what they would
+                    // have reused is then simply dropped here.
+                    let _ = spare_tx.send(block.into_buffer());
+                    let _ = returns[worker].0.send(items);
                 }
-                // The reader or the worker may have finished already; what they would have
-                // reused is then simply dropped here.
-                let _ = spare_tx.send(block.into_buffer());
-                let _ = returns[worker].0.send(items);
             }
-        }
+            Ok(true)
+        };
+        let finished = take();
         // Closing the way back stops the reading thread at its next block; the workers end
-        // with the blocks it sent, which a consumer that stopped early leaves undecoded.
-        stopped.store(!finished, Ordering::Relaxed);
+        // with the blocks it sent, which a consumer that stopped early (or failed) leaves
+        // undecoded.
+        stopped.store(!matches!(finished, Ok(true)), Ordering::Relaxed);
         drop((spare_tx, done_rx, pending));
         let blocks = reading
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let finished = finished?;
         let mut summary = blocks.into_summary();
         summary.records += records;
         summary.undecodable += undecodable;
