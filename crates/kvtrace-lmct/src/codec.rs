@@ -270,6 +270,56 @@ impl MemoryLayoutDesc {
     }
 }
 
+/// What a call's layout says of its objects: their bytes (`None` for an unknown dtype or a
+/// negative or overflowing shape) and the chunk's tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayoutFigures {
+    pub object_bytes: Option<u64>,
+    pub chunk_tokens: Option<u64>,
+}
+
+/// The figures of every layout seen, by its encoded bytes. Every reservation and prefetch
+/// group names its layout, a trace names one or a few, and parsing one (nested arrays and a
+/// string per tensor) was a fifteenth of `info`: the last one is compared first, then the
+/// others by hash, so that a trace of many layouts costs no more per call than one of few.
+#[derive(Default)]
+pub struct LayoutCache {
+    last: Option<(Vec<u8>, Option<LayoutFigures>)>,
+    seen: std::collections::HashMap<Vec<u8>, Option<LayoutFigures>>,
+}
+
+impl LayoutCache {
+    /// The figures of the layout `v`; `None` when it is not a `MemoryLayoutDesc`.
+    pub fn figures(&mut self, v: RawValue<'_>) -> Option<LayoutFigures> {
+        let bytes = v.bytes();
+        if let Some((last, figures)) = &self.last {
+            if last.as_slice() == bytes {
+                return *figures;
+            }
+        }
+        let figures = match self.seen.get(bytes) {
+            Some(figures) => *figures,
+            None => {
+                let figures = MemoryLayoutDesc::from_raw(v).map(|layout| LayoutFigures {
+                    object_bytes: layout.object_bytes(),
+                    chunk_tokens: layout.chunk_tokens(),
+                });
+                self.seen.insert(bytes.to_vec(), figures);
+                figures
+            }
+        };
+        match &mut self.last {
+            Some((last, was)) => {
+                last.clear();
+                last.extend_from_slice(bytes);
+                *was = figures;
+            }
+            None => self.last = Some((bytes.to_vec(), figures)),
+        }
+        figures
+    }
+}
+
 /// Whether a prefetch holds read locks on what it found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockMode {
@@ -504,4 +554,43 @@ pub fn decode_tagged(v: RawValue<'_>) -> Option<Tagged<'_>> {
         _ if KNOWN_TAGS.contains(&tag) => return None,
         _ => Tagged::Unknown(tag, p),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever layouts come and in whatever order — repeated, alternating, not a layout, of
+    /// an unknown dtype, hundreds of distinct ones — the cache gives what parsing each gives.
+    #[test]
+    fn cached_layout_figures_are_each_layouts_own() {
+        let encoded = |layout: &MemoryLayoutDesc| {
+            let mut out = Vec::new();
+            layout.encode(&mut out);
+            out
+        };
+        let layout = |tokens: i64, dtype: &str| MemoryLayoutDesc {
+            shapes: vec![vec![2, 4, tokens, 8]],
+            dtypes: vec![dtype.to_owned()],
+        };
+        let mut values: Vec<Vec<u8>> = [16, 16, 32, 16, 32, 32]
+            .iter()
+            .map(|&t| encoded(&layout(t, "torch.bfloat16")))
+            .collect();
+        values.push(encoded(&layout(16, "torch.unheard_of")));
+        values.push(vec![0x81, 0xa1, b'a', 0x01]);
+        values.extend((1..300).map(|t| encoded(&layout(t, "torch.float32"))));
+        values.push(encoded(&layout(16, "torch.bfloat16")));
+        let mut cache = LayoutCache::default();
+        for bytes in values.iter().chain(values.iter().rev()) {
+            let v = RawValue::parse(bytes).expect("msgpack");
+            let parsed = MemoryLayoutDesc::from_raw(v).map(|l| LayoutFigures {
+                object_bytes: l.object_bytes(),
+                chunk_tokens: l.chunk_tokens(),
+            });
+            assert_eq!(cache.figures(v), parsed, "{bytes:?}");
+        }
+        // Two bfloat16 layouts, the unknown dtype, the map that is none, 299 float32 ones.
+        assert_eq!(cache.seen.len(), 303);
+    }
 }

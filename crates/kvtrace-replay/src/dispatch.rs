@@ -16,7 +16,7 @@ use crate::lmct::calls::{
     FINISH_READ_PREFETCHED, FINISH_WRITE, READ_PREFETCHED_ENTER, READ_PREFETCHED_EXIT,
     RECORDER_SUMMARY, RESERVE_WRITE, SUBMIT_PREFETCH_TASK,
 };
-use crate::lmct::codec::MemoryLayoutDesc;
+use crate::lmct::codec::LayoutCache;
 use crate::lmct::msgpack::RawValue;
 use crate::lmct::RecordRef;
 use crate::storage::{
@@ -165,8 +165,7 @@ type OpenContexts = VecDeque<(Vec<u8>, bool)>;
 /// the calls on another thread: it depends on nothing the calls change.
 #[derive(Default)]
 pub struct Decoder {
-    /// Object bytes and chunk tokens of the layouts seen, by their encoded bytes.
-    layouts: Vec<(Vec<u8>, u64, Option<u64>)>,
+    layouts: LayoutCache,
 }
 
 /// Applies decoded calls in order onto a StorageManager.
@@ -201,17 +200,15 @@ impl Decoder {
     /// Object bytes and chunk tokens of a layout, parsed once per distinct layout.
     fn layout(&mut self, v: Option<RawValue<'_>>) -> Result<(u64, Option<u64>), String> {
         let v = v.ok_or("missing argument layout_desc")?;
-        if let Some((_, size, tokens)) = self.layouts.iter().find(|(b, _, _)| b == v.bytes()) {
-            return Ok((*size, *tokens));
-        }
-        let layout = MemoryLayoutDesc::from_raw(v).ok_or("layout_desc: not a MemoryLayoutDesc")?;
-        let size = layout
-            .object_bytes()
+        let figures = self
+            .layouts
+            .figures(v)
+            .ok_or("layout_desc: not a MemoryLayoutDesc")?;
+        let size = figures
+            .object_bytes
             .filter(|&s| s > 0)
             .ok_or("layout_desc: no object size (unknown dtype, empty or overflowing shape)")?;
-        let entry = (size, layout.chunk_tokens());
-        self.layouts.push((v.bytes().to_vec(), entry.0, entry.1));
-        Ok(entry)
+        Ok((size, figures.chunk_tokens))
     }
 
     /// A prefetch spec's groups with their layouts resolved; `None` when a layout is not one.

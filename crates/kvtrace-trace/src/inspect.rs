@@ -15,7 +15,7 @@ use crate::lmct::blocks::fold_records;
 use crate::lmct::calls::{
     FINISH_READ_PREFETCHED, FINISH_WRITE, RECORDER_SUMMARY, RESERVE_WRITE, SUBMIT_PREFETCH_TASK,
 };
-use crate::lmct::codec::MemoryLayoutDesc;
+use crate::lmct::codec::LayoutCache;
 use crate::lmct::digest::{config_digest, python_json, semantic_digest};
 use crate::lmct::display::to_display;
 use crate::lmct::msgpack::RawValue;
@@ -156,8 +156,8 @@ struct Tally {
     /// The ids of the record's keys, in a buffer kept from record to record.
     ids: Vec<KeyId>,
     sizes: Vec<u64>,
-    /// The bytes of the last layout [`Tally::note_layout`] read, and the size it gave.
-    last_layout: Option<(Vec<u8>, Option<u64>)>,
+    /// The layouts [`Tally::note_layout`] read.
+    layouts: LayoutCache,
     payload: PayloadBytes,
     evidence: SchemaEvidence,
     trailer: Option<serde_json::Value>,
@@ -177,7 +177,7 @@ impl Default for Tally {
             waiting: KeyMap::default(),
             ids: Vec::new(),
             sizes: Vec::new(),
-            last_layout: None,
+            layouts: LayoutCache::default(),
             payload: PayloadBytes::default(),
             evidence: SchemaEvidence::default(),
             trailer: None,
@@ -217,27 +217,14 @@ impl Tally {
         }
     }
 
-    /// The object size a layout gives, noted among the sizes. Every call of a trace names
-    /// the same layout or a few, so the last one's bytes and size are kept: parsing it (two
-    /// nested arrays and a string per tensor) was a fifteenth of `info`.
+    /// The object size a layout gives, noted among the sizes; the first layout that gives
+    /// one tells the chunk's tokens.
     fn note_layout(&mut self, layout: Option<RawValue<'_>>) -> Option<u64> {
-        let layout = layout?;
-        if let Some((bytes, size)) = &self.last_layout {
-            if bytes.as_slice() == layout.bytes() {
-                return *size;
-            }
-        }
-        let size = self.size_of_layout(layout);
-        self.last_layout = Some((layout.bytes().to_vec(), size));
-        size
-    }
-
-    fn size_of_layout(&mut self, layout: RawValue<'_>) -> Option<u64> {
-        let layout = MemoryLayoutDesc::from_raw(layout)?;
-        let size = layout.object_bytes()?;
+        let figures = self.layouts.figures(layout?)?;
+        let size = figures.object_bytes?;
         self.note_size(size);
         if self.payload.chunk_tokens.is_none() {
-            self.payload.chunk_tokens = layout.chunk_tokens();
+            self.payload.chunk_tokens = figures.chunk_tokens;
         }
         Some(size)
     }
@@ -647,7 +634,7 @@ mod tests {
     #[test]
     fn each_reservation_is_sized_by_its_own_layout() {
         use crate::lmct::calls::StorageCall;
-        use crate::lmct::codec::ObjectKey;
+        use crate::lmct::codec::{MemoryLayoutDesc, ObjectKey};
         use crate::lmct::{Header, TraceWriter};
         let layout = |tokens: i64, dtype: &str| MemoryLayoutDesc {
             shapes: vec![vec![2, 4, tokens, 8]],
