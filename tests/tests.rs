@@ -32,13 +32,13 @@ mod replay {
     mod prometheus;
 }
 
-/// The serving simulation, and parity with Dynamo's own reports.
+/// The serving simulation, and parity with Dynamo's and AISimulate's own reports.
 mod simulate {
-    mod dynamo_parity;
     pub(crate) mod engines;
     mod live_metrics;
     mod offload_link;
     mod prediction;
+    mod reference_reports;
     mod trace_formats;
     mod weka;
 }

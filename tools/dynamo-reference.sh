@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates testdata/dynamo/<name>.report.json: what NVIDIA Dynamo 1.4.2's
 # `python -m dynamo.replay` reports for each case of testdata/dynamo/cases.json
-# (round_robin only: it is deterministic in Dynamo, so tests/simulate/dynamo_parity.rs can demand
+# (round_robin only: it is deterministic in Dynamo, so tests/simulate/reference_reports.rs can demand
 # every key but the wall-time ones to 1e-9 relative).
 #
 # usage: DYNAMO_VENV=/path/to/venv tools/dynamo-reference.sh

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Differential run of `kvtrace simulate` against AISimulate's own engine (crate aisimulate-core
-# 0.13.0, through tools/aisim-harness) over a matrix of configurations: prints, for each, every
-# report key the two share whose values differ (1e-9 relative), and the keys one of them lacks.
-# Timing keys (wall time and what divides by it) are skipped. kvtrace runs with the engine
-# argument "engine_version": "aisimulate-0.13" (the harness ignores it).
+# 0.13.0, through tools/aisim-harness) over the configurations of testdata/aisimulate/cases.json:
+# prints, for each, every report key the two share whose values differ (1e-9 relative), and
+# the keys one of them lacks. Timing keys (wall time and what divides by it) are skipped. Every
+# case runs kvtrace with the engine argument "engine_version": "aisimulate-0.13" (the harness
+# ignores it). In the cases' arguments {slice} is testdata/mooncake/conversation_head300.jsonl,
+# {testdata} testdata and {shared} ../shared.
 #
 # Each side's whole process is also timed, the best of $RUNS runs (default 3, interleaved), and
 # the line ends with both times and their ratio: the speed row of issue 36. Beside it, the
@@ -12,12 +14,16 @@
 # its collector's final summary, kvtrace's does not), which is what the small samples compare
 # once process start-up is taken away.
 #
-# usage: tools/simulate-vs-aisimulate.sh [CONFIGURATION...]
+# With REFERENCE=1 the harness's report of each case run is also written to
+# testdata/aisimulate/<name>.report.json, the reference tests/simulate/reference_reports.rs
+# holds kvtrace to without the harness.
+#
+# usage: tools/simulate-vs-aisimulate.sh [CASE...]
 #
 # The harness is built on first use (cargo build --release --manifest-path
 # tools/aisim-harness/Cargo.toml; minutes: it compiles AISimulate's engine and its
 # dependencies) into $AISIM_TARGET (default ../aisim-target). Exit status: 0 when every
-# configuration agrees, 1 otherwise.
+# case agrees, 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kvtrace=${KVTRACE:-target/release/kvtrace}
@@ -28,30 +34,25 @@ harness=$target/release/aisim-harness
     --manifest-path tools/aisim-harness/Cargo.toml
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+cases=testdata/aisimulate/cases.json
 
-slice=testdata/mooncake/conversation_head300.jsonl
-t=testdata/traces
-v='"engine_version":"aisimulate-0.13"'
-block16="{\"block_size\":16,$v}"
-
-# Sets `args` for one configuration.
+# Sets `args` for one case, its placeholders filled in.
 configure() {
-    case $1 in
-    conversation-agg) args=(../shared/traces/mooncake/conversation_trace.jsonl --num-workers 4 --extra-engine-args "{\"block_size\":512,$v}") ;;
-    slice-agg) args=("$slice" --num-workers 4 --extra-engine-args "{\"block_size\":512,$v}") ;;
-    slice-pressure) args=("$slice" --num-workers 2 --extra-engine-args "{\"block_size\":64,\"num_gpu_blocks\":2000,$v}") ;;
-    slice-sglang) args=("$slice" --num-workers 4 --extra-engine-args "{\"block_size\":64,\"engine_type\":\"sglang\",$v}") ;;
-    delta-agg) args=("$t/mooncake_delta.jsonl" --trace-format mooncake-delta --trace-block-size 64 --num-workers 2 --extra-engine-args "$block16") ;;
-    delta-sglang) args=("$t/mooncake_delta.jsonl" --trace-format mooncake-delta --trace-block-size 64 --num-workers 2 --extra-engine-args "{\"block_size\":16,\"engine_type\":\"sglang\",$v}") ;;
-    agentic-legacy) args=("$t/agentic_legacy.jsonl" --trace-format agentic_mooncake --trace-block-size 64 --num-workers 2 --extra-engine-args "$block16") ;;
-    agentic-v2) args=("$t/agentic_v2.jsonl" --trace-format agentic_mooncake --num-workers 2 --extra-engine-args "$block16") ;;
-    weka) args=("$t/weka_sample.jsonl" --trace-format weka --num-workers 2 --extra-engine-args "$block16") ;;
-    dynamo-shards) args=("$t/dynamo_trace.part0.jsonl" "$t/dynamo_trace.part1.jsonl.gz" --trace-format dynamo --num-workers 2 --extra-engine-args "{\"block_size\":64,$v}") ;;
-    *) echo "unknown configuration $1" >&2; exit 2 ;;
-    esac
+    mapfile -d '' -t args < <(python3 - "$cases" "$1" <<'PY'
+import json, sys
+case = next((c for c in json.load(open(sys.argv[1])) if c["name"] == sys.argv[2]), None)
+if case is None:
+    sys.exit(f"no case {sys.argv[2]} in {sys.argv[1]}")
+for a in case["args"]:
+    a = a.replace("{slice}", "testdata/mooncake/conversation_head300.jsonl")
+    a = a.replace("{testdata}", "testdata").replace("{shared}", "../shared")
+    sys.stdout.write(a + "\0")
+PY
+    )
+    [ ${#args[@]} -gt 0 ] || exit 2
 }
 
-matrix=(conversation-agg slice-agg slice-pressure slice-sglang delta-agg delta-sglang agentic-legacy agentic-v2 weka dynamo-shards)
+mapfile -t matrix < <(python3 -c 'import json, sys; [print(c["name"]) for c in json.load(open(sys.argv[1]))]' "$cases")
 [ $# -gt 0 ] && matrix=("$@")
 status=0
 for name in "${matrix[@]}"; do
@@ -67,6 +68,7 @@ for name in "${matrix[@]}"; do
         [ -z "$best_k" ] || [ "$k" -lt "$best_k" ] && best_k=$k
         [ -z "$best_a" ] || [ "$a" -lt "$best_a" ] && best_a=$a
     done
+    [ "${REFERENCE:-0}" = 1 ] && cp "$work/$name.aisim.${RUNS:-3}.json" "testdata/aisimulate/$name.report.json"
     python3 - "$name" "$work/$name" "${RUNS:-3}" "$best_k" "$best_a" <<'PY' || status=1
 import json, sys
 name, stem, runs = sys.argv[1], sys.argv[2], range(1, int(sys.argv[3]) + 1)

@@ -258,8 +258,8 @@ fn engine_version_selects_whose_pass_timing_the_engine_follows() {
         "{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 3, \"hash_ids\": [1, 2]}\n",
     )
     .expect("write");
-    let prefill = |n: f64| 4.209989e-07 * n * n + 1.518344e-02 * n + 1.650142e+01;
-    let decode = |u: f64| -25.74 * u * u + 54.01 * u + 5.74;
+    let prefill = |n: f64| 4.209989e-07 * (n * n) + 1.518344e-02 * n + 1.650142e+01;
+    let decode = |u: f64| -25.74 * (u * u) + 54.01 * u + 5.74;
     let capacity = 16384.0 * 64.0;
     let ns = |ms: f64| (ms * 1e6).round() / 1e6;
     for (version, ttft, itl) in [

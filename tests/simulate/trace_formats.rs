@@ -1,6 +1,6 @@
 //! `simulate --trace-format`: what each format means, checked on the samples of
 //! `testdata/traces` with expectations computed here from the files themselves (Dynamo 1.4.2's
-//! own reports for them are in `dynamo_parity.rs`), and the one-line errors of bad input.
+//! own reports for them are in `reference_reports.rs`), and the one-line errors of bad input.
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -14,10 +14,12 @@
 //!
 //! A request with no dependencies arrives at its timestamp; one with dependencies once every
 //! dependency has fired and its delay has passed, and never before its own `not_before_ms`.
-//! Time 0 is the earliest `not_before_ms` (version 2) or the first legacy request that waits
-//! for nothing.
-//! Version 2 requests are ordered by `request_id`, legacy rows stay in file order; the order
-//! settles ties between equal arrival times.
+//! Version 2 requests are ordered by `request_id` and time 0 is their earliest
+//! `not_before_ms`. Legacy rows are read as the engine the simulation follows reads them:
+//! Dynamo 1.4.2 keeps them in file order with time 0 at the first request that waits for
+//! nothing; AISimulate 0.13 reads them as version 2 rows (ordered by id, the earliest
+//! `not_before_ms` at 0 — a dependent row's is 0, so roots keep their own timestamps). The
+//! order settles ties between equal arrival times.
 //! Unknown ids, self-dependencies, cross-play dependencies and cycles are errors naming the
 //! line and field.
 
@@ -26,6 +28,7 @@ use std::io::BufRead;
 
 use serde_json::Value as Json;
 
+use crate::args::EngineVersion;
 use crate::error::{Error, Result};
 use crate::mooncake::{for_each_object, Interner, Row};
 use crate::workload::{Graph, Session, Trigger, Turn, Wait, Workload, DEFAULT_TRACE_BLOCK_SIZE};
@@ -50,8 +53,12 @@ struct Node {
 
 /// Reads an `agentic_mooncake` trace: version 2, whose header's block size is authoritative
 /// (`block_size`, when given, must equal it), or legacy rows, whose hash ids stand for
-/// `block_size` tokens (512 when not given).
-pub fn read_agentic_mooncake(src: impl BufRead, block_size: Option<u32>) -> Result<Workload> {
+/// `block_size` tokens (512 when not given), ordered and timed as `engine` reads them.
+pub fn read_agentic_mooncake(
+    src: impl BufRead,
+    block_size: Option<u32>,
+    engine: EngineVersion,
+) -> Result<Workload> {
     let legacy_block_size = block_size.unwrap_or(DEFAULT_TRACE_BLOCK_SIZE);
     let mut header: Option<Option<u32>> = None;
     let mut ids = Interner::default();
@@ -88,7 +95,12 @@ pub fn read_agentic_mooncake(src: impl BufRead, block_size: Option<u32>) -> Resu
     if nodes.is_empty() {
         return Err(Error::line(1, "request_id", "the trace holds no request"));
     }
-    build(nodes, matches!(header, Some(Some(_))))
+    let versioned = matches!(header, Some(Some(_)));
+    build(
+        nodes,
+        versioned,
+        versioned || engine == EngineVersion::Aisimulate013,
+    )
 }
 
 fn parse_header(json: &Json, line: u64) -> Result<u32> {
@@ -333,9 +345,9 @@ fn dependency(d: &Json, line: u64) -> Result<(String, Trigger, f64)> {
     Ok((id, trigger, delay))
 }
 
-/// Orders the requests by id, resolves and checks their dependencies, and makes each one a
-/// session of one turn.
-fn build(mut nodes: Vec<Node>, versioned: bool) -> Result<Workload> {
+/// Orders the requests (by id when `by_id`, else in file order), resolves and checks their
+/// dependencies, and makes each one a session of one turn.
+fn build(mut nodes: Vec<Node>, versioned: bool, by_id: bool) -> Result<Workload> {
     let mut seen: HashMap<&str, u64> = HashMap::new();
     for n in &nodes {
         if let Some(first) = seen.insert(&n.request_id, n.line) {
@@ -346,9 +358,9 @@ fn build(mut nodes: Vec<Node>, versioned: bool) -> Result<Workload> {
             ));
         }
     }
-    // Version 2 orders its requests by id (as AISimulate's graph does); Dynamo 1.4.2 keeps
-    // legacy rows in file order. The order settles ties between equal arrival times.
-    if versioned {
+    // AISimulate's graph orders its requests by id; Dynamo 1.4.2 keeps legacy rows in file
+    // order. The order settles ties between equal arrival times.
+    if by_id {
         nodes.sort_by(|a, b| a.request_id.cmp(&b.request_id));
     }
     let index: HashMap<&str, u32> = nodes
@@ -401,12 +413,12 @@ fn build(mut nodes: Vec<Node>, versioned: bool) -> Result<Workload> {
     if versioned {
         check_plays(&nodes, &waits)?;
     }
-    // Time 0 is the earliest `not_before_ms` of all version 2 requests (AISimulate's
-    // normalisation), the first legacy request that waits for nothing (Dynamo 1.4.2's).
+    // Time 0 is the earliest `not_before_ms` of all requests (AISimulate's normalisation),
+    // or the first legacy request that waits for nothing (Dynamo 1.4.2's).
     let origin = nodes
         .iter()
         .zip(&waits)
-        .filter(|(_, w)| versioned || w.is_empty())
+        .filter(|(_, w)| by_id || w.is_empty())
         .map(|(n, _)| n.not_before_ms)
         .fold(f64::INFINITY, f64::min);
     let sessions = nodes

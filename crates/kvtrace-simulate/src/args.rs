@@ -151,15 +151,17 @@ pub struct EngineArgs {
     pub engine_version: EngineVersion,
 }
 
-/// The reference whose vLLM pass timing the engine reproduces.
+/// The reference whose scheduler the engines reproduce where the two disagree.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum EngineVersion {
     /// Dynamo 1.4.2's mocker: every request that emits in a pass pays the decode step, whose
-    /// time follows the KV blocks resident in the pool.
+    /// time follows (for vLLM) the KV blocks resident in the pool.
     #[default]
     Dynamo142,
     /// AISimulate 0.13's engine: the first token comes out of the prefill forward pass for
-    /// free, and the decode step's time follows the decoding requests' context lengths.
+    /// free, vLLM's decode step's time follows the decoding requests' context lengths, and
+    /// SGLang's scheduler runs prefill passes alone (see [`crate::sglang`]); legacy agentic
+    /// rows are ordered by id.
     Aisimulate013,
 }
 
@@ -416,9 +418,10 @@ impl EngineArgs {
                 ));
             }
         }
-        if args.engine_version != EngineVersion::Dynamo142 && args.engine_type != EngineType::Vllm {
+        if args.engine_version != EngineVersion::Dynamo142 && args.engine_type == EngineType::Trtllm
+        {
             warnings.push(
-                "engine_version aisimulate-0.13 changes the vllm engine's pass timing only; this engine keeps Dynamo 1.4.2's"
+                "engine_version aisimulate-0.13 with trtllm: the vLLM scheduler with AISimulate's vLLM pass timing; AISimulate's own TRT-LLM scheduler is not modelled"
                     .into(),
             );
         }

@@ -12,7 +12,9 @@ pub fn prefill_ms(batch: u64, mean_isl: u64, mean_prefix: u64) -> f64 {
         return 0.0;
     }
     let n = (batch * per_request) as f64;
-    4.209989e-07 * n * n + 1.518344e-02 * n + 1.650142e+01
+    // The square first, as the reference engines compute it: the last bit of every later
+    // time depends on the order.
+    4.209989e-07 * (n * n) + 1.518344e-02 * n + 1.650142e+01
 }
 
 /// Decode milliseconds for one token of `batch` requests: a function of the KV pool's
@@ -26,7 +28,7 @@ pub fn decode_ms(batch: u64, active_kv_tokens: u64, total_kv_tokens: u64) -> f64
     } else {
         (active_kv_tokens as f64 / total_kv_tokens as f64).min(1.0)
     };
-    (-25.74 * u * u + 54.01 * u + 5.74).max(1.0)
+    (-25.74 * (u * u) + 54.01 * u + 5.74).max(1.0)
 }
 
 /// A phase's milliseconds as the reference engine carries them: a `Duration` of whole

@@ -20,13 +20,21 @@
 //!
 //! The new-token ratio starts at 0.7 × `schedule_conservativeness`, decays by a 600th of the
 //! way to 14 % of that each pass and resets when memory runs out.
+//!
+//! With [`EngineVersion::Aisimulate013`] the engine follows AISimulate 0.13's scheduler
+//! instead, where it parts from Dynamo 1.4.2's: a pass that admits a prefill batch runs it
+//! alone — the running requests wait, and the requests whose prompt it completed take their
+//! first token from the prefill forward; a fresh request is matched once, up to its last
+//! token, and charged only what it computes; a chunked request is admitted once; a retracted
+//! request goes to the back of the queue and the ratio is re-estimated from the requests that
+//! stay; the ratio decays on decode passes only.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::args::{EngineArgs, SglangPolicy, WorkerType};
+use super::args::{EngineArgs, EngineVersion, SglangPolicy, WorkerType};
 use super::blocks::KvEvent;
 use super::engine::{DestinationQueue, PassOutput, Request, RequestId, Reserved};
 use super::perf;
@@ -39,6 +47,9 @@ const LPM_FALLBACK: usize = 128;
 /// another waiting request's, goes behind the rest under `lpm`.
 const IN_BATCH_PREFIX_TOKENS: u32 = 32;
 const RATIO_DECAY_PASSES: f64 = 600.0;
+/// Decode steps' worth of tokens AISimulate reserves per surviving request when it
+/// re-estimates the new-token ratio at a retraction.
+const RETRACT_DECODE_STEPS: f64 = 20.0;
 
 /// The KV a request holds: its pages in sequence order (the cached prefix's come from the
 /// tree), how many tokens they hold, how many of those are in the tree, and the node that
@@ -90,6 +101,9 @@ struct Destination {
 
 pub struct SglangEngine {
     args: EngineArgs,
+    /// AISimulate 0.13's scheduler where it parts from Dynamo 1.4.2's (see
+    /// [`EngineVersion::Aisimulate013`] and the module docs).
+    aisimulate: bool,
     page: u32,
     max_running: usize,
     cache: RadixCache,
@@ -117,6 +131,7 @@ impl SglangEngine {
         let ratio_init = 0.7 * args.sglang.schedule_conservativeness;
         let ratio_min = ratio_init * 0.14;
         SglangEngine {
+            aisimulate: args.engine_version == EngineVersion::Aisimulate013,
             page,
             max_running: args.max_num_seqs.map_or(usize::MAX, |m| m as usize),
             cache: RadixCache::new(args.num_gpu_blocks.saturating_mul(u64::from(page)), page),
@@ -233,11 +248,13 @@ impl SglangEngine {
         }
     }
 
-    /// Takes KV for the first `end` tokens of a fresh request: the prefix the tree holds,
-    /// then new pages (evicting if free ones fall short). Returns the prefix's tokens.
-    fn allocate_fresh(&mut self, req: &mut Req, end: u32) -> Option<u32> {
+    /// Takes KV for the first `end` tokens of a fresh request: the prefix the tree holds
+    /// (matched no further than `cap` tokens), then new pages (evicting if free ones fall
+    /// short). Returns the prefix's tokens.
+    fn allocate_fresh(&mut self, req: &mut Req, end: u32, cap: u32) -> Option<u32> {
         let keys = Self::page_keys(&mut self.next_unique, req, (end / self.page) as usize);
-        let (matched, node) = self.cache.match_prefix(&keys);
+        let matchable = (cap.min(end) / self.page) as usize;
+        let (matched, node) = self.cache.match_prefix(&keys[..matchable]);
         let prefix = matched as u32 * self.page;
         let required = u64::from(self.ceil_page(end - prefix));
         let fresh = self.lock_and_allocate(node, required)?;
@@ -440,12 +457,28 @@ impl SglangEngine {
             let Some(mut req) = self.waiting.pop_front() else {
                 break;
             };
-            let extend = req.len() - req.materialized;
+            let first = req.materialized == 0;
+            // AISimulate matches a fresh request against the tree once, up to its last token
+            // (which is always computed), and neither charges nor recomputes what it found;
+            // Dynamo 1.4.2 charges the whole prompt and matches at allocation.
+            let start = if self.aisimulate && first {
+                let matchable = (req.len() - 1) / self.page;
+                let keys = Self::page_keys(&mut self.next_unique, &mut req, matchable as usize);
+                self.cache.prefix_match_len(&keys) as u32 * self.page
+            } else {
+                req.materialized
+            };
+            let extend = req.len() - start;
             if extend == 0 {
                 rejected = Some(req);
                 break;
             }
-            let chunk = if u64::from(extend) <= chunked_size {
+            let whole = if self.aisimulate {
+                f64::from(self.ceil_page(extend)) <= rem_chunk
+            } else {
+                u64::from(extend) <= chunked_size
+            };
+            let chunk = if whole {
                 extend
             } else {
                 let c = (rem_chunk as u64 / u64::from(self.page) * u64::from(self.page)) as u32;
@@ -468,18 +501,19 @@ impl SglangEngine {
                 rejected = Some(req);
                 break;
             }
-            let end = req.materialized + chunk;
+            let end = start + chunk;
             let before_alloc = req.allocated;
-            let prefix = if req.materialized > 0 {
+            let prefix = if !first {
                 let need = u64::from(self.ceil_page(end).saturating_sub(before_alloc));
                 let available = self.cache.available_tokens();
-                if available < need {
+                let fits = !self.aisimulate || need <= available + self.cache.evictable;
+                if fits && available < need {
                     self.evict(need - available);
                 }
-                self.extend_allocation(&mut req, end)
-                    .then_some(req.materialized)
+                (fits && self.extend_allocation(&mut req, end)).then_some(req.materialized)
             } else {
-                self.allocate_fresh(&mut req, end)
+                let cap = if self.aisimulate { start } else { end };
+                self.allocate_fresh(&mut req, end, cap)
             };
             let Some(prefix) = prefix else {
                 rejected = Some(req);
@@ -488,10 +522,17 @@ impl SglangEngine {
             };
             req.materialized = end;
             req.allocated = self.ceil_page(end);
-            out.admitted.push((req.id, prefix));
+            // AISimulate admits a request once; a later chunk continues that admission.
+            if first || !self.aisimulate {
+                out.admitted.push((req.id, prefix));
+            }
             isl += u64::from(end);
             prefix_total += u64::from(prefix);
-            rem_total -= f64::from(req.allocated - before_alloc) + output_reserve as f64;
+            rem_total -= if self.aisimulate {
+                charged
+            } else {
+                f64::from(req.allocated - before_alloc)
+            } + output_reserve as f64;
             rem_input -= charged;
             rem_chunk -= charged;
             can_run.push(req);
@@ -554,15 +595,38 @@ impl SglangEngine {
         if self.running.is_empty() {
             return (0.0, retracted);
         }
+        if self.aisimulate && !retracted.is_empty() {
+            self.new_token_ratio = self.retraction_ratio();
+        }
         let total_kv = self.cache.total_tokens();
         let context: u64 = self.running.iter().map(|r| u64::from(r.len())).sum();
         let batch = self.running.len() as u64;
         let ms = perf::decode_ms(batch, context.min(total_kv), total_kv);
         let decode_ms =
             perf::quantized(ms, self.args.speedup_ratio * self.args.decode_speedup_ratio);
+        if !self.step(out) {
+            return (0.0, retracted);
+        }
+        (decode_ms, retracted)
+    }
+
+    /// AISimulate's `new_token_ratio` after a retraction, from the requests that stay:
+    /// (tokens generated + 20 per request) over (tokens to generate + 1), at most 1.
+    fn retraction_ratio(&self) -> f64 {
+        let generated: u64 = self.running.iter().map(|r| u64::from(r.generated)).sum();
+        let planned: u64 = self.running.iter().map(|r| u64::from(r.output_len)).sum();
+        let estimate = (generated as f64 + RETRACT_DECODE_STEPS * self.running.len() as f64)
+            / (planned as f64 + 1.0);
+        estimate.min(1.0)
+    }
+
+    /// Gives each running request its next token, in a page reserved for the step, and
+    /// caches the pages they complete; finished requests leave. `false` when the pages could
+    /// not be reserved (nothing changed).
+    fn step(&mut self, out: &mut PassOutput) -> bool {
         let pages = (self.growth_needed() / u64::from(self.page)) as u32;
         let Some(mut reservation) = self.cache.pool.allocate(pages) else {
-            return (0.0, retracted);
+            return false;
         };
         reservation.reverse();
         let mut running = std::mem::take(&mut self.running);
@@ -596,7 +660,34 @@ impl SglangEngine {
         finished.reverse();
         self.running = running;
         self.complete(finished, out);
-        (decode_ms, retracted)
+        true
+    }
+
+    /// AISimulate's prefill pass gives the requests whose prompt it completed their first
+    /// token out of the prefill forward itself, without a decode step: one whose first token
+    /// is its last finishes without a KV slot; the others take one (evicting cached pages if
+    /// free ones fall short, never retracting), or wait for the next decode step when even
+    /// that cannot make room. The requests already running sit the pass out.
+    fn first_tokens(&mut self, out: &mut PassOutput) {
+        let mut at = 0;
+        let mut finished = Vec::new();
+        while at < self.running.len() {
+            if self.running[at].remaining_output() == 1 {
+                let mut req = self.running.remove(at);
+                req.generated += 1;
+                out.emitted.push((req.id, true));
+                finished.push(req);
+            } else {
+                at += 1;
+            }
+        }
+        let need = self.growth_needed();
+        let available = self.cache.available_tokens();
+        if available < need {
+            self.evict(need - available);
+        }
+        self.step(out);
+        self.complete(finished, out);
     }
 
     /// Finished requests free their KV into the tree — or, on a prefill-only engine, keep
@@ -697,6 +788,10 @@ impl SglangEngine {
         }
     }
 
+    fn decay_ratio(&mut self) {
+        self.new_token_ratio = (self.new_token_ratio - self.ratio_step).max(self.ratio_min);
+    }
+
     /// Runs one pass into `out` (emptied first, its buffers kept); `false` when nothing
     /// could happen.
     pub fn pass_into(&mut self, out: &mut PassOutput) -> bool {
@@ -715,9 +810,6 @@ impl SglangEngine {
             } else {
                 (Vec::new(), 0, 0, false)
             };
-        if oom {
-            self.new_token_ratio = self.ratio_init;
-        }
         let batch = can_run.len() as u64;
         let prefill_ms = if batch == 0 || self.args.worker_type == WorkerType::Decode {
             0.0
@@ -727,6 +819,7 @@ impl SglangEngine {
                 self.args.speedup_ratio,
             )
         };
+        let previously_running = self.running.len();
         for mut req in can_run {
             if req.materialized < req.len() {
                 self.cache_computed(&mut req);
@@ -735,21 +828,49 @@ impl SglangEngine {
                 self.running.push(req);
             }
         }
-        let (decode_ms, retracted) = self.decode(out);
+        // AISimulate runs a pass that formed a prefill batch as that batch alone.
+        let prefill_pass = self.aisimulate && batch > 0;
+        let (decode_ms, retracted) = if prefill_pass {
+            let mut stalled: Vec<Req> = self.running.drain(..previously_running).collect();
+            self.first_tokens(out);
+            stalled.append(&mut self.running);
+            self.running = stalled;
+            (0.0, Vec::new())
+        } else {
+            self.decode(out)
+        };
         let retracted_any = !retracted.is_empty();
-        for req in retracted.into_iter().rev() {
-            out.preempted.push(req.id);
-            self.waiting.push_front(req);
+        if self.aisimulate {
+            // Behind the requests that have not run yet; the ratio was re-estimated at the
+            // retraction and decays on decode passes only.
+            for req in retracted {
+                out.preempted.push(req.id);
+                self.waiting.push_back(req);
+            }
+            if retracted_any {
+                self.capacity_generation += 1;
+            } else if !prefill_pass {
+                self.decay_ratio();
+            }
+        } else {
+            if oom {
+                self.new_token_ratio = self.ratio_init;
+            }
+            for req in retracted.into_iter().rev() {
+                out.preempted.push(req.id);
+                self.waiting.push_front(req);
+            }
+            if retracted_any {
+                self.new_token_ratio = self.ratio_init;
+                self.capacity_generation += 1;
+            }
+            self.decay_ratio();
         }
-        if retracted_any {
-            self.new_token_ratio = self.ratio_init;
-            self.capacity_generation += 1;
-        }
-        self.new_token_ratio = (self.new_token_ratio - self.ratio_step).max(self.ratio_min);
         out.prefill_ms = prefill_ms;
         out.decode_ms = decode_ms;
         out.kv_events.append(&mut self.events);
-        !(out.admitted.is_empty()
+        !(batch == 0
+            && out.admitted.is_empty()
             && out.emitted.is_empty()
             && out.preempted.is_empty()
             && out.kv_events.is_empty())

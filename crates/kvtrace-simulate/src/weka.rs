@@ -42,6 +42,7 @@ use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
 use crate::agentic::{read_agentic_mooncake, SCHEMA, VERSION};
+use crate::args::EngineVersion;
 use crate::error::{Error, Result};
 use crate::limits::MAX_HASH_IDS_PER_ROW;
 use crate::workload::Workload;
@@ -204,7 +205,8 @@ pub fn read_weka(
             text.push('\n');
         }
     }
-    read_agentic_mooncake(text.as_bytes(), None).map_err(|e| {
+    // The rows written are version 2, which every engine version reads alike.
+    read_agentic_mooncake(text.as_bytes(), None, EngineVersion::Aisimulate013).map_err(|e| {
         Error::bad_input(format!("the graph its calls imply is not valid: {e}")).in_file(&shown)
     })
 }

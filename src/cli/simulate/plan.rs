@@ -11,7 +11,7 @@ use kvtrace::clock::local_stamp;
 use kvtrace::error::{Error, Result};
 use kvtrace::report::{csv::Csv, json::Json, jsonl::Jsonl, xlsx::Xlsx, Target};
 use kvtrace::simulate::agentic::read_agentic_mooncake;
-use kvtrace::simulate::args::{EngineArgs, EngineType, WorkerType};
+use kvtrace::simulate::args::{EngineArgs, EngineType, EngineVersion, WorkerType};
 use kvtrace::simulate::collector::Sla;
 use kvtrace::simulate::dynamo_trace::read_dynamo_request_trace;
 use kvtrace::simulate::event_loop::{PrefillPool, SimConfig};
@@ -191,7 +191,7 @@ pub(crate) fn plan(o: &Options) -> Result<Plan> {
         ));
     }
     let router = router_mode(o, pools.queue)?;
-    let workload = workload(o, pools.engine.block_size)?;
+    let workload = workload(o, pools.engine.block_size, pools.engine.engine_version)?;
     let sla = Sla {
         ttft_ms: o
             .sla_ttft_ms
@@ -391,7 +391,7 @@ fn positive(flag: &str, v: f64) -> Result<f64> {
     }
 }
 
-fn workload(o: &Options, block_size: u32) -> Result<Workload> {
+fn workload(o: &Options, block_size: u32, engine: EngineVersion) -> Result<Workload> {
     let synthetic = [
         o.input_tokens.is_some(),
         o.output_tokens.is_some(),
@@ -417,7 +417,7 @@ fn workload(o: &Options, block_size: u32) -> Result<Workload> {
                 "{flag} applies to synthetic workloads only, not to a trace file"
             )));
         }
-        let mut w = read_traces(o)?;
+        let mut w = read_traces(o, engine)?;
         if w.graph.is_some() && o.replay_concurrency.is_some() {
             return Err(Error::usage(
                 "--replay-concurrency: an agentic trace's requests start when what they wait for ends, not when a slot frees; replay it by its timestamps",
@@ -489,8 +489,9 @@ fn workload(o: &Options, block_size: u32) -> Result<Workload> {
     .build())
 }
 
-/// Reads the trace files in their format. Only the dynamo format is split into shards.
-fn read_traces(o: &Options) -> Result<Workload> {
+/// Reads the trace files in their format (legacy agentic rows as `engine` reads them). Only
+/// the dynamo format is split into shards.
+fn read_traces(o: &Options, engine: EngineVersion) -> Result<Workload> {
     if o.trace_block_size == Some(0) {
         return Err(Error::usage("--trace-block-size must be at least 1"));
     }
@@ -521,7 +522,7 @@ fn read_traces(o: &Options) -> Result<Workload> {
     let read = match o.trace_format {
         TraceFormat::Mooncake => read_mooncake(reader, block),
         TraceFormat::MooncakeDelta => read_mooncake_delta(reader, block),
-        TraceFormat::AgenticMooncake => read_agentic_mooncake(reader, o.trace_block_size),
+        TraceFormat::AgenticMooncake => read_agentic_mooncake(reader, o.trace_block_size, engine),
         TraceFormat::Dynamo | TraceFormat::Weka => unreachable!("read above"),
     };
     read.map_err(|mut e| {

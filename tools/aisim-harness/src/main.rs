@@ -5,7 +5,10 @@
 //! polynomial timing); only the flags below are understood.
 //!
 //! usage: aisim-harness TRACE... --trace-format F [--trace-block-size N] [--num-workers N]
-//!        [--extra-engine-args JSON] --report-json OUT
+//!        [--extra-engine-args JSON] --report-json OUT [--requests-jsonl OUT]
+//!
+//! `--requests-jsonl` also writes AISimulate's per-request records, one JSON line each, to set
+//! beside `kvtrace simulate --report-jsonl` where two runs part.
 
 use std::path::PathBuf;
 
@@ -26,6 +29,7 @@ struct Args {
     workers: usize,
     engine_args: Map<String, Value>,
     report: PathBuf,
+    requests: Option<PathBuf>,
 }
 
 fn parse() -> Result<Args> {
@@ -37,6 +41,7 @@ fn parse() -> Result<Args> {
         workers: 1,
         engine_args: Map::new(),
         report: PathBuf::new(),
+        requests: None,
     };
     while let Some(arg) = it.next() {
         let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
@@ -51,6 +56,7 @@ fn parse() -> Result<Args> {
                     .clone()
             }
             "--report-json" => a.report = value()?.into(),
+            "--requests-jsonl" => a.requests = Some(value()?.into()),
             "--router-mode" => {
                 let mode = value()?;
                 if mode != "round_robin" {
@@ -93,7 +99,8 @@ fn engine(args: &Map<String, Value>) -> Result<ReplayEngineConfig> {
             | "enable_chunked_prefill"
             | "speedup_ratio"
             | "decode_speedup_ratio"
-            | "preemption_mode" => key.as_str(),
+            | "preemption_mode"
+            | "sglang" => key.as_str(),
             other => bail!("engine argument {other}: not mapped by the harness"),
         };
         rank[key] = value.clone();
@@ -150,7 +157,7 @@ fn main() -> Result<()> {
         adapters: Default::default(),
         max_sim_time_ms: None,
         max_in_flight: None,
-        record_per_request: false,
+        record_per_request: a.requests.is_some(),
         sla: Default::default(),
         requests: Vec::new(),
     };
@@ -159,5 +166,13 @@ fn main() -> Result<()> {
         .run()?;
     std::fs::write(&a.report, serde_json::to_string_pretty(&report)? + "\n")
         .with_context(|| format!("writing {}", a.report.display()))?;
+    if let Some(path) = &a.requests {
+        let mut lines = String::new();
+        for record in &report.per_request {
+            lines += &serde_json::to_string(record)?;
+            lines.push('\n');
+        }
+        std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
 }

@@ -1,11 +1,14 @@
-//! `kvtrace simulate` against NVIDIA Dynamo 1.4.2: the reports Dynamo's own
-//! `python -m dynamo.replay` wrote for each case of `testdata/dynamo/cases.json`
-//! (`tools/dynamo-reference.sh` regenerates them), and, when a Dynamo venv is named, the
-//! live differential matrix of `tools/simulate-vs-dynamo.sh`.
+//! `kvtrace simulate` against the engines it follows, on their own reports: what NVIDIA
+//! Dynamo 1.4.2's `python -m dynamo.replay` wrote for each case of
+//! `testdata/dynamo/cases.json` (`tools/dynamo-reference.sh` regenerates them) and what
+//! AISimulate's engine (`aisimulate-core` 0.13.0, through `tools/aisim-harness`) wrote for each
+//! case of `testdata/aisimulate/cases.json` (`REFERENCE=1 tools/simulate-vs-aisimulate.sh`);
+//! and, when a Dynamo venv is named, the live differential matrix of
+//! `tools/simulate-vs-dynamo.sh`.
 
 use std::path::Path;
 
-use crate::util::{kvtrace, scratch, text};
+use crate::util::{kvtrace, scratch, shared, text};
 use serde_json::Value;
 
 /// Keys that measure the simulator's own speed, not the simulated system.
@@ -20,23 +23,40 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-#[test]
-fn round_robin_reports_match_dynamos_on_every_key() {
+/// Runs every case of `testdata/<peer>/cases.json` through `kvtrace simulate` (round_robin)
+/// and returns each key whose value differs from the peer's report (1e-9 relative), and each
+/// key kvtrace writes that the peer's report lacks. With `same_keys` the peer's report may
+/// not hold keys kvtrace lacks either. Cases that read `{shared}` are left out, with a
+/// message, when `../shared` is absent.
+fn differences(peer: &str, same_keys: bool) -> Vec<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let data = root.join("testdata/dynamo");
+    let data = root.join("testdata").join(peer);
     let slice = root.join("testdata/mooncake/conversation_head300.jsonl");
+    let shared = shared();
     let cases = read_json(&data.join("cases.json"));
     let dir = scratch();
     let mut differ = Vec::new();
     for case in cases.as_array().expect("cases") {
         let name = case["name"].as_str().expect("name");
+        let raw: Vec<&str> = case["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| a.as_str().expect("arg"))
+            .collect();
+        let shared = match (&shared, raw.iter().any(|a| a.contains("{shared}"))) {
+            (None, true) => {
+                eprintln!("skipped {peer} case {name}: ../shared is absent");
+                continue;
+            }
+            (shared, _) => shared.as_deref().unwrap_or(root),
+        };
         let report = dir.path().join(format!("{name}.json"));
         let mut args = vec!["simulate".to_string()];
-        args.extend(case["args"].as_array().expect("args").iter().map(|a| {
-            a.as_str()
-                .expect("arg")
-                .replace("{slice}", &slice.display().to_string())
+        args.extend(raw.iter().map(|a| {
+            a.replace("{slice}", &slice.display().to_string())
                 .replace("{testdata}", &root.join("testdata").display().to_string())
+                .replace("{shared}", &shared.display().to_string())
         }));
         args.extend([
             "--router-mode".into(),
@@ -50,25 +70,44 @@ fn round_robin_reports_match_dynamos_on_every_key() {
         let ours = read_json(&report);
         let theirs = read_json(&data.join(format!("{name}.report.json")));
         let (ours, theirs) = (ours.as_object().expect("o"), theirs.as_object().expect("t"));
-        assert_eq!(
-            ours.keys().collect::<Vec<_>>(),
-            theirs.keys().collect::<Vec<_>>(),
-            "{name}: the same keys"
-        );
-        for (key, want) in theirs {
+        if same_keys {
+            assert_eq!(
+                ours.keys().collect::<Vec<_>>(),
+                theirs.keys().collect::<Vec<_>>(),
+                "{name}: the same keys"
+            );
+        }
+        for (key, got) in ours {
             if LIVE.contains(&key.as_str()) {
                 continue;
             }
-            let got = &ours[key];
+            let Some(want) = theirs.get(key) else {
+                differ.push(format!("{name}: {key}: not in {peer}'s report"));
+                continue;
+            };
             let same = match (got.as_f64(), want.as_f64()) {
                 (Some(x), Some(y)) => x == y || (x - y).abs() <= 1e-9 * x.abs().max(y.abs()),
                 _ => got == want,
             };
             if !same {
-                differ.push(format!("{name}: {key}: kvtrace {got}, dynamo {want}"));
+                differ.push(format!("{name}: {key}: kvtrace {got}, {peer} {want}"));
             }
         }
     }
+    differ
+}
+
+#[test]
+fn round_robin_reports_match_dynamos_on_every_key() {
+    let differ = differences("dynamo", true);
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+}
+
+/// AISimulate's report adds keys kvtrace does not write (power, the KV eviction policy,
+/// sample counts, the agentic graph's digests); every key kvtrace writes is in it.
+#[test]
+fn aisimulate_engine_reports_match_on_every_key_kvtrace_writes() {
+    let differ = differences("aisimulate", false);
     assert!(differ.is_empty(), "{}", differ.join("\n"));
 }
 
