@@ -77,6 +77,9 @@ pub struct RadixCache {
     pub evictable: u64,
     pub protected: u64,
     clock: u64,
+    /// Counts the changes to which hashes the tree holds (inserts and evictions), so that a
+    /// caller can tell that the prefix matches it computed still hold.
+    generation: u64,
 }
 
 const ROOT: NodeId = 0;
@@ -101,6 +104,7 @@ impl RadixCache {
             evictable: 0,
             protected: 0,
             clock: 0,
+            generation: 0,
         }
     }
 
@@ -115,6 +119,11 @@ impl RadixCache {
     /// Tokens of free pages.
     pub fn available_tokens(&self) -> u64 {
         u64::from(self.pool.available()) * u64::from(self.page)
+    }
+
+    /// Changes with every insert and eviction: equal generations, equal prefix matches.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     pub fn total_tokens(&self) -> u64 {
@@ -276,6 +285,7 @@ impl RadixCache {
 
     fn extend_leaf(&mut self, id: NodeId, keys: &[u64], pages: &[PageId], now: u64) {
         let tokens = self.tokens(keys.len());
+        self.generation += 1;
         let node = self.node_mut(id);
         node.keys.extend_from_slice(keys);
         node.pages.extend_from_slice(pages);
@@ -318,6 +328,7 @@ impl RadixCache {
 
     fn create_child(&mut self, parent: NodeId, keys: &[u64], pages: &[PageId]) -> NodeId {
         let now = self.tick();
+        self.generation += 1;
         let id = self.insert_node(Node {
             children: BlockMap::default(),
             parent: Some(parent),
@@ -397,6 +408,7 @@ impl RadixCache {
             let Some(&(_, victim)) = self.evictable_leaves.first() else {
                 break;
             };
+            self.generation += 1;
             let victim_pages = self.node(victim).keys.len();
             let wanted = (tokens - evicted).div_ceil(u64::from(self.page)) as usize;
             let cut = wanted.min(victim_pages);

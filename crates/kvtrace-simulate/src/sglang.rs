@@ -67,11 +67,12 @@ struct Req {
     prompt_len: u32,
     output_len: u32,
     generated: u32,
-    /// Hashes of the prompt's full pages.
-    keys: Arc<[u64]>,
-    /// Hashes of the later full pages (they hold generated tokens, which nobody shares
-    /// unless `output_keys` says what a later prompt repeats).
-    decode_keys: Vec<u64>,
+    /// Hashes of the sequence's full pages, as far as they were asked for: the prompt's
+    /// `prompt_pages`, then the pages generated tokens fill (which nobody shares unless
+    /// `output_keys` says what a later prompt repeats). One list, so that a match or an
+    /// insert borrows it instead of copying the two halves together.
+    keys: Vec<u64>,
+    prompt_pages: usize,
     output_keys: Arc<[u64]>,
     lease: Lease,
     /// Tokens whose KV is computed, and tokens of page room allocated.
@@ -110,6 +111,11 @@ pub struct SglangEngine {
     published: Option<PublishedPages>,
     events: Vec<KvEvent>,
     waiting: VecDeque<Req>,
+    /// The tree's generation `waiting` was put in `lpm` order for, while neither changed
+    /// since: ordering it again would give the same order, so it is skipped (under memory
+    /// pressure most passes change neither, and scoring every waiting request was most of
+    /// the simulation).
+    ordered_for: Option<u64>,
     /// Transferred prompts activated here, admitted ahead of everything else.
     prebuilt: VecDeque<Req>,
     running: Vec<Req>,
@@ -138,6 +144,7 @@ impl SglangEngine {
             published: track_events.then(PublishedPages::default),
             events: Vec::new(),
             waiting: VecDeque::new(),
+            ordered_for: None,
             prebuilt: VecDeque::new(),
             running: Vec::new(),
             new_token_ratio: ratio_init,
@@ -160,9 +167,9 @@ impl SglangEngine {
             prompt_len: r.prompt_len,
             output_len: r.output_len,
             generated: 0,
-            keys: r.hashes,
+            prompt_pages: r.hashes.len(),
+            keys: r.hashes.to_vec(),
             output_keys: r.output_hashes,
-            decode_keys: Vec::new(),
             lease: Lease::default(),
             materialized: 0,
             allocated: 0,
@@ -172,6 +179,7 @@ impl SglangEngine {
     pub fn enqueue(&mut self, r: Request) {
         let req = self.request(r);
         self.waiting.push_back(req);
+        self.ordered_for = None;
     }
 
     pub fn is_idle(&self) -> bool {
@@ -191,24 +199,19 @@ impl SglangEngine {
         tokens.div_ceil(self.page) * self.page
     }
 
-    /// Hashes of the first `pages` full pages of `req`'s sequence.
-    fn page_keys(next_unique: &mut u64, req: &mut Req, pages: usize) -> Vec<u64> {
-        while req.keys.len() + req.decode_keys.len() < pages {
-            let key = match req.output_keys.get(req.decode_keys.len()) {
+    /// Makes `req.keys` hold the hashes of (at least) the first `pages` full pages of its
+    /// sequence.
+    fn extend_keys(next_unique: &mut u64, req: &mut Req, pages: usize) {
+        while req.keys.len() < pages {
+            let key = match req.output_keys.get(req.keys.len() - req.prompt_pages) {
                 Some(&k) => k,
                 None => {
                     *next_unique += 1;
                     xxh3_64_with_seed(&next_unique.to_le_bytes(), 0x5617A9)
                 }
             };
-            req.decode_keys.push(key);
+            req.keys.push(key);
         }
-        req.keys
-            .iter()
-            .chain(req.decode_keys.iter())
-            .take(pages)
-            .copied()
-            .collect()
     }
 
     fn free_pages(&mut self, pages: &[PageId]) {
@@ -252,7 +255,9 @@ impl SglangEngine {
     /// (matched no further than `cap` tokens), then new pages (evicting if free ones fall
     /// short). Returns the prefix's tokens.
     fn allocate_fresh(&mut self, req: &mut Req, end: u32, cap: u32) -> Option<u32> {
-        let keys = Self::page_keys(&mut self.next_unique, req, (end / self.page) as usize);
+        let full = (end / self.page) as usize;
+        Self::extend_keys(&mut self.next_unique, req, full);
+        let keys = &req.keys[..full];
         let matchable = (cap.min(end) / self.page) as usize;
         let (matched, node) = self.cache.match_prefix(&keys[..matchable]);
         let prefix = matched as u32 * self.page;
@@ -260,7 +265,7 @@ impl SglangEngine {
         let fresh = self.lock_and_allocate(node, required)?;
         let mut pages = self.cache.path_pages(node);
         pages.extend(fresh);
-        self.publish(&keys, &pages, prefix);
+        self.publish(keys, &pages, prefix);
         req.lease = Lease {
             pages,
             tokens: end,
@@ -307,8 +312,10 @@ impl SglangEngine {
         };
         req.lease.pages.extend(fresh);
         req.lease.tokens = end;
-        let keys = Self::page_keys(&mut self.next_unique, req, (end / self.page) as usize);
-        self.publish(&keys, &req.lease.pages.clone(), have);
+        let full = (end / self.page) as usize;
+        Self::extend_keys(&mut self.next_unique, req, full);
+        let keys = &req.keys[..full];
+        self.publish(keys, &req.lease.pages, have);
         true
     }
 
@@ -321,9 +328,10 @@ impl SglangEngine {
         }
         let node = req.lease.node.expect("a computed request holds KV");
         let full = (aligned / self.page) as usize;
-        let keys = Self::page_keys(&mut self.next_unique, req, full);
+        Self::extend_keys(&mut self.next_unique, req, full);
+        let keys = &req.keys[..full];
         let from = (req.lease.cached / self.page) as usize;
-        self.publish(&keys, &req.lease.pages.clone(), req.lease.cached);
+        self.publish(keys, &req.lease.pages, req.lease.cached);
         let end = self
             .cache
             .insert_from(node, from, &keys[..full], &req.lease.pages[..full]);
@@ -385,12 +393,13 @@ impl SglangEngine {
             self.cache.unlock(node);
             return;
         }
-        let keys = Self::page_keys(&mut self.next_unique, req, full);
+        Self::extend_keys(&mut self.next_unique, req, full);
+        let keys = &req.keys[..full];
         let from = (req.lease.cached / self.page) as usize;
-        self.publish(&keys, &req.lease.pages.clone(), req.lease.cached);
+        self.publish(keys, &req.lease.pages, req.lease.cached);
         let end = self
             .cache
-            .insert_from(node, from, &keys, &req.lease.pages[..full]);
+            .insert_from(node, from, keys, &req.lease.pages[..full]);
         let mut pages = std::mem::take(&mut req.lease.pages);
         let duplicates = self.reconcile(&mut pages, end, from, full, false);
         self.free_pages(&duplicates);
@@ -417,6 +426,7 @@ impl SglangEngine {
     fn order_waiting(&mut self) {
         if self.args.sglang.schedule_policy != SglangPolicy::Lpm
             || self.waiting.len() > LPM_FALLBACK
+            || self.ordered_for == Some(self.cache.generation())
         {
             return;
         }
@@ -426,8 +436,9 @@ impl SglangEngine {
         let mut scored: Vec<(usize, bool, Req)> = Vec::with_capacity(self.waiting.len());
         for mut req in self.waiting.drain(..) {
             let full = (req.len() / self.page) as usize;
-            let keys = Self::page_keys(&mut self.next_unique, &mut req, full);
-            let prefix = self.cache.prefix_match_len(&keys) * self.page as usize;
+            Self::extend_keys(&mut self.next_unique, &mut req, full);
+            let keys = &req.keys[..full];
+            let prefix = self.cache.prefix_match_len(keys) * self.page as usize;
             let repeated = prefix <= IN_BATCH_PREFIX_TOKENS as usize
                 && req.len() >= duplicate_len
                 && !seen.insert(keys[duplicate_pages - 1]);
@@ -435,6 +446,7 @@ impl SglangEngine {
         }
         scored.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)));
         self.waiting.extend(scored.into_iter().map(|(_, _, r)| r));
+        self.ordered_for = Some(self.cache.generation());
     }
 
     /// Admits prefill chunks from the head of the queue; see the module docs.
@@ -462,9 +474,9 @@ impl SglangEngine {
             // (which is always computed), and neither charges nor recomputes what it found;
             // Dynamo 1.4.2 charges the whole prompt and matches at allocation.
             let start = if self.aisimulate && first {
-                let matchable = (req.len() - 1) / self.page;
-                let keys = Self::page_keys(&mut self.next_unique, &mut req, matchable as usize);
-                self.cache.prefix_match_len(&keys) as u32 * self.page
+                let matchable = ((req.len() - 1) / self.page) as usize;
+                Self::extend_keys(&mut self.next_unique, &mut req, matchable);
+                self.cache.prefix_match_len(&req.keys[..matchable]) as u32 * self.page
             } else {
                 req.materialized
             };
@@ -738,8 +750,9 @@ impl SglangEngine {
 
     fn reserve_room(&mut self, req: &mut Req) -> Option<Destination> {
         let full = (req.prompt_len / self.page) as usize;
-        let keys = Self::page_keys(&mut self.next_unique, req, full);
-        let (matched, node) = self.cache.match_prefix(&keys);
+        Self::extend_keys(&mut self.next_unique, req, full);
+        let keys = &req.keys[..full];
+        let (matched, node) = self.cache.match_prefix(keys);
         let prefix_tokens = matched as u32 * self.page;
         let mut prefix_pages = self.cache.path_pages(node);
         prefix_pages.truncate(matched);
@@ -820,6 +833,9 @@ impl SglangEngine {
             )
         };
         let previously_running = self.running.len();
+        if batch > 0 {
+            self.ordered_for = None;
+        }
         for mut req in can_run {
             if req.materialized < req.len() {
                 self.cache_computed(&mut req);
@@ -840,6 +856,9 @@ impl SglangEngine {
             self.decode(out)
         };
         let retracted_any = !retracted.is_empty();
+        if retracted_any {
+            self.ordered_for = None;
+        }
         if self.aisimulate {
             // Behind the requests that have not run yet; the ratio was re-estimated at the
             // retraction and decays on decode passes only.
