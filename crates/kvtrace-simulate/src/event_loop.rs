@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 
-use super::args::{EngineArgs, EngineType, TransferTiming};
+use super::args::{EngineArgs, EngineType, EngineVersion, TransferTiming};
 use super::collector::{Collector, Provision, RequestRecord, Status};
 use super::engine::{Engine, KvConnector, PassOutput, Request, RequestId, Reserved};
 use super::handoff::{Action, ActionQueue, Handoff, HandoffOrder};
@@ -646,7 +646,14 @@ impl Simulation<'_> {
             self.route_entry(request, turn.priority, turn.strict_priority, now);
             return;
         }
-        let planned = if self.workload.planned_outputs {
+        // Dynamo 1.4.2's prefill worker generates a planned output unseen before the hand-off;
+        // AISimulate's stops its prefill request at one token.
+        let dynamo = self
+            .config
+            .prefill
+            .as_ref()
+            .is_some_and(|p| p.engine.engine_version == EngineVersion::Dynamo142);
+        let planned = if self.workload.planned_outputs && dynamo {
             turn.output_length
         } else {
             1

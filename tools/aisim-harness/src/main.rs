@@ -6,6 +6,11 @@
 //!
 //! usage: aisim-harness TRACE... --trace-format F [--trace-block-size N] [--num-workers N]
 //!        [--extra-engine-args JSON] --report-json OUT [--requests-jsonl OUT]
+//!        [--num-prefill-workers N --num-decode-workers N
+//!         --prefill-engine-args JSON --decode-engine-args JSON]
+//!
+//! With prefill and decode workers the replay is disaggregated: each pool's engine takes its
+//! own arguments (their `worker_type` is the pool's), requests are placed round robin in both.
 //!
 //! `--requests-jsonl` also writes AISimulate's per-request records, one JSON line each, to set
 //! beside `kvtrace simulate --report-jsonl` where two runs part.
@@ -28,8 +33,17 @@ struct Args {
     trace_block_size: Option<usize>,
     workers: usize,
     engine_args: Map<String, Value>,
+    /// Disaggregated: the prefill and decode pools' sizes and engine arguments.
+    pools: Option<[(usize, Map<String, Value>); 2]>,
     report: PathBuf,
     requests: Option<PathBuf>,
+}
+
+fn object(flag: &str, text: &str) -> Result<Map<String, Value>> {
+    serde_json::from_str::<Value>(text)?
+        .as_object()
+        .cloned()
+        .with_context(|| format!("{flag}: a JSON object"))
 }
 
 fn parse() -> Result<Args> {
@@ -40,21 +54,23 @@ fn parse() -> Result<Args> {
         trace_block_size: None,
         workers: 1,
         engine_args: Map::new(),
+        pools: None,
         report: PathBuf::new(),
         requests: None,
     };
+    let mut prefill = (0, Map::new());
+    let mut decode = (0, Map::new());
     while let Some(arg) = it.next() {
         let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--trace-format" => a.format = value()?,
             "--trace-block-size" => a.trace_block_size = Some(value()?.parse()?),
             "--num-workers" => a.workers = value()?.parse()?,
-            "--extra-engine-args" => {
-                a.engine_args = serde_json::from_str::<Value>(&value()?)?
-                    .as_object()
-                    .context("--extra-engine-args: a JSON object")?
-                    .clone()
-            }
+            "--extra-engine-args" => a.engine_args = object(&arg, &value()?)?,
+            "--num-prefill-workers" => prefill.0 = value()?.parse()?,
+            "--num-decode-workers" => decode.0 = value()?.parse()?,
+            "--prefill-engine-args" => prefill.1 = object(&arg, &value()?)?,
+            "--decode-engine-args" => decode.1 = object(&arg, &value()?)?,
             "--report-json" => a.report = value()?.into(),
             "--requests-jsonl" => a.requests = Some(value()?.into()),
             "--router-mode" => {
@@ -70,12 +86,30 @@ fn parse() -> Result<Args> {
     if a.traces.is_empty() || a.report.as_os_str().is_empty() {
         bail!("usage: aisim-harness TRACE... --trace-format F --report-json OUT");
     }
+    match (prefill.0, decode.0) {
+        (0, 0) => {}
+        (p, d) if p > 0 && d > 0 => a.pools = Some([prefill, decode]),
+        _ => bail!("a disaggregated replay needs --num-prefill-workers and --num-decode-workers"),
+    }
     Ok(a)
 }
 
 /// The engine settings, Dynamo's engine-argument names mapped onto AISimulate's rank, with
-/// Dynamo's mocker defaults where the arguments are silent (the defaults kvtrace uses).
-fn engine(args: &Map<String, Value>) -> Result<ReplayEngineConfig> {
+/// Dynamo's mocker defaults where the arguments are silent (the defaults kvtrace uses); a
+/// disaggregated replay's pools each get their own.
+fn engine(a: &Args) -> Result<ReplayEngineConfig> {
+    let Some([(_, prefill), (_, decode)]) = &a.pools else {
+        return Ok(serde_json::from_value(json!({ "rank": rank(&a.engine_args)? }))?);
+    };
+    let (prefill, decode) = (rank(prefill)?, rank(decode)?);
+    Ok(serde_json::from_value(json!({
+        "rank": prefill,
+        "prefill": { "rank": prefill },
+        "decode": { "rank": decode },
+    }))?)
+}
+
+fn rank(args: &Map<String, Value>) -> Result<Value> {
     let mut rank = json!({
         "backend": "vllm",
         "block_size": 64,
@@ -100,7 +134,11 @@ fn engine(args: &Map<String, Value>) -> Result<ReplayEngineConfig> {
             | "speedup_ratio"
             | "decode_speedup_ratio"
             | "preemption_mode"
-            | "sglang" => key.as_str(),
+            | "sglang"
+            | "worker_type"
+            | "kv_bytes_per_token"
+            | "kv_transfer_bandwidth"
+            | "kv_transfer_timing_mode" => key.as_str(),
             other => bail!("engine argument {other}: not mapped by the harness"),
         };
         rank[key] = value.clone();
@@ -108,7 +146,7 @@ fn engine(args: &Map<String, Value>) -> Result<ReplayEngineConfig> {
     if rank["backend"] == "sglang" && args.get("block_size").is_none() {
         rank["block_size"] = json!(1);
     }
-    Ok(serde_json::from_value(json!({ "rank": rank }))?)
+    Ok(rank)
 }
 
 fn driver(a: &Args, engine_block_size: usize) -> Result<WorkloadDriver> {
@@ -148,11 +186,19 @@ fn driver(a: &Args, engine_block_size: usize) -> Result<WorkloadDriver> {
 
 fn main() -> Result<()> {
     let a = parse()?;
-    let engine = engine(&a.engine_args)?;
+    let engine = engine(&a)?;
     let block = engine.rank.block_size;
+    let topology = match &a.pools {
+        None => ReplayTopology::aggregated(a.workers),
+        Some([(prefill, _), (decode, _)]) => serde_json::from_value(json!({
+            "kind": "disaggregated",
+            "prefill": { "initial_workers": prefill },
+            "decode": { "initial_workers": decode },
+        }))?,
+    };
     let spec = ReplaySpec {
         version: CURRENT_REPLAY_SPEC_VERSION,
-        topology: ReplayTopology::aggregated(a.workers),
+        topology,
         engine: serde_json::to_value(&engine)?,
         adapters: Default::default(),
         max_sim_time_ms: None,
