@@ -99,7 +99,9 @@ fn parse() -> Result<Args> {
 /// disaggregated replay's pools each get their own.
 fn engine(a: &Args) -> Result<ReplayEngineConfig> {
     let Some([(_, prefill), (_, decode)]) = &a.pools else {
-        return Ok(serde_json::from_value(json!({ "rank": rank(&a.engine_args)? }))?);
+        return Ok(serde_json::from_value(
+            json!({ "rank": rank(&a.engine_args)? }),
+        )?);
     };
     let (prefill, decode) = (rank(prefill)?, rank(decode)?);
     Ok(serde_json::from_value(json!({
