@@ -341,16 +341,21 @@ impl Router {
         };
         let overlap_tokens = ((overlap as u64) * b).min(u64::from(isl));
         let prefill_tokens = u64::from(isl) - overlap_tokens;
-        let assume_reuse = match &self.mode {
-            RouterMode::KvRouter(c) => c.router_assume_kv_reuse,
-            RouterMode::RoundRobin => true,
+        let (assume_reuse, track_blocks) = match &self.mode {
+            RouterMode::KvRouter(c) => (
+                c.router_assume_kv_reuse,
+                c.router_assume_kv_reuse && c.router_track_active_blocks,
+            ),
+            RouterMode::RoundRobin => (true, false),
         };
         let private_blocks = if assume_reuse { tail } else { blocks };
         let load = &mut self.loads[candidate];
         load.prefill_tokens += prefill_tokens;
         load.requests += 1;
         load.private_blocks += private_blocks;
-        if assume_reuse {
+        // The blocks by hash only weigh a kv_router's choice that tracks active blocks;
+        // counting them for every request was a sixth of a round-robin simulation.
+        if track_blocks {
             for h in hashes.iter() {
                 *load.blocks.entry(*h).or_default() += 1;
             }
@@ -361,7 +366,7 @@ impl Router {
         self.routed[id as usize] = Some(Routed {
             candidate,
             prefill_tokens,
-            hashes: if assume_reuse {
+            hashes: if track_blocks {
                 hashes
             } else {
                 std::sync::Arc::from(Vec::new())
