@@ -232,8 +232,7 @@ impl Engine {
     }
 
     /// Runs the passes from `start` that would change nothing but token counts as one step
-    /// (see [`VllmEngine::coast`]); SGLang's engine runs every pass through
-    /// [`Engine::pass_into`].
+    /// (see [`VllmEngine::coast`] and [`SglangEngine::coast`]).
     pub fn coast(
         &mut self,
         start: f64,
@@ -242,7 +241,7 @@ impl Engine {
     ) -> Option<(u64, f64)> {
         match self {
             Engine::Vllm(e) => e.coast(start, before, tokens),
-            Engine::Sglang(_) => None,
+            Engine::Sglang(e) => e.coast(start, before, tokens),
         }
     }
 
@@ -306,6 +305,118 @@ impl Engine {
         match self {
             Engine::Vllm(e) => e.release_source(id),
             Engine::Sglang(e) => e.release_source(id),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::{EngineVersion, SglangArgs, SglangPolicy};
+    use std::collections::{BTreeMap, VecDeque};
+
+    /// What [`token_times`] saw: every request's token times, the passes run as one step
+    /// and the preemptions.
+    #[derive(Default)]
+    struct Seen {
+        times: BTreeMap<RequestId, Vec<f64>>,
+        coasted: u64,
+        preempted: usize,
+    }
+
+    /// Runs `engine` to the end with `arrivals` (time, request) reaching it as the event
+    /// loop brings them: before the first pass that starts at or after their time. With
+    /// `coast`, quiet passes before the next arrival run as one step.
+    fn token_times(
+        mut engine: Engine,
+        mut arrivals: VecDeque<(f64, Request)>,
+        coast: bool,
+    ) -> Seen {
+        let mut seen = Seen::default();
+        let mut now = 0.0;
+        let mut out = PassOutput::default();
+        loop {
+            while arrivals.front().is_some_and(|(t, _)| *t <= now) {
+                engine.enqueue(arrivals.pop_front().expect("front").1);
+            }
+            let before = arrivals.front().map_or(f64::INFINITY, |(t, _)| *t);
+            let times = &mut seen.times;
+            let mut hear = |id, at: &[f64]| times.entry(id).or_default().extend_from_slice(at);
+            let stepped = coast.then(|| engine.coast(now, before, &mut hear));
+            if let Some((passes, end)) = stepped.flatten() {
+                seen.coasted += passes;
+                now = end;
+            } else if engine.pass_into(None, &mut out) {
+                let end = out.end_ms(now);
+                for &(id, _) in &out.emitted {
+                    hear(id, &[end]);
+                }
+                seen.preempted += out.preempted.len();
+                now = end;
+            } else if let Some(&(t, _)) = arrivals.front() {
+                now = t;
+            } else {
+                return seen;
+            }
+        }
+    }
+
+    #[test]
+    fn quiet_passes_run_as_one_step_give_the_times_passes_run_one_by_one_do() {
+        // Both engines and both references' schedulers; small blocks (a boundary every few
+        // passes) in a pool small enough to preempt or retract, and large ones (long quiet
+        // stretches); shared prefixes, and arrivals in the middle of decodes.
+        let lpm = SglangArgs {
+            schedule_policy: SglangPolicy::Lpm,
+            ..SglangArgs::default()
+        };
+        let cases = [
+            (EngineType::Vllm, EngineVersion::Dynamo142, 16, 40),
+            (EngineType::Vllm, EngineVersion::Aisimulate013, 16, 40),
+            (EngineType::Vllm, EngineVersion::Dynamo142, 128, 400),
+            (EngineType::Sglang, EngineVersion::Dynamo142, 16, 40),
+            (EngineType::Sglang, EngineVersion::Aisimulate013, 16, 40),
+            (EngineType::Sglang, EngineVersion::Aisimulate013, 128, 400),
+        ];
+        for (engine_type, version, block_size, num_gpu_blocks) in cases {
+            let args = EngineArgs {
+                engine_type,
+                block_size,
+                num_gpu_blocks,
+                engine_version: version,
+                sglang: lpm.clone(),
+                ..EngineArgs::default()
+            };
+            let shared: Arc<[u64]> = Arc::from(vec![7u64, 8, 9]);
+            let arrivals: VecDeque<(f64, Request)> = (0..24u32)
+                .map(|id| {
+                    let prompt = 20 + (id * 37) % 90;
+                    let output = 1 + (id * 53) % 150;
+                    let hashes = match id % 3 {
+                        0 => shared.clone(),
+                        _ => Arc::from(Vec::new()),
+                    };
+                    (
+                        f64::from(id) * 97.5,
+                        Request::new(id, prompt, output, hashes),
+                    )
+                })
+                .collect();
+            let case = format!("{engine_type:?} {version:?}, blocks of {block_size}");
+            let engine = || Engine::new(args.clone(), true, false);
+            let one_by_one = token_times(engine(), arrivals.clone(), false);
+            let stepped = token_times(engine(), arrivals, true);
+            assert!(
+                stepped.coasted > 50,
+                "{case}: {} passes in steps",
+                stepped.coasted
+            );
+            assert_eq!(one_by_one.preempted > 0, num_gpu_blocks < 100, "{case}");
+            assert_eq!(one_by_one.times.len(), 24, "{case}");
+            assert_eq!(one_by_one.preempted, stepped.preempted, "{case}");
+            for (id, times) in &one_by_one.times {
+                assert_eq!(Some(times), stepped.times.get(id), "{case}: request {id}");
+            }
         }
     }
 }

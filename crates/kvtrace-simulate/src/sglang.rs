@@ -36,7 +36,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::args::{EngineArgs, EngineVersion, SglangPolicy, WorkerType};
 use super::blocks::KvEvent;
-use super::engine::{DestinationQueue, PassOutput, Request, RequestId, Reserved};
+use super::engine::{pass_end_ms, DestinationQueue, PassOutput, Request, RequestId, Reserved};
 use super::perf;
 use super::radix::{NodeId, PageId, PublishedPages, RadixCache};
 use super::BlockSet;
@@ -799,6 +799,79 @@ impl SglangEngine {
             self.finish(&mut req);
             self.capacity_generation += 1;
         }
+    }
+
+    /// Runs from `start`, as one step, the decode passes that change nothing but token
+    /// counts and the new-token ratio: nothing waits or arrives (each pass starts before
+    /// `before`), no request finishes, and none takes, fills or caches a page (so none can
+    /// be retracted). Each pass is timed as [`SglangEngine::pass_into`] times it, so the
+    /// state left and every token's time are the same as had the passes run one by one;
+    /// `tokens(id, times)` hears each request's tokens. Returns how many passes ran and when
+    /// the last ended; `None` when not even one qualifies.
+    pub fn coast(
+        &mut self,
+        start: f64,
+        before: f64,
+        tokens: &mut dyn FnMut(RequestId, &[f64]),
+    ) -> Option<(u64, f64)> {
+        let quiet = !self.prefill_only
+            && self.waiting.is_empty()
+            && self.prebuilt.is_empty()
+            && self.destinations.is_empty()
+            && self.reserved.is_empty()
+            && !self.running.is_empty()
+            && start < before;
+        if !quiet {
+            return None;
+        }
+        let page = self.page;
+        let mut passes = u32::MAX;
+        let mut context = 0u64;
+        for req in &self.running {
+            // The first token has effects beyond the engine (the router's prefill load).
+            if req.generated == 0 || req.lease.node.is_none() {
+                return None;
+            }
+            let into_page = req.lease.tokens % page;
+            // The pass that starts a page takes one; the one that completes a page caches it.
+            let to_new_page = if into_page == 0 { 0 } else { page - into_page };
+            let to_cached_page = (req.lease.cached + page - 1).saturating_sub(req.materialized);
+            let to_growth = req.allocated.saturating_sub(req.len());
+            let to_last_token = req.output_len.saturating_sub(req.generated + 1);
+            passes = passes
+                .min(to_new_page)
+                .min(to_cached_page)
+                .min(to_growth)
+                .min(to_last_token);
+            context += u64::from(req.len());
+        }
+        let batch = self.running.len() as u64;
+        let total_kv = self.cache.total_tokens();
+        let divisor = self.args.speedup_ratio * self.args.decode_speedup_ratio;
+        let mut ends = Vec::new();
+        let mut at = start;
+        while (ends.len() as u32) < passes && at < before {
+            let grown = context + batch * ends.len() as u64;
+            let ms = perf::decode_ms(batch, grown.min(total_kv), total_kv);
+            let end = pass_end_ms(at, 0.0, 0.0, perf::quantized(ms, divisor));
+            if end <= at {
+                break;
+            }
+            ends.push(end);
+            at = end;
+        }
+        let ran = ends.len() as u32;
+        let last = *ends.last()?;
+        for req in &mut self.running {
+            req.lease.tokens += ran;
+            req.generated += ran;
+            req.materialized += ran;
+            tokens(req.id, &ends);
+        }
+        for _ in 0..ran {
+            self.decay_ratio();
+        }
+        Some((u64::from(ran), last))
     }
 
     fn decay_ratio(&mut self) {
