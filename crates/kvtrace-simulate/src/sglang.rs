@@ -334,7 +334,7 @@ impl SglangEngine {
         self.publish(keys, &req.lease.pages, req.lease.cached);
         let end = self
             .cache
-            .insert_from(node, from, &keys[..full], &req.lease.pages[..full]);
+            .insert_from(node, from, keys, &req.lease.pages[..full]);
         if end != node {
             self.cache.lock(end);
         }
