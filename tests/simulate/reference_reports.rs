@@ -32,7 +32,6 @@ fn differences(peer: &str, same_keys: bool) -> Vec<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let data = root.join("testdata").join(peer);
     let slice = root.join("testdata/mooncake/conversation_head300.jsonl");
-    let shared = shared();
     let cases = read_json(&data.join("cases.json"));
     let dir = scratch();
     let mut differ = Vec::new();
@@ -44,12 +43,14 @@ fn differences(peer: &str, same_keys: bool) -> Vec<String> {
             .iter()
             .map(|a| a.as_str().expect("arg"))
             .collect();
-        let shared = match (&shared, raw.iter().any(|a| a.contains("{shared}"))) {
-            (None, true) => {
+        let shared = if raw.iter().any(|a| a.contains("{shared}")) {
+            let Some(shared) = shared() else {
                 eprintln!("skipped {peer} case {name}: ../shared is absent");
                 continue;
-            }
-            (shared, _) => shared.as_deref().unwrap_or(root),
+            };
+            shared
+        } else {
+            root.to_path_buf()
         };
         let report = dir.path().join(format!("{name}.json"));
         let mut args = vec!["simulate".to_string()];
