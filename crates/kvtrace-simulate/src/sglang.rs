@@ -569,6 +569,15 @@ impl SglangEngine {
             .sum()
     }
 
+    /// Evicts what the free pages lack for the running requests' next token.
+    fn evict_for_growth(&mut self) {
+        let available = self.cache.available_tokens();
+        let need = self.growth_needed();
+        if available < need {
+            self.evict(need - available);
+        }
+    }
+
     /// Retracts the running request with the fewest generated tokens while free plus
     /// evictable memory cannot hold the next token of every request; then evicts what the
     /// free pages lack.
@@ -589,11 +598,7 @@ impl SglangEngine {
             req.allocated = 0;
             retracted.push(req);
         }
-        let available = self.cache.available_tokens();
-        let need = self.growth_needed();
-        if available < need {
-            self.evict(need - available);
-        }
+        self.evict_for_growth();
         retracted
     }
 
@@ -610,16 +615,20 @@ impl SglangEngine {
         if self.aisimulate && !retracted.is_empty() {
             self.new_token_ratio = self.retraction_ratio();
         }
-        let total_kv = self.cache.total_tokens();
         let context: u64 = self.running.iter().map(|r| u64::from(r.len())).sum();
-        let batch = self.running.len() as u64;
-        let ms = perf::decode_ms(batch, context.min(total_kv), total_kv);
-        let decode_ms =
-            perf::quantized(ms, self.args.speedup_ratio * self.args.decode_speedup_ratio);
+        let decode_ms = self.decode_step_ms(self.running.len() as u64, context);
         if !self.step(out) {
             return (0.0, retracted);
         }
         (decode_ms, retracted)
+    }
+
+    /// A decode step's milliseconds for `batch` requests holding `context` tokens in all (at
+    /// most the pool's), quantized as the reference engine carries them.
+    fn decode_step_ms(&self, batch: u64, context: u64) -> f64 {
+        let total_kv = self.cache.total_tokens();
+        let ms = perf::decode_ms(batch, context.min(total_kv), total_kv);
+        perf::quantized(ms, self.args.speedup_ratio * self.args.decode_speedup_ratio)
     }
 
     /// AISimulate's `new_token_ratio` after a retraction, from the requests that stay:
@@ -693,11 +702,7 @@ impl SglangEngine {
                 at += 1;
             }
         }
-        let need = self.growth_needed();
-        let available = self.cache.available_tokens();
-        if available < need {
-            self.evict(need - available);
-        }
+        self.evict_for_growth();
         self.step(out);
         self.complete(finished, out);
     }
@@ -846,14 +851,11 @@ impl SglangEngine {
             context += u64::from(req.len());
         }
         let batch = self.running.len() as u64;
-        let total_kv = self.cache.total_tokens();
-        let divisor = self.args.speedup_ratio * self.args.decode_speedup_ratio;
         let mut ends = Vec::new();
         let mut at = start;
         while (ends.len() as u32) < passes && at < before {
             let grown = context + batch * ends.len() as u64;
-            let ms = perf::decode_ms(batch, grown.min(total_kv), total_kv);
-            let end = pass_end_ms(at, 0.0, 0.0, perf::quantized(ms, divisor));
+            let end = pass_end_ms(at, 0.0, 0.0, self.decode_step_ms(batch, grown));
             if end <= at {
                 break;
             }
