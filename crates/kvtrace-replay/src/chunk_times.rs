@@ -19,6 +19,10 @@
 //!
 //! A prefix hits only whole, so a chunk's time is the largest over its prefix; a chunk whose
 //! prefix holds a key never stored has none (no cache hits it).
+//!
+//! For an LRU cache that evicts as allocations need room, the threshold need not be read
+//! from a sampled replay at all: [`Footprint`] gives the whole trace's characteristic time
+//! at any capacity, from the same pass (see there).
 
 /// Buckets of single records up to 2^10, then 2^10 buckets an octave: every time is placed
 /// within a 1/1024 share of itself, in a few tens of thousands of buckets for any trace.
@@ -92,6 +96,14 @@ impl ChunkTimes {
         }
     }
 
+    /// The least time within which `n` of the chunks lie; `None` past those with a time.
+    pub fn time_of_count(&self, n: f64) -> Option<f64> {
+        match self.chunks {
+            0 => None,
+            chunks => self.time_of(n / chunks as f64),
+        }
+    }
+
     /// The least time within which `share` of the chunks lie; `None` past the share that has
     /// a time at all.
     pub fn time_of(&self, share: f64) -> Option<f64> {
@@ -123,11 +135,91 @@ impl FromIterator<Option<u64>> for ChunkTimes {
     }
 }
 
-/// A trace's chunks by both times of the module.
+/// A trace's chunks by both times of the module, and its keys' footprint.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Times {
     pub reuse: ChunkTimes,
     pub admission: ChunkTimes,
+    pub footprint: Footprint,
+    /// Keys (not chunks) by the record that first stored them: when a cache that never
+    /// evicts filled, at any capacity.
+    pub first_stores: ChunkTimes,
+}
+
+/// A trace's keys by how long each stayed unused, for its *average footprint*: the mean
+/// number of distinct keys a window of `w` records uses, over every such window (Xiang et
+/// al., "Linear-time modeling of program working set", the footprint their AET theory
+/// reads). An LRU cache of `C` objects keeps a key while fewer than `C` others were used
+/// since: with the windows' mean standing for each window, it keeps what was used within
+/// the window whose footprint is `C` — its characteristic time at that capacity.
+///
+/// A key used at records `a1 < … < ak` of `n` is missing from the windows that fit in one
+/// of its idle stretches: the `a1 + 1` records before its first use, each gap `a(j+1) − aj`,
+/// and the `n − ak` records from its last use on. A stretch of `g` records holds
+/// `max(0, g − w)` windows of `w`, so the footprint is every key less those windows' share:
+/// one histogram of stretches gives it at any `w`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Footprint {
+    /// By bucket ([`bucket`]): idle stretches, and the sum of their lengths.
+    stretches: Vec<u64>,
+    lengths: Vec<u64>,
+    keys: u64,
+    records: u64,
+}
+
+impl Footprint {
+    fn stretch(&mut self, g: u64) {
+        let b = bucket(g);
+        if b >= self.stretches.len() {
+            self.stretches.resize(b + 1, 0);
+            self.lengths.resize(b + 1, 0);
+        }
+        self.stretches[b] += 1;
+        self.lengths[b] += g;
+    }
+
+    /// The mean number of distinct keys used in a window of `w` records.
+    pub fn mean_keys(&self, w: f64) -> f64 {
+        let n = self.records as f64;
+        if w >= n {
+            return self.keys as f64;
+        }
+        let w = w.max(0.0);
+        let mut missing = 0.0;
+        for (b, (&count, &length)) in self.stretches.iter().zip(&self.lengths).enumerate() {
+            let (low, width) = bucket_span(b);
+            let high = low + width;
+            if count == 0 || high <= w {
+                continue;
+            }
+            missing += if low >= w {
+                length as f64 - w * count as f64
+            } else {
+                // Lengths spread evenly over the bucket, as the chunks' times are.
+                count as f64 * (high - w) * (high - w) / (2.0 * width)
+            };
+        }
+        self.keys as f64 - missing / (n - w + 1.0)
+    }
+
+    /// The least window (records) whose mean distinct keys reach `capacity`; `None` when the
+    /// whole trace uses fewer keys (a cache that large never evicts).
+    pub fn window(&self, capacity: f64) -> Option<f64> {
+        if capacity >= self.keys as f64 {
+            return None;
+        }
+        // The footprint grows with the window: bisect to a hundredth of a record.
+        let (mut low, mut high) = (0.0, self.records as f64);
+        while high - low > 0.01 {
+            let mid = (low + high) / 2.0;
+            if self.mean_keys(mid) >= capacity {
+                high = mid;
+            } else {
+                low = mid;
+            }
+        }
+        Some(high)
+    }
 }
 
 /// Per key, by dense id: the record that last used it and the one that first stored it,
@@ -159,6 +251,35 @@ impl Recency {
         self.stored.push(NEVER);
     }
 
+    /// Key `id` used at record `now`: its idle stretch since the last use (or the start)
+    /// ends. A key used twice by one record is one use.
+    fn use_key(&mut self, id: u32, now: u32) {
+        let was = std::mem::replace(&mut self.used[id as usize], now);
+        let footprint = &mut self.times.footprint;
+        if was == NEVER {
+            footprint.keys += 1;
+            footprint.stretch(u64::from(now) + 1);
+        } else if now > was {
+            footprint.stretch(u64::from(now - was));
+        }
+    }
+
+    /// Ends the count at a trace of `records` records: each used key's last stretch, from
+    /// its last use to the end, closes the footprint.
+    pub(crate) fn finish(&mut self, records: u64) {
+        let footprint = &mut self.times.footprint;
+        footprint.records = records;
+        for &used in self.used.iter().filter(|&&u| u != NEVER) {
+            footprint.stretch(records.saturating_sub(u64::from(used)));
+        }
+        self.times.first_stores = self
+            .stored
+            .iter()
+            .filter(|&&s| s != NEVER)
+            .map(|&s| Some(u64::from(s)))
+            .collect();
+    }
+
     /// Counts record `now`'s call naming keys `keys` (dense ids): a lookup's chunks by their
     /// times, then what the call used or stored.
     pub(crate) fn call(&mut self, now: u64, lookup: bool, keys: &[u32]) {
@@ -166,7 +287,7 @@ impl Recency {
         let now = u32::try_from(now).unwrap_or(NEVER - 1);
         if !lookup {
             for &id in keys {
-                self.used[id as usize] = now;
+                self.use_key(id, now);
                 let stored = &mut self.stored[id as usize];
                 if *stored == NEVER {
                     *stored = now;
@@ -189,7 +310,7 @@ impl Recency {
             if self.stored[id as usize] == NEVER {
                 break;
             }
-            self.used[id as usize] = now;
+            self.use_key(id, now);
         }
     }
 }
@@ -254,6 +375,55 @@ mod tests {
             let back = times.share_within(t);
             assert!((back - share).abs() < 1e-12, "{share} -> {t} -> {back}");
         }
+    }
+
+    #[test]
+    fn the_footprint_is_the_mean_distinct_keys_of_every_window() {
+        // Stores of one to three of 12 keys a record, from a fixed generator.
+        let (records, keys) = (300u64, 12u32);
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: u32| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % u64::from(m)) as u32
+        };
+        let calls: Vec<Vec<u32>> = (0..records)
+            .map(|_| (0..=next(3)).map(|_| next(keys)).collect())
+            .collect();
+        let mut recency = Recency::with_keys(keys as usize);
+        for (now, call) in calls.iter().enumerate() {
+            recency.call(now as u64, false, call);
+        }
+        recency.finish(records);
+        let footprint = &recency.times.footprint;
+        // Counted window by window, independently of the stretches.
+        for w in [1usize, 2, 3, 7, 20, 64, 150, 299, 300] {
+            let windows = calls.len() - w + 1;
+            let total: usize = (0..windows)
+                .map(|s| {
+                    let mut seen = [false; 12];
+                    calls[s..s + w]
+                        .iter()
+                        .flatten()
+                        .for_each(|&k| seen[k as usize] = true);
+                    seen.iter().filter(|&&b| b).count()
+                })
+                .sum();
+            let expected = total as f64 / windows as f64;
+            let got = footprint.mean_keys(w as f64);
+            assert!(
+                (got - expected).abs() < 1e-9,
+                "w {w}: {got} against {expected}"
+            );
+        }
+        // The window of a capacity is the least whose footprint reaches it.
+        for capacity in [1.5, 4.0, 9.0, 11.9] {
+            let w = footprint.window(capacity).expect("fewer than every key");
+            assert!(footprint.mean_keys(w) >= capacity, "{capacity}");
+            assert!(footprint.mean_keys(w - 0.02) < capacity, "{capacity}");
+        }
+        assert_eq!(footprint.window(f64::from(keys)), None);
     }
 
     #[test]

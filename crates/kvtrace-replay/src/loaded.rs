@@ -126,6 +126,10 @@ impl Loaded {
             }
             from = call.keys_end;
         }
+        let records = census.calls.len() as u64;
+        trees.recency.finish(records);
+        let mut census = census;
+        census.recency.finish(records);
         let Census {
             shown,
             header,
@@ -323,7 +327,8 @@ impl Loaded {
 /// that hit nothing) follows the last lookup's tree. Replayed with every capacity scaled by
 /// [`SampleCounts::scaled`] (the trunk, which every sample holds whole, at its own bytes, the
 /// rest at [`SampleCounts::share`]), the sample's hit rate, mapped through [`Sample::times`]
-/// (see [`crate::chunk_times`]), estimates the whole trace's.
+/// (see [`crate::chunk_times`]; for an L1 alone, the whole trace's footprint and first
+/// stores answer it), estimates the whole trace's.
 pub struct Sample {
     pub loaded: Loaded,
     pub counts: SampleCounts,
@@ -945,15 +950,20 @@ mod tests {
 
     /// Every looked-up chunk's times, counted independently with the keys themselves over
     /// every record of a real recording: a sample of every tree counts exactly these on both
-    /// sides, a half sample these for the whole trace and its own for itself.
+    /// sides, a half sample these for the whole trace and its own for itself. The whole
+    /// trace's footprint is each window's distinct used keys, averaged window by window,
+    /// and its first stores each key's first store.
     #[test]
     fn a_samples_chunk_times_are_the_whole_traces_and_its_own_calls() {
         let read = ReadOptions::default();
         let all = whole_churn();
         let (mut used, mut stored) = (HashMap::new(), HashMap::new());
         let (mut reuse, mut admission) = (Vec::new(), Vec::new());
+        // By record: the keys it used (stored, read, or found by a lookup).
+        let mut uses: Vec<Vec<KeyId>> = vec![Vec::new(); all.records.len()];
         for (now, record) in all.records.iter().enumerate() {
             let Ok(call) = &record.call else { continue };
+            let at = now;
             let now = now as u64;
             let keys: Vec<KeyId> = call.keys().collect();
             if !matches!(call, Call::Prefetch { .. }) {
@@ -961,6 +971,7 @@ mod tests {
                     used.insert(k, now);
                     stored.entry(k).or_insert(now);
                 }
+                uses[at] = keys;
                 continue;
             }
             let (mut r, mut a) = (Some(0), Some(0));
@@ -972,14 +983,38 @@ mod tests {
             }
             for k in keys.iter().take_while(|k| stored.contains_key(*k)) {
                 used.insert(*k, now);
+                uses[at].push(*k);
             }
         }
         assert!(reuse.iter().any(Option::is_some) && reuse.iter().any(Option::is_none));
+        let every = Loaded::load_sample(&churn(), read, 1.0, 0).unwrap();
+        let footprint = every.times.footprint.clone();
+        let n = uses.len();
+        for w in [1, 10, 100, n / 3, n - 1] {
+            let windows = n - w + 1;
+            let distinct: usize = (0..windows)
+                .map(|s| {
+                    uses[s..s + w]
+                        .iter()
+                        .flatten()
+                        .collect::<std::collections::HashSet<_>>()
+                        .len()
+                })
+                .sum();
+            let expected = distinct as f64 / windows as f64;
+            // Stretches past 2,048 records are bucketed to a 1/1024 share of themselves.
+            let got = footprint.mean_keys(w as f64);
+            assert!(
+                (got / expected - 1.0).abs() < 1e-3,
+                "w {w}: {got} against {expected}"
+            );
+        }
         let whole = Times {
             reuse: reuse.into_iter().collect(),
             admission: admission.into_iter().collect(),
+            footprint,
+            first_stores: stored.values().map(|&s| Some(s)).collect(),
         };
-        let every = Loaded::load_sample(&churn(), read, 1.0, 0).unwrap();
         assert_eq!((&every.times, &every.times_kept), (&whole, &whole));
         let half = Loaded::load_sample(&churn(), read, 0.5, 7).unwrap();
         assert_eq!(half.times, whole);

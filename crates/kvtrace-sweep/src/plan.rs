@@ -27,7 +27,7 @@ use serde_json::{json, Value as Json};
 use super::optimal::Uses;
 use super::replay::{Figures, LOAD_BUDGET_BYTES};
 use super::run_points;
-use super::stack::{lru_curve, lru_curve_of, LruCurve};
+use super::stack::{lru_curve, lru_curve_of, objects_in, LruCurve};
 use crate::error::{Error, Result};
 use crate::lmct::ReadOptions;
 use kvtrace_replay::chunk_times::Times;
@@ -97,12 +97,23 @@ pub struct SizeRun {
     pub requested_tokens: u64,
     /// Seconds between the trace's first and last request.
     pub span_s: f64,
+    /// The replay had an L1 and no other tier, and the L1 was an LRU that evicts as
+    /// allocations need room (`immediate` timing): what a sample's hit rate is read
+    /// against (`Estimate`).
+    pub l1_alone: bool,
+    pub lru_immediate: bool,
 }
 
 impl SizeRun {
     /// A storage trace's replay.
     pub fn of(report: &ReplayReport) -> SizeRun {
+        let config = &report.config;
         SizeRun {
+            l1_alone: report.tiers.len() == 1,
+            lru_immediate: config["kvtrace_eviction_timing"] == "immediate"
+                && config["eviction_config"]["eviction_policy"]
+                    .as_str()
+                    .is_some_and(|p| p.eq_ignore_ascii_case("LRU")),
             figures: Figures::of(report),
             hit_tokens: report.hits.hit_tokens,
             requested_tokens: report.hits.requested_tokens,
@@ -117,6 +128,8 @@ impl SizeRun {
     /// counts.
     pub fn of_events(report: &EventsReplayReport, span_s: f64) -> SizeRun {
         SizeRun {
+            l1_alone: false,
+            lru_immediate: false,
             figures: Figures::of_events(report),
             hit_tokens: 0,
             requested_tokens: 0,
@@ -180,6 +193,9 @@ pub struct SizePoint {
     pub span_s: f64,
     /// The share of looked-up chunks the best possible eviction hits at this size.
     pub optimal_chunk_hit_rate: Option<f64>,
+    /// How a sample's hit rate became the whole trace's: `footprint`, `reuse time` or
+    /// `admission time` (see `Estimate`); `None` for a replay of the whole trace.
+    pub sample_mapping: Option<&'static str>,
 }
 
 impl SizePoint {
@@ -331,12 +347,19 @@ pub fn plan(
             None,
         ),
     };
+    // The uses the optimal bound replays (the sample's, when sampled); they also tell
+    // whether the trace stores objects of one size.
+    let uses = match &loaded {
+        Some(l) => Uses::of(l.calls()),
+        None => Uses::read(trace, read),
+    };
     // Sizes are the whole trace's; a sample replays each at its share of it (the trunk,
     // which every sample holds whole, at its own size).
     let estimate = sampled.map_or(Estimate::WHOLE, |s| Estimate {
         share: s.counts.share(),
         correction: s.counts.correction(),
         times,
+        object_bytes: uses.as_ref().ok().map(|u| u.object_bytes),
     });
     let to_sample = |gib: f64| match sampled {
         Some(s) => s.counts.scaled(gib * GIB) / GIB,
@@ -366,10 +389,6 @@ pub fn plan(
     let mut search = search(options, range, &estimate, &at_size, done)?;
     // The bound at every replayed size, over the same calls (the sample's, when sampled) and
     // the L1 bytes the replay had.
-    let uses = match &loaded {
-        Some(l) => Uses::of(l.calls()),
-        None => Uses::read(trace, read),
-    };
     search.optimal_unavailable = match &uses {
         Ok(u) => {
             let points = &search.points;
@@ -499,7 +518,7 @@ fn search(
                     // A sample's traffic is its share of the whole trace's; what L2 serves
                     // is hits, corrected as they are.
                     let (read, written) = run.figures.l2_bytes();
-                    let factor = estimate.factor(&run.figures);
+                    let factor = estimate.factor(l1, &run);
                     Ok(SurfaceCell {
                         l1_gib: l1,
                         l2_gib: l2,
@@ -540,9 +559,10 @@ fn search(
 }
 
 /// How a replay's figures stand for the whole trace's: a sample's token counts divided by
-/// its share, its hit rates mapped through the chunks' times
-/// ([`kvtrace_replay::chunk_times`]): the time within which the sample's own chunks hit as
-/// often as its replay did, and the whole trace's chunks within that time.
+/// its share, its hit rates mapped by one of the [`Mapping`]s
+/// ([`kvtrace_replay::chunk_times`]): read from the whole trace's own footprint or fill
+/// point where the L1 was alone, else through the time within which the sample's own
+/// chunks hit as often as its replay did, and the whole trace's chunks within that time.
 #[derive(Debug)]
 struct Estimate {
     share: f64,
@@ -552,6 +572,9 @@ struct Estimate {
     correction: f64,
     /// `None`: the replay held every tree.
     times: Option<SampleTimes>,
+    /// The size of every object the sample stores, when it is one (what an L1's capacity
+    /// in objects needs).
+    object_bytes: Option<u64>,
 }
 
 /// The whole trace's chunk times and the sample's.
@@ -561,20 +584,33 @@ struct SampleTimes {
     kept: Times,
 }
 
-/// How a replay's L1 turned over, which decides the time its hits follow.
+/// How a sample's hit rate becomes the whole trace's, by how its L1 turned over.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Turnover {
-    /// It evicted: it keeps what was used recently, by reuse time.
-    Evicted,
-    /// It evicted nothing: it kept what was stored before it filled, by admission time.
-    Filled,
+enum Mapping {
+    /// An L1 alone, under LRU that evicts as allocations need room: it keeps what was used
+    /// within its characteristic time, which the whole trace's footprint gives at the whole
+    /// size. The sample's own replay cannot give it: each sampled tree's own chunks crowd
+    /// the scaled L1 at full size, and a few heavy trees decide how often.
+    Footprint,
+    /// An L1 alone that evicted nothing: it kept the keys stored before it filled and
+    /// refused the rest, so it hits the chunks whose prefix was stored by the record at
+    /// which the whole trace had first stored as many keys as the L1 holds.
+    FirstStores,
+    /// Any other L1 that evicted, or one beside an L2: by the time within which the
+    /// sample's own chunks were reused as often as its replay hit.
+    Reuse,
+    /// Any other L1 that evicted nothing: by the sample's own chunks' admission times.
+    Admission,
 }
 
-impl Turnover {
-    fn of(figures: &Figures) -> Turnover {
-        match figures.evictions {
-            0 => Turnover::Filled,
-            _ => Turnover::Evicted,
+impl Mapping {
+    /// The mapping's name in the reports.
+    fn name(self) -> &'static str {
+        match self {
+            Mapping::Footprint => "footprint",
+            Mapping::FirstStores => "first stores",
+            Mapping::Reuse => "reuse time",
+            Mapping::Admission => "admission time",
         }
     }
 }
@@ -585,16 +621,45 @@ impl Estimate {
         share: 1.0,
         correction: 1.0,
         times: None,
+        object_bytes: None,
     };
 
-    /// A replay's hit rate `rate` as the whole trace's.
-    fn rate(&self, rate: f64, turnover: Turnover) -> f64 {
+    /// How `run`'s hit rate maps: through the whole trace's own model where the L1 was
+    /// alone and its objects are of one size (the capacity in objects), else through the
+    /// sample's times.
+    fn mapping(&self, run: &SizeRun) -> Mapping {
+        let alone = run.l1_alone && self.object_bytes.is_some();
+        match run.figures.evictions {
+            _ if alone && run.lru_immediate => Mapping::Footprint,
+            0 if alone => Mapping::FirstStores,
+            0 => Mapping::Admission,
+            _ => Mapping::Reuse,
+        }
+    }
+
+    /// A replay's hit rate `rate` at an L1 of `gib` (the whole trace's size) as the whole
+    /// trace's.
+    fn rate(&self, rate: f64, mapping: Mapping, gib: f64) -> f64 {
         let Some(times) = &self.times else {
             return rate;
         };
-        let (whole, kept) = match turnover {
-            Turnover::Evicted => (&times.whole.reuse, &times.kept.reuse),
-            Turnover::Filled => (&times.whole.admission, &times.kept.admission),
+        let (whole, kept) = (&times.whole, &times.kept);
+        let capacity = || objects_in((gib * GIB) as u64, self.object_bytes.unwrap_or(1)) as f64;
+        let (whole, kept) = match mapping {
+            Mapping::Footprint => {
+                return match whole.footprint.window(capacity()) {
+                    Some(window) => whole.reuse.share_within(window),
+                    None => whole.reuse.share_timed(),
+                }
+            }
+            Mapping::FirstStores => {
+                return match whole.first_stores.time_of_count(capacity()) {
+                    Some(full) => whole.admission.share_within(full),
+                    None => whole.admission.share_timed(),
+                }
+            }
+            Mapping::Reuse => (&whole.reuse, &kept.reuse),
+            Mapping::Admission => (&whole.admission, &kept.admission),
         };
         match kept.time_of(rate) {
             None => rate * self.correction,
@@ -616,11 +681,11 @@ impl Estimate {
         }
     }
 
-    /// What a replay's hits (its L1's and L2's, its hit tokens and bytes) are multiplied by:
-    /// its hit rate's estimate over the rate.
-    fn factor(&self, figures: &Figures) -> f64 {
-        match figures.hit_rate {
-            rate if rate > 0.0 => self.rate(rate, Turnover::of(figures)) / rate,
+    /// What a replay's hits at an L1 of `gib` (its L1's and L2's, its hit tokens and
+    /// bytes) are multiplied by: its hit rate's estimate over the rate.
+    fn factor(&self, gib: f64, run: &SizeRun) -> f64 {
+        match run.figures.hit_rate {
+            rate if rate > 0.0 => self.rate(rate, self.mapping(run), gib) / rate,
             _ => 1.0,
         }
     }
@@ -631,8 +696,9 @@ impl Estimate {
     }
 
     fn point(&self, gib: f64, run: SizeRun) -> SizePoint {
+        let mapping = self.mapping(&run);
+        let factor = self.factor(gib, &run);
         let mut figures = run.figures;
-        let factor = self.factor(&figures);
         figures.hit_rate = (figures.hit_rate * factor).min(1.0);
         figures.l1_hit_rate = (figures.l1_hit_rate * factor).min(1.0);
         figures.l2_hit_rate = (figures.l2_hit_rate * factor).min(1.0);
@@ -643,6 +709,7 @@ impl Estimate {
             hit_tokens: self.whole(run.hit_tokens as f64 * factor),
             requested_tokens: self.whole(run.requested_tokens as f64),
             span_s: run.span_s,
+            sample_mapping: self.times.as_ref().map(|_| mapping.name()),
             figures,
             optimal_chunk_hit_rate: None,
         }
@@ -691,7 +758,24 @@ impl CapacityPlan {
             "request_match_rate": p.figures.request_match_rate,
             "marginal_hit_rate_per_gb": rate_per_gib,
             "marginal_hit_tokens_per_gb": tokens_per_gib,
+            "sample_mapping": p.sample_mapping,
         })
+    }
+
+    /// The mappings the curve's sizes took, each with how many, for the sample's line.
+    fn mappings(&self) -> String {
+        let mut counts: Vec<(&str, usize)> = Vec::new();
+        for name in self.points.iter().filter_map(|p| p.sample_mapping) {
+            match counts.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((name, 1)),
+            }
+        }
+        counts
+            .iter()
+            .map(|(name, n)| format!("{name} ({n} size{})", if *n == 1 { "" } else { "s" }))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn question_json(&self) -> Json {
@@ -1036,11 +1120,12 @@ impl Report for CapacityPlan {
         ));
         if let Some(Sampled { counts: s, .. }) = self.sampled {
             out.push_str(&format!(
-                "  sampled: {} of {} prefix trees ({:.2} % of {} distinct keys), each size replayed at that share; tokens are estimates\n  hit rates mapped through the chunks' reuse or admission times; the trace reuses {:.2} % of its looked-up chunks, the sample {:.2} % (the bound x {:.4})\n",
+                "  sampled: {} of {} prefix trees ({:.2} % of {} distinct keys), each size replayed at that share; tokens are estimates\n  hit rates mapped by {} (docs/commands/plan.md); the trace reuses {:.2} % of its looked-up chunks, the sample {:.2} % (the bound x {:.4})\n",
                 s.trees_kept,
                 s.trees,
                 s.share() * 100.0,
                 s.keys,
+                self.mappings(),
                 s.reuse.rate() * 100.0,
                 s.reuse_kept.rate() * 100.0,
                 s.correction(),
@@ -1057,6 +1142,8 @@ mod tests {
     /// A sample's hit rate is read as a time against its own chunks and mapped to the whole
     /// trace's chunks within that time: by reuse time when its replay evicted, by admission
     /// time when it did not; past every chunk the sample's times place, by the reuse ratio.
+    /// An L1 alone reads the whole trace's own models instead: an immediate LRU its
+    /// footprint's window at the size, one that filled the record at which it filled.
     #[test]
     fn a_sampled_rate_maps_through_the_time_its_turnover_follows() {
         // Chunks at these times, and `none` without one.
@@ -1068,46 +1155,85 @@ mod tests {
             whole: Times {
                 reuse: times(&[5, 6, 7, 10, 30, 40], 2),
                 admission: times(&[50, 200, 300, 400], 0),
+                ..Times::default()
             },
             kept: Times {
                 reuse: times(&[10, 20], 2),
                 admission: times(&[100, 300], 2),
+                ..Times::default()
             },
         };
-        let estimate = Estimate {
+        let mut estimate = Estimate {
             share: 0.5,
             correction: 1.5,
             times: Some(sample),
+            object_bytes: None,
         };
-        let evicting = Figures {
-            evictions: 3,
-            hit_rate: 0.25,
-            ..Figures::default()
+        let evicting = SizeRun {
+            figures: Figures {
+                evictions: 3,
+                hit_rate: 0.25,
+                ..Figures::default()
+            },
+            hit_tokens: 0,
+            requested_tokens: 0,
+            span_s: 0.0,
+            l1_alone: true,
+            lru_immediate: false,
         };
-        let filling = Figures {
-            evictions: 0,
+        let mut filling = evicting.clone();
+        filling.figures.evictions = 0;
+        let lru = SizeRun {
+            lru_immediate: true,
             ..evicting.clone()
         };
-        assert_eq!(Turnover::of(&evicting), Turnover::Evicted);
-        assert_eq!(Turnover::of(&filling), Turnover::Filled);
+        // Objects of no one size: no capacity in objects, so the sample's times.
+        assert_eq!(estimate.mapping(&evicting), Mapping::Reuse);
+        assert_eq!(estimate.mapping(&filling), Mapping::Admission);
+        assert_eq!(estimate.mapping(&lru), Mapping::Reuse);
         // A quarter of the sample's chunks: the one at reuse time 10, spread over [10, 11),
         // so within 11 records — where half the whole trace's chunks are (5, 6, 7, 10).
-        assert_eq!(estimate.rate(0.25, Turnover::Evicted), 0.5);
+        assert_eq!(estimate.rate(0.25, Mapping::Reuse, 1.0), 0.5);
         // By admission: the sample's chunk stored at 100, within 101 records; the whole
         // trace's stored by then are the one at 50, a quarter.
-        assert_eq!(estimate.rate(0.25, Turnover::Filled), 0.25);
+        assert_eq!(estimate.rate(0.25, Mapping::Admission, 1.0), 0.25);
         // Half the sample's chunks have a reuse time: at that rate, the whole trace's share
         // with one (6 of 8), though the sample's longest time (20) is short of its (40).
-        assert_eq!(estimate.rate(0.5, Turnover::Evicted), 0.75);
+        assert_eq!(estimate.rate(0.5, Mapping::Reuse, 1.0), 0.75);
         // More is past every chunk the sample's times place: the ratio.
-        assert_eq!(estimate.rate(0.6, Turnover::Evicted), 0.6 * 1.5);
-        assert_eq!(estimate.factor(&evicting), 2.0);
-        assert_eq!(estimate.factor(&filling), 1.0);
+        assert_eq!(estimate.rate(0.6, Mapping::Reuse, 1.0), 0.6 * 1.5);
+        assert_eq!(estimate.factor(1.0, &evicting), 2.0);
+        assert_eq!(estimate.factor(1.0, &filling), 1.0);
+        // Objects of one size, an L1 alone: the whole trace's own models.
+        estimate.object_bytes = Some(1 << 30);
+        assert_eq!(estimate.mapping(&lru), Mapping::Footprint);
+        assert_eq!(estimate.mapping(&filling), Mapping::FirstStores);
+        assert_eq!(estimate.mapping(&evicting), Mapping::Reuse);
+        let beside_l2 = SizeRun {
+            l1_alone: false,
+            ..lru.clone()
+        };
+        assert_eq!(estimate.mapping(&beside_l2), Mapping::Reuse);
+        // The whole trace first stored keys at records 50, 200 and 400: an L1 of two 1 GiB
+        // objects was full at 200, spread over [200, 201), so the chunks whose prefix was
+        // stored within 201 records hit — those at 50 and 200, half — whatever the sample
+        // hit. One of three or more never refused a key: every chunk with a time.
+        let times = estimate.times.as_mut().expect("times");
+        times.whole.first_stores = [50, 200, 400].map(Some).into_iter().collect();
+        assert_eq!(estimate.rate(0.01, Mapping::FirstStores, 2.0), 0.5);
+        assert_eq!(estimate.rate(0.9, Mapping::FirstStores, 2.0), 0.5);
+        assert_eq!(estimate.rate(0.01, Mapping::FirstStores, 3.0), 1.0);
+        assert_eq!(estimate.rate(0.01, Mapping::FirstStores, 4.0), 1.0);
+        // This footprint counted no key, so every capacity holds them all: the chunks with a
+        // reuse time (the footprint itself is held to windows counted one by one in
+        // `kvtrace_replay::chunk_times`).
+        assert_eq!(estimate.rate(0.25, Mapping::Footprint, 1.0), 0.75);
         // The optimal bound by the ratio, never below the policy's estimate.
         assert_eq!(estimate.bound(0.25, 0.25), 0.375);
         assert_eq!(estimate.bound(0.25, 0.5), 0.5);
         // The whole trace's own replay stands as it is.
-        assert_eq!(Estimate::WHOLE.rate(0.25, Turnover::Evicted), 0.25);
+        assert_eq!(Estimate::WHOLE.rate(0.25, Mapping::Reuse, 1.0), 0.25);
+        assert_eq!(Estimate::WHOLE.rate(0.25, Mapping::Footprint, 1.0), 0.25);
         assert_eq!(Estimate::WHOLE.bound(0.2, 0.5), 0.2);
     }
 
@@ -1122,6 +1248,7 @@ mod tests {
             requested_tokens: 1000,
             span_s: 1.0,
             optimal_chunk_hit_rate: None,
+            sample_mapping: None,
         }
     }
 
