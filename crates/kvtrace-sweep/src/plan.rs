@@ -519,11 +519,13 @@ fn search(
                     // is hits, corrected as they are.
                     let (read, written) = run.figures.l2_bytes();
                     let factor = estimate.factor(l1, &run);
+                    let without_hits = estimate.without_hits(l1, &run);
+                    let rate = |r: f64| without_hits.unwrap_or((r * factor).min(1.0));
                     Ok(SurfaceCell {
                         l1_gib: l1,
                         l2_gib: l2,
-                        hit_rate: (run.figures.hit_rate * factor).min(1.0),
-                        l1_hit_rate: (run.figures.l1_hit_rate * factor).min(1.0),
+                        hit_rate: rate(run.figures.hit_rate),
+                        l1_hit_rate: rate(run.figures.l1_hit_rate),
                         l2_hit_rate: (run.figures.l2_hit_rate * factor).min(1.0),
                         l2_bytes_read: estimate.whole(read as f64 * factor),
                         l2_bytes_written: estimate.whole(written as f64),
@@ -690,6 +692,18 @@ impl Estimate {
         }
     }
 
+    /// The whole trace's hit rate at `gib` where `run`, a sample's replay of an L1 alone,
+    /// hit nothing and a whole-trace model answers anyway (a scaled L1 too small for the
+    /// sample's requests): there is nothing to multiply, so the counts are that share of
+    /// what was requested. `None` otherwise.
+    fn without_hits(&self, gib: f64, run: &SizeRun) -> Option<f64> {
+        let mapping = self.mapping(run);
+        let model = matches!(mapping, Mapping::Footprint | Mapping::FirstStores);
+        (model && run.figures.hit_rate <= 0.0 && self.times.is_some())
+            .then(|| self.rate(0.0, mapping, gib))
+            .filter(|&rate| rate > 0.0)
+    }
+
     /// A sample's count (tokens, bytes) scaled to the whole trace.
     fn whole(&self, n: f64) -> u64 {
         (n / self.share).round() as u64
@@ -698,15 +712,27 @@ impl Estimate {
     fn point(&self, gib: f64, run: SizeRun) -> SizePoint {
         let mapping = self.mapping(&run);
         let factor = self.factor(gib, &run);
+        let without_hits = self.without_hits(gib, &run);
         let mut figures = run.figures;
-        figures.hit_rate = (figures.hit_rate * factor).min(1.0);
-        figures.l1_hit_rate = (figures.l1_hit_rate * factor).min(1.0);
-        figures.l2_hit_rate = (figures.l2_hit_rate * factor).min(1.0);
-        figures.hit_chunks =
-            ((figures.hit_chunks as f64 * factor).round() as u64).min(figures.requested_chunks);
+        let hit_tokens = match without_hits {
+            Some(rate) => {
+                figures.hit_rate = rate;
+                figures.l1_hit_rate = rate;
+                figures.hit_chunks = (rate * figures.requested_chunks as f64).round() as u64;
+                rate * run.requested_tokens as f64
+            }
+            None => {
+                figures.hit_rate = (figures.hit_rate * factor).min(1.0);
+                figures.l1_hit_rate = (figures.l1_hit_rate * factor).min(1.0);
+                figures.l2_hit_rate = (figures.l2_hit_rate * factor).min(1.0);
+                figures.hit_chunks = ((figures.hit_chunks as f64 * factor).round() as u64)
+                    .min(figures.requested_chunks);
+                run.hit_tokens as f64 * factor
+            }
+        };
         SizePoint {
             l1_gib: gib,
-            hit_tokens: self.whole(run.hit_tokens as f64 * factor),
+            hit_tokens: self.whole(hit_tokens),
             requested_tokens: self.whole(run.requested_tokens as f64),
             span_s: run.span_s,
             sample_mapping: self.times.as_ref().map(|_| mapping.name()),
@@ -1224,6 +1250,20 @@ mod tests {
         assert_eq!(estimate.rate(0.9, Mapping::FirstStores, 2.0), 0.5);
         assert_eq!(estimate.rate(0.01, Mapping::FirstStores, 3.0), 1.0);
         assert_eq!(estimate.rate(0.01, Mapping::FirstStores, 4.0), 1.0);
+        // A sample that hit nothing has nothing to multiply: the model's share of what was
+        // requested (here 10 chunks and 4,000 tokens, the whole trace's 8,000 at half).
+        let mut nothing = filling.clone();
+        nothing.figures.hit_rate = 0.0;
+        nothing.figures.requested_chunks = 10;
+        nothing.requested_tokens = 4000;
+        assert_eq!(estimate.without_hits(2.0, &nothing), Some(0.5));
+        assert_eq!(estimate.without_hits(2.0, &filling), None);
+        let point = estimate.point(2.0, nothing);
+        assert_eq!(point.figures.hit_rate, 0.5);
+        assert_eq!(point.figures.l1_hit_rate, 0.5);
+        assert_eq!(point.figures.hit_chunks, 5);
+        assert_eq!((point.hit_tokens, point.requested_tokens), (4000, 8000));
+        assert_eq!(point.sample_mapping, Some("first stores"));
         // This footprint counted no key, so every capacity holds them all: the chunks with a
         // reuse time (the footprint itself is held to windows counted one by one in
         // `kvtrace_replay::chunk_times`).
