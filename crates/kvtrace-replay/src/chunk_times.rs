@@ -20,9 +20,10 @@
 //! A prefix hits only whole, so a chunk's time is the largest over its prefix; a chunk whose
 //! prefix holds a key never stored has none (no cache hits it).
 //!
-//! For an LRU cache that evicts as allocations need room, the threshold need not be read
-//! from a sampled replay at all: [`Footprint`] gives the whole trace's characteristic time
-//! at any capacity, from the same pass (see there).
+//! For an L1 alone, the threshold need not be read from a sampled replay at all; the same
+//! pass gives it for the whole trace at any capacity: [`Footprint`] the characteristic time
+//! of an LRU that evicts as allocations need room, and [`Times::first_stores`] the record
+//! at which a cache that never evicts filled.
 
 /// Buckets of single records up to 2^10, then 2^10 buckets an octave: every time is placed
 /// within a 1/1024 share of itself, in a few tens of thousands of buckets for any trace.
