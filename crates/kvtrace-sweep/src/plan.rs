@@ -799,7 +799,7 @@ impl CapacityPlan {
         }
         counts
             .iter()
-            .map(|(name, n)| format!("{name} ({n} size{})", if *n == 1 { "" } else { "s" }))
+            .map(|(name, n)| format!("{name} at {n} size{}", if *n == 1 { "" } else { "s" }))
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -1128,8 +1128,12 @@ impl Report for CapacityPlan {
             }
         }
         out.push_str(&format!(
-            "\n  {} full replays between {:.4} and {:.4} GiB{}{}\n",
+            "\n  {} {} between {:.4} and {:.4} GiB{}{}\n",
             self.replays,
+            match self.sampled {
+                Some(_) => "replays of the sample",
+                None => "full replays",
+            },
             self.range.0,
             self.range.1,
             if self.range_from_curve {
@@ -1146,7 +1150,7 @@ impl Report for CapacityPlan {
         ));
         if let Some(Sampled { counts: s, .. }) = self.sampled {
             out.push_str(&format!(
-                "  sampled: {} of {} prefix trees ({:.2} % of {} distinct keys), each size replayed at that share; tokens are estimates\n  hit rates mapped by {} (docs/commands/plan.md); the trace reuses {:.2} % of its looked-up chunks, the sample {:.2} % (the bound x {:.4})\n",
+                "  sampled: {} of {} prefix trees ({:.2} % of {} distinct keys), each size replayed at that share; tokens are estimates\n  hit rates mapped by {}, as docs/commands/plan.md says; the trace reuses {:.2} % of its looked-up chunks, the sample {:.2} % (the bound x {:.4})\n",
                 s.trees_kept,
                 s.trees,
                 s.share() * 100.0,
