@@ -14,9 +14,14 @@
 # its collector's final summary, kvtrace's does not), which is what the small samples compare
 # once process start-up is taken away.
 #
+# Then, in one more run of each side outside the timing, every request's line: kvtrace's
+# `--report-jsonl` against the harness's `--requests-jsonl`, on the fields of REQUEST_FIELDS
+# below, as multisets (the two name a Mooncake trace's sessions differently).
+#
 # With REFERENCE=1 the harness's report of each case run is also written to
-# testdata/aisimulate/<name>.report.json, the reference tests/simulate/reference_reports.rs
-# holds kvtrace to without the harness.
+# testdata/aisimulate/<name>.report.json, and for a case marked "requests": true its lines,
+# cut to those fields, to <name>.requests.jsonl: the references
+# tests/simulate/reference_reports.rs holds kvtrace to without the harness.
 #
 # usage: tools/simulate-vs-aisimulate.sh [CASE...]
 #
@@ -69,6 +74,34 @@ for name in "${matrix[@]}"; do
         [ -z "$best_a" ] || [ "$a" -lt "$best_a" ] && best_a=$a
     done
     [ "${REFERENCE:-0}" = 1 ] && cp "$work/$name.aisim.${RUNS:-3}.json" "testdata/aisimulate/$name.report.json"
+    "$kvtrace" simulate "${args[@]}" --router-mode round_robin -q --report-jsonl "$work/$name.kvtrace.jsonl"
+    "$harness" "${args[@]}" --report-json "$work/$name.aisim.lines.json" --requests-jsonl "$work/$name.aisim.jsonl"
+    python3 - "$name" "$work/$name" "$cases" "${REFERENCE:-0}" <<'PY' || status=1
+import json, sys
+# The fields compared request by request (and kept in a case's reference lines).
+REQUEST_FIELDS = ["turn_index", "arrival_time_ms", "input_length", "output_length",
+                  "first_admit_ms", "first_token_ms", "last_token_ms", "reused_input_tokens",
+                  "decode_reused_input_tokens", "prefill_worker_idx", "decode_worker_idx"]
+name, stem, cases, reference = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+def rows(path):
+    return [{f: json.loads(line).get(f) for f in REQUEST_FIELDS} for line in open(path)]
+def key(row):
+    return [(v is None, v) for v in row.values()]
+ours, theirs = sorted(rows(f"{stem}.kvtrace.jsonl"), key=key), sorted(rows(f"{stem}.aisim.jsonl"), key=key)
+def same(a, b):
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b or abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+    return a == b
+differ = sum(1 for a, b in zip(ours, theirs) if not all(same(a[f], b[f]) for f in REQUEST_FIELDS))
+differ += abs(len(ours) - len(theirs))
+print(f"{name}: per request, {len(theirs) - differ}/{len(theirs)} lines equal on {len(REQUEST_FIELDS)} fields")
+case = next(c for c in json.load(open(cases)) if c["name"] == name)
+if reference and case.get("requests"):
+    with open(f"testdata/aisimulate/{name}.requests.jsonl", "w") as out:
+        for row in theirs:
+            out.write(json.dumps(row, separators=(",", ":")) + "\n")
+sys.exit(1 if differ else 0)
+PY
     python3 - "$name" "$work/$name" "${RUNS:-3}" "$best_k" "$best_a" <<'PY' || status=1
 import json, sys
 name, stem, runs = sys.argv[1], sys.argv[2], range(1, int(sys.argv[3]) + 1)

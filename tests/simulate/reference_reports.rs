@@ -23,6 +23,46 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The command line of a case of a `cases.json`, its placeholders filled in, to which the
+/// caller adds its outputs: `simulate ARGS --router-mode round_robin -q`. `None`, with a
+/// message, for a case that reads `{shared}` when `../shared` is absent.
+fn case_args(peer: &str, case: &Value) -> Option<Vec<String>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let slice = root.join("testdata/mooncake/conversation_head300.jsonl");
+    let name = case["name"].as_str().expect("name");
+    let raw: Vec<&str> = case["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("arg"))
+        .collect();
+    let shared = if raw.iter().any(|a| a.contains("{shared}")) {
+        let Some(shared) = shared() else {
+            eprintln!("skipped {peer} case {name}: ../shared is absent");
+            return None;
+        };
+        shared
+    } else {
+        root.to_path_buf()
+    };
+    let mut args = vec!["simulate".to_string()];
+    args.extend(raw.iter().map(|a| {
+        a.replace("{slice}", &slice.display().to_string())
+            .replace("{testdata}", &root.join("testdata").display().to_string())
+            .replace("{shared}", &shared.display().to_string())
+    }));
+    args.extend(["--router-mode".into(), "round_robin".into(), "-q".into()]);
+    Some(args)
+}
+
+/// Two values the same: numbers within 1e-9 of each other (relative), anything else equal.
+fn same(got: &Value, want: &Value) -> bool {
+    match (got.as_f64(), want.as_f64()) {
+        (Some(x), Some(y)) => x == y || (x - y).abs() <= 1e-9 * x.abs().max(y.abs()),
+        _ => got == want,
+    }
+}
+
 /// Runs every case of `testdata/<peer>/cases.json` through `kvtrace simulate` (round_robin)
 /// and returns each key whose value differs from the peer's report (1e-9 relative), and each
 /// key kvtrace writes that the peer's report lacks. With `same_keys` the peer's report may
@@ -31,41 +71,16 @@ fn read_json(path: &Path) -> Value {
 fn differences(peer: &str, same_keys: bool) -> Vec<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let data = root.join("testdata").join(peer);
-    let slice = root.join("testdata/mooncake/conversation_head300.jsonl");
     let cases = read_json(&data.join("cases.json"));
     let dir = scratch();
     let mut differ = Vec::new();
     for case in cases.as_array().expect("cases") {
         let name = case["name"].as_str().expect("name");
-        let raw: Vec<&str> = case["args"]
-            .as_array()
-            .expect("args")
-            .iter()
-            .map(|a| a.as_str().expect("arg"))
-            .collect();
-        let shared = if raw.iter().any(|a| a.contains("{shared}")) {
-            let Some(shared) = shared() else {
-                eprintln!("skipped {peer} case {name}: ../shared is absent");
-                continue;
-            };
-            shared
-        } else {
-            root.to_path_buf()
+        let Some(mut args) = case_args(peer, case) else {
+            continue;
         };
         let report = dir.path().join(format!("{name}.json"));
-        let mut args = vec!["simulate".to_string()];
-        args.extend(raw.iter().map(|a| {
-            a.replace("{slice}", &slice.display().to_string())
-                .replace("{testdata}", &root.join("testdata").display().to_string())
-                .replace("{shared}", &shared.display().to_string())
-        }));
-        args.extend([
-            "--router-mode".into(),
-            "round_robin".into(),
-            "--report-json".into(),
-            report.display().to_string(),
-            "-q".into(),
-        ]);
+        args.extend(["--report-json".into(), report.display().to_string()]);
         let out = kvtrace(&args);
         assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
         let ours = read_json(&report);
@@ -86,11 +101,7 @@ fn differences(peer: &str, same_keys: bool) -> Vec<String> {
                 differ.push(format!("{name}: {key}: not in {peer}'s report"));
                 continue;
             };
-            let same = match (got.as_f64(), want.as_f64()) {
-                (Some(x), Some(y)) => x == y || (x - y).abs() <= 1e-9 * x.abs().max(y.abs()),
-                _ => got == want,
-            };
-            if !same {
+            if !same(got, want) {
                 differ.push(format!("{name}: {key}: kvtrace {got}, {peer} {want}"));
             }
         }
@@ -110,6 +121,64 @@ fn round_robin_reports_match_dynamos_on_every_key() {
 fn aisimulate_engine_reports_match_on_every_key_kvtrace_writes() {
     let differ = differences("aisimulate", false);
     assert!(differ.is_empty(), "{}", differ.join("\n"));
+}
+
+/// Every request's line against AISimulate's, for the cases marked `"requests": true`
+/// (disaggregated with a transfer delay: the reuse listed is the prefill's; the request
+/// graphs of agentic and weka traces: no turn index): `--report-jsonl` cut to the fields of
+/// `<name>.requests.jsonl`, which the harness's `--requests-jsonl` gave, as multisets — the
+/// two name a Mooncake trace's sessions differently, and order a graph's lines otherwise.
+#[test]
+fn aisimulate_engine_requests_match_on_every_listed_field() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/aisimulate");
+    let cases = read_json(&data.join("cases.json"));
+    let dir = scratch();
+    let lines = |path: &Path, fields: Option<&[String]>| -> Vec<Vec<Value>> {
+        let text = std::fs::read_to_string(path).expect("lines");
+        let mut rows: Vec<Vec<Value>> = text
+            .lines()
+            .map(|line| serde_json::from_str::<Value>(line).expect("a JSON line"))
+            .map(|v| {
+                let fields: Vec<String> = match fields {
+                    Some(f) => f.to_vec(),
+                    None => v.as_object().expect("object").keys().cloned().collect(),
+                };
+                fields.iter().map(|f| v[f.as_str()].clone()).collect()
+            })
+            .collect();
+        rows.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+        rows
+    };
+    let mut checked = 0;
+    for case in cases.as_array().expect("cases") {
+        if case["requests"] != Value::Bool(true) {
+            continue;
+        }
+        let name = case["name"].as_str().expect("name");
+        let reference = data.join(format!("{name}.requests.jsonl"));
+        let first = std::fs::read_to_string(&reference).expect("reference lines");
+        let first: Value =
+            serde_json::from_str(first.lines().next().expect("a line")).expect("json");
+        let fields: Vec<String> = first.as_object().expect("object").keys().cloned().collect();
+        let Some(mut args) = case_args("aisimulate", case) else {
+            continue;
+        };
+        let ours = dir.path().join(format!("{name}.jsonl"));
+        args.extend(["--report-jsonl".into(), ours.display().to_string()]);
+        let out = kvtrace(&args);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
+        let (ours, theirs) = (lines(&ours, Some(&fields)), lines(&reference, None));
+        assert_eq!(ours.len(), theirs.len(), "{name}: requests");
+        for (got, want) in ours.iter().zip(&theirs) {
+            let equal = got.iter().zip(want).all(|(g, w)| same(g, w));
+            assert!(
+                equal,
+                "{name}: kvtrace {got:?}, aisimulate {want:?} ({fields:?})"
+            );
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 4, "the cases with reference lines");
 }
 
 /// Runs the differential matrix against a live Dynamo when `KVTRACE_DYNAMO_VENV` names a venv

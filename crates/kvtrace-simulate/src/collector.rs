@@ -21,6 +21,10 @@ pub enum Status {
 pub struct RequestRecord {
     pub session_id: String,
     pub turn_index: u32,
+    /// A request of a request graph (agentic, weka), whose sessions are not turns: its
+    /// line lists no turn index, as AISimulate's does.
+    #[serde(skip)]
+    pub graph: bool,
     pub uuid: u32,
     pub arrival_time_ms: f64,
     pub first_admit_ms: Option<f64>,
@@ -49,6 +53,11 @@ pub struct RequestRecord {
     pub decode_admit_ms: Option<f64>,
     pub source_released_ms: Option<f64>,
     pub decode_reused_input_tokens: Option<u32>,
+    /// The largest prefix hit over the request's prefill admissions in a disaggregated run
+    /// under AISimulate's engine, which lists that as the request's reuse (the prefill
+    /// compute it saved) where its totals count every admission's.
+    #[serde(skip)]
+    pub prefill_reused_input_tokens: Option<u32>,
     pub prefill_route_overlap_tokens: Option<u32>,
     pub decode_route_overlap_tokens: Option<u32>,
     pub terminal_status: Status,
@@ -256,6 +265,7 @@ impl Collector {
         self.records.push(RequestRecord {
             session_id,
             turn_index: turn,
+            graph: false,
             uuid,
             arrival_time_ms: arrival_ms,
             first_admit_ms: None,
@@ -278,6 +288,7 @@ impl Collector {
             decode_admit_ms: None,
             source_released_ms: None,
             decode_reused_input_tokens: None,
+            prefill_reused_input_tokens: None,
             prefill_route_overlap_tokens: None,
             decode_route_overlap_tokens: None,
             terminal_status: Status::Pending,

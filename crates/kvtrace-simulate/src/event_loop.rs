@@ -616,6 +616,7 @@ impl Simulation<'_> {
         let id = self
             .collector
             .arrive(name, turn_index, now, turn.prompt.len, turn.output_length);
+        self.collector.records[id as usize].graph = self.workload.graph.is_some();
         self.request_session.push(session);
         self.release(session, Trigger::Dispatch, now);
         if let Some(o) = self.offload.as_deref_mut() {
@@ -948,6 +949,11 @@ impl Simulation<'_> {
             o.advance_to(now);
         }
         let disaggregated = self.disaggregated();
+        let aisimulate = self
+            .config
+            .prefill
+            .as_ref()
+            .is_some_and(|p| p.engine.engine_version != EngineVersion::Dynamo142);
         let worker = &mut self.pools[pool].workers[w];
         let mut longest: Option<f64> = None;
         for (rank, engine) in worker.ranks.iter_mut().enumerate() {
@@ -972,6 +978,10 @@ impl Simulation<'_> {
                     *r = (*r).max(reused);
                 } else if disaggregated {
                     record.prefill_admit_ms.get_or_insert(now);
+                    if aisimulate {
+                        let r = record.prefill_reused_input_tokens.get_or_insert(reused);
+                        *r = (*r).max(reused);
+                    }
                 }
             }
             let end = out.end_ms(now);

@@ -226,6 +226,12 @@ fn request_json(r: &RequestRecord) -> Json {
         m.insert("ttst_ms".into(), serde_json::json!(r.ttst()));
         m.insert("e2e_latency_ms".into(), serde_json::json!(r.e2e()));
         m.insert("itl_ms".into(), serde_json::json!(r.tpot()));
+        if let Some(prefill) = r.prefill_reused_input_tokens {
+            m.insert("reused_input_tokens".into(), prefill.into());
+        }
+        if r.graph {
+            m.insert("turn_index".into(), Json::Null);
+        }
     }
     v
 }
