@@ -231,6 +231,10 @@ fn an_unreachable_target_is_said_and_every_output_is_written() {
         rows.lines().count() - 1,
         p["curve"].as_array().expect("curve").len()
     );
+    // A plan of the whole trace maps nothing: the column is there, empty.
+    let header = rows.lines().next().expect("header");
+    assert!(header.ends_with(",knee,sample_mapping"), "{header}");
+    assert!(rows.lines().skip(1).all(|row| row.ends_with(',')), "{rows}");
     assert!(std::fs::read_to_string(d("p.svg"))
         .expect("svg")
         .contains("<svg"));

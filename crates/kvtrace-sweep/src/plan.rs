@@ -883,6 +883,7 @@ impl Report for CapacityPlan {
             "marginal_hit_tokens_per_gb",
             "answer",
             "knee",
+            "sample_mapping",
         ])
         .sheet("Curve")
         .csv("plan_curve.csv");
@@ -905,6 +906,8 @@ impl Report for CapacityPlan {
                 Cell::Number(tokens),
                 Cell::Bool(self.answer == Some(i)),
                 Cell::Bool(self.knee == Some(i)),
+                p.sample_mapping
+                    .map_or(Cell::Empty, |m| Cell::Text(m.to_owned())),
             ]);
         }
         let mut tables = vec![t];
