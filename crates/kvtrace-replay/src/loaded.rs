@@ -111,7 +111,7 @@ impl Loaded {
     /// again (a plain file at their offsets). Only the sampled records are held afterwards,
     /// so a trace too large to load whole can be sampled.
     pub fn load_sample(path: &Path, read: ReadOptions, rate: f64, seed: u64) -> Result<Sample> {
-        let census = Census::read(path, read)?;
+        let mut census = Census::read(path, read)?;
         let mut trees = Trees::new(rate, seed, &census);
         let mut offsets = Vec::new();
         let mut from = 0;
@@ -128,7 +128,6 @@ impl Loaded {
         }
         let records = census.calls.len() as u64;
         trees.recency.finish(records);
-        let mut census = census;
         census.recency.finish(records);
         let Census {
             shown,

@@ -407,6 +407,14 @@ impl Simulation<'_> {
         self.pools.len() > 1
     }
 
+    /// The engine version of the prefill pool, when serving is disaggregated.
+    fn prefill_engine_version(&self) -> Option<EngineVersion> {
+        self.config
+            .prefill
+            .as_ref()
+            .map(|p| p.engine.engine_version)
+    }
+
     fn schedule_arrival(&mut self, at: f64, session: u32) {
         self.arrivals.push(Reverse((Time(at), session)));
     }
@@ -649,11 +657,7 @@ impl Simulation<'_> {
         }
         // Dynamo 1.4.2's prefill worker generates a planned output unseen before the hand-off;
         // AISimulate's stops its prefill request at one token.
-        let dynamo = self
-            .config
-            .prefill
-            .as_ref()
-            .is_some_and(|p| p.engine.engine_version == EngineVersion::Dynamo142);
+        let dynamo = self.prefill_engine_version() == Some(EngineVersion::Dynamo142);
         let planned = if self.workload.planned_outputs && dynamo {
             turn.output_length
         } else {
@@ -949,11 +953,9 @@ impl Simulation<'_> {
             o.advance_to(now);
         }
         let disaggregated = self.disaggregated();
-        let aisimulate = self
-            .config
-            .prefill
-            .as_ref()
-            .is_some_and(|p| p.engine.engine_version != EngineVersion::Dynamo142);
+        // AISimulate lists a disaggregated request's reuse as its prefill admissions'.
+        let prefill_reuse =
+            disaggregated && self.prefill_engine_version() != Some(EngineVersion::Dynamo142);
         let worker = &mut self.pools[pool].workers[w];
         let mut longest: Option<f64> = None;
         for (rank, engine) in worker.ranks.iter_mut().enumerate() {
@@ -978,7 +980,7 @@ impl Simulation<'_> {
                     *r = (*r).max(reused);
                 } else if disaggregated {
                     record.prefill_admit_ms.get_or_insert(now);
-                    if aisimulate {
+                    if prefill_reuse {
                         let r = record.prefill_reused_input_tokens.get_or_insert(reused);
                         *r = (*r).max(reused);
                     }

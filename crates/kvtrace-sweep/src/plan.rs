@@ -645,23 +645,23 @@ impl Estimate {
         let Some(times) = &self.times else {
             return rate;
         };
-        let (whole, kept) = (&times.whole, &times.kept);
+        let trace = &times.whole;
         let capacity = || objects_in((gib * GIB) as u64, self.object_bytes.unwrap_or(1)) as f64;
         let (whole, kept) = match mapping {
             Mapping::Footprint => {
-                return match whole.footprint.window(capacity()) {
-                    Some(window) => whole.reuse.share_within(window),
-                    None => whole.reuse.share_timed(),
+                return match trace.footprint.window(capacity()) {
+                    Some(window) => trace.reuse.share_within(window),
+                    None => trace.reuse.share_timed(),
                 }
             }
             Mapping::FirstStores => {
-                return match whole.first_stores.time_of_count(capacity()) {
-                    Some(full) => whole.admission.share_within(full),
-                    None => whole.admission.share_timed(),
+                return match trace.first_stores.time_of_count(capacity()) {
+                    Some(full) => trace.admission.share_within(full),
+                    None => trace.admission.share_timed(),
                 }
             }
-            Mapping::Reuse => (&whole.reuse, &kept.reuse),
-            Mapping::Admission => (&whole.admission, &kept.admission),
+            Mapping::Reuse => (&trace.reuse, &times.kept.reuse),
+            Mapping::Admission => (&trace.admission, &times.kept.admission),
         };
         match kept.time_of(rate) {
             None => rate * self.correction,
