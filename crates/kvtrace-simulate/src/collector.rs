@@ -120,7 +120,11 @@ impl Sla {
 pub struct Collector {
     pub records: Vec<RequestRecord>,
     gaps: Gaps,
-    /// The thread that folds the gaps instead, when there is one ([`Collector::beside`]).
+    /// Whether a folding thread may fold the gaps ([`Collector::beside`]).
+    beside: bool,
+    /// Gaps not yet folded or handed to the folding thread, in the order they ended.
+    batch: Vec<f64>,
+    /// The folding thread, once the first batch filled.
     folder: Option<Folder>,
     /// Token-time lists of ended requests, emptied for the next ones: growing a fresh list
     /// per request was a tenth of a simulation, in reallocation and copying.
@@ -146,11 +150,12 @@ impl Gaps {
         }
     }
 
-    fn add(&mut self, gap: f64) {
-        self.itl.add(gap);
-        if gap > 0.0 {
-            self.per_user.add(1000.0 / gap);
-        }
+    /// Folds a batch of gaps, in order: each joins the ITL sketch, and a positive one the
+    /// output rate it stands for.
+    fn fold(&mut self, batch: &[f64]) {
+        self.itl.fold_with(&mut self.per_user, batch, |gap| {
+            (gap > 0.0).then(|| 1000.0 / gap)
+        });
     }
 }
 
@@ -171,15 +176,18 @@ const FOLDER_STACK: usize = 64 << 10;
 /// the thread folds them in the order the requests ended, the order the running mean and
 /// variance depend on in their last digits; the emptied batches come back.
 struct Folder {
-    batch: Vec<f64>,
     to: Sender<Vec<f64>>,
     back: Receiver<Vec<f64>>,
     thread: std::thread::JoinHandle<Gaps>,
 }
 
 impl Folder {
-    /// The thread, started; `None` when the system refuses one (the run folds on its own).
+    /// The thread, started; `None` on a single core, or when the system refuses a thread
+    /// (the run then folds on its own).
     fn start() -> Option<Folder> {
+        if !std::thread::available_parallelism().is_ok_and(|n| n.get() > 1) {
+            return None;
+        }
         // Two batches waiting at most: the folder is faster than the simulation.
         let (to, work) = bounded::<Vec<f64>>(2);
         // Bounded too, so that its slots are allocated here, once, and not by the folding
@@ -191,9 +199,7 @@ impl Folder {
             .stack_size(FOLDER_STACK)
             .spawn(move || {
                 for mut batch in work {
-                    for &gap in &batch {
-                        gaps.add(gap);
-                    }
+                    gaps.fold(&batch);
                     batch.clear();
                     // The simulation may have ended its run already; the batch then goes.
                     let _ = done.send(batch);
@@ -201,47 +207,77 @@ impl Folder {
                 gaps
             })
             .ok()?;
-        Some(Folder {
-            batch: Vec::with_capacity(FOLD_BATCH),
-            to,
-            back,
-            thread,
-        })
+        Some(Folder { to, back, thread })
     }
 
-    fn add(&mut self, times: &[f64]) {
-        for gap in gaps_of(times) {
-            if self.batch.len() == FOLD_BATCH {
-                let next = self
-                    .back
-                    .try_recv()
-                    .unwrap_or_else(|_| Vec::with_capacity(FOLD_BATCH));
-                // A send fails only when the thread is gone; `settle` then reports its panic.
-                let _ = self.to.send(std::mem::replace(&mut self.batch, next));
-            }
-            self.batch.push(gap);
-        }
+    /// Hands a full batch over and returns an empty one.
+    fn send(&self, batch: Vec<f64>) -> Vec<f64> {
+        let next = self
+            .back
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(FOLD_BATCH));
+        // A send fails only when the thread is gone; `settle` then reports its panic.
+        let _ = self.to.send(batch);
+        next
     }
 }
 
 impl Collector {
-    /// A collector that folds the pooled distributions on a thread of its own; the run
-    /// calls [`Collector::settle`] when it ends, before the summary.
+    /// A collector that folds the pooled distributions on a thread of its own, where there
+    /// is a second core, from the first full batch of gaps on; the run calls
+    /// [`Collector::settle`] when it ends, before the summary. A run that ends before then
+    /// starts no thread: starting one, and asking the system for its cores, cost a small
+    /// simulation more than all its folding.
     pub fn beside() -> Collector {
         Collector {
-            folder: Folder::start(),
+            beside: true,
             ..Collector::default()
         }
     }
 
-    /// Waits for the folding thread, if there is one, to fold every request sent to it.
+    /// Batches one completed request's gaps.
+    fn fold(&mut self, times: &[f64]) {
+        for gap in gaps_of(times) {
+            if self.batch.len() == FOLD_BATCH {
+                self.flush();
+            }
+            self.batch.push(gap);
+        }
+    }
+
+    /// Hands the full batch to the folding thread, started by the first, or folds it here.
+    /// The thread starts at the first batch or never, so either way every gap is folded in
+    /// the order the requests ended.
+    fn flush(&mut self) {
+        if self.beside && self.folder.is_none() {
+            self.folder = Folder::start();
+            self.beside = self.folder.is_some();
+        }
+        match &self.folder {
+            Some(folder) => {
+                let next = folder.send(std::mem::take(&mut self.batch));
+                self.batch = next;
+            }
+            None => {
+                self.gaps.fold(&self.batch);
+                self.batch.clear();
+            }
+        }
+    }
+
+    /// Folds the gaps still batched, and waits for the folding thread, if one started, to
+    /// fold every batch sent to it.
     pub fn settle(&mut self) {
-        let Some(mut folder) = self.folder.take() else {
+        self.beside = false;
+        let Some(folder) = self.folder.take() else {
+            self.gaps.fold(&self.batch);
+            self.batch.clear();
             return;
         };
-        if !folder.batch.is_empty() {
+        let batch = std::mem::take(&mut self.batch);
+        if !batch.is_empty() {
             // The thread ends only when the sender is dropped, below: it is there to receive.
-            let _ = folder.to.send(std::mem::take(&mut folder.batch));
+            let _ = folder.to.send(batch);
         }
         drop(folder.to);
         // Batches still coming back are not needed: the thread's sends then fail, not wait.
@@ -339,10 +375,7 @@ impl Collector {
         if status == Status::Completed {
             self.completed += 1;
             if r.first_admit_ms.is_some() {
-                match &mut self.folder {
-                    Some(folder) => folder.add(&times),
-                    None => gaps_of(&times).for_each(|gap| self.gaps.add(gap)),
-                }
+                self.fold(&times);
             }
         }
         if times.capacity() > 0 {
@@ -461,8 +494,8 @@ impl Collector {
     /// `wall_ms` is the simulation's real time.
     pub fn summary(&self, provision: Provision, wall_ms: f64, sla: Sla) -> Summary {
         debug_assert!(
-            self.folder.is_none(),
-            "a folding thread's gaps are settled first"
+            self.batch.is_empty() && self.folder.is_none(),
+            "every gap is settled first"
         );
         let done: Vec<&RequestRecord> = self
             .records
@@ -581,14 +614,14 @@ mod tests {
 
     /// Drives `collector` through requests that overlap and end out of order, some rejected,
     /// some with repeated token times (zero gaps); returns the gaps of the completed ones.
-    fn drive(collector: &mut Collector, seed: u64) -> usize {
+    fn drive(collector: &mut Collector, seed: u64, requests: u32) -> usize {
         let mut rng = SplitMix64::new(seed);
         let (mut live, mut gaps, mut now) = (Vec::new(), 0, 0.0);
-        for request in 0..400u32 {
+        for request in 0..requests {
             let id = collector.arrive(format!("s{request}"), 0, now, 100, 100);
             collector.admit(id, now, 0);
             live.push((id, 1 + rng.range(0, 150) as usize));
-            while live.len() > 6 || (request == 399 && !live.is_empty()) {
+            while live.len() > 6 || (request + 1 == requests && !live.is_empty()) {
                 let pick = rng.range(0, live.len() as u64 - 1) as usize;
                 let (id, tokens) = live.swap_remove(pick);
                 for _ in 0..tokens {
@@ -612,15 +645,19 @@ mod tests {
 
     /// Gaps folded on the folding thread give the pooled figures, bit for bit, that folding
     /// them as requests end gives: the same gaps, in the same order, over several batches.
+    /// A run whose gaps fill no batch starts no thread and gives them too.
     #[test]
     fn gaps_folded_beside_equal_gaps_folded_in_place() {
-        for seed in 0..3 {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for (seed, requests) in [(0, 400), (1, 400), (2, 400), (3, 20)] {
             let mut here = Collector::default();
             let mut beside = Collector::beside();
-            assert!(beside.folder.is_some());
-            let gaps = drive(&mut here, seed);
-            assert!(gaps > 3 * FOLD_BATCH);
-            assert_eq!(drive(&mut beside, seed), gaps);
+            let gaps = drive(&mut here, seed, requests);
+            let batches = gaps / FOLD_BATCH;
+            assert!(batches > 3 || requests < 100);
+            assert_eq!(drive(&mut beside, seed, requests), gaps);
+            assert_eq!(beside.folder.is_some(), batches > 0 && cores > 1);
+            here.settle();
             beside.settle();
             assert!(beside.folder.is_none());
             assert_eq!(here.gaps.itl.count(), gaps as u64);

@@ -310,11 +310,7 @@ pub fn simulate(
     // 12,000-request simulation's peak memory).
     let turns: usize = workload.sessions.iter().map(|s| s.turns.len()).sum();
     // With a second core, the pooled token gaps are folded beside the simulation.
-    let mut collector = if std::thread::available_parallelism().is_ok_and(|n| n.get() > 1) {
-        Collector::beside()
-    } else {
-        Collector::default()
-    };
+    let mut collector = Collector::beside();
     collector.records.reserve_exact(turns);
     // A request the router queues is released when another worker's pass ends, and a
     // handoff's or an offload store's work runs between passes: any of them could reach a

@@ -14,17 +14,37 @@ pub struct Sketch {
     offset: i32,
     /// Zero samples sit below every bucket.
     zeros: u64,
+    moments: Moments,
+    /// The last positive sample and its key: where the tokens of one pass share their gap
+    /// to the bit, most samples repeat the one before and skip the logarithm.
+    last: (f64, i32),
+}
+
+/// Count, extremes, and Welford's running mean and sum of squared deviations: stable where
+/// the deviation is tiny against the mean (a few µs of ITL spread on 6 ms), and, fed in the
+/// same order, the same bits as the reference report's. Kept apart from the buckets so that
+/// a batch holds them in registers ([`Sketch::fold_with`]): each sample's mean waits on the
+/// one before through a division, and a round trip through memory lengthened that chain
+/// (folding is a fifth of a 300-request simulation on one core; a tenth less with this).
+#[derive(Clone, Copy, Debug)]
+struct Moments {
     count: u64,
-    /// Welford's running mean and sum of squared deviations: stable where the deviation is
-    /// tiny against the mean (a few µs of ITL spread on 6 ms), and, fed in the same order,
-    /// the same bits as the reference report's.
     mean: f64,
     squared_deviations: f64,
     min: f64,
     max: f64,
-    /// The last positive sample and its key: the tokens of one pass share their gap, so
-    /// most samples repeat the one before and skip the logarithm.
-    last: (f64, i32),
+}
+
+impl Moments {
+    #[inline(always)]
+    fn add(&mut self, v: f64) {
+        self.count += 1;
+        let delta = v - self.mean;
+        self.mean += delta / self.count as f64;
+        self.squared_deviations += delta * (v - self.mean);
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+    }
 }
 
 impl Default for Sketch {
@@ -34,11 +54,13 @@ impl Default for Sketch {
             buckets: Vec::new(),
             offset: 0,
             zeros: 0,
-            count: 0,
-            mean: 0.0,
-            squared_deviations: 0.0,
-            min: f64::INFINITY,
-            max: f64::NEG_INFINITY,
+            moments: Moments {
+                count: 0,
+                mean: 0.0,
+                squared_deviations: 0.0,
+                min: f64::INFINITY,
+                max: f64::NEG_INFINITY,
+            },
             last: (f64::NAN, 0),
         }
     }
@@ -66,83 +88,109 @@ impl Sketch {
 
     /// Adds a non-negative sample (others are not representable and are ignored).
     pub fn add(&mut self, v: f64) {
+        if self.count_sample(v) {
+            self.moments.add(v);
+        }
+    }
+
+    /// Adds every sample to `self`, and `derived(sample)` to `other` where that is `Some`,
+    /// in order: what `add` would give, sample by sample, with both sketches' moments kept
+    /// in registers over the batch so that their two chains of divisions overlap.
+    pub fn fold_with(
+        &mut self,
+        other: &mut Sketch,
+        samples: &[f64],
+        derived: impl Fn(f64) -> Option<f64>,
+    ) {
+        let (mut mine, mut theirs) = (self.moments, other.moments);
+        for &v in samples {
+            if self.count_sample(v) {
+                mine.add(v);
+            }
+            if let Some(w) = derived(v) {
+                if other.count_sample(w) {
+                    theirs.add(w);
+                }
+            }
+        }
+        (self.moments, other.moments) = (mine, theirs);
+    }
+
+    /// Counts `v` in its bucket; false for a sample that is not representable.
+    #[inline(always)]
+    fn count_sample(&mut self, v: f64) -> bool {
         if !(v >= 0.0 && v.is_finite()) {
-            return;
+            return false;
         }
         if v == 0.0 {
             self.zeros += 1;
-        } else {
-            let key = if v == self.last.0 {
-                self.last.1
-            } else {
-                let key = ceil_key(v.ln() / self.gamma_ln);
-                self.last = (v, key);
-                key
-            };
-            if self.buckets.is_empty() {
-                self.offset = key;
-            }
-            if key < self.offset {
-                let grow = (self.offset - key) as usize;
-                self.buckets.splice(0..0, std::iter::repeat_n(0, grow));
-                self.offset = key;
-            }
-            let index = (key - self.offset) as usize;
-            if index >= self.buckets.len() {
-                self.buckets.resize(index + 1, 0);
-            }
-            self.buckets[index] += 1;
+            return true;
         }
-        self.count += 1;
-        let delta = v - self.mean;
-        self.mean += delta / self.count as f64;
-        self.squared_deviations += delta * (v - self.mean);
-        self.min = self.min.min(v);
-        self.max = self.max.max(v);
+        let key = if v == self.last.0 {
+            self.last.1
+        } else {
+            let key = ceil_key(v.ln() / self.gamma_ln);
+            self.last = (v, key);
+            key
+        };
+        if self.buckets.is_empty() {
+            self.offset = key;
+        }
+        if key < self.offset {
+            let grow = (self.offset - key) as usize;
+            self.buckets.splice(0..0, std::iter::repeat_n(0, grow));
+            self.offset = key;
+        }
+        let index = (key - self.offset) as usize;
+        if index >= self.buckets.len() {
+            self.buckets.resize(index + 1, 0);
+        }
+        self.buckets[index] += 1;
+        true
     }
 
     pub fn count(&self) -> u64 {
-        self.count
+        self.moments.count
     }
 
     pub fn min(&self) -> f64 {
-        if self.count == 0 {
+        if self.moments.count == 0 {
             0.0
         } else {
-            self.min
+            self.moments.min
         }
     }
 
     pub fn max(&self) -> f64 {
-        if self.count == 0 {
+        if self.moments.count == 0 {
             0.0
         } else {
-            self.max
+            self.moments.max
         }
     }
 
     pub fn mean(&self) -> f64 {
-        if self.count == 0 {
+        if self.moments.count == 0 {
             0.0
         } else {
-            self.mean
+            self.moments.mean
         }
     }
 
     /// Population standard deviation.
     pub fn std(&self) -> f64 {
-        if self.count == 0 {
+        if self.moments.count == 0 {
             return 0.0;
         }
-        (self.squared_deviations / self.count as f64).sqrt()
+        (self.moments.squared_deviations / self.moments.count as f64).sqrt()
     }
 
     /// The `p`-th percentile (0..=100).
     pub fn percentile(&self, p: f64) -> f64 {
-        if self.count == 0 {
+        if self.moments.count == 0 {
             return 0.0;
         }
-        let rank = ((self.count - 1) as f64 * p / 100.0).round() as u64;
+        let rank = ((self.moments.count - 1) as f64 * p / 100.0).round() as u64;
         if rank < self.zeros {
             return 0.0;
         }
@@ -155,7 +203,7 @@ impl Sketch {
                 return (key as f64 * self.gamma_ln).exp() * (2.0 / (1.0 + gamma));
             }
         }
-        self.max
+        self.moments.max
     }
 }
 
@@ -186,5 +234,45 @@ mod tests {
         z.add(0.0);
         z.add(5.0);
         assert_eq!((z.percentile(50.0), z.min()), (0.0, 0.0));
+    }
+
+    /// A batch folded into two sketches at once gives each the bits that adding its samples
+    /// one by one gives: zeros, repeats, negatives and infinities among them.
+    #[test]
+    fn a_folded_batch_equals_samples_added_one_by_one() {
+        let mut rng = crate::rng::SplitMix64::new(7);
+        let mut samples = Vec::new();
+        for _ in 0..20_000 {
+            let v = match rng.range(0, 19) {
+                0 => 0.0,
+                1 => -3.0,
+                2 => f64::INFINITY,
+                3..=9 => *samples.last().unwrap_or(&1.0),
+                _ => 0.5 + rng.next_f64() * 80.0,
+            };
+            samples.push(v);
+        }
+        let derived = |v: f64| (v > 0.0).then(|| 1000.0 / v);
+        let (mut a, mut b) = (Sketch::default(), Sketch::default());
+        for &v in &samples {
+            a.add(v);
+            if let Some(w) = derived(v) {
+                b.add(w);
+            }
+        }
+        let (mut x, mut y) = (Sketch::default(), Sketch::default());
+        for batch in samples.chunks(777) {
+            x.fold_with(&mut y, batch, derived);
+        }
+        for (one, folded) in [(&a, &x), (&b, &y)] {
+            assert!(one.count() > 10_000);
+            assert_eq!(one.count(), folded.count());
+            for figure in [Sketch::mean, Sketch::std, Sketch::min, Sketch::max] {
+                assert_eq!(figure(one).to_bits(), figure(folded).to_bits());
+            }
+            for p in [1.0, 50.0, 99.0] {
+                assert_eq!(one.percentile(p).to_bits(), folded.percentile(p).to_bits());
+            }
+        }
     }
 }
