@@ -169,6 +169,55 @@ fn undecodable_records_are_skipped_counted_and_reading_goes_on() {
     assert_eq!(r.summary().warnings().len(), 2);
 }
 
+/// A read cut where its consumer stopped counts the undecodable frames before that record
+/// and no truncation: exactly while the read listed them all, and all of them past that.
+/// The expectation is counted frame by frame from a reader of the same bytes.
+#[test]
+fn a_read_stopped_at_a_record_counts_the_frames_before_it() {
+    let bytes = basic();
+    let mut damaged = bytes.clone();
+    // Frames 2, 4, …, 40 (20 of the 40 records) become undecodable; the tail is cut.
+    for n in (2..=40).step_by(2) {
+        damaged[frame_offset(&bytes, n) + 4] = 0xc1;
+    }
+    damaged.truncate(damaged.len() - 3);
+    let mut r = reader(damaged).expect("header");
+    let mut frames = Vec::new();
+    while let Some(frame) = r.next_frame().expect("frame") {
+        frames.push(match frame {
+            Frame::Record(record) => (record.offset, true),
+            Frame::Undecodable { offset, .. } => (offset, false),
+        });
+    }
+    let whole = r.summary();
+    assert_eq!(whole.undecodable, 20);
+    assert_eq!(whole.undecodable_examples.len(), 16);
+    assert!(whole.truncation.is_some());
+    let listed_last = whole.undecodable_examples[15].0;
+    let mut checked = (0, 0);
+    for (i, &(offset, decodable)) in frames.iter().enumerate() {
+        if !decodable {
+            continue;
+        }
+        let before = &frames[..i];
+        let records = before.iter().filter(|f| f.1).count() as u64 + 1;
+        let undecodable = before.iter().filter(|f| !f.1).count() as u64;
+        let cut = whole.stopped_at(offset, records);
+        assert_eq!(cut.records, records);
+        assert!(cut.truncation.is_none());
+        assert!(cut.undecodable_examples.iter().all(|(at, _)| *at < offset));
+        if offset < listed_last {
+            assert_eq!(cut.undecodable, undecodable, "record at byte {offset}");
+            assert_eq!(cut.undecodable_examples.len() as u64, undecodable);
+            checked.0 += 1;
+        } else {
+            assert_eq!(cut.undecodable, 20, "record at byte {offset}");
+            checked.1 += 1;
+        }
+    }
+    assert!(checked.0 >= 15 && checked.1 >= 3, "{checked:?}");
+}
+
 #[test]
 fn records_missing_fields_or_with_wrong_types_name_the_field() {
     let cases = [

@@ -162,6 +162,35 @@ impl ReadSummary {
         }
     }
 
+    /// This read cut where a consumer of its records stopped, at the record at byte
+    /// `offset`, having taken `records` of them (that one included): the undecodable frames
+    /// before it, and no truncation, which the consumer never reached. The count is exact
+    /// where the read listed every undecodable frame before the stop (it lists the first
+    /// 16); past that, where the unlisted ones lie is not known, and all are counted.
+    pub fn stopped_at(&self, offset: u64, records: u64) -> ReadSummary {
+        let examples: Vec<(u64, String)> = self
+            .undecodable_examples
+            .iter()
+            .filter(|(at, _)| *at < offset)
+            .cloned()
+            .collect();
+        let all_listed = self.undecodable == self.undecodable_examples.len() as u64;
+        let undecodable = if all_listed || examples.len() < self.undecodable_examples.len() {
+            examples.len() as u64
+        } else {
+            self.undecodable
+        };
+        ReadSummary {
+            records,
+            undecodable,
+            undecodable_examples: examples,
+            truncation: None,
+            bytes: offset.min(self.bytes),
+            compressed: self.compressed,
+            interrupted: self.interrupted,
+        }
+    }
+
     /// One line per condition a user should know about.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();

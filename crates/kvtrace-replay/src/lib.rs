@@ -476,9 +476,10 @@ fn replay_records(
         Ok(true)
     };
     type Consume<'c> = dyn FnMut(At<'_>, &std::result::Result<Call, Outcome>) -> Result<bool> + 'c;
-    // The records decoded before, in order; whether the consumer took them all.
-    let from_memory = |loaded: &Loaded, consume: &mut Consume<'_>| -> Result<bool> {
-        for r in &loaded.records {
+    // The records decoded before, in order; where the consumer stopped, the read's summary
+    // up to that record (as a read of the file that stopped there gives it).
+    let from_memory = |loaded: &Loaded, consume: &mut Consume<'_>| -> Result<Option<ReadSummary>> {
+        for (taken, r) in (1..).zip(&loaded.records) {
             let at = At {
                 offset: r.offset,
                 t_mono: r.t_mono,
@@ -486,10 +487,10 @@ fn replay_records(
                 args: &[],
             };
             if !consume(at, &r.call).map_err(|e| e.in_file(&shown))? {
-                return Ok(false);
+                return Ok(Some(loaded.summary.stopped_at(r.offset, taken)));
             }
         }
-        Ok(true)
+        Ok(None)
     };
     let from_file = |reader: TraceReader, consume: &mut Consume<'_>| -> Result<ReadSummary> {
         read_ahead(
@@ -512,13 +513,12 @@ fn replay_records(
     };
     let summary = match input {
         Input::Loaded(loaded) => {
-            from_memory(loaded, &mut consume)?;
-            loaded.summary.clone()
+            from_memory(loaded, &mut consume)?.unwrap_or_else(|| loaded.summary.clone())
         }
         Input::Reader(reader) => from_file(*reader, &mut consume)?,
         Input::AfterHead(head, reader) => match from_memory(head, &mut consume)? {
-            true => from_file(*reader, &mut consume)?.following(&head.summary),
-            false => head.summary.clone(),
+            None => from_file(*reader, &mut consume)?.following(&head.summary),
+            Some(stopped) => stopped,
         },
     };
     if let Some(closed) = sessions.close(sm, f64::INFINITY) {
