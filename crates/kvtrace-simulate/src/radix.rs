@@ -180,7 +180,22 @@ impl RadixCache {
     }
 
     fn common(a: &[u64], b: &[u64]) -> usize {
-        a.iter().zip(b).take_while(|(x, y)| x == y).count()
+        let n = a.len().min(b.len());
+        let (a, b) = (&a[..n], &b[..n]);
+        // Runs of eight pages compared at once: a request's path is hundreds of pages, and
+        // `lpm` walks every waiting request's down the tree whenever the tree changed.
+        let (runs, _) = a.as_chunks::<8>();
+        let same = runs
+            .iter()
+            .zip(b.as_chunks::<8>().0)
+            .take_while(|(x, y)| x.iter().zip(*y).fold(0, |diff, (p, q)| diff | (p ^ q)) == 0)
+            .count()
+            * 8;
+        same + a[same..]
+            .iter()
+            .zip(&b[same..])
+            .take_while(|(x, y)| x == y)
+            .count()
     }
 
     /// Walks `keys` down the tree, stamping the path and splitting a node the match ends
@@ -488,6 +503,25 @@ mod tests {
     fn insert(cache: &mut RadixCache, keys: &[u64]) -> NodeId {
         let pages = cache.pool.allocate(keys.len() as u32).expect("room");
         cache.insert_from(ROOT, 0, keys, &pages)
+    }
+
+    /// Two paths' common pages, compared eight at a time, are the pages before their first
+    /// difference: at every place in and around a run of eight, at every length.
+    #[test]
+    fn common_pages_end_at_the_first_difference() {
+        let a: Vec<u64> = (0..40).map(|i| i * 7 + 1).collect();
+        for len in 0..=40 {
+            for differ in 0..=len {
+                let mut b = a[..len].to_vec();
+                if differ < len {
+                    b[differ] ^= 1 << (differ % 64);
+                }
+                let expected = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+                assert_eq!(expected, differ);
+                assert_eq!(RadixCache::common(&a, &b), differ, "len {len}");
+                assert_eq!(RadixCache::common(&b, &a), differ, "len {len}");
+            }
+        }
     }
 
     #[test]
