@@ -277,9 +277,8 @@ fn replay_and_compare(trace: &Path, url: &str, protocol: &str, received: &Receiv
         let Some(AnyValue::DoubleValue(rate)) = attr(&span.attributes, "hit_rate") else {
             panic!("hit_rate is not a float");
         };
-        let reported: f64 = field("hit_rate").parse().expect("hit_rate");
         // The CSV prints rates to 6 decimals.
-        assert!((rate - reported).abs() <= 5e-7, "{rate} {reported}");
+        assert_eq!(format!("{rate:.6}"), field("hit_rate"), "{row:?}");
         assert_eq!(
             int(span, "l1_hit_keys") + int(span, "l2_hit_keys"),
             field("hit_chunks").parse::<i64>().expect("hit_chunks")
