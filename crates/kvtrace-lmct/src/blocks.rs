@@ -251,6 +251,8 @@ struct Part<T> {
     undecodable: u64,
     examples: Vec<(u64, String)>,
     buf: Vec<u8>,
+    /// The stream offset after the block.
+    end: u64,
 }
 
 /// Puts the blocks' parts back in stream order.
@@ -262,6 +264,8 @@ struct InOrder<T> {
     examples: Vec<(u64, String)>,
     /// The merge asked to stop: later blocks are dropped unmerged.
     stopped: bool,
+    /// The stream offset after the last block merged.
+    end: u64,
 }
 
 impl<T> InOrder<T> {
@@ -278,6 +282,7 @@ impl<T> InOrder<T> {
                 break;
             };
             self.next += 1;
+            self.end = part.end;
             self.records += part.records;
             self.undecodable += part.undecodable;
             let room = KEPT_SKIP_REASONS - self.examples.len();
@@ -339,6 +344,13 @@ pub fn fold_frames<T: Send>(
     let (work_tx, work_rx) = bounded::<(u64, Block)>(threads * 2);
     let (done_tx, done_rx) = unbounded::<(u64, Part<T>)>();
     let (spare_tx, spare_rx) = unbounded::<Vec<u8>>();
+    // The buffers in circulation: as many as the workers and the work queue hold, and one
+    // more being read.
+    for _ in 0..3 * threads + 1 {
+        let _ = spare_tx.send(Vec::new());
+    }
+    // Set when the merge asked to stop.
+    let stopping = AtomicBool::new(false);
     std::thread::scope(|scope| -> Result<ReadSummary> {
         for _ in 0..threads {
             let (work_rx, done_tx) = (work_rx.clone(), done_tx.clone());
@@ -350,6 +362,7 @@ pub fn fold_frames<T: Send>(
                         undecodable: 0,
                         examples: Vec::new(),
                         buf: Vec::new(),
+                        end: block.start + block.len() as u64,
                     };
                     for (i, (offset, body)) in block.frames().enumerate() {
                         let index = block.frames_before + i as u64 + 1;
@@ -380,6 +393,37 @@ pub fn fold_frames<T: Send>(
             });
         }
         drop((work_rx, done_tx));
+        // The reading thread frames the stream into blocks while this one merges the parts
+        // in order: the copy out of the page cache is no longer on the merge's thread,
+        // which was the busiest. A block is read only into a buffer the merge has given
+        // back, which bounds the blocks in flight, and so the parts waiting to be merged.
+        let stopping = &stopping;
+        let reading = scope.spawn(move || {
+            let (mut seq, mut failure, mut interrupted) = (0u64, None, false);
+            while let Ok(buf) = spare_rx.recv() {
+                if stopping.load(Ordering::Relaxed) {
+                    break;
+                }
+                match blocks.next_block(buf) {
+                    Ok(Some(block)) => {
+                        if work_tx.send((seq, block)).is_err() {
+                            break;
+                        }
+                        seq += 1;
+                        interrupted = (blocks.stop)();
+                        if interrupted {
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+            (blocks, failure, interrupted)
+        });
         let mut order = InOrder {
             pending: BTreeMap::new(),
             next: 0,
@@ -387,39 +431,22 @@ pub fn fold_frames<T: Send>(
             undecodable: 0,
             examples: Vec::new(),
             stopped: false,
+            end: 0,
         };
-        let mut seq = 0u64;
-        let mut failure = None;
-        let mut interrupted = false;
-        loop {
-            let buf = spare_rx.try_recv().unwrap_or_default();
-            match blocks.next_block(buf) {
-                Ok(Some(block)) => {
-                    let end = block.start + block.len() as u64;
-                    if work_tx.send((seq, block)).is_err() {
-                        break;
-                    }
-                    seq += 1;
-                    while let Ok((s, part)) = done_rx.try_recv() {
-                        order.absorb(s, part, merge, &spare_tx);
-                    }
-                    progress(order.records, end);
-                    interrupted = (blocks.stop)();
-                    if order.stopped || interrupted {
-                        break;
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
-        drop(work_tx);
         for (s, part) in done_rx.iter() {
             order.absorb(s, part, merge, &spare_tx);
+            progress(order.records, order.end);
+            if order.stopped {
+                // The reading thread ends at its next block, and the workers with the
+                // blocks it sent; theirs are dropped unmerged.
+                stopping.store(true, Ordering::Relaxed);
+                let _ = spare_tx.send(Vec::new());
+            }
         }
+        drop(spare_tx);
+        let (blocks, failure, interrupted) = reading
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         if let Some(e) = failure {
             return Err(e);
         }
