@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crossbeam_channel::{bounded, unbounded};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
 use super::frame::RecordSpans;
 use super::reader::{ReadSummary, Truncation, KEPT_SKIP_REASONS};
@@ -244,6 +244,40 @@ impl Blocks {
     }
 }
 
+/// The reading thread of [`fold_frames`] and [`read_ahead`]: frames `blocks` onto `work`,
+/// each block read into a buffer that came back on `spare`, until the stream ends,
+/// `stopping` is set, the workers are gone or, where `interruptible`, the reader's stop
+/// asks. Returns the blocks sent, the error that ended the stream if one did, and whether
+/// the stop asked.
+fn feed(
+    blocks: &mut Blocks,
+    spare: &Receiver<Vec<u8>>,
+    work: &Sender<(u64, Block)>,
+    stopping: &AtomicBool,
+    interruptible: bool,
+) -> (u64, Option<Error>, bool) {
+    let mut seq = 0u64;
+    while let Ok(buf) = spare.recv() {
+        if stopping.load(Ordering::Relaxed) {
+            break;
+        }
+        match blocks.next_block(buf) {
+            Ok(Some(block)) => {
+                if work.send((seq, block)).is_err() {
+                    break;
+                }
+                seq += 1;
+                if interruptible && (blocks.stop)() {
+                    return (seq, None, true);
+                }
+            }
+            Ok(None) => break,
+            Err(e) => return (seq, Some(e), false),
+        }
+    }
+    (seq, None, false)
+}
+
 /// One block's share of a fold: the caller's value and what the block's frames were.
 struct Part<T> {
     value: T,
@@ -399,29 +433,7 @@ pub fn fold_frames<T: Send>(
         // back, which bounds the blocks in flight, and so the parts waiting to be merged.
         let stopping = &stopping;
         let reading = scope.spawn(move || {
-            let (mut seq, mut failure, mut interrupted) = (0u64, None, false);
-            while let Ok(buf) = spare_rx.recv() {
-                if stopping.load(Ordering::Relaxed) {
-                    break;
-                }
-                match blocks.next_block(buf) {
-                    Ok(Some(block)) => {
-                        if work_tx.send((seq, block)).is_err() {
-                            break;
-                        }
-                        seq += 1;
-                        interrupted = (blocks.stop)();
-                        if interrupted {
-                            break;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        failure = Some(e);
-                        break;
-                    }
-                }
-            }
+            let (_, failure, interrupted) = feed(&mut blocks, &spare_rx, &work_tx, stopping, true);
             (blocks, failure, interrupted)
         });
         let mut order = InOrder {
@@ -564,24 +576,10 @@ pub fn read_ahead<S, T: Send>(
         drop(work_rx);
         let stopping = &stopped;
         let reading = scope.spawn(move || {
-            let mut seq = 0u64;
-            while let Ok(buf) = spare_rx.recv() {
-                if stopping.load(Ordering::Relaxed) {
-                    break;
-                }
-                match blocks.next_block(buf) {
-                    Ok(Some(block)) => {
-                        if work_tx.send((seq, block)).is_err() {
-                            break;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        let _ = done_tx.send((seq, Err(e)));
-                        break;
-                    }
-                }
-                seq += 1;
+            let (seq, failure, _) = feed(&mut blocks, &spare_rx, &work_tx, stopping, false);
+            // In its place in the stream: the consumer takes it after the blocks before it.
+            if let Some(e) = failure {
+                let _ = done_tx.send((seq, Err(e)));
             }
             blocks
         });
