@@ -290,7 +290,7 @@ impl<'a> Call<'a> {
             tier: None,
             keys: Vec::new(),
         };
-        let Some(args) = CallArgs::read(record.args) else {
+        let Some(args) = CallArgs::of(record) else {
             return call;
         };
         call.request_id = args.request_id.valid().copied();

@@ -9,6 +9,7 @@ use super::codec::{
     read_object_keys, read_tag, ObjectKeyRef, TAG_GROUPED_KEYS, TAG_LOCK_MODE, TAG_PREFETCH_SPEC,
 };
 use super::msgpack::{Cursor, RawValue};
+use super::RecordRef;
 
 /// One argument as the record has it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -163,7 +164,16 @@ impl<'a> CallArgs<'a> {
     /// shape is [`Arg::Malformed`] and the arguments after it are still read. `None` only
     /// when `args` is not a map with string keys.
     pub fn read(args: RawValue<'a>) -> Option<CallArgs<'a>> {
-        let mut c = Cursor::new(args);
+        CallArgs::read_at(Cursor::new(args))
+    }
+
+    /// [`CallArgs::read`] of a record's `args`, taking the keys its reader kept while
+    /// validating the frame rather than reading them again.
+    pub fn of(record: &RecordRef<'a>) -> Option<CallArgs<'a>> {
+        CallArgs::read_at(Cursor::noting(record.args, record.seen))
+    }
+
+    fn read_at(mut c: Cursor<'a>) -> Option<CallArgs<'a>> {
         let mut out = CallArgs::default();
         for _ in 0..c.map_len()? {
             match c.str_bytes()? {
@@ -244,6 +254,74 @@ mod tests {
         put_int(&mut args, 7);
         let call = CallArgs::read(RawValue::parse(&args).unwrap()).unwrap();
         assert_eq!(call.keys, Arg::Malformed);
+    }
+
+    /// A record's arguments read with the keys its validation kept are the arguments read
+    /// afresh, for a prefetch spec (keys nested in groups) and a key list, whole, cut at
+    /// every byte, or with any byte replaced; and keeping keys never changes whether the
+    /// record decodes, or why not.
+    #[test]
+    fn arguments_read_with_the_kept_keys_are_the_arguments_read_afresh() {
+        use crate::calls::StorageCall;
+        use crate::codec::{LockMode, MemoryLayoutDesc, PrefetchTaskSpec};
+        use crate::frame::{encode_record_head, RecordSpans};
+        let layout = MemoryLayoutDesc {
+            shapes: vec![vec![2, 4, 16, 8]],
+            dtypes: vec!["torch.bfloat16".into()],
+        };
+        let keys: Vec<ObjectKey> = (1..=17).map(key).collect();
+        let spec = PrefetchTaskSpec::single_group(
+            keys[..3].to_vec(),
+            layout.clone(),
+            "prefix",
+            LockMode::Lock,
+        );
+        let calls = [
+            StorageCall::SubmitPrefetchTask {
+                spec: &spec,
+                external_request_id: "req-1",
+                skip_l2: false,
+            },
+            StorageCall::ReserveWrite {
+                keys: &keys,
+                layout_desc: &layout,
+            },
+        ];
+        let mut checked = 0;
+        for call in calls {
+            let mut body = Vec::new();
+            encode_record_head(&mut body, 1.0, 2.0, call.qualname());
+            call.encode_args(&mut body);
+            let mut variants = vec![body.clone()];
+            variants.extend((0..body.len()).map(|cut| body[..cut].to_vec()));
+            for at in 0..body.len() {
+                for b in [0x00, 0x80, 0x82, 0xa0, 0xc1, 0xc4, 0xcf, 0xdc, 0xff] {
+                    let mut bad = body.clone();
+                    bad[at] = b;
+                    variants.push(bad);
+                }
+            }
+            for bytes in &variants {
+                let mut seen = Vec::new();
+                let kept = RecordSpans::parse_noting(bytes, &mut seen);
+                let plain = RecordSpans::parse(bytes);
+                assert_eq!(kept.as_ref().err(), plain.as_ref().err());
+                let (Ok(kept), Ok(plain)) = (kept, plain) else {
+                    continue;
+                };
+                let record = RecordRef::from_spans(0, bytes, &kept).noting(&seen);
+                let afresh = RecordRef::from_spans(0, bytes, &plain);
+                assert_eq!(
+                    format!("{:?}", CallArgs::of(&record)),
+                    format!("{:?}", CallArgs::read(afresh.args)),
+                );
+                checked += 1;
+            }
+        }
+        assert!(
+            checked > 2,
+            "the whole records and some changed ones decode"
+        );
     }
 
     #[test]

@@ -390,6 +390,7 @@ pub fn fold_frames<T: Send>(
             let (work_rx, done_tx) = (work_rx.clone(), done_tx.clone());
             scope.spawn(move || {
                 for (seq, block) in work_rx {
+                    let mut seen = Vec::new();
                     let mut part = Part {
                         value: init(),
                         records: 0,
@@ -400,10 +401,12 @@ pub fn fold_frames<T: Send>(
                     };
                     for (i, (offset, body)) in block.frames().enumerate() {
                         let index = block.frames_before + i as u64 + 1;
-                        let frame = match RecordRef::parse(offset, body) {
-                            Ok(record) => {
+                        let frame = match RecordSpans::parse_noting(body, &mut seen) {
+                            Ok(spans) => {
                                 part.records += 1;
-                                Frame::Record(record)
+                                Frame::Record(
+                                    RecordRef::from_spans(offset, body, &spans).noting(&seen),
+                                )
                             }
                             Err(reason) => {
                                 part.undecodable += 1;
@@ -547,10 +550,12 @@ pub fn read_ahead<S, T: Send>(
                     }
                     let mut items = back_rx.try_recv().unwrap_or_default();
                     items.clear();
+                    let mut seen = Vec::new();
                     for (offset, body) in block.frames() {
-                        items.push(match RecordSpans::parse(body) {
+                        items.push(match RecordSpans::parse_noting(body, &mut seen) {
                             Ok(spans) => {
-                                let record = RecordRef::from_spans(offset, body, &spans);
+                                let record =
+                                    RecordRef::from_spans(offset, body, &spans).noting(&seen);
                                 let start = (offset - block.start) as usize + 4;
                                 Ahead::Record {
                                     offset,

@@ -116,6 +116,9 @@ impl<'a> ObjectKeyRef<'a> {
     /// Reads a tagged key at the cursor in one pass and leaves the cursor after it; the hot
     /// path of replay and `info`, which see every key of every call.
     pub fn read(c: &mut Cursor<'a>) -> Option<Self> {
+        if let Some(key) = c.seen_key() {
+            return Some(key);
+        }
         // LMCache 0.5.6 writes every key with the same field names in the same order: the
         // constant runs are compared whole, and anything else takes the general path.
         let fast = c.clone();

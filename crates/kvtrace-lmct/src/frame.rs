@@ -1,7 +1,7 @@
 //! Header and record frames: decoding with LMCache's tolerance rules and encoding with
 //! LMCache 0.5.6's exact field order and forms (format spec §3–§5).
 
-use super::msgpack::{self, Kind, RawValue};
+use super::msgpack::{self, Kind, RawValue, SeenKey};
 use super::value::Value;
 use super::{FORMAT_VERSION, MAGIC, WRITE_SCHEMA_VERSION};
 
@@ -187,6 +187,9 @@ pub struct RecordRef<'a> {
     pub args: RawValue<'a>,
     /// The whole msgpack body of the frame.
     pub body: &'a [u8],
+    /// The keys validating the frame read, for [`crate::args::CallArgs::of`] to take rather
+    /// than read again; empty where the reader kept none.
+    pub(crate) seen: &'a [SeenKey<'a>],
 }
 
 /// Where a record's fields sit inside its body: lets the reader check a frame and hand out a
@@ -200,8 +203,13 @@ pub(crate) struct RecordSpans {
 }
 
 /// Validates the `args` map at `at` — a map whose keys are all strings — in one pass, and
-/// returns where it ends.
-fn args_end(body: &[u8], at: usize) -> Result<usize, String> {
+/// returns where it ends; the keys validation takes in LMCache's shape go to `seen`, when
+/// given.
+fn args_end<'a>(
+    body: &'a [u8],
+    at: usize,
+    mut seen: Option<&mut Vec<SeenKey<'a>>>,
+) -> Result<usize, String> {
     let (entries, mut pos) = msgpack::map_head(body, at)
         .map_err(|e| e.to_string())?
         .ok_or("args: expected a map")?;
@@ -210,7 +218,11 @@ fn args_end(body: &[u8], at: usize) -> Result<usize, String> {
         if RawValue::trusted(&body[pos..key_end]).kind() != Kind::Str {
             return Err("args: keys must be strings".into());
         }
-        pos = msgpack::validate(body, key_end).map_err(|e| format!("args: {e}"))?;
+        pos = match seen.as_deref_mut() {
+            Some(seen) => msgpack::validate_noting(body, key_end, seen),
+            None => msgpack::validate(body, key_end),
+        }
+        .map_err(|e| format!("args: {e}"))?;
     }
     Ok(pos)
 }
@@ -219,6 +231,23 @@ impl RecordSpans {
     /// Checks a record body the way LMCache's decoder does, in one pass over its bytes; the
     /// error names the field.
     pub(crate) fn parse(body: &[u8]) -> Result<RecordSpans, String> {
+        RecordSpans::parse_into(body, None)
+    }
+
+    /// [`RecordSpans::parse`], keeping the keys validation read in LMCache's shape in `seen`
+    /// (cleared first), for [`RecordRef::noting`].
+    pub(crate) fn parse_noting<'a>(
+        body: &'a [u8],
+        seen: &mut Vec<SeenKey<'a>>,
+    ) -> Result<RecordSpans, String> {
+        seen.clear();
+        RecordSpans::parse_into(body, Some(seen))
+    }
+
+    fn parse_into<'a>(
+        body: &'a [u8],
+        mut seen: Option<&mut Vec<SeenKey<'a>>>,
+    ) -> Result<RecordSpans, String> {
         let (entries, mut pos) = match body.first() {
             Some(b @ 0x80..=0x8f) => ((b & 0x0f) as usize, 1),
             Some(0xde | 0xdf) => {
@@ -239,7 +268,7 @@ impl RecordSpans {
             let (key, after_key) = item(pos)?;
             let key = key.str_bytes();
             if key == Some(b"args") && args.is_none() {
-                pos = args_end(body, after_key)?;
+                pos = args_end(body, after_key, seen.take())?;
                 args = Some(after_key..pos);
                 continue;
             }
@@ -295,7 +324,13 @@ impl<'a> RecordRef<'a> {
             qualname,
             args,
             body,
+            seen: &[],
         }
+    }
+
+    /// The record with the keys [`RecordSpans::parse_noting`] kept from its body.
+    pub(crate) fn noting(self, seen: &'a [SeenKey<'a>]) -> Self {
+        RecordRef { seen, ..self }
     }
 
     pub fn to_record(&self) -> Record {

@@ -250,8 +250,7 @@ impl Decoder {
             | FINISH_READ_PREFETCHED => {}
             _ => return Err(None),
         }
-        let args =
-            CallArgs::read(record.args).ok_or_else(|| Some("args: not a map".to_string()))?;
+        let args = CallArgs::of(record).ok_or_else(|| Some("args: not a map".to_string()))?;
         let bad = |name: &str| Some(format!("{name}: unexpected value"));
         let mut keys = match &args.keys {
             Arg::Valid(keys) => Some(key_ids(keys)),

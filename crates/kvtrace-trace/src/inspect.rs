@@ -273,7 +273,7 @@ impl Tally {
             self.events.add(r.qualname, r.args);
             return;
         }
-        let Some(args) = CallArgs::read(r.args) else {
+        let Some(args) = CallArgs::of(r) else {
             return;
         };
         self.evidence.observe(r.qualname, &args);

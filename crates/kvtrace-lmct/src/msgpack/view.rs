@@ -5,7 +5,7 @@ use rmp::Marker;
 
 use super::write::{canonical_int_form, canonical_len_form};
 use super::{MsgpackError, MAX_DEPTH, MAX_ITEMS};
-use crate::codec::{KEY_GROUP, KEY_HEAD, KEY_MODEL, KEY_RANK};
+use crate::codec::{ObjectKeyRef, KEY_GROUP, KEY_HEAD, KEY_MODEL, KEY_RANK};
 use crate::value::{Form, Value};
 
 /// What kind of item a [`RawValue`] holds.
@@ -247,40 +247,128 @@ fn eat<const N: usize>(bytes: &[u8], at: usize, run: &[u8; N]) -> Option<usize> 
     (here == run).then_some(at + N)
 }
 
+/// Where the fields of a key in [`KEY_HEAD`]'s shape lie, as [`canonical_key`] found them.
+struct Canonical {
+    hash: std::ops::Range<usize>,
+    name: std::ops::Range<usize>,
+    rank: usize,
+    group: usize,
+    end: usize,
+}
+
 /// Validates a key in exactly the shape LMCache 0.5.6 writes it, the bulk of every trace: the
 /// constant runs are compared whole and only the hash's length, the model name's UTF-8 and the
 /// two ints are looked at. `None` for anything else, valid or not, which the general walk then
 /// judges (and places any error exactly as it always has).
 #[inline(always)]
-fn canonical_key(bytes: &[u8], pos: usize) -> Option<usize> {
+fn canonical_key(bytes: &[u8], pos: usize) -> Option<Canonical> {
     let mut at = eat(bytes, pos, KEY_HEAD)?;
     if *bytes.get(at)? != 0xc4 {
         return None;
     }
-    at += 2 + *bytes.get(at + 1)? as usize;
-    at = eat(bytes, at, KEY_MODEL)?;
+    let hash = at + 2..at + 2 + *bytes.get(at + 1)? as usize;
+    at = eat(bytes, hash.end, KEY_MODEL)?;
     let (start, len) = match *bytes.get(at)? {
         b @ 0xa0..=0xbf => (at + 1, (b & 0x1f) as usize),
         0xd9 => (at + 2, *bytes.get(at + 1)? as usize),
         _ => return None,
     };
-    let name = bytes.get(start..start + len)?;
-    text(name)?;
-    at = eat(bytes, start + len, KEY_RANK)?;
-    at = int_end(bytes, at)?;
-    at = eat(bytes, at, KEY_GROUP)?;
-    int_end(bytes, at)
+    let name = start..start + len;
+    text(bytes.get(name.clone())?)?;
+    let rank = eat(bytes, name.end, KEY_RANK)?;
+    let group = eat(bytes, int_end(bytes, rank)?, KEY_GROUP)?;
+    let end = int_end(bytes, group)?;
+    Some(Canonical {
+        hash,
+        name,
+        rank,
+        group,
+        end,
+    })
+}
+
+/// A key the validator read in LMCache's exact shape, kept so that a reader of the same
+/// frame takes it instead of reading it again: every key of a trace is otherwise walked
+/// twice, once to validate it and once to read its fields, and on a gigabyte trace the keys
+/// are nearly all of the bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SeenKey<'a> {
+    /// The address of the key's first byte: it names the key in its frame for a cursor over
+    /// any item of that frame.
+    at: usize,
+    len: usize,
+    key: ObjectKeyRef<'a>,
+}
+
+/// What the validator does with each key it takes by [`canonical_key`].
+trait KeySink<'a> {
+    fn key(&mut self, bytes: &'a [u8], pos: usize, key: &Canonical);
+}
+
+/// Plain validation: keys are checked, not kept.
+impl KeySink<'_> for () {
+    #[inline(always)]
+    fn key(&mut self, _: &[u8], _: usize, _: &Canonical) {}
+}
+
+impl<'a> KeySink<'a> for Vec<SeenKey<'a>> {
+    #[inline(always)]
+    fn key(&mut self, bytes: &'a [u8], pos: usize, key: &Canonical) {
+        // A key whose ints do not fit an i64 is valid msgpack but not a key a reader takes:
+        // it is left to the reader, which judges it as it always has.
+        let (Some(kv_rank), Some(object_group_id)) =
+            (int_value(bytes, key.rank), int_value(bytes, key.group))
+        else {
+            return;
+        };
+        // SAFETY: `canonical_key` checked the name's bytes are UTF-8.
+        let model_name = unsafe { std::str::from_utf8_unchecked(&bytes[key.name.clone()]) };
+        self.push(SeenKey {
+            at: bytes.as_ptr() as usize + pos,
+            len: key.end - pos,
+            key: ObjectKeyRef {
+                chunk_hash: &bytes[key.hash.clone()],
+                model_name,
+                kv_rank,
+                object_group_id,
+                cache_salt: None,
+            },
+        });
+    }
+}
+
+/// The value of an int [`int_end`] accepted, when it fits an i64 (what [`Cursor::int`]
+/// gives).
+#[inline(always)]
+fn int_value(bytes: &[u8], at: usize) -> Option<i64> {
+    let b = *bytes.get(at)?;
+    let width = match b {
+        0x00..=0x7f | 0xe0..=0xff => return Some(b as i8 as i64),
+        0xcc | 0xd0 => 1,
+        0xcd | 0xd1 => 2,
+        0xce | 0xd2 => 4,
+        _ => 8,
+    };
+    let v = be(bytes, at + 1, width)?;
+    Some(match b {
+        0xd0 => v as u8 as i8 as i64,
+        0xd1 => v as u16 as i16 as i64,
+        0xd2 => v as u32 as i32 as i64,
+        0xd3 => v as i64,
+        _ => i64::try_from(v).ok()?,
+    })
 }
 
 /// Validates `children` items starting at `pos`, nested `depth` levels deep, counting every
-/// item against `budget`. `KEYS` takes LMCache's keys by [`canonical_key`]; the general walk
-/// alone (`false`) is what tests compare it with.
-fn children<const KEYS: bool>(
-    bytes: &[u8],
+/// item against `budget`. `KEYS` takes LMCache's keys by [`canonical_key`] and hands them to
+/// `sink`; the general walk alone (`false`) is what tests compare it with.
+fn children<'a, const KEYS: bool, S: KeySink<'a>>(
+    bytes: &'a [u8],
     children: u64,
     mut pos: usize,
     depth: usize,
     budget: &mut u64,
+    sink: &mut S,
 ) -> Result<usize, MsgpackError> {
     if depth > MAX_DEPTH {
         return Err(MsgpackError {
@@ -290,9 +378,10 @@ fn children<const KEYS: bool>(
     }
     for _ in 0..children {
         if KEYS && bytes.get(pos) == Some(&0x82) && *budget >= KEY_ITEMS && depth + 2 <= MAX_DEPTH {
-            if let Some(end) = canonical_key(bytes, pos) {
+            if let Some(key) = canonical_key(bytes, pos) {
                 *budget -= KEY_ITEMS;
-                pos = end;
+                sink.key(bytes, pos, &key);
+                pos = key.end;
                 continue;
             }
         }
@@ -303,7 +392,7 @@ fn children<const KEYS: bool>(
         pos = match step(bytes, pos)? {
             Step::Done(end) => end,
             Step::Open { children: n, data } => {
-                self::children::<KEYS>(bytes, n, data, depth + 1, budget)?
+                self::children::<KEYS, S>(bytes, n, data, depth + 1, budget, sink)?
             }
         };
     }
@@ -317,14 +406,25 @@ fn children<const KEYS: bool>(
 /// as soon as the bytes run out.
 pub fn validate(bytes: &[u8], at: usize) -> Result<usize, MsgpackError> {
     let mut budget = MAX_ITEMS;
-    children::<true>(bytes, 1, at, 0, &mut budget)
+    children::<true, ()>(bytes, 1, at, 0, &mut budget, &mut ())
+}
+
+/// [`validate`], keeping every key it takes in LMCache's exact shape in `seen`, in the order
+/// of the bytes, for [`Cursor::noting`].
+pub(crate) fn validate_noting<'a>(
+    bytes: &'a [u8],
+    at: usize,
+    seen: &mut Vec<SeenKey<'a>>,
+) -> Result<usize, MsgpackError> {
+    let mut budget = MAX_ITEMS;
+    children::<true, _>(bytes, 1, at, 0, &mut budget, seen)
 }
 
 /// [`validate`] by the general walk alone, for tests of the keys' shortcut.
 #[cfg(test)]
 pub(crate) fn validate_general(bytes: &[u8], at: usize) -> Result<usize, MsgpackError> {
     let mut budget = MAX_ITEMS;
-    children::<false>(bytes, 1, at, 0, &mut budget)
+    children::<false, ()>(bytes, 1, at, 0, &mut budget, &mut ())
 }
 
 /// Checks only the marker and length fields of the item at `at`: `Some((entries, data))`
@@ -611,14 +711,40 @@ impl<'a> RawValue<'a> {
 pub struct Cursor<'a> {
     bytes: &'a [u8],
     pos: usize,
+    /// The keys validation read in the frame, from the first not yet behind the cursor.
+    seen: &'a [SeenKey<'a>],
 }
 
 impl<'a> Cursor<'a> {
     pub fn new(value: RawValue<'a>) -> Self {
+        Cursor::noting(value, &[])
+    }
+
+    /// A cursor that takes the keys in `seen` (what validating the frame that holds `value`
+    /// kept) where it meets them, instead of reading them again.
+    pub(crate) fn noting(value: RawValue<'a>, seen: &'a [SeenKey<'a>]) -> Self {
         Cursor {
             bytes: value.bytes,
             pos: 0,
+            seen,
         }
+    }
+
+    /// The key at the cursor, when validation kept it; the cursor moves past it. What
+    /// [`ObjectKeyRef::read`] would read there: the validator took it by the same shape.
+    pub(crate) fn seen_key(&mut self) -> Option<ObjectKeyRef<'a>> {
+        let here = self.bytes.as_ptr() as usize + self.pos;
+        while let Some((first, rest)) = self.seen.split_first() {
+            if first.at > here {
+                return None;
+            }
+            self.seen = rest;
+            if first.at == here && self.pos + first.len <= self.bytes.len() {
+                self.pos += first.len;
+                return Some(first.key);
+            }
+        }
+        None
     }
 
     fn head(&mut self, kind: Kind) -> Option<Head> {
@@ -849,6 +975,46 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A cursor that takes the keys validation kept reads exactly what a cursor that reads
+    /// every key itself does, and validation that keeps keys judges every input as plain
+    /// validation: for the keys of every shape, every cut and every byte replaced.
+    #[test]
+    fn keys_kept_by_validation_read_as_keys_read_afresh() {
+        let check = |bytes: &[u8]| -> usize {
+            let mut seen = Vec::new();
+            let judged = validate_noting(bytes, 0, &mut seen);
+            assert_eq!(judged, validate(bytes, 0));
+            if judged == Ok(bytes.len()) {
+                let value = RawValue::trusted(bytes);
+                let fresh = crate::codec::read_object_keys(&mut Cursor::new(value));
+                let kept = crate::codec::read_object_keys(&mut Cursor::noting(value, &seen));
+                assert_eq!(kept, fresh);
+            }
+            seen.len()
+        };
+        let good = keys();
+        assert_eq!(check(&good), 10, "every key is kept");
+        for cut in 0..good.len() {
+            check(&good[..cut]);
+        }
+        for at in 0..good.len() {
+            for b in [
+                0x00, 0x7f, 0x80, 0x82, 0xa0, 0xc1, 0xc4, 0xcf, 0xd9, 0xdc, 0xff,
+            ] {
+                let mut bad = good.clone();
+                bad[at] = b;
+                check(&bad);
+            }
+        }
+        // An unsigned int past i64's range is valid msgpack but no key's rank: not kept, and
+        // read as the reader always has (not a key).
+        let mut wide = vec![0x91];
+        ObjectKey::single_rank(vec![1; 32], "m").encode(&mut wide);
+        let rank = wide.len() - 1 - KEY_GROUP.len() - 5;
+        wide.splice(rank..rank + 5, [0xcf, 0xff, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(check(&wide), 0);
     }
 
     #[test]
