@@ -164,7 +164,15 @@ fn aisimulate_engine_requests_match_on_every_listed_field() {
             continue;
         };
         let ours = dir.path().join(format!("{name}.jsonl"));
-        args.extend(["--report-jsonl".into(), ours.display().to_string()]);
+        let report = dir.path().join(format!("{name}.json"));
+        // The report too goes to the scratch directory: by default it is written where the
+        // command runs, the repository's root under `cargo test`.
+        args.extend([
+            "--report-jsonl".into(),
+            ours.display().to_string(),
+            "--report-json".into(),
+            report.display().to_string(),
+        ]);
         let out = kvtrace(&args);
         assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
         let (ours, theirs) = (lines(&ours, Some(&fields)), lines(&reference, None));
