@@ -247,10 +247,11 @@ fn eat<const N: usize>(bytes: &[u8], at: usize, run: &[u8; N]) -> Option<usize> 
     (here == run).then_some(at + N)
 }
 
-/// Where the fields of a key in [`KEY_HEAD`]'s shape lie, as [`canonical_key`] found them.
-struct Canonical {
-    hash: std::ops::Range<usize>,
-    name: std::ops::Range<usize>,
+/// A key in [`KEY_HEAD`]'s shape as [`canonical_key`] found it: its hash and model name, and
+/// where its two ints start.
+struct Canonical<'a> {
+    hash: &'a [u8],
+    name: &'a str,
     rank: usize,
     group: usize,
     end: usize,
@@ -261,21 +262,21 @@ struct Canonical {
 /// two ints are looked at. `None` for anything else, valid or not, which the general walk then
 /// judges (and places any error exactly as it always has).
 #[inline(always)]
-fn canonical_key(bytes: &[u8], pos: usize) -> Option<Canonical> {
+fn canonical_key(bytes: &[u8], pos: usize) -> Option<Canonical<'_>> {
     let mut at = eat(bytes, pos, KEY_HEAD)?;
     if *bytes.get(at)? != 0xc4 {
         return None;
     }
-    let hash = at + 2..at + 2 + *bytes.get(at + 1)? as usize;
-    at = eat(bytes, hash.end, KEY_MODEL)?;
+    let hash_end = at + 2 + *bytes.get(at + 1)? as usize;
+    let hash = bytes.get(at + 2..hash_end)?;
+    at = eat(bytes, hash_end, KEY_MODEL)?;
     let (start, len) = match *bytes.get(at)? {
         b @ 0xa0..=0xbf => (at + 1, (b & 0x1f) as usize),
         0xd9 => (at + 2, *bytes.get(at + 1)? as usize),
         _ => return None,
     };
-    let name = start..start + len;
-    text(bytes.get(name.clone())?)?;
-    let rank = eat(bytes, name.end, KEY_RANK)?;
+    let name = text(bytes.get(start..start + len)?)?;
+    let rank = eat(bytes, start + len, KEY_RANK)?;
     let group = eat(bytes, int_end(bytes, rank)?, KEY_GROUP)?;
     let end = int_end(bytes, group)?;
     Some(Canonical {
@@ -302,61 +303,43 @@ pub(crate) struct SeenKey<'a> {
 
 /// What the validator does with each key it takes by [`canonical_key`].
 trait KeySink<'a> {
-    fn key(&mut self, bytes: &'a [u8], pos: usize, key: &Canonical);
+    fn key(&mut self, bytes: &'a [u8], pos: usize, key: &Canonical<'a>);
 }
 
 /// Plain validation: keys are checked, not kept.
 impl KeySink<'_> for () {
     #[inline(always)]
-    fn key(&mut self, _: &[u8], _: usize, _: &Canonical) {}
+    fn key(&mut self, _: &[u8], _: usize, _: &Canonical<'_>) {}
 }
 
 impl<'a> KeySink<'a> for Vec<SeenKey<'a>> {
     #[inline(always)]
-    fn key(&mut self, bytes: &'a [u8], pos: usize, key: &Canonical) {
-        // A key whose ints do not fit an i64 is valid msgpack but not a key a reader takes:
-        // it is left to the reader, which judges it as it always has.
-        let (Some(kv_rank), Some(object_group_id)) =
-            (int_value(bytes, key.rank), int_value(bytes, key.group))
-        else {
+    fn key(&mut self, bytes: &'a [u8], pos: usize, key: &Canonical<'a>) {
+        // The ints as the reader's cursor reads them: a key whose ints do not fit an i64 is
+        // valid msgpack but not a key a reader takes, and is left to the reader.
+        let int = |at| {
+            Cursor {
+                bytes,
+                pos: at,
+                seen: &[],
+            }
+            .int()
+        };
+        let (Some(kv_rank), Some(object_group_id)) = (int(key.rank), int(key.group)) else {
             return;
         };
-        // SAFETY: `canonical_key` checked the name's bytes are UTF-8.
-        let model_name = unsafe { std::str::from_utf8_unchecked(&bytes[key.name.clone()]) };
         self.push(SeenKey {
             at: bytes.as_ptr() as usize + pos,
             len: key.end - pos,
             key: ObjectKeyRef {
-                chunk_hash: &bytes[key.hash.clone()],
-                model_name,
+                chunk_hash: key.hash,
+                model_name: key.name,
                 kv_rank,
                 object_group_id,
                 cache_salt: None,
             },
         });
     }
-}
-
-/// The value of an int [`int_end`] accepted, when it fits an i64 (what [`Cursor::int`]
-/// gives).
-#[inline(always)]
-fn int_value(bytes: &[u8], at: usize) -> Option<i64> {
-    let b = *bytes.get(at)?;
-    let width = match b {
-        0x00..=0x7f | 0xe0..=0xff => return Some(b as i8 as i64),
-        0xcc | 0xd0 => 1,
-        0xcd | 0xd1 => 2,
-        0xce | 0xd2 => 4,
-        _ => 8,
-    };
-    let v = be(bytes, at + 1, width)?;
-    Some(match b {
-        0xd0 => v as u8 as i8 as i64,
-        0xd1 => v as u16 as i16 as i64,
-        0xd2 => v as u32 as i32 as i64,
-        0xd3 => v as i64,
-        _ => i64::try_from(v).ok()?,
-    })
 }
 
 /// Validates `children` items starting at `pos`, nested `depth` levels deep, counting every
