@@ -348,6 +348,8 @@ proptest! {
         let text = serde_json::to_string(&json).expect("json text");
         let streamed = serde_json::to_string(&kvtrace::lmct::json::Lossless(&back));
         prop_assert_eq!(streamed.expect("json text"), text.clone());
+        let from_bytes = serde_json::to_string(&kvtrace::lmct::json::RawLossless::new(raw));
+        prop_assert_eq!(from_bytes.expect("json text"), text.clone());
         let reparsed: serde_json::Value = serde_json::from_str(&text).expect("parse");
         let from_json = kvtrace::lmct::json::from_lossless(&reparsed).expect("lossless");
         prop_assert_eq!(encode_to_vec(&from_json), bytes);
@@ -383,7 +385,7 @@ proptest! {
             let bytes = encode_to_vec(value);
             let raw = RawValue::parse(&bytes).expect("own encoding is valid");
             let tree = kvtrace::lmct::display::to_display(raw);
-            let shown = kvtrace::lmct::display::Shown(raw);
+            let shown = kvtrace::lmct::display::Shown::new(raw);
             prop_assert_eq!(
                 serde_json::to_string(&shown).expect("text"),
                 serde_json::to_string(&tree).expect("text")
@@ -410,6 +412,11 @@ proptest! {
         let json = kvtrace::lmct::json::to_lossless(&value);
         prop_assert_eq!(
             serde_json::to_string(&kvtrace::lmct::json::Lossless(&value)).expect("text"),
+            serde_json::to_string(&json).expect("text")
+        );
+        let raw = RawValue::parse(&bytes).expect("valid");
+        prop_assert_eq!(
+            serde_json::to_string(&kvtrace::lmct::json::RawLossless::new(raw)).expect("text"),
             serde_json::to_string(&json).expect("text")
         );
         let back = kvtrace::lmct::json::from_lossless(&json).expect("lossless");

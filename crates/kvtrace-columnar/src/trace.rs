@@ -480,7 +480,7 @@ impl Builders {
                 Column::Undecodable => self.strings[slot].append_null(),
                 Column::Args => {
                     // Serializing into a String cannot fail: every map key is a string.
-                    let text = serde_json::to_string(&Shown(record.args)).unwrap_or_default();
+                    let text = serde_json::to_string(&Shown::args(record)).unwrap_or_default();
                     self.strings[slot].append_value(text);
                 }
                 _ => {}

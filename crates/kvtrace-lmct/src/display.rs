@@ -9,9 +9,14 @@
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Number, Value as Json};
 
-use super::codec::{TAG_LOCK_MODE, TAG_SET, TAG_TORCH_DTYPE, TAG_TORCH_SIZE, TAG_TUPLE};
+use super::codec::{
+    ObjectKeyRef, TAG_LOCK_MODE, TAG_OBJECT_KEY, TAG_SET, TAG_TORCH_DTYPE, TAG_TORCH_SIZE,
+    TAG_TUPLE,
+};
+use super::msgpack::view::{seen_key_at, SeenKey};
 use super::msgpack::{Kind, RawValue};
 use super::value::Value;
+use super::RecordRef;
 
 /// The display form of a value, for `dump`.
 pub fn to_display(v: RawValue<'_>) -> Json {
@@ -86,11 +91,45 @@ fn unwrapped(tag: &str) -> bool {
 /// from the bytes — a map whose keys are not distinct UTF-8 strings (the tree keeps the last
 /// value of a repeated key, in the first one's place), and ext — are serialized through the
 /// tree; nothing LMCache writes has them.
-pub struct Shown<'a>(pub RawValue<'a>);
+#[derive(Clone, Copy)]
+pub struct Shown<'a> {
+    value: RawValue<'a>,
+    /// The keys validating the value's frame kept (empty: none), written from their fields.
+    seen: &'a [SeenKey<'a>],
+}
+
+impl<'a> Shown<'a> {
+    pub fn new(value: RawValue<'a>) -> Self {
+        Shown { value, seen: &[] }
+    }
+
+    /// A record's arguments. Its keys that validation kept are written from the fields it
+    /// read, without walking their bytes again: the keys are nearly all of a trace's bytes,
+    /// and walking each (its tag, its fields' names, whether they are distinct) was most of
+    /// a dump's time.
+    pub fn args(record: &RecordRef<'a>) -> Self {
+        Shown {
+            value: record.args,
+            seen: record.seen,
+        }
+    }
+
+    fn inner(&self, value: RawValue<'a>) -> Self {
+        Shown {
+            value,
+            seen: self.seen,
+        }
+    }
+}
 
 impl Serialize for Shown<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let v = self.0;
+        let v = self.value;
+        if !self.seen.is_empty() && v.bytes().first() == Some(&0x82) {
+            if let Some(key) = seen_key_at(self.seen, v) {
+                return serialize_key(&key, s);
+            }
+        }
         match v.kind() {
             Kind::Nil => s.serialize_unit(),
             Kind::Bool => s.serialize_bool(v.as_bool().unwrap_or_default()),
@@ -107,17 +146,17 @@ impl Serialize for Shown<'_> {
             Kind::Bin => serialize_hex(v.as_bin().unwrap_or_default(), s),
             Kind::Array => {
                 let mut seq = s.serialize_seq(Some(v.len()))?;
-                for item in v.array().into_iter().flatten() {
-                    seq.serialize_element(&Shown(item))?;
+                for item in v.array().map(|i| i.noting(self.seen)).into_iter().flatten() {
+                    seq.serialize_element(&self.inner(item))?;
                 }
                 seq.end()
             }
             Kind::Map => match v.as_tagged() {
-                Some((tag, payload)) if unwrapped(tag) => Shown(payload).serialize(s),
-                Some((tag, payload)) => serialize_tagged(v, tag, payload, s),
-                None if distinct_text_keys(v, None) => {
+                Some((tag, payload)) if unwrapped(tag) => self.inner(payload).serialize(s),
+                Some((tag, payload)) => self.tagged(tag, payload, s),
+                None if distinct_text_keys(v, None, self.seen) => {
                     let mut map = s.serialize_map(Some(v.len()))?;
-                    serialize_entries(v, &mut map)?;
+                    self.entries(v, &mut map)?;
                     map.end()
                 }
                 None => to_display(v).serialize(s),
@@ -127,63 +166,111 @@ impl Serialize for Shown<'_> {
     }
 }
 
-/// A tagged value other than the unwrapped ones: the tag, then the payload's fields when it
-/// is a plain map, else the payload as `v`.
-fn serialize_tagged<S: Serializer>(
-    v: RawValue<'_>,
-    tag: &str,
-    payload: RawValue<'_>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    let fields = payload.kind() == Kind::Map && payload.as_tagged().is_none();
-    if (fields && !distinct_text_keys(payload, Some("__t__"))) || payload.kind() == Kind::Ext {
-        return to_display(v).serialize(s);
+impl<'a> Shown<'a> {
+    /// A tagged value other than the unwrapped ones: the tag, then the payload's fields when
+    /// it is a plain map, else the payload as `v`.
+    fn tagged<S: Serializer>(
+        &self,
+        tag: &str,
+        payload: RawValue<'a>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let fields = payload.kind() == Kind::Map && payload.as_tagged().is_none();
+        if (fields && !distinct_text_keys(payload, Some("__t__"), self.seen))
+            || payload.kind() == Kind::Ext
+        {
+            return to_display(self.value).serialize(s);
+        }
+        let len = if fields { 1 + payload.len() } else { 2 };
+        let mut map = s.serialize_map(Some(len))?;
+        map.serialize_entry("__t__", tag)?;
+        if fields {
+            self.entries(payload, &mut map)?;
+        } else {
+            map.serialize_entry("v", &self.inner(payload))?;
+        }
+        map.end()
     }
-    let len = if fields { 1 + payload.len() } else { 2 };
-    let mut map = s.serialize_map(Some(len))?;
-    map.serialize_entry("__t__", tag)?;
-    if fields {
-        serialize_entries(payload, &mut map)?;
-    } else {
-        map.serialize_entry("v", &Shown(payload))?;
+
+    fn entries<M: SerializeMap>(&self, v: RawValue<'a>, map: &mut M) -> Result<(), M::Error> {
+        for (k, val) in v.map().map(|e| e.noting(self.seen)).into_iter().flatten() {
+            map.serialize_entry(k.as_str().unwrap_or_default(), &self.inner(val))?;
+        }
+        Ok(())
     }
+}
+
+/// A key validation kept, as the general walk writes a key in that shape: the tag, then the
+/// payload's four fields in the order the shape has them.
+fn serialize_key<S: Serializer>(key: &ObjectKeyRef<'_>, s: S) -> Result<S::Ok, S::Error> {
+    /// An int as the general walk writes it: unsigned where it is not negative.
+    struct Int(i64);
+    impl Serialize for Int {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            match u64::try_from(self.0) {
+                Ok(u) => s.serialize_u64(u),
+                Err(_) => s.serialize_i64(self.0),
+            }
+        }
+    }
+    let mut map = s.serialize_map(Some(5))?;
+    map.serialize_entry("__t__", TAG_OBJECT_KEY)?;
+    map.serialize_entry("chunk_hash", &Hex(key.chunk_hash))?;
+    map.serialize_entry("model_name", key.model_name)?;
+    map.serialize_entry("kv_rank", &Int(key.kv_rank))?;
+    map.serialize_entry("object_group_id", &Int(key.object_group_id))?;
     map.end()
 }
 
-fn serialize_entries<M: SerializeMap>(v: RawValue<'_>, map: &mut M) -> Result<(), M::Error> {
-    for (k, val) in v.map().into_iter().flatten() {
-        map.serialize_entry(k.as_str().unwrap_or_default(), &Shown(val))?;
-    }
-    Ok(())
-}
-
 /// Whether every key of a map is a UTF-8 string, no two are equal, and none is `taken`.
-fn distinct_text_keys(v: RawValue<'_>, taken: Option<&str>) -> bool {
-    const FEW: usize = 16;
-    let mut few = [""; FEW];
-    let mut many = std::collections::HashSet::new();
-    for (i, (k, _)) in v.map().into_iter().flatten().enumerate() {
-        let Some(key) = k.as_str() else {
-            return false;
-        };
-        if Some(key) == taken {
-            return false;
-        }
-        if i < FEW {
-            if few[..i].contains(&key) {
-                return false;
-            }
-            few[i] = key;
-        } else {
-            if i == FEW {
-                many.extend(few);
-            }
-            if !many.insert(key) {
-                return false;
-            }
+fn distinct_text_keys(v: RawValue<'_>, taken: Option<&str>, seen: &[SeenKey<'_>]) -> bool {
+    let mut names = Names::default();
+    for (k, _) in v.map().map(|e| e.noting(seen)).into_iter().flatten() {
+        match k.as_str() {
+            Some(key) if Some(key) != taken && names.first_time(key) => {}
+            _ => return false,
         }
     }
     true
+}
+
+/// The names a map's keys have had so far, for whether they are distinct: compared one by
+/// one while there are few (the maps of a trace have a handful of keys), hashed past that.
+#[derive(Default)]
+pub(crate) struct Names<'a> {
+    few: [&'a str; Names::FEW],
+    count: usize,
+    many: std::collections::HashSet<&'a str>,
+}
+
+impl<'a> Names<'a> {
+    const FEW: usize = 16;
+
+    /// Notes `name`; whether no earlier key had it.
+    pub(crate) fn first_time(&mut self, name: &'a str) -> bool {
+        let i = self.count;
+        self.count += 1;
+        if i < Names::FEW {
+            if self.few[..i].contains(&name) {
+                return false;
+            }
+            self.few[i] = name;
+            return true;
+        }
+        if i == Names::FEW {
+            self.many.extend(self.few);
+        }
+        self.many.insert(name)
+    }
+}
+
+/// Bytes as lowercase hex text.
+pub(crate) struct Hex<'a>(pub(crate) &'a [u8]);
+
+impl Serialize for Hex<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serialize_hex(self.0, s)
+    }
 }
 
 /// Bin as lowercase hex, formatted on the stack when short (a chunk hash is 32 bytes).
@@ -221,6 +308,39 @@ mod tests {
             (Value::str("__t__"), Value::str(tag)),
             (Value::str("v"), payload),
         ])
+    }
+
+    /// A record's arguments written with the keys its validation kept are the text of the
+    /// arguments walked afresh, compact and pretty, for every variant of the keyed record.
+    #[test]
+    fn kept_keys_are_written_as_the_walk_writes_them() {
+        use crate::frame::{keyed_record, RecordSpans};
+        let (body, variants) = keyed_record();
+        let mut kept_any = 0;
+        for bytes in &variants {
+            let mut seen = Vec::new();
+            let Ok(spans) = RecordSpans::parse_noting(bytes, &mut seen) else {
+                continue;
+            };
+            kept_any += usize::from(!seen.is_empty());
+            let record = RecordRef::from_spans(0, bytes, &spans).noting(&seen);
+            let (kept, afresh) = (Shown::args(&record), Shown::new(record.args));
+            assert_eq!(
+                serde_json::to_string(&kept).expect("text"),
+                serde_json::to_string(&afresh).expect("text"),
+            );
+            assert_eq!(
+                serde_json::to_string_pretty(&kept).expect("text"),
+                serde_json::to_string_pretty(&afresh).expect("text"),
+            );
+        }
+        let mut seen = Vec::new();
+        RecordSpans::parse_noting(&body, &mut seen).expect("the whole record decodes");
+        assert_eq!(seen.len(), 13, "every key of the whole record is kept");
+        assert!(
+            kept_any > body.len(),
+            "most changed records still keep keys"
+        );
     }
 
     /// The shapes the streamed text takes its own way for, and those it hands to the tree:
@@ -271,12 +391,12 @@ mod tests {
             let raw = RawValue::parse(&bytes).expect("own encoding");
             let tree = to_display(raw);
             assert_eq!(
-                serde_json::to_string(&Shown(raw)).expect("text"),
+                serde_json::to_string(&Shown::new(raw)).expect("text"),
                 serde_json::to_string(&tree).expect("text"),
                 "{case:?}"
             );
             assert_eq!(
-                serde_json::to_string_pretty(&Shown(raw)).expect("text"),
+                serde_json::to_string_pretty(&Shown::new(raw)).expect("text"),
                 serde_json::to_string_pretty(&tree).expect("text"),
                 "{case:?}"
             );

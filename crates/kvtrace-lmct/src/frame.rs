@@ -374,3 +374,91 @@ pub fn encode_record_head(out: &mut Vec<u8>, t_mono: f64, t_wall: f64, qualname:
     msgpack::put_str(out, qualname);
     msgpack::put_str(out, "args");
 }
+
+/// For the tests of readers that take the keys validation kept: the `i`-th of keys with the
+/// int forms, name lengths and escapes the readers have branches for.
+#[cfg(test)]
+pub(crate) fn key_of_every_form(i: usize) -> crate::codec::ObjectKey {
+    let long = "x".repeat(40);
+    let names = [
+        "meta-llama/Llama-3.1-8B",
+        "",
+        "m",
+        &long,
+        "modèle",
+        "quote \" \\ \n \u{1}",
+    ];
+    let ints = [
+        0,
+        1,
+        127,
+        128,
+        300,
+        70_000,
+        1 << 40,
+        -1,
+        -100,
+        -40_000,
+        -(1 << 40),
+    ];
+    let mut key =
+        crate::codec::ObjectKey::single_rank(vec![i as u8; 32 - i % 32], names[i % names.len()]);
+    key.kv_rank = ints[i % ints.len()];
+    key.object_group_id = ints[ints.len() - 1 - i % ints.len()];
+    key
+}
+
+/// For the tests of readers that take the keys validation kept: a record whose arguments
+/// name keys of every int form, name length and escape, at the top, in a list and nested
+/// in a tagged value, one of them in wider forms than needed (its name a str8, its rank a
+/// u16); and the record's variants: itself, cut at every byte, and with each byte replaced
+/// by values that start or break an item.
+#[cfg(test)]
+pub(crate) fn keyed_record() -> (Vec<u8>, Vec<Vec<u8>>) {
+    use crate::codec::ObjectKey;
+    use crate::msgpack::{encode_to_vec, put_str};
+    let key = key_of_every_form;
+    let mut wide = Vec::new();
+    let mut narrow = ObjectKey::single_rank(vec![9; 32], "m");
+    (narrow.kv_rank, narrow.object_group_id) = (5, 0);
+    narrow.encode(&mut wide);
+    // The name's head after the tag, the hash and the field's name; the rank after the name.
+    let name = crate::codec::KEY_HEAD.len() + 2 + 32 + crate::codec::KEY_MODEL.len();
+    wide.splice(name..name + 1, [0xd9, 0x01]);
+    let rank = name + 3 + crate::codec::KEY_RANK.len();
+    wide.splice(rank..rank + 1, [0xcd, 0x00, 0x05]);
+    let mut body = Vec::new();
+    encode_record_head(&mut body, 1.0, 2.0, "StorageManager.reserve_write");
+    body.push(0x84);
+    put_str(&mut body, "key");
+    key(0).encode(&mut body);
+    put_str(&mut body, "keys");
+    body.push(0x9a);
+    for i in 0..10 {
+        key(i).encode(&mut body);
+    }
+    put_str(&mut body, "wide");
+    body.extend_from_slice(&wide);
+    put_str(&mut body, "group");
+    let tagged = Value::Map(
+        vec![
+            (Value::str("__t__"), Value::str("GroupedObjectKeys")),
+            (Value::str("v"), Value::Nil),
+        ],
+        None,
+    );
+    body.extend(encode_to_vec(&tagged));
+    body.truncate(body.len() - 1);
+    body.push(0x91);
+    key(3).encode(&mut body);
+    let mut variants = vec![body.clone()];
+    variants.extend((0..body.len()).map(|cut| body[..cut].to_vec()));
+    for at in 0..body.len() {
+        for b in [0x00, 0x80, 0x82, 0xa0, 0xc1, 0xc4, 0xcf, 0xd9, 0xff] {
+            let mut bad = body.clone();
+            bad[at] = b;
+            variants.push(bad);
+        }
+    }
+    (body, variants)
+}

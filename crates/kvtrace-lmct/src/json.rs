@@ -7,7 +7,12 @@
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Number, Value as Json};
 
+use super::codec::TAG_OBJECT_KEY;
+use super::display::{Hex, Names};
+use super::msgpack::view::{key_parts, KeyParts, SeenKey};
+use super::msgpack::{Kind, RawValue};
 use super::value::{Form, Value};
+use super::RecordRef;
 
 fn form_name(kind: &str, form: Form) -> String {
     let int = |n: &str| n.to_string();
@@ -188,6 +193,160 @@ impl Serialize for Lossless<'_> {
                 Formed("ext", *form, &Annotated("$ext", &payload)).serialize(s)
             }
         }
+    }
+}
+
+/// A value serialized as its lossless JSON straight from its msgpack bytes: exactly the text
+/// of [`Lossless`] of [`RawValue::to_value`], without building the value (its strings, byte
+/// vectors and lists were allocated and freed for every key of every record, most of a
+/// conversion's time).
+#[derive(Clone, Copy)]
+pub struct RawLossless<'a> {
+    value: RawValue<'a>,
+    /// The keys validating the value's frame kept (empty: none): lists and maps step over
+    /// them without a walk.
+    seen: &'a [SeenKey<'a>],
+}
+
+impl<'a> RawLossless<'a> {
+    pub fn new(value: RawValue<'a>) -> Self {
+        RawLossless { value, seen: &[] }
+    }
+
+    /// A record's whole frame body, stepping over the keys its validation kept.
+    pub fn record(record: &RecordRef<'a>) -> Option<Self> {
+        Some(RawLossless {
+            value: RawValue::parse(record.body).ok()?,
+            seen: record.seen,
+        })
+    }
+
+    fn inner(&self, value: RawValue<'a>) -> Self {
+        RawLossless {
+            value,
+            seen: self.seen,
+        }
+    }
+
+    fn items(&self) -> impl Iterator<Item = RawLossless<'a>> + '_ {
+        let items = self.value.array().map(|i| i.noting(self.seen));
+        items.into_iter().flatten().map(|v| self.inner(v))
+    }
+
+    fn entries(&self) -> impl Iterator<Item = (RawValue<'a>, RawLossless<'a>)> + '_ {
+        let entries = self.value.map().map(|e| e.noting(self.seen));
+        entries
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k, self.inner(v)))
+    }
+}
+
+impl Serialize for RawLossless<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let v = self.value;
+        if let Some(key) = key_parts(v) {
+            return serialize_key(&key, s);
+        }
+        let Some(shape) = v.shape() else {
+            return s.serialize_unit();
+        };
+        let form = shape.form;
+        match shape.kind {
+            Kind::Nil => s.serialize_unit(),
+            Kind::Bool => s.serialize_bool(shape.n == 1),
+            Kind::Int => Formed("int", form, &Int(shape.n)).serialize(s),
+            Kind::Float => match shape.float {
+                Some((x, false)) if x.is_finite() => s.serialize_f64(x),
+                Some((x, false)) => Annotated("$f64", &float_name(x)).serialize(s),
+                // An f32 as the value holds it: narrowed, then widened to be written.
+                Some((x, true)) => match x as f32 as f64 {
+                    y if y.is_finite() => Annotated("$f32", &y).serialize(s),
+                    y => Annotated("$f32", &float_name(y)).serialize(s),
+                },
+                None => s.serialize_unit(),
+            },
+            Kind::Str => Formed("str", form, v.as_str().unwrap_or_default()).serialize(s),
+            Kind::Bin => {
+                let hex = Hex(v.as_bin().unwrap_or_default());
+                Formed("bin", form, &Annotated("$bin_hex", &hex)).serialize(s)
+            }
+            Kind::Array => Formed("array", form, &RawItems(self)).serialize(s),
+            Kind::Map if plain_object_raw(self) => {
+                Formed("map", form, &RawFields(self)).serialize(s)
+            }
+            Kind::Map => Formed("map", form, &Annotated("$map", &RawPairs(self))).serialize(s),
+            Kind::Ext => {
+                let payload = (shape.ext_type, Hex(shape.ext_data));
+                Formed("ext", form, &Annotated("$ext", &payload)).serialize(s)
+            }
+        }
+    }
+}
+
+/// A key in LMCache's exact shape, as the general walk writes it: the tag, then the payload
+/// of four plain fields, the hash as hex (a bin8 is the canonical form of any hash it can
+/// hold) and the name and ints as themselves, each with its form.
+fn serialize_key<S: Serializer>(key: &KeyParts<'_>, s: S) -> Result<S::Ok, S::Error> {
+    struct Payload<'a>(&'a KeyParts<'a>);
+    impl Serialize for Payload<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let key = self.0;
+            let mut map = s.serialize_map(Some(4))?;
+            map.serialize_entry("chunk_hash", &Annotated("$bin_hex", &Hex(key.hash)))?;
+            map.serialize_entry("model_name", &RawLossless::new(key.name))?;
+            map.serialize_entry("kv_rank", &RawLossless::new(key.rank))?;
+            map.serialize_entry("object_group_id", &RawLossless::new(key.group))?;
+            map.end()
+        }
+    }
+    let mut map = s.serialize_map(Some(2))?;
+    map.serialize_entry("__t__", TAG_OBJECT_KEY)?;
+    map.serialize_entry("v", &Payload(key))?;
+    map.end()
+}
+
+/// [`plain_object_ok`] of the map's bytes: every key a string of the canonical form, the
+/// first not starting with `$`, no two equal.
+fn plain_object_raw(v: &RawLossless<'_>) -> bool {
+    let mut names = Names::default();
+    for (i, (k, _)) in v.entries().enumerate() {
+        let (Some(key), Some(shape)) = (k.as_str(), k.shape()) else {
+            return false;
+        };
+        if shape.form.is_some() || (i == 0 && key.starts_with('$')) || !names.first_time(key) {
+            return false;
+        }
+    }
+    true
+}
+
+struct RawItems<'a, 'b>(&'b RawLossless<'a>);
+
+impl Serialize for RawItems<'_, '_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.items())
+    }
+}
+
+struct RawFields<'a, 'b>(&'b RawLossless<'a>);
+
+impl Serialize for RawFields<'_, '_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(
+            self.0
+                .entries()
+                .map(|(k, v)| (k.as_str().unwrap_or_default(), v)),
+        )
+    }
+}
+
+struct RawPairs<'a, 'b>(&'b RawLossless<'a>);
+
+impl Serialize for RawPairs<'_, '_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let pairs = self.0.entries().map(|(k, v)| (self.0.inner(k), v));
+        s.collect_seq(pairs)
     }
 }
 
@@ -396,6 +555,43 @@ fn from_lossless_at(j: &Json, path: &str) -> Result<Value, String> {
 mod tests {
     use super::*;
 
+    /// A record's frame written from its bytes, stepping over the keys its validation kept,
+    /// is the text of its value tree, for every variant of the keyed record (a key in wider
+    /// forms than needed among them).
+    #[test]
+    fn records_from_their_bytes_are_the_text_of_their_tree() {
+        use crate::frame::{keyed_record, RecordSpans};
+        let (body, variants) = keyed_record();
+        let mut written = 0;
+        for bytes in &variants {
+            let mut seen = Vec::new();
+            let Ok(spans) = RecordSpans::parse_noting(bytes, &mut seen) else {
+                continue;
+            };
+            let record = RecordRef::from_spans(0, bytes, &spans).noting(&seen);
+            let Some(raw) = RawLossless::record(&record) else {
+                continue;
+            };
+            let tree = to_lossless(&RawValue::parse(bytes).expect("a record").to_value());
+            assert_eq!(
+                serde_json::to_string(&raw).expect("text"),
+                serde_json::to_string(&tree).expect("text"),
+            );
+            assert_eq!(
+                serde_json::to_string_pretty(&raw).expect("text"),
+                serde_json::to_string_pretty(&tree).expect("text"),
+            );
+            written += 1;
+        }
+        assert!(written > body.len(), "most changed records still decode");
+        let text = serde_json::to_string(&RawLossless::new(RawValue::parse(&body).unwrap()));
+        let text = text.unwrap();
+        assert!(
+            text.contains(r#""model_name":{"$enc":"str8","v":"m"},"kv_rank":{"$enc":"u16","v":5}"#),
+            "{text}"
+        );
+    }
+
     /// Every annotation the tree can hold, each width form and the maps JSON cannot hold:
     /// the streamed text is the tree's.
     #[test]
@@ -430,10 +626,18 @@ mod tests {
             Value::Ext(7, Vec::new(), None),
         ];
         for case in &cases {
+            let tree = serde_json::to_string(&to_lossless(case)).expect("text");
             assert_eq!(
                 serde_json::to_string(&Lossless(case)).expect("text"),
-                serde_json::to_string(&to_lossless(case)).expect("text"),
+                tree,
                 "{case:?}"
+            );
+            let bytes = crate::msgpack::encode_to_vec(case);
+            let raw = RawValue::parse(&bytes).expect("own encoding");
+            assert_eq!(
+                serde_json::to_string(&RawLossless::new(raw)).expect("text"),
+                serde_json::to_string(&to_lossless(&raw.to_value())).expect("text"),
+                "{case:?} from its bytes"
             );
         }
     }

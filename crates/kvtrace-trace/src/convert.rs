@@ -14,7 +14,7 @@ use serde_json::Value as Json;
 use super::{Progress, PROGRESS_EVERY};
 use crate::error::{Error, Result};
 use crate::lmct::blocks::fold_frames;
-use crate::lmct::json::{from_lossless, Lossless};
+use crate::lmct::json::{from_lossless, Lossless, RawLossless};
 use crate::lmct::msgpack::{encode, RawValue, MAX_DEPTH};
 use crate::lmct::reader::ZSTD_MAGIC;
 use crate::lmct::schema::Migration;
@@ -340,10 +340,18 @@ fn read_lct(
                     body
                 }
             };
-            let item = prepare(body, needs_values, false, block.migration.as_mut());
-            // Writing into a Vec cannot fail.
-            let _ = put(&mut block.out, jsonl, &item);
             block.frames += 1;
+            // A frame that needs no rewrite is written as lossless JSON from its bytes.
+            if let (true, false, Frame::Record(r)) = (jsonl, migrating, frame) {
+                if let Some(v) = RawLossless::record(r) {
+                    // Writing into a Vec cannot fail.
+                    let _ = serde_json::to_writer(&mut block.out, &v);
+                    block.out.push(b'\n');
+                    return;
+                }
+            }
+            let item = prepare(body, needs_values, false, block.migration.as_mut());
+            let _ = put(&mut block.out, jsonl, &item);
         },
         &mut |block| {
             if let Err(e) = p.sink.out.write_all(&block.out) {

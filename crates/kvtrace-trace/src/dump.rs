@@ -103,7 +103,7 @@ impl Serialize for RecordObject<'_> {
         m.serialize_entry("t_mono", &Json::from(r.t_mono))?;
         m.serialize_entry("t_wall", &Json::from(r.t_wall))?;
         m.serialize_entry("qualname", r.qualname)?;
-        m.serialize_entry("args", &Shown(r.args))?;
+        m.serialize_entry("args", &Shown::args(r))?;
         m.end()
     }
 }

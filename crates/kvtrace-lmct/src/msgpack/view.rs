@@ -252,6 +252,8 @@ fn eat<const N: usize>(bytes: &[u8], at: usize, run: &[u8; N]) -> Option<usize> 
 struct Canonical<'a> {
     hash: &'a [u8],
     name: &'a str,
+    /// Where the model name's head starts.
+    name_at: usize,
     rank: usize,
     group: usize,
     end: usize,
@@ -270,6 +272,7 @@ fn canonical_key(bytes: &[u8], pos: usize) -> Option<Canonical<'_>> {
     let hash_end = at + 2 + *bytes.get(at + 1)? as usize;
     let hash = bytes.get(at + 2..hash_end)?;
     at = eat(bytes, hash_end, KEY_MODEL)?;
+    let name_at = at;
     let (start, len) = match *bytes.get(at)? {
         b @ 0xa0..=0xbf => (at + 1, (b & 0x1f) as usize),
         0xd9 => (at + 2, *bytes.get(at + 1)? as usize),
@@ -282,6 +285,7 @@ fn canonical_key(bytes: &[u8], pos: usize) -> Option<Canonical<'_>> {
     Some(Canonical {
         hash,
         name,
+        name_at,
         rank,
         group,
         end,
@@ -299,6 +303,46 @@ pub(crate) struct SeenKey<'a> {
     at: usize,
     len: usize,
     key: ObjectKeyRef<'a>,
+}
+
+/// A key in LMCache's exact shape, in parts: its chunk hash, and its model name, rank and
+/// group as items (each in whatever form it was written).
+pub(crate) struct KeyParts<'a> {
+    pub(crate) hash: &'a [u8],
+    pub(crate) name: RawValue<'a>,
+    pub(crate) rank: RawValue<'a>,
+    pub(crate) group: RawValue<'a>,
+}
+
+/// `value` in parts when it is exactly one key in LMCache's shape (checked as validation
+/// checks it); `None` for anything else.
+pub(crate) fn key_parts(value: RawValue<'_>) -> Option<KeyParts<'_>> {
+    let bytes = value.bytes;
+    if bytes.first() != Some(&0x82) {
+        return None;
+    }
+    let key = canonical_key(bytes, 0).filter(|k| k.end == bytes.len())?;
+    let item = |range: std::ops::Range<usize>| RawValue {
+        bytes: &bytes[range],
+    };
+    Some(KeyParts {
+        hash: key.hash,
+        name: item(key.name_at..key.rank - KEY_RANK.len()),
+        rank: item(key.rank..key.group - KEY_GROUP.len()),
+        group: item(key.group..key.end),
+    })
+}
+
+/// The key validation kept that starts at `value`'s first byte and spans all of it: what
+/// reading `value` as a key would give. `seen` is in the order of the bytes.
+pub(crate) fn seen_key_at<'a>(
+    seen: &[SeenKey<'a>],
+    value: RawValue<'_>,
+) -> Option<ObjectKeyRef<'a>> {
+    let here = value.bytes.as_ptr() as usize;
+    let i = seen.binary_search_by_key(&here, |k| k.at).ok()?;
+    let key = &seen[i];
+    (key.len == value.bytes.len()).then_some(key.key)
 }
 
 /// What the validator does with each key it takes by [`canonical_key`].
@@ -425,12 +469,27 @@ pub(crate) fn map_head(bytes: &[u8], at: usize) -> Result<Option<(usize, usize)>
 }
 
 /// The end of an item inside an already validated one; `None` only on a broken invariant.
-fn skip_trusted(bytes: &[u8], at: usize) -> Option<usize> {
+/// Each key in `seen` (what validating the frame kept, in the order of the bytes) is stepped
+/// over whole rather than item by item, and `seen` moves past the keys before the end.
+fn skip_trusted<'a>(bytes: &[u8], at: usize, seen: &mut &'a [SeenKey<'a>]) -> Option<usize> {
     let mut pending: u64 = 1;
     let mut pos = at;
     while pending > 0 {
         pending -= 1;
         let b = *bytes.get(pos)?;
+        if b == 0x82 && !seen.is_empty() {
+            let here = bytes.as_ptr() as usize + pos;
+            while let Some((first, rest)) = seen.split_first() {
+                if first.at >= here {
+                    break;
+                }
+                *seen = rest;
+            }
+            if let Some(key) = seen.first().filter(|k| k.at == here) {
+                pos += key.len;
+                continue;
+            }
+        }
         pos = match b {
             0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => pos + 1,
             0xa0..=0xbf => pos + 1 + (b & 0x1f) as usize,
@@ -564,6 +623,7 @@ impl<'a> RawValue<'a> {
             bytes: self.bytes,
             pos: h.data,
             left: h.n as usize,
+            seen: &[],
         })
     }
 
@@ -575,6 +635,7 @@ impl<'a> RawValue<'a> {
                 bytes: self.bytes,
                 pos: h.data,
                 left: h.n as usize * 2,
+                seen: &[],
             },
         })
     }
@@ -615,17 +676,20 @@ impl<'a> RawValue<'a> {
 
     /// `(tag, payload)` when this is a codec-tagged value `{"__t__": tag, "v": payload}`.
     pub fn as_tagged(&self) -> Option<(&'a str, RawValue<'a>)> {
-        let mut entries = self.map()?;
-        if self.len() != 2 {
+        let mut items = self.map()?.items;
+        if items.left != 4 {
             return None;
         }
-        let (k1, tag) = entries.next()?;
-        let (k2, payload) = entries.next()?;
-        if k1.str_bytes()? == b"__t__" && k2.str_bytes()? == b"v" {
-            Some((tag.as_str()?, payload))
-        } else {
-            None
+        // The first key before the walk past its value: a call's arguments are a map of two
+        // entries too, whose first value is often a list of keys.
+        if items.next()?.str_bytes()? != b"__t__" {
+            return None;
         }
+        let tag = items.next()?;
+        if items.next()?.str_bytes()? != b"v" {
+            return None;
+        }
+        Some((tag.as_str()?, items.next()?))
     }
 
     /// The payload of a value tagged `tag`.
@@ -637,55 +701,87 @@ impl<'a> RawValue<'a> {
 
     /// An owned copy that remembers every non-canonical form.
     pub fn to_value(&self) -> Value {
-        let Some(h) = self.head() else {
+        let Some(shape) = self.shape() else {
             return Value::Nil;
         };
-        let keep = |canonical: Form| (h.form != canonical).then_some(h.form);
-        match h.kind {
+        let form = shape.form;
+        match shape.kind {
             Kind::Nil => Value::Nil,
-            Kind::Bool => Value::Bool(h.n == 1),
-            Kind::Int => Value::Int(h.n, keep(canonical_int_form(h.n))),
-            Kind::Float => match h.float {
+            Kind::Bool => Value::Bool(shape.n == 1),
+            Kind::Int => Value::Int(shape.n, form),
+            Kind::Float => match shape.float {
                 Some((v, true)) => Value::F32(v as f32),
                 Some((v, false)) => Value::F64(v),
                 None => Value::Nil,
             },
-            Kind::Str => Value::Str(
-                self.as_str().unwrap_or_default().to_owned(),
-                keep(canonical_len_form(h.n as usize, 31, true)),
-            ),
-            Kind::Bin => {
-                let canonical = match canonical_len_form(h.n as usize, 0, true) {
-                    Form::Fix => Form::W8,
-                    f => f,
-                };
-                Value::Bin(self.as_bin().unwrap_or_default().to_vec(), keep(canonical))
-            }
-            Kind::Ext => {
-                let data = self
-                    .bytes
-                    .get(h.data..h.data + h.n as usize)
-                    .unwrap_or_default();
-                let canonical = match h.n {
-                    1 | 2 | 4 | 8 | 16 => Form::Fix,
-                    n => canonical_len_form(n as usize, 0, true),
-                };
-                Value::Ext(h.ext_type, data.to_vec(), keep(canonical))
-            }
+            Kind::Str => Value::Str(self.as_str().unwrap_or_default().to_owned(), form),
+            Kind::Bin => Value::Bin(self.as_bin().unwrap_or_default().to_vec(), form),
+            Kind::Ext => Value::Ext(shape.ext_type, shape.ext_data.to_vec(), form),
             Kind::Array => Value::Array(
                 self.array()
                     .map(|items| items.map(|v| v.to_value()).collect())
                     .unwrap_or_default(),
-                keep(canonical_len_form(h.n as usize, 15, false)),
+                form,
             ),
             Kind::Map => Value::Map(
                 self.map()
                     .map(|entries| entries.map(|(k, v)| (k.to_value(), v.to_value())).collect())
                     .unwrap_or_default(),
-                keep(canonical_len_form(h.n as usize, 15, false)),
+                form,
             ),
         }
     }
+
+    /// What [`RawValue::to_value`] keeps of the item besides its contents: its kind, its
+    /// form where that is not the canonical one, its int, bool or length, its float, and an
+    /// ext's type and data. `None` where the bytes hold no item.
+    pub(crate) fn shape(&self) -> Option<Shape<'a>> {
+        let h = self.head()?;
+        let keep = |canonical: Form| (h.form != canonical).then_some(h.form);
+        let form = match h.kind {
+            Kind::Nil | Kind::Bool | Kind::Float => None,
+            Kind::Int => keep(canonical_int_form(h.n)),
+            Kind::Str => keep(canonical_len_form(h.n as usize, 31, true)),
+            Kind::Bin => keep(match canonical_len_form(h.n as usize, 0, true) {
+                Form::Fix => Form::W8,
+                f => f,
+            }),
+            Kind::Ext => keep(match h.n {
+                1 | 2 | 4 | 8 | 16 => Form::Fix,
+                n => canonical_len_form(n as usize, 0, true),
+            }),
+            Kind::Array | Kind::Map => keep(canonical_len_form(h.n as usize, 15, false)),
+        };
+        let ext_data = match h.kind {
+            Kind::Ext => self
+                .bytes
+                .get(h.data..h.data + h.n as usize)
+                .unwrap_or_default(),
+            _ => &[],
+        };
+        Some(Shape {
+            kind: h.kind,
+            form,
+            n: h.n,
+            float: h.float,
+            ext_type: h.ext_type,
+            ext_data,
+        })
+    }
+}
+
+/// An item's kind and form as [`RawValue::shape`] reads them.
+pub(crate) struct Shape<'a> {
+    pub(crate) kind: Kind,
+    /// The form, where it is not the canonical one.
+    pub(crate) form: Option<Form>,
+    /// For ints the value, for bool 0/1, for str/bin/ext the byte length, for array/map the
+    /// element count.
+    pub(crate) n: i128,
+    /// For floats: the value and whether it is f32.
+    pub(crate) float: Option<(f64, bool)>,
+    pub(crate) ext_type: i8,
+    pub(crate) ext_data: &'a [u8],
 }
 
 /// A forward reader over a validated item, for hot paths that consume fields in order
@@ -827,7 +923,7 @@ impl<'a> Cursor<'a> {
 
     /// Steps over one item of any kind.
     pub fn skip(&mut self) -> Option<()> {
-        self.pos = skip_trusted(self.bytes, self.pos)?;
+        self.pos = skip_trusted(self.bytes, self.pos, &mut &[][..])?;
         Some(())
     }
 
@@ -845,6 +941,17 @@ pub struct Items<'a> {
     bytes: &'a [u8],
     pos: usize,
     left: usize,
+    /// Keys validation kept, from the item at `pos` on: such an item ends where the key
+    /// does, without a walk.
+    seen: &'a [SeenKey<'a>],
+}
+
+impl<'a> Items<'a> {
+    /// The items, taking the end of every key in `seen` (what validating the frame kept)
+    /// from it rather than walking the key.
+    pub(crate) fn noting(self, seen: &'a [SeenKey<'a>]) -> Self {
+        Items { seen, ..self }
+    }
 }
 
 impl<'a> Iterator for Items<'a> {
@@ -859,7 +966,7 @@ impl<'a> Iterator for Items<'a> {
         let end = if self.left == 1 {
             self.bytes.len()
         } else {
-            skip_trusted(self.bytes, self.pos)?
+            skip_trusted(self.bytes, self.pos, &mut self.seen)?
         };
         let item = RawValue {
             bytes: self.bytes.get(self.pos..end)?,
@@ -880,6 +987,15 @@ impl ExactSizeIterator for Items<'_> {}
 #[derive(Clone, Debug)]
 pub struct Entries<'a> {
     items: Items<'a>,
+}
+
+impl<'a> Entries<'a> {
+    /// [`Items::noting`] for the keys and values.
+    pub(crate) fn noting(self, seen: &'a [SeenKey<'a>]) -> Self {
+        Entries {
+            items: self.items.noting(seen),
+        }
+    }
 }
 
 impl<'a> Iterator for Entries<'a> {
@@ -905,31 +1021,9 @@ mod tests {
     /// An array of keys as LMCache writes them, with the int forms and name lengths the
     /// shortcut has branches for.
     fn keys() -> Vec<u8> {
-        let names = [
-            "meta-llama/Llama-3.1-8B",
-            "",
-            "m",
-            &"x".repeat(40),
-            "modèle",
-        ];
-        let ints = [
-            0,
-            1,
-            127,
-            128,
-            300,
-            70_000,
-            1 << 40,
-            -1,
-            -100,
-            -40_000,
-            -(1 << 40),
-        ];
         let mut out = vec![0x90 | 10];
         for i in 0..10 {
-            let mut key = ObjectKey::single_rank(vec![i as u8; 32 - i], names[i % names.len()]);
-            key.kv_rank = ints[i];
-            key.object_group_id = ints[ints.len() - 1 - i];
+            let key = crate::frame::key_of_every_form(i);
             key.encode(&mut out);
         }
         out
@@ -974,6 +1068,22 @@ mod tests {
                 let fresh = crate::codec::read_object_keys(&mut Cursor::new(value));
                 let kept = crate::codec::read_object_keys(&mut Cursor::noting(value, &seen));
                 assert_eq!(kept, fresh);
+                // The items end where they do without the kept keys, within a list and
+                // within a list that is itself stepped over.
+                let ends = |v: RawValue<'_>, seen| -> Vec<(usize, usize)> {
+                    let items = v.array().map(|i| i.noting(seen)).into_iter().flatten();
+                    items
+                        .map(|i| (i.bytes.as_ptr() as usize, i.bytes.len()))
+                        .collect()
+                };
+                assert_eq!(ends(value, &seen), ends(value, &[]));
+                let mut nested = vec![0x93, 0x01];
+                nested.extend_from_slice(bytes);
+                nested.push(0x02);
+                let mut seen = Vec::new();
+                assert_eq!(validate_noting(&nested, 0, &mut seen), Ok(nested.len()));
+                let outer = RawValue::trusted(&nested);
+                assert_eq!(ends(outer, &seen), ends(outer, &[]));
             }
             seen.len()
         };
