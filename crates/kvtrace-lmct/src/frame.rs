@@ -448,6 +448,7 @@ pub(crate) fn keyed_record() -> (Vec<u8>, Vec<Vec<u8>>) {
         None,
     );
     body.extend(encode_to_vec(&tagged));
+    // The tagged value's payload: a list of one key in place of the nil.
     body.truncate(body.len() - 1);
     body.push(0x91);
     key(3).encode(&mut body);
