@@ -264,7 +264,7 @@ mod tests {
     fn arguments_read_with_the_kept_keys_are_the_arguments_read_afresh() {
         use crate::calls::StorageCall;
         use crate::codec::{LockMode, MemoryLayoutDesc, PrefetchTaskSpec};
-        use crate::frame::{encode_record_head, RecordSpans};
+        use crate::frame::{encode_record_head, variants, RecordSpans};
         let layout = MemoryLayoutDesc {
             shapes: vec![vec![2, 4, 16, 8]],
             dtypes: vec!["torch.bfloat16".into()],
@@ -292,16 +292,8 @@ mod tests {
             let mut body = Vec::new();
             encode_record_head(&mut body, 1.0, 2.0, call.qualname());
             call.encode_args(&mut body);
-            let mut variants = vec![body.clone()];
-            variants.extend((0..body.len()).map(|cut| body[..cut].to_vec()));
-            for at in 0..body.len() {
-                for b in [0x00, 0x80, 0x82, 0xa0, 0xc1, 0xc4, 0xcf, 0xdc, 0xff] {
-                    let mut bad = body.clone();
-                    bad[at] = b;
-                    variants.push(bad);
-                }
-            }
-            for bytes in &variants {
+            let replacements = [0x00, 0x80, 0x82, 0xa0, 0xc1, 0xc4, 0xcf, 0xdc, 0xff];
+            for bytes in &variants(&body, &replacements) {
                 let mut seen = Vec::new();
                 let kept = RecordSpans::parse_noting(bytes, &mut seen);
                 let plain = RecordSpans::parse(bytes);

@@ -452,14 +452,25 @@ pub(crate) fn keyed_record() -> (Vec<u8>, Vec<Vec<u8>>) {
     body.truncate(body.len() - 1);
     body.push(0x91);
     key(3).encode(&mut body);
-    let mut variants = vec![body.clone()];
+    let variants = variants(
+        &body,
+        &[0x00, 0x80, 0x82, 0xa0, 0xc1, 0xc4, 0xcf, 0xd9, 0xff],
+    );
+    (body, variants)
+}
+
+/// For tests of readers: `body` itself, cut at every byte, and with each byte replaced by
+/// each of `replacements`.
+#[cfg(test)]
+pub(crate) fn variants(body: &[u8], replacements: &[u8]) -> Vec<Vec<u8>> {
+    let mut variants = vec![body.to_vec()];
     variants.extend((0..body.len()).map(|cut| body[..cut].to_vec()));
     for at in 0..body.len() {
-        for b in [0x00, 0x80, 0x82, 0xa0, 0xc1, 0xc4, 0xcf, 0xd9, 0xff] {
-            let mut bad = body.clone();
+        for &b in replacements {
+            let mut bad = body.to_vec();
             bad[at] = b;
             variants.push(bad);
         }
     }
-    (body, variants)
+    variants
 }

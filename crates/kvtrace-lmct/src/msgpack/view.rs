@@ -345,6 +345,18 @@ pub(crate) fn seen_key_at<'a>(
     (key.len == value.bytes.len()).then_some(key.key)
 }
 
+/// The key validation kept whose first byte is at address `here`, with `seen` (in the order
+/// of the bytes) moved past the keys before it.
+fn kept_at<'s, 'a>(seen: &mut &'s [SeenKey<'a>], here: usize) -> Option<&'s SeenKey<'a>> {
+    while let Some((first, rest)) = seen.split_first() {
+        if first.at >= here {
+            break;
+        }
+        *seen = rest;
+    }
+    seen.first().filter(|k| k.at == here)
+}
+
 /// What the validator does with each key it takes by [`canonical_key`].
 trait KeySink<'a> {
     fn key(&mut self, bytes: &'a [u8], pos: usize, key: &Canonical<'a>);
@@ -478,14 +490,7 @@ fn skip_trusted<'a>(bytes: &[u8], at: usize, seen: &mut &'a [SeenKey<'a>]) -> Op
         pending -= 1;
         let b = *bytes.get(pos)?;
         if b == 0x82 && !seen.is_empty() {
-            let here = bytes.as_ptr() as usize + pos;
-            while let Some((first, rest)) = seen.split_first() {
-                if first.at >= here {
-                    break;
-                }
-                *seen = rest;
-            }
-            if let Some(key) = seen.first().filter(|k| k.at == here) {
+            if let Some(key) = kept_at(seen, bytes.as_ptr() as usize + pos) {
                 pos += key.len;
                 continue;
             }
@@ -812,18 +817,12 @@ impl<'a> Cursor<'a> {
     /// The key at the cursor, when validation kept it; the cursor moves past it. What
     /// [`ObjectKeyRef::read`] would read there: the validator took it by the same shape.
     pub(crate) fn seen_key(&mut self) -> Option<ObjectKeyRef<'a>> {
-        let here = self.bytes.as_ptr() as usize + self.pos;
-        while let Some((first, rest)) = self.seen.split_first() {
-            if first.at > here {
-                return None;
-            }
-            self.seen = rest;
-            if first.at == here && self.pos + first.len <= self.bytes.len() {
-                self.pos += first.len;
-                return Some(first.key);
-            }
-        }
-        None
+        let key = kept_at(&mut self.seen, self.bytes.as_ptr() as usize + self.pos)?;
+        let end = self.pos + key.len;
+        (end <= self.bytes.len()).then(|| {
+            self.pos = end;
+            key.key
+        })
     }
 
     fn head(&mut self, kind: Kind) -> Option<Head> {
