@@ -368,6 +368,8 @@ struct Builders {
     slots: Vec<usize>,
     /// The last qualname and its short name: calls repeat a handful of names.
     last_call: Option<(String, String)>,
+    /// The `args` column's text of one row, the buffer kept from row to row.
+    text: Vec<u8>,
 }
 
 impl Builders {
@@ -387,6 +389,7 @@ impl Builders {
             lists: Vec::new(),
             slots: Vec::new(),
             last_call: None,
+            text: Vec::new(),
         };
         for c in columns.iter() {
             let slot = match c.field(view).data_type() {
@@ -479,9 +482,10 @@ impl Builders {
                 Column::Tier => self.strings[slot].append_option(call.tier),
                 Column::Undecodable => self.strings[slot].append_null(),
                 Column::Args => {
-                    // Serializing into a String cannot fail: every map key is a string.
-                    let text = serde_json::to_string(&Shown::args(record)).unwrap_or_default();
-                    self.strings[slot].append_value(text);
+                    self.text.clear();
+                    Shown::args(record).write_compact(&mut self.text);
+                    // The text is JSON written from UTF-8 strings and ASCII: never replaced.
+                    self.strings[slot].append_value(String::from_utf8_lossy(&self.text));
                 }
                 _ => {}
             }

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
@@ -358,6 +359,31 @@ pub fn fold_records<T: Send>(
         },
         progress,
     )
+}
+
+/// Values a [`fold_frames`] merge is done with, for the next blocks' `init` to take again.
+/// A block's output text (`dump`, `convert`) grows to megabytes, and a fresh one per block
+/// grew by doubling, copied at each step into pages the kernel faulted in and cleared: half
+/// of a dump's time. It holds what was given back, as many as the blocks in flight.
+pub struct Spares<T>(Mutex<Vec<T>>);
+
+impl<T> Default for Spares<T> {
+    fn default() -> Self {
+        Spares(Mutex::new(Vec::new()))
+    }
+}
+
+impl<T> Spares<T> {
+    /// One given back, if any.
+    pub fn take(&self) -> Option<T> {
+        self.0.lock().ok()?.pop()
+    }
+
+    pub fn give(&self, value: T) {
+        if let Ok(mut spares) = self.0.lock() {
+            spares.push(value);
+        }
+    }
 }
 
 /// [`fold_records`] for every frame, undecodable ones included, with its index (the first

@@ -13,7 +13,7 @@ use super::codec::{
     ObjectKeyRef, TAG_LOCK_MODE, TAG_OBJECT_KEY, TAG_SET, TAG_TORCH_DTYPE, TAG_TORCH_SIZE,
     TAG_TUPLE,
 };
-use super::msgpack::view::{seen_key_at, SeenKey};
+use super::msgpack::view::{kept_key, seen_key_at, SeenKey};
 use super::msgpack::{Kind, RawValue};
 use super::value::Value;
 use super::RecordRef;
@@ -200,6 +200,185 @@ impl<'a> Shown<'a> {
     }
 }
 
+impl<'a> Shown<'a> {
+    /// Appends the compact text, byte for byte what `serde_json::to_writer` writes for the
+    /// value, without serde: its string writer scans every byte of every field name, hash
+    /// and model name against an escape table, and that was a fifth of a dump. A key
+    /// validation kept is written as constant text around its hash, name and ints; floats,
+    /// ext and the shapes [`Shown`] hands to the tree go through serde_json as before.
+    pub fn write_compact(&self, out: &mut Vec<u8>) {
+        let mut seen = self.seen;
+        write_value(self.value, &mut seen, out);
+    }
+}
+
+/// [`Shown::write_compact`] of `v`. The value is walked in the order of its bytes, so the
+/// kept keys are a cursor that only moves forward: each is found once, where a lookup per
+/// item was a tenth of a dump.
+fn write_value<'a>(v: RawValue<'a>, seen: &mut &'a [SeenKey<'a>], out: &mut Vec<u8>) {
+    if v.bytes().first() == Some(&0x82) {
+        if let Some(key) = kept_key(seen, v) {
+            return write_key(&key, out);
+        }
+    }
+    match v.kind() {
+        Kind::Nil => out.extend_from_slice(b"null"),
+        Kind::Bool => match v.as_bool().unwrap_or_default() {
+            true => out.extend_from_slice(b"true"),
+            false => out.extend_from_slice(b"false"),
+        },
+        Kind::Int => match (v.as_u64(), v.as_i64()) {
+            (Some(u), _) => write_int(out, u),
+            (_, Some(i)) => write_int(out, i),
+            _ => out.extend_from_slice(b"null"),
+        },
+        Kind::Str => write_str(out, v.as_str().unwrap_or_default()),
+        Kind::Bin => write_hex(out, v.as_bin().unwrap_or_default()),
+        Kind::Array => {
+            out.push(b'[');
+            let items = v.array().map(|i| i.noting(seen));
+            for (i, item) in items.into_iter().flatten().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_value(item, seen, out);
+            }
+            out.push(b']');
+        }
+        Kind::Map => match v.as_tagged() {
+            Some((tag, payload)) if unwrapped(tag) => write_value(payload, seen, out),
+            Some((tag, payload)) => write_tagged(v, tag, payload, seen, out),
+            None if distinct_text_keys(v, None, seen) => {
+                out.push(b'{');
+                write_entries(v, false, seen, out);
+                out.push(b'}');
+            }
+            None => write_serde(out, &to_display(v)),
+        },
+        // Neither holds a key.
+        Kind::Float | Kind::Ext => write_serde(out, &Shown::new(v)),
+    }
+}
+
+/// [`Shown::tagged`], compact: `v` is the tagged value.
+fn write_tagged<'a>(
+    v: RawValue<'a>,
+    tag: &str,
+    payload: RawValue<'a>,
+    seen: &mut &'a [SeenKey<'a>],
+    out: &mut Vec<u8>,
+) {
+    let fields = payload.kind() == Kind::Map && payload.as_tagged().is_none();
+    if (fields && !distinct_text_keys(payload, Some("__t__"), seen)) || payload.kind() == Kind::Ext
+    {
+        return write_serde(out, &to_display(v));
+    }
+    out.extend_from_slice(b"{\"__t__\":");
+    write_str(out, tag);
+    if fields {
+        write_entries(payload, true, seen, out);
+    } else {
+        out.extend_from_slice(b",\"v\":");
+        write_value(payload, seen, out);
+    }
+    out.push(b'}');
+}
+
+/// A map's entries, each after a comma when `after` (an entry was written before them).
+fn write_entries<'a>(
+    v: RawValue<'a>,
+    mut after: bool,
+    seen: &mut &'a [SeenKey<'a>],
+    out: &mut Vec<u8>,
+) {
+    for (k, val) in v.map().map(|e| e.noting(seen)).into_iter().flatten() {
+        if std::mem::replace(&mut after, true) {
+            out.push(b',');
+        }
+        write_str(out, k.as_str().unwrap_or_default());
+        out.push(b':');
+        write_value(val, seen, out);
+    }
+}
+
+/// [`serialize_key`], compact.
+fn write_key(key: &ObjectKeyRef<'_>, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"{\"__t__\":");
+    write_str(out, TAG_OBJECT_KEY);
+    out.extend_from_slice(b",\"chunk_hash\":");
+    write_hex(out, key.chunk_hash);
+    out.extend_from_slice(b",\"model_name\":");
+    write_str(out, key.model_name);
+    out.extend_from_slice(b",\"kv_rank\":");
+    write_int(out, key.kv_rank);
+    out.extend_from_slice(b",\"object_group_id\":");
+    write_int(out, key.object_group_id);
+    out.push(b'}');
+}
+
+/// An integer as serde_json writes one (its digits are `itoa`'s).
+pub fn write_int(out: &mut Vec<u8>, n: impl itoa::Integer) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+/// A JSON string. Text with nothing to escape (no control character, quote or backslash:
+/// every name and hash a trace holds) is copied between quotes; other text is written by
+/// serde_json, so that its escapes are serde_json's.
+pub fn write_str(out: &mut Vec<u8>, text: &str) {
+    if needs_escape(text.as_bytes()) {
+        return write_serde(out, text);
+    }
+    out.reserve(text.len() + 2);
+    out.push(b'"');
+    out.extend_from_slice(text.as_bytes());
+    out.push(b'"');
+}
+
+/// Whether any byte is below 0x20, `"` or `\`: eight bytes at a time, the bytes of a word
+/// tested together with the usual borrow tricks (a byte's high bit marks a match; bytes of
+/// 0x80 and above, UTF-8's, never match).
+fn needs_escape(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    let (words, tail) = bytes.as_chunks::<8>();
+    let hits = words.iter().fold(0u64, |hits, word| {
+        let x = u64::from_ne_bytes(*word);
+        hits | (x.wrapping_sub(ONES * 0x20) & !x & HIGH)
+            | zero(x ^ (ONES * u64::from(b'"')))
+            | zero(x ^ (ONES * u64::from(b'\\')))
+    });
+    hits != 0 || tail.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\')
+}
+
+/// Bytes as a string of lowercase hex, two digits a byte from a table (the `hex` crate's
+/// nibble at a time was a twelfth of a dump: a chunk hash is 32 bytes of every key).
+fn write_hex(out: &mut Vec<u8>, bytes: &[u8]) {
+    const PAIRS: [[u8; 2]; 256] = {
+        let digits = b"0123456789abcdef";
+        let mut pairs = [[0u8; 2]; 256];
+        let mut i = 0;
+        while i < 256 {
+            pairs[i] = [digits[i >> 4], digits[i & 15]];
+            i += 1;
+        }
+        pairs
+    };
+    out.push(b'"');
+    let at = out.len();
+    out.resize(at + 2 * bytes.len(), 0);
+    for (pair, &b) in out[at..].chunks_exact_mut(2).zip(bytes) {
+        pair.copy_from_slice(&PAIRS[usize::from(b)]);
+    }
+    out.push(b'"');
+}
+
+/// What serde_json writes for `value`: writing into a `Vec` cannot fail, as every map key
+/// written is a string.
+fn write_serde(out: &mut Vec<u8>, value: &(impl Serialize + ?Sized)) {
+    let _ = serde_json::to_writer(out, value);
+}
+
 /// A key validation kept, as the general walk writes a key in that shape: the tag, then the
 /// payload's four fields in the order the shape has them.
 fn serialize_key<S: Serializer>(key: &ObjectKeyRef<'_>, s: S) -> Result<S::Ok, S::Error> {
@@ -310,6 +489,42 @@ mod tests {
         ])
     }
 
+    fn compact(shown: &Shown<'_>) -> String {
+        let mut out = Vec::new();
+        shown.write_compact(&mut out);
+        String::from_utf8(out).expect("UTF-8")
+    }
+
+    /// The word-at-a-time test agrees with the byte-at-a-time one for every byte value at
+    /// every place of strings of every length up to three words and a tail, and the text of
+    /// every such string is serde_json's.
+    #[test]
+    fn strings_are_escaped_where_serde_json_escapes_them() {
+        let naive = |bytes: &[u8]| bytes.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\');
+        for len in 0..=27 {
+            for at in 0..len {
+                for byte in 0..=u8::MAX {
+                    let mut bytes = vec![b'a'; len];
+                    bytes[at] = byte;
+                    assert_eq!(needs_escape(&bytes), naive(&bytes), "{bytes:?}");
+                }
+            }
+        }
+        for text in [
+            "",
+            "plain",
+            "\u{7f}\u{80}é😀",
+            "tab\there",
+            "q\"",
+            "b\\",
+            "\u{1f}",
+        ] {
+            let mut out = Vec::new();
+            write_str(&mut out, text);
+            assert_eq!(out, serde_json::to_vec(text).expect("text"), "{text:?}");
+        }
+    }
+
     /// A record's arguments written with the keys its validation kept are the text of the
     /// arguments walked afresh, compact and pretty, for every variant of the keyed record.
     #[test]
@@ -325,10 +540,10 @@ mod tests {
             kept_any += usize::from(!seen.is_empty());
             let record = RecordRef::from_spans(0, bytes, &spans).noting(&seen);
             let (kept, afresh) = (Shown::args(&record), Shown::new(record.args));
-            assert_eq!(
-                serde_json::to_string(&kept).expect("text"),
-                serde_json::to_string(&afresh).expect("text"),
-            );
+            let text = serde_json::to_string(&afresh).expect("text");
+            assert_eq!(serde_json::to_string(&kept).expect("text"), text);
+            assert_eq!(compact(&kept), text);
+            assert_eq!(compact(&afresh), text);
             assert_eq!(
                 serde_json::to_string_pretty(&kept).expect("text"),
                 serde_json::to_string_pretty(&afresh).expect("text"),
@@ -390,11 +605,13 @@ mod tests {
             let bytes = encode_to_vec(case);
             let raw = RawValue::parse(&bytes).expect("own encoding");
             let tree = to_display(raw);
+            let text = serde_json::to_string(&tree).expect("text");
             assert_eq!(
                 serde_json::to_string(&Shown::new(raw)).expect("text"),
-                serde_json::to_string(&tree).expect("text"),
+                text,
                 "{case:?}"
             );
+            assert_eq!(compact(&Shown::new(raw)), text, "{case:?}");
             assert_eq!(
                 serde_json::to_string_pretty(&Shown::new(raw)).expect("text"),
                 serde_json::to_string_pretty(&tree).expect("text"),

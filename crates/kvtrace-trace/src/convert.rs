@@ -13,7 +13,7 @@ use serde_json::Value as Json;
 
 use super::{Progress, PROGRESS_EVERY};
 use crate::error::{Error, Result};
-use crate::lmct::blocks::fold_frames;
+use crate::lmct::blocks::{fold_frames, Spares};
 use crate::lmct::json::{from_lossless, Lossless, RawLossless};
 use crate::lmct::msgpack::{encode, RawValue, MAX_DEPTH};
 use crate::lmct::reader::ZSTD_MAGIC;
@@ -324,12 +324,15 @@ fn read_lct(
     p.push(Item::RawFrame(reader.header_body().to_vec()))?;
     let (jsonl, needs_values, migrating) = (p.sink.jsonl, p.needs_values, p.migration.is_some());
     let mut write_error = None;
+    // The blocks' texts, once written, are taken again by the next blocks.
+    let spares = Spares::<Vec<u8>>::default();
     let summary = fold_frames(
         reader,
         read.threads(),
         BLOCK_BYTES,
         &|| Converted {
             migration: migrating.then(Migration::default),
+            out: spares.take().unwrap_or_default(),
             ..Converted::default()
         },
         &|block, _, frame| {
@@ -353,8 +356,11 @@ fn read_lct(
             let item = prepare(body, needs_values, false, block.migration.as_mut());
             let _ = put(&mut block.out, jsonl, &item);
         },
-        &mut |block| {
-            if let Err(e) = p.sink.out.write_all(&block.out) {
+        &mut |mut block| {
+            let written = p.sink.out.write_all(&block.out);
+            block.out.clear();
+            spares.give(std::mem::take(&mut block.out));
+            if let Err(e) = written {
                 write_error = Some(e);
                 return false;
             }

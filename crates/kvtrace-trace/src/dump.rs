@@ -10,8 +10,8 @@ use serde_json::{json, Map, Value as Json};
 
 use super::Progress;
 use crate::error::{Error, Result};
-use crate::lmct::blocks::fold_frames;
-use crate::lmct::display::{to_display, Shown};
+use crate::lmct::blocks::{fold_frames, Spares};
+use crate::lmct::display::{to_display, write_int, write_str, Shown};
 use crate::lmct::msgpack::RawValue;
 use crate::lmct::{Frame, ReadOptions, ReadSummary, RecordRef, TraceReader};
 
@@ -108,6 +108,35 @@ impl Serialize for RecordObject<'_> {
     }
 }
 
+impl RecordObject<'_> {
+    /// The compact text of [`RecordObject`]'s serialization, written without serde (see
+    /// [`Shown::write_compact`]).
+    fn write_compact(&self, out: &mut Vec<u8>) {
+        let r = self.record;
+        out.extend_from_slice(b"{\"frame\":");
+        write_int(out, self.index);
+        out.extend_from_slice(b",\"offset\":");
+        write_int(out, r.offset);
+        out.extend_from_slice(b",\"len\":");
+        write_int(out, r.body.len());
+        out.extend_from_slice(b",\"type\":\"record\",\"t_mono\":");
+        write_time(out, r.t_mono);
+        out.extend_from_slice(b",\"t_wall\":");
+        write_time(out, r.t_wall);
+        out.extend_from_slice(b",\"qualname\":");
+        write_str(out, r.qualname);
+        out.extend_from_slice(b",\"args\":");
+        Shown::args(r).write_compact(out);
+        out.push(b'}');
+    }
+}
+
+/// A time as [`RecordObject`] shows it: a number, or null when not finite.
+fn write_time(out: &mut Vec<u8>, t: f64) {
+    // Writing into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, &Json::from(t));
+}
+
 /// Appends the object a frame is shown as; `false` when the filter leaves its record out.
 fn append_frame(
     out: &mut Vec<u8>,
@@ -118,7 +147,14 @@ fn append_frame(
 ) -> bool {
     match frame {
         Frame::Record(record) if filter.matches(record.qualname) => {
-            append(out, format, &RecordObject { index, record })
+            let object = RecordObject { index, record };
+            match format {
+                Format::Jsonl => {
+                    object.write_compact(out);
+                    out.push(b'\n');
+                }
+                Format::Json => append(out, format, &object),
+            }
         }
         Frame::Record(_) => return false,
         Frame::Undecodable {
@@ -241,21 +277,28 @@ pub fn dump(
                 ..ReadOptions::default()
             }
             .threads();
+            // The blocks' texts, once written, are taken again by the next blocks.
+            let spares = Spares::<Vec<u8>>::default();
             let summary = fold_frames(
                 reader,
                 threads,
                 BLOCK_BYTES,
-                &|| (Vec::new(), 0u64),
+                &|| (spares.take().unwrap_or_default(), 0u64),
                 &|(text, objects), index, frame| {
                     if append_frame(text, options.format, index, frame, &options.filter) {
                         *objects += 1;
                     }
                 },
-                &mut |(text, objects)| match writer.write(&text, objects) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        write_error = Some(e);
-                        false
+                &mut |(mut text, objects)| {
+                    let written = writer.write(&text, objects);
+                    text.clear();
+                    spares.give(text);
+                    match written {
+                        Ok(()) => true,
+                        Err(e) => {
+                            write_error = Some(e);
+                            false
+                        }
                     }
                 },
                 progress,
@@ -343,6 +386,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A record's line is the compact text serde_json gives its object, for every record of
+    /// a trace, and with times JSON has no number for and a qualname to escape.
+    #[test]
+    fn a_records_line_is_serde_jsons_text_of_its_object() {
+        let bytes = trace();
+        let mut r = reader(&bytes);
+        let mut records = 0;
+        while let Some(frame) = r.next_frame().expect("read") {
+            let Frame::Record(record) = frame else {
+                continue;
+            };
+            let mut odd = record;
+            (odd.t_mono, odd.t_wall, odd.qualname) =
+                (f64::NAN, f64::NEG_INFINITY, "a\"b\\\n\u{1}é");
+            for (index, record) in [(records, record), (u64::MAX, odd)] {
+                let object = RecordObject {
+                    index,
+                    record: &record,
+                };
+                let mut line = Vec::new();
+                object.write_compact(&mut line);
+                assert_eq!(line, serde_json::to_vec(&object).expect("text"));
+            }
+            records += 1;
+        }
+        assert!(records > 300, "{records} records");
     }
 
     /// A closed output ends the dump where the caller says: quietly, or with its error.
