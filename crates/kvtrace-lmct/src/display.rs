@@ -13,7 +13,7 @@ use super::codec::{
     ObjectKeyRef, TAG_LOCK_MODE, TAG_OBJECT_KEY, TAG_SET, TAG_TORCH_DTYPE, TAG_TORCH_SIZE,
     TAG_TUPLE,
 };
-use super::msgpack::view::{kept_key, seen_key_at, SeenKey};
+use super::msgpack::view::{seen_key_at, Cursor, SeenKey};
 use super::msgpack::{Kind, RawValue};
 use super::value::Value;
 use super::RecordRef;
@@ -207,23 +207,135 @@ impl<'a> Shown<'a> {
     /// validation kept is written as constant text around its hash, name and ints; floats,
     /// ext and the shapes [`Shown`] hands to the tree go through serde_json as before.
     pub fn write_compact(&self, out: &mut Vec<u8>) {
-        let mut seen = self.seen;
-        write_value(self.value, &mut seen, out);
+        let mark = out.len();
+        if write_next(&mut Cursor::noting(self.value, self.seen), out).is_none() {
+            // Only on a broken invariant (the value was validated): serde's text then.
+            out.truncate(mark);
+            write_serde(out, self);
+        }
     }
 }
 
-/// [`Shown::write_compact`] of `v`. The value is walked in the order of its bytes, so the
-/// kept keys are a cursor that only moves forward: each is found once, where a lookup per
-/// item was a tenth of a dump.
-fn write_value<'a>(v: RawValue<'a>, seen: &mut &'a [SeenKey<'a>], out: &mut Vec<u8>) {
-    if v.bytes().first() == Some(&0x82) {
-        if let Some(key) = kept_key(seen, v) {
-            return write_key(&key, out);
+/// Writes the item at the cursor, compact, and moves past it. The value is walked once, in
+/// the order of its bytes: each item's end is where writing it ended, where a walk that
+/// looked items up (a map's entries to check that its keys are distinct, then to write them,
+/// then each value) stepped over every layout and key list two more times. The kept keys are
+/// taken where the cursor meets them.
+fn write_next<'a>(c: &mut Cursor<'a>, out: &mut Vec<u8>) -> Option<()> {
+    if let Some(key) = c.seen_key() {
+        write_key(&key, out);
+        return Some(());
+    }
+    let start = c.clone();
+    if let Some(n) = c.array_len() {
+        out.push(b'[');
+        for i in 0..n {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_next(c, out)?;
+        }
+        out.push(b']');
+        return Some(());
+    }
+    let Some(n) = c.map_len() else {
+        return write_scalar(c.value()?, out);
+    };
+    let mark = out.len();
+    let written = match tagged(c, n) {
+        Some(tag) if unwrapped(tag) => write_next(c, out).map(|()| true),
+        Some(tag) => write_tagged(tag, c, out),
+        None => {
+            out.push(b'{');
+            write_entries(c, n, None, out)
+        }
+    };
+    match written {
+        Some(true) => Some(()),
+        // The shapes the text takes from the tree: written again from it.
+        Some(false) => {
+            out.truncate(mark);
+            *c = start;
+            write_serde(out, &to_display(c.value()?));
+            Some(())
+        }
+        None => None,
+    }
+}
+
+/// The tag of a codec-tagged map (`{"__t__": tag, "v": payload}`, as
+/// [`RawValue::as_tagged`] reads one) of `n` entries whose first key is at the cursor; the
+/// cursor moves to the payload. It does not move when the map is not one.
+fn tagged<'a>(c: &mut Cursor<'a>, n: usize) -> Option<&'a str> {
+    if n != 2 {
+        return None;
+    }
+    let mut probe = c.clone();
+    if probe.str_bytes()? != b"__t__" {
+        return None;
+    }
+    let tag = probe.str()?;
+    if probe.str_bytes()? != b"v" {
+        return None;
+    }
+    *c = probe;
+    Some(tag)
+}
+
+/// [`Shown::tagged`], compact, the cursor at the payload; `Some(false)` for a shape written
+/// from the tree.
+fn write_tagged<'a>(tag: &str, c: &mut Cursor<'a>, out: &mut Vec<u8>) -> Option<bool> {
+    if c.kind()? == Kind::Ext {
+        return Some(false);
+    }
+    out.extend_from_slice(b"{\"__t__\":");
+    write_str(out, tag);
+    let mut fields = c.clone();
+    if let Some(n) = fields.map_len() {
+        if tagged(&mut fields.clone(), n).is_none() {
+            *c = fields;
+            return write_entries(c, n, Some("__t__"), out);
         }
     }
+    out.extend_from_slice(b",\"v\":");
+    write_next(c, out)?;
+    out.push(b'}');
+    Some(true)
+}
+
+/// A map's `n` entries from the cursor, after the map's opening brace (and the tag, when
+/// `taken` is the tag's name), then its closing brace; `Some(false)` when a key is not a
+/// UTF-8 string, repeats, or is `taken`: the text is then the tree's.
+fn write_entries<'a>(
+    c: &mut Cursor<'a>,
+    n: usize,
+    taken: Option<&str>,
+    out: &mut Vec<u8>,
+) -> Option<bool> {
+    let mut names = Names::default();
+    for i in 0..n {
+        let Some(name) = c.str() else {
+            return Some(false);
+        };
+        if Some(name) == taken || !names.first_time(name) {
+            return Some(false);
+        }
+        if i > 0 || taken.is_some() {
+            out.push(b',');
+        }
+        write_str(out, name);
+        out.push(b':');
+        write_next(c, out)?;
+    }
+    out.push(b'}');
+    Some(true)
+}
+
+/// An item that is neither a list nor a map.
+fn write_scalar(v: RawValue<'_>, out: &mut Vec<u8>) -> Option<()> {
     match v.kind() {
         Kind::Nil => out.extend_from_slice(b"null"),
-        Kind::Bool => match v.as_bool().unwrap_or_default() {
+        Kind::Bool => match v.as_bool()? {
             true => out.extend_from_slice(b"true"),
             false => out.extend_from_slice(b"false"),
         },
@@ -232,73 +344,11 @@ fn write_value<'a>(v: RawValue<'a>, seen: &mut &'a [SeenKey<'a>], out: &mut Vec<
             (_, Some(i)) => write_int(out, i),
             _ => out.extend_from_slice(b"null"),
         },
-        Kind::Str => write_str(out, v.as_str().unwrap_or_default()),
-        Kind::Bin => write_hex(out, v.as_bin().unwrap_or_default()),
-        Kind::Array => {
-            out.push(b'[');
-            let items = v.array().map(|i| i.noting(seen));
-            for (i, item) in items.into_iter().flatten().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_value(item, seen, out);
-            }
-            out.push(b']');
-        }
-        Kind::Map => match v.as_tagged() {
-            Some((tag, payload)) if unwrapped(tag) => write_value(payload, seen, out),
-            Some((tag, payload)) => write_tagged(v, tag, payload, seen, out),
-            None if distinct_text_keys(v, None, seen) => {
-                out.push(b'{');
-                write_entries(v, false, seen, out);
-                out.push(b'}');
-            }
-            None => write_serde(out, &to_display(v)),
-        },
-        // Neither holds a key.
-        Kind::Float | Kind::Ext => write_serde(out, &Shown::new(v)),
+        Kind::Str => write_str(out, v.as_str()?),
+        Kind::Bin => write_hex(out, v.as_bin()?),
+        Kind::Float | Kind::Ext | Kind::Array | Kind::Map => write_serde(out, &Shown::new(v)),
     }
-}
-
-/// [`Shown::tagged`], compact: `v` is the tagged value.
-fn write_tagged<'a>(
-    v: RawValue<'a>,
-    tag: &str,
-    payload: RawValue<'a>,
-    seen: &mut &'a [SeenKey<'a>],
-    out: &mut Vec<u8>,
-) {
-    let fields = payload.kind() == Kind::Map && payload.as_tagged().is_none();
-    if (fields && !distinct_text_keys(payload, Some("__t__"), seen)) || payload.kind() == Kind::Ext
-    {
-        return write_serde(out, &to_display(v));
-    }
-    out.extend_from_slice(b"{\"__t__\":");
-    write_str(out, tag);
-    if fields {
-        write_entries(payload, true, seen, out);
-    } else {
-        out.extend_from_slice(b",\"v\":");
-        write_value(payload, seen, out);
-    }
-    out.push(b'}');
-}
-
-/// A map's entries, each after a comma when `after` (an entry was written before them).
-fn write_entries<'a>(
-    v: RawValue<'a>,
-    mut after: bool,
-    seen: &mut &'a [SeenKey<'a>],
-    out: &mut Vec<u8>,
-) {
-    for (k, val) in v.map().map(|e| e.noting(seen)).into_iter().flatten() {
-        if std::mem::replace(&mut after, true) {
-            out.push(b',');
-        }
-        write_str(out, k.as_str().unwrap_or_default());
-        out.push(b':');
-        write_value(val, seen, out);
-    }
+    Some(())
 }
 
 /// [`serialize_key`], compact.
@@ -585,6 +635,19 @@ mod tests {
                 (Value::int(1), Value::str("x")),
                 (Value::Nil, Value::Nil),
             ]),
+            // A repeated key after a nested value was written: the text is the tree's.
+            map(vec![
+                (
+                    Value::str("a"),
+                    Value::array(vec![Value::int(1), keyed(["x"].map(String::from))]),
+                ),
+                (
+                    Value::str("b"),
+                    tagged("ObjectKey", keyed(["y"].map(String::from))),
+                ),
+                (Value::str("a"), Value::Nil),
+            ]),
+            tagged("ObjectKey", keyed(["y", "y"].map(String::from))),
             tagged(
                 "ObjectKey",
                 keyed(["chunk_hash", "model_name"].map(String::from)),

@@ -345,16 +345,6 @@ pub(crate) fn seen_key_at<'a>(
     (key.len == value.bytes.len()).then_some(key.key)
 }
 
-/// [`seen_key_at`] for a walk in the order of the bytes: `seen` is moved past the keys
-/// before `value`, so that each kept key is passed over once.
-pub(crate) fn kept_key<'a>(
-    seen: &mut &[SeenKey<'a>],
-    value: RawValue<'_>,
-) -> Option<ObjectKeyRef<'a>> {
-    let key = kept_at(seen, value.bytes.as_ptr() as usize)?;
-    (key.len == value.bytes.len()).then_some(key.key)
-}
-
 /// The key validation kept whose first byte is at address `here`, with `seen` (in the order
 /// of the bytes) moved past the keys before it.
 fn kept_at<'s, 'a>(seen: &mut &'s [SeenKey<'a>], here: usize) -> Option<&'s SeenKey<'a>> {
@@ -838,6 +828,11 @@ impl<'a> Cursor<'a> {
     fn head(&mut self, kind: Kind) -> Option<Head> {
         let h = head(self.bytes, self.pos).ok()?;
         (h.kind == kind).then_some(h)
+    }
+
+    /// The kind of the item at the cursor, which does not move.
+    pub(crate) fn kind(&self) -> Option<Kind> {
+        head(self.bytes, self.pos).ok().map(|h| h.kind)
     }
 
     /// Entries of the map at the cursor; the cursor moves to its first key.
