@@ -363,8 +363,8 @@ pub fn fold_records<T: Send>(
 
 /// Values a [`fold_frames`] merge is done with, for the next blocks' `init` to take again.
 /// A block's output text (`dump`, `convert`) grows to megabytes, and a fresh one per block
-/// grew by doubling, copied at each step into pages the kernel faulted in and cleared: half
-/// of a dump's time. It holds what was given back, as many as the blocks in flight.
+/// grew by doubling, copied at each step into pages the kernel faulted in and cleared: a
+/// third of a dump's time. It holds what was given back, as many as the blocks in flight.
 pub struct Spares<T>(Mutex<Vec<T>>);
 
 impl<T> Default for Spares<T> {

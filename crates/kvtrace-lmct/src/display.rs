@@ -4,7 +4,8 @@
 //!
 //! [`to_display`] builds it as a JSON tree: the definition. [`Shown`] writes the same text
 //! straight from the msgpack bytes, without the tree: building one map (and hashing its keys)
-//! per key of every record was most of a dump's time.
+//! per key of every record was most of a dump's time. [`Shown::write_compact`] writes the
+//! compact text without serde, in one walk.
 
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Number, Value as Json};
