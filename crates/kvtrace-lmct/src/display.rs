@@ -402,9 +402,19 @@ fn needs_escape(bytes: &[u8]) -> bool {
     hits != 0 || tail.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\')
 }
 
-/// Bytes as a string of lowercase hex, two digits a byte from a table (the `hex` crate's
-/// nibble at a time was a twelfth of a dump: a chunk hash is 32 bytes of every key).
+/// Bytes as a string of lowercase hex (see [`hex_into`]).
 fn write_hex(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.push(b'"');
+    let at = out.len();
+    out.resize(at + 2 * bytes.len(), 0);
+    hex_into(bytes, &mut out[at..]);
+    out.push(b'"');
+}
+
+/// Writes `bytes` as lowercase hex into `into`, as long as two digits a byte, from a table:
+/// the `hex` crate's nibble at a time was a twelfth of a dump (a chunk hash is 32 bytes of
+/// every key). Both writers, serde's and the compact one, take their hex from here.
+fn hex_into(bytes: &[u8], into: &mut [u8]) {
     const PAIRS: [[u8; 2]; 256] = {
         let digits = b"0123456789abcdef";
         let mut pairs = [[0u8; 2]; 256];
@@ -415,13 +425,9 @@ fn write_hex(out: &mut Vec<u8>, bytes: &[u8]) {
         }
         pairs
     };
-    out.push(b'"');
-    let at = out.len();
-    out.resize(at + 2 * bytes.len(), 0);
-    for (pair, &b) in out[at..].chunks_exact_mut(2).zip(bytes) {
+    for (pair, &b) in into.chunks_exact_mut(2).zip(bytes) {
         pair.copy_from_slice(&PAIRS[usize::from(b)]);
     }
-    out.push(b'"');
 }
 
 /// What serde_json writes for `value`: writing into a `Vec` cannot fail, as every map key
@@ -506,14 +512,17 @@ impl Serialize for Hex<'_> {
 /// Bin as lowercase hex, formatted on the stack when short (a chunk hash is 32 bytes).
 fn serialize_hex<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
     let mut buf = [0u8; 128];
-    match buf.get_mut(..bytes.len() * 2) {
-        Some(out) => {
-            // Both cannot fail: the slice is exactly twice the input and hex is ASCII.
-            let _ = hex::encode_to_slice(bytes, out);
-            s.serialize_str(std::str::from_utf8(out).unwrap_or_default())
+    let mut long = Vec::new();
+    let out = match buf.get_mut(..bytes.len() * 2) {
+        Some(out) => out,
+        None => {
+            long.resize(bytes.len() * 2, 0);
+            &mut long[..]
         }
-        None => s.serialize_str(&hex::encode(bytes)),
-    }
+    };
+    hex_into(bytes, out);
+    // Hex digits are ASCII: never the default.
+    s.serialize_str(std::str::from_utf8(out).unwrap_or_default())
 }
 
 #[cfg(test)]
