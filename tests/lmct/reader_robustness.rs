@@ -350,6 +350,9 @@ proptest! {
         prop_assert_eq!(streamed.expect("json text"), text.clone());
         let from_bytes = serde_json::to_string(&kvtrace::lmct::json::RawLossless::new(raw));
         prop_assert_eq!(from_bytes.expect("json text"), text.clone());
+        let mut compact = Vec::new();
+        kvtrace::lmct::json::RawLossless::new(raw).write_compact(&mut compact);
+        prop_assert_eq!(String::from_utf8(compact).expect("UTF-8"), text.clone());
         let reparsed: serde_json::Value = serde_json::from_str(&text).expect("parse");
         let from_json = kvtrace::lmct::json::from_lossless(&reparsed).expect("lossless");
         prop_assert_eq!(encode_to_vec(&from_json), bytes);
@@ -418,6 +421,12 @@ proptest! {
         let raw = RawValue::parse(&bytes).expect("valid");
         prop_assert_eq!(
             serde_json::to_string(&kvtrace::lmct::json::RawLossless::new(raw)).expect("text"),
+            serde_json::to_string(&json).expect("text")
+        );
+        let mut compact = Vec::new();
+        kvtrace::lmct::json::RawLossless::new(raw).write_compact(&mut compact);
+        prop_assert_eq!(
+            String::from_utf8(compact).expect("UTF-8"),
             serde_json::to_string(&json).expect("text")
         );
         let back = kvtrace::lmct::json::from_lossless(&json).expect("lossless");

@@ -403,7 +403,7 @@ fn needs_escape(bytes: &[u8]) -> bool {
 }
 
 /// Bytes as a string of lowercase hex (see [`hex_into`]).
-fn write_hex(out: &mut Vec<u8>, bytes: &[u8]) {
+pub(crate) fn write_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     out.push(b'"');
     let at = out.len();
     out.resize(at + 2 * bytes.len(), 0);

@@ -347,8 +347,7 @@ fn read_lct(
             // A frame that needs no rewrite is written as lossless JSON from its bytes.
             if let (true, false, Frame::Record(r)) = (jsonl, migrating, frame) {
                 if let Some(v) = RawLossless::record(r) {
-                    // Writing into a Vec cannot fail.
-                    let _ = serde_json::to_writer(&mut block.out, &v);
+                    v.write_compact(&mut block.out);
                     block.out.push(b'\n');
                     return;
                 }

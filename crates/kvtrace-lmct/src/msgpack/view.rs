@@ -322,15 +322,20 @@ pub(crate) fn key_parts(value: RawValue<'_>) -> Option<KeyParts<'_>> {
         return None;
     }
     let key = canonical_key(bytes, 0).filter(|k| k.end == bytes.len())?;
+    Some(parts_of(bytes, &key))
+}
+
+/// The parts of a key [`canonical_key`] found in `bytes`.
+fn parts_of<'a>(bytes: &'a [u8], key: &Canonical<'a>) -> KeyParts<'a> {
     let item = |range: std::ops::Range<usize>| RawValue {
         bytes: &bytes[range],
     };
-    Some(KeyParts {
+    KeyParts {
         hash: key.hash,
         name: item(key.name_at..key.rank - KEY_RANK.len()),
         rank: item(key.rank..key.group - KEY_GROUP.len()),
         group: item(key.group..key.end),
-    })
+    }
 }
 
 /// The key validation kept that starts at `value`'s first byte and spans all of it: what
@@ -741,37 +746,39 @@ impl<'a> RawValue<'a> {
     /// form where that is not the canonical one, its int, bool or length, its float, and an
     /// ext's type and data. `None` where the bytes hold no item.
     pub(crate) fn shape(&self) -> Option<Shape<'a>> {
-        let h = self.head()?;
-        let keep = |canonical: Form| (h.form != canonical).then_some(h.form);
-        let form = match h.kind {
-            Kind::Nil | Kind::Bool | Kind::Float => None,
-            Kind::Int => keep(canonical_int_form(h.n)),
-            Kind::Str => keep(canonical_len_form(h.n as usize, 31, true)),
-            Kind::Bin => keep(match canonical_len_form(h.n as usize, 0, true) {
-                Form::Fix => Form::W8,
-                f => f,
-            }),
-            Kind::Ext => keep(match h.n {
-                1 | 2 | 4 | 8 | 16 => Form::Fix,
-                n => canonical_len_form(n as usize, 0, true),
-            }),
-            Kind::Array | Kind::Map => keep(canonical_len_form(h.n as usize, 15, false)),
-        };
-        let ext_data = match h.kind {
-            Kind::Ext => self
-                .bytes
-                .get(h.data..h.data + h.n as usize)
-                .unwrap_or_default(),
-            _ => &[],
-        };
-        Some(Shape {
-            kind: h.kind,
-            form,
-            n: h.n,
-            float: h.float,
-            ext_type: h.ext_type,
-            ext_data,
-        })
+        Some(shape_of(self.bytes, &self.head()?))
+    }
+}
+
+/// [`RawValue::shape`] of the item whose head is `h`, in `bytes`.
+#[inline(always)]
+fn shape_of<'a>(bytes: &'a [u8], h: &Head) -> Shape<'a> {
+    let keep = |canonical: Form| (h.form != canonical).then_some(h.form);
+    let form = match h.kind {
+        Kind::Nil | Kind::Bool | Kind::Float => None,
+        Kind::Int => keep(canonical_int_form(h.n)),
+        Kind::Str => keep(canonical_len_form(h.n as usize, 31, true)),
+        Kind::Bin => keep(match canonical_len_form(h.n as usize, 0, true) {
+            Form::Fix => Form::W8,
+            f => f,
+        }),
+        Kind::Ext => keep(match h.n {
+            1 | 2 | 4 | 8 | 16 => Form::Fix,
+            n => canonical_len_form(n as usize, 0, true),
+        }),
+        Kind::Array | Kind::Map => keep(canonical_len_form(h.n as usize, 15, false)),
+    };
+    let ext_data = match h.kind {
+        Kind::Ext => bytes.get(h.data..h.data + h.n as usize).unwrap_or_default(),
+        _ => &[],
+    };
+    Shape {
+        kind: h.kind,
+        form,
+        n: h.n,
+        float: h.float,
+        ext_type: h.ext_type,
+        ext_data,
     }
 }
 
@@ -817,12 +824,73 @@ impl<'a> Cursor<'a> {
     /// The key at the cursor, when validation kept it; the cursor moves past it. What
     /// [`ObjectKeyRef::read`] would read there: the validator took it by the same shape.
     pub(crate) fn seen_key(&mut self) -> Option<ObjectKeyRef<'a>> {
+        self.seen_key_spanning().map(|(key, _)| key)
+    }
+
+    /// The bytes from the cursor on.
+    pub(crate) fn rest(&self) -> &'a [u8] {
+        &self.bytes[self.pos.min(self.bytes.len())..]
+    }
+
+    /// [`Cursor::seen_key`], with the length of the key's bytes.
+    pub(crate) fn seen_key_spanning(&mut self) -> Option<(ObjectKeyRef<'a>, usize)> {
         let key = kept_at(&mut self.seen, self.bytes.as_ptr() as usize + self.pos)?;
         let end = self.pos + key.len;
         (end <= self.bytes.len()).then(|| {
             self.pos = end;
-            key.key
+            (key.key, key.len)
         })
+    }
+
+    /// The key at the cursor when the item there is exactly one in LMCache's shape
+    /// ([`key_parts`] of that item); the cursor moves past it.
+    pub(crate) fn key_parts(&mut self) -> Option<KeyParts<'a>> {
+        if self.bytes.get(self.pos) != Some(&0x82) {
+            return None;
+        }
+        let key = canonical_key(self.bytes, self.pos)?;
+        self.pos = key.end;
+        Some(parts_of(self.bytes, &key))
+    }
+
+    /// [`RawValue::shape`] of the item at the cursor, with the payload of a str, bin or ext
+    /// (empty for any other kind); the cursor moves past a scalar, or to the first child of
+    /// a list or map.
+    #[inline]
+    pub(crate) fn shape(&mut self) -> Option<(Shape<'a>, &'a [u8])> {
+        let at = self.pos;
+        let fix = |kind, n: u8| Head {
+            kind,
+            form: Form::Fix,
+            n: n.into(),
+            float: None,
+            ext_type: 0,
+            data: at + 1,
+        };
+        // The fix forms, which nearly every item of a trace has, built here: the general
+        // parse returns its head through memory, and reading it back stalled the writer
+        // (two fifths of `convert`'s walk).
+        let h = match *self.bytes.get(at)? {
+            b @ 0x00..=0x7f => fix(Kind::Int, b),
+            b @ 0x80..=0x8f => fix(Kind::Map, b & 0x0f),
+            b @ 0x90..=0x9f => fix(Kind::Array, b & 0x0f),
+            b @ 0xa0..=0xbf => fix(Kind::Str, b & 0x1f),
+            0xc0 => fix(Kind::Nil, 0),
+            _ => head(self.bytes, at).ok()?,
+        };
+        let payload = match h.kind {
+            Kind::Str | Kind::Bin | Kind::Ext => {
+                let end = h.data.checked_add(usize::try_from(h.n).ok()?)?;
+                let payload = self.bytes.get(h.data..end)?;
+                self.pos = end;
+                payload
+            }
+            _ => {
+                self.pos = h.data;
+                &[]
+            }
+        };
+        Some((shape_of(self.bytes, &h), payload))
     }
 
     fn head(&mut self, kind: Kind) -> Option<Head> {
