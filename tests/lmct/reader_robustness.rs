@@ -355,7 +355,11 @@ proptest! {
         prop_assert_eq!(String::from_utf8(compact).expect("UTF-8"), text.clone());
         let reparsed: serde_json::Value = serde_json::from_str(&text).expect("parse");
         let from_json = kvtrace::lmct::json::from_lossless(&reparsed).expect("lossless");
-        prop_assert_eq!(encode_to_vec(&from_json), bytes);
+        prop_assert_eq!(encode_to_vec(&from_json), bytes.clone());
+        let mut direct = Vec::new();
+        if kvtrace::lmct::json::encode_lossless(&text, 1000, &mut direct).is_some() {
+            prop_assert_eq!(direct, bytes);
+        }
     }
 
     /// `dump`'s streamed display JSON is the text of the display tree, compact and pretty,

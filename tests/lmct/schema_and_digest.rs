@@ -330,6 +330,21 @@ fn early_and_pre_rename_shapes_are_migrated() {
     assert_eq!(info.lmcache_version.as_deref(), Some("0.3.9"));
     let m = to_schema_1(&early, &v1);
     assert_eq!((m.extra_count_migrated, m.reserve_mode_dropped), (1, 1));
+    // The same trace as lossless JSON is rewritten alike, to the same bytes.
+    let (jsonl, from_jsonl) = (dir.path().join("early.jsonl"), dir.path().join("j.lct"));
+    let to_jsonl = ConvertOptions {
+        to: Kind::Jsonl,
+        to_schema_1: false,
+        zstd_level: 3,
+        read: ReadOptions::default(),
+    };
+    convert(&early, &jsonl, to_jsonl, QUIET).expect("to JSONL");
+    let m = to_schema_1(&jsonl, &from_jsonl);
+    assert_eq!((m.extra_count_migrated, m.reserve_mode_dropped), (1, 1));
+    assert_eq!(
+        std::fs::read(&from_jsonl).unwrap(),
+        std::fs::read(&v1).unwrap()
+    );
     let mut reader = TraceReader::open(&v1, ReadOptions::default()).expect("open");
     assert_eq!(reader.header().schema, HeaderSchema::Version(1));
     reader.next_record().expect("ok");

@@ -4,9 +4,11 @@
 //! drop: undecodable frames travel as `$frame_hex` lines and a truncated tail as a final
 //! `$tail_hex` line, so `.lct → .jsonl → .lct` gives back the original bytes.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::path::Path;
+use std::sync::{mpsc, Mutex};
 
 use serde::Deserialize;
 use serde_json::Value as Json;
@@ -14,7 +16,7 @@ use serde_json::Value as Json;
 use super::{Progress, PROGRESS_EVERY};
 use crate::error::{Error, Result};
 use crate::lmct::blocks::{fold_frames, Spares};
-use crate::lmct::json::{from_lossless, Lossless, RawLossless};
+use crate::lmct::json::{encode_lossless, from_lossless, Lossless, RawLossless};
 use crate::lmct::msgpack::{encode, RawValue, MAX_DEPTH};
 use crate::lmct::reader::ZSTD_MAGIC;
 use crate::lmct::schema::Migration;
@@ -204,26 +206,38 @@ fn prepare(
 
 impl Pipeline<'_> {
     fn push(&mut self, item: Item) -> Result<()> {
-        let item = match item {
-            Item::RawFrame(body) => prepare(
-                &body,
-                self.needs_values,
-                !self.seen_header,
-                self.migration.as_mut(),
-            ),
-            other => other,
-        };
-        match &item {
-            Item::Frame(_) | Item::RawFrame(_) => {
-                self.report.frames += 1;
-                if self.report.frames.is_multiple_of(PROGRESS_EVERY) {
-                    (self.progress)(self.report.frames, 0);
-                }
-            }
+        match item {
+            Item::RawFrame(body) => self.push_bytes(&body),
+            other => self.put(&other),
+        }
+    }
+
+    /// A frame's bytes: written as they are, or as the value the output needs.
+    fn push_bytes(&mut self, body: &[u8]) -> Result<()> {
+        if self.needs_values {
+            let item = prepare(body, true, !self.seen_header, self.migration.as_mut());
+            return self.put(&item);
+        }
+        self.count_frame();
+        self.seen_header = true;
+        write_frame(&mut self.sink.out, body)
+            .map_err(|e| Error::io("cannot write", e).in_file(&self.shown_out))
+    }
+
+    fn count_frame(&mut self) {
+        self.report.frames += 1;
+        if self.report.frames.is_multiple_of(PROGRESS_EVERY) {
+            (self.progress)(self.report.frames, 0);
+        }
+    }
+
+    fn put(&mut self, item: &Item) -> Result<()> {
+        match item {
+            Item::Frame(_) | Item::RawFrame(_) => self.count_frame(),
             Item::Tail(b) => self.report.tail_bytes += b.len() as u64,
         }
         self.seen_header = true;
-        put(&mut self.sink.out, self.sink.jsonl, &item)
+        put(&mut self.sink.out, self.sink.jsonl, item)
             .map_err(|e| Error::io("cannot write", e).in_file(&self.shown_out))
     }
 }
@@ -296,7 +310,8 @@ pub fn convert(
         shown_out: shown_out.clone(),
     };
     let result = if input_is_jsonl {
-        read_jsonl(source, options.read.max_frame_bytes, &mut pipeline)
+        let threads = options.read.threads();
+        read_jsonl(source, threads, options.read.max_frame_bytes, &mut pipeline)
             .map_err(|e| e.in_file(&shown_in))
     } else {
         read_lct(source, options.read, &mut pipeline).map_err(|e| e.in_file(&shown_in))
@@ -395,9 +410,10 @@ fn hex_field(obj: &serde_json::Map<String, Json>, key: &str, line: u64) -> Resul
 
 /// The deepest JSON nesting a line may have: lossless JSON wraps each msgpack level in at
 /// most four (a form annotation, a `$map` annotation, its pair list, a pair), and a frame
-/// nests at most [`MAX_DEPTH`] levels. The check runs before parsing, so the parser's own
-/// recursion (and the stack) stays bounded without serde_json's fixed 128-level limit,
-/// which would refuse lines `convert` itself wrote.
+/// nests at most [`MAX_DEPTH`] levels. The direct encoder stops there, and the check runs
+/// before the trees' parse, so the parser's own recursion (and the stack) stays bounded
+/// without serde_json's fixed 128-level limit, which would refuse lines `convert` itself
+/// wrote.
 const MAX_JSON_DEPTH: usize = 4 * (MAX_DEPTH + 1) + 2;
 
 /// The maximum nesting of brackets and braces outside strings.
@@ -441,67 +457,283 @@ fn check_frame(body: &[u8], max_frame_bytes: u32, raw: bool, line: u64) -> Resul
     Ok(())
 }
 
-fn read_jsonl(source: impl BufRead, max_frame_bytes: u32, p: &mut Pipeline<'_>) -> Result<()> {
-    let mut line_no = 0u64;
-    for line in source.lines() {
-        if crate::interrupt::requested().is_some() {
-            p.report.interrupted = true;
-            return Ok(());
+/// Bytes of lines each parsing thread takes at a time.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// What a non-blank line of lossless JSON holds.
+#[derive(Clone, Copy)]
+enum Line {
+    /// A frame's value.
+    Frame,
+    /// A `$frame_hex` line: bytes kept as they were.
+    Raw,
+    /// A `$tail_hex` line.
+    Tail,
+}
+
+/// A chunk's lines, read: each line's number, kind and bytes (within `bytes`, where they
+/// lie one after the other: one buffer a chunk, where one a line, allocated on a parsing
+/// thread and freed on the writing one, made glibc's allocator take a lock for each), and
+/// the error of the first line that could not be read, after the lines before it.
+struct ParsedChunk {
+    bytes: Vec<u8>,
+    lines: Vec<(u64, Line, std::ops::Range<usize>)>,
+    error: Option<Error>,
+}
+
+/// The lines of a source in chunks of about [`CHUNK_BYTES`] that end at a line's end, each
+/// with the number of its first line.
+struct Chunks<'s, R> {
+    source: R,
+    next_line: u64,
+    /// The start of a line the last chunk cut.
+    carry: Vec<u8>,
+    /// Chunks parsed, to be filled again: a fresh megabyte each time was faulted in, cleared
+    /// and unmapped by the kernel.
+    spares: &'s Spares<Vec<u8>>,
+}
+
+impl<R: BufRead> Chunks<'_, R> {
+    /// The next chunk; `None` at the end of the source.
+    fn next(&mut self) -> Result<Option<(u64, Vec<u8>)>> {
+        let mut chunk = self.spares.take().unwrap_or_default();
+        chunk.clear();
+        chunk.append(&mut self.carry);
+        let mut cut = None;
+        loop {
+            let from = chunk.len();
+            // Straight into the chunk, a quarter of one at a time, not through the
+            // reader's 8 KiB buffer.
+            let n = (&mut self.source)
+                .take(CHUNK_BYTES as u64 / 4)
+                .read_to_end(&mut chunk)
+                .map_err(|e| Error::io(format!("cannot read line {}", self.next_line + 1), e))?;
+            if n == 0 {
+                break;
+            }
+            if chunk.len() >= CHUNK_BYTES {
+                // The chunk ends after its last whole line; a longer line reads on.
+                cut = memchr::memrchr(b'\n', &chunk[from..]).map(|i| from + i + 1);
+                if cut.is_some() {
+                    break;
+                }
+            }
         }
+        if chunk.is_empty() {
+            return Ok(None);
+        }
+        if let Some(cut) = cut {
+            self.carry = chunk.split_off(cut);
+        }
+        let first = self.next_line + 1;
+        self.next_line += memchr::memchr_iter(b'\n', &chunk).count() as u64;
+        Ok(Some((first, chunk)))
+    }
+}
+
+/// Reads the lines of `chunk`, the first numbered `first`, up to the first that fails.
+fn parse_chunk(chunk: &[u8], first: u64, max_frame_bytes: u32) -> ParsedChunk {
+    let mut parsed = ParsedChunk {
+        bytes: Vec::with_capacity(chunk.len()),
+        lines: Vec::new(),
+        error: None,
+    };
+    let mut text = chunk.strip_suffix(b"\n").unwrap_or(chunk);
+    let mut line_no = first;
+    loop {
+        let (line, rest) = match memchr::memchr(b'\n', text) {
+            Some(i) => (&text[..i], Some(&text[i + 1..])),
+            None => (text, None),
+        };
+        let start = parsed.bytes.len();
+        match parse_line(line, line_no, max_frame_bytes, &mut parsed.bytes) {
+            Ok(Some(read)) => {
+                let end = parsed.bytes.len();
+                parsed.lines.push((line_no, read, start..end));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                parsed.error = Some(e);
+                return parsed;
+            }
+        }
+        let Some(rest) = rest else {
+            return parsed;
+        };
+        text = rest;
         line_no += 1;
-        let line = line.map_err(|e| Error::io(format!("cannot read line {line_no}"), e))?;
-        if line.trim().is_empty() {
-            continue;
+    }
+}
+
+/// One line, its bytes appended to `out`: `None` when it is blank.
+fn parse_line(
+    line: &[u8],
+    line_no: u64,
+    max_frame_bytes: u32,
+    out: &mut Vec<u8>,
+) -> Result<Option<Line>> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let line = std::str::from_utf8(line).map_err(|_| {
+        let e = io::Error::new(
+            io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        );
+        Error::io(format!("cannot read line {line_no}"), e)
+    })?;
+    if line.trim().is_empty() {
+        return Ok(None);
+    }
+    // A frame's line, the bulk of a file, straight into msgpack; `$frame_hex` and
+    // `$tail_hex` lines, and anything the direct path leaves, through the trees.
+    let start = out.len();
+    if !line.contains("$frame_hex")
+        && !line.contains("$tail_hex")
+        && encode_lossless(line, MAX_JSON_DEPTH, out).is_some()
+    {
+        check_frame(&out[start..], max_frame_bytes, false, line_no)?;
+        return Ok(Some(Line::Frame));
+    }
+    let depth = json_depth(line);
+    if depth > MAX_JSON_DEPTH {
+        return Err(Error::line(
+            line_no,
+            "json",
+            format!("nested {depth} levels deep, over the {MAX_JSON_DEPTH} a frame can need"),
+        ));
+    }
+    let mut parser = serde_json::Deserializer::from_str(line);
+    parser.disable_recursion_limit();
+    let json = Json::deserialize(&mut parser)
+        .and_then(|j| parser.end().map(|()| j))
+        .map_err(|e| Error::line(line_no, "json", e.to_string()))?;
+    Ok(Some(match json.as_object() {
+        Some(obj) if obj.contains_key("$frame_hex") => {
+            out.extend(hex_field(obj, "$frame_hex", line_no)?);
+            check_frame(&out[start..], max_frame_bytes, true, line_no)?;
+            Line::Raw
         }
-        let depth = json_depth(&line);
-        if depth > MAX_JSON_DEPTH {
+        Some(obj) if obj.contains_key("$tail_hex") => {
+            out.extend(hex_field(obj, "$tail_hex", line_no)?);
+            Line::Tail
+        }
+        _ => {
+            let value = from_lossless(&json).map_err(|e| Error::line(line_no, "value", e))?;
+            encode(&value, out);
+            check_frame(&out[start..], max_frame_bytes, false, line_no)?;
+            Line::Frame
+        }
+    }))
+}
+
+/// Reads lossless JSON: chunks of lines are read in order, parsed on `threads` threads
+/// (parsing a line costs far more than writing its frame) and pushed in order, so an error names its line after every frame before it was written. A chunk is
+/// read only when one of the few in flight has been pushed, which bounds the memory.
+fn read_jsonl(
+    source: impl BufRead + Send,
+    threads: usize,
+    max_frame_bytes: u32,
+    p: &mut Pipeline<'_>,
+) -> Result<()> {
+    let threads = threads.max(1);
+    let (work_tx, work_rx) = mpsc::sync_channel::<(u64, u64, Vec<u8>)>(threads);
+    let work_rx = Mutex::new(work_rx);
+    let (done_tx, done_rx) = mpsc::channel::<(u64, ParsedChunk)>();
+    let (slot_tx, slot_rx) = mpsc::channel::<()>();
+    for _ in 0..3 * threads + 1 {
+        let _ = slot_tx.send(());
+    }
+    let spares = Spares::default();
+    let mut chunks = Chunks {
+        source,
+        next_line: 0,
+        carry: Vec::new(),
+        spares: &spares,
+    };
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let (work_rx, done_tx, spares) = (&work_rx, done_tx.clone(), &spares);
+            scope.spawn(move || loop {
+                let Ok((seq, first, chunk)) = work_rx
+                    .lock()
+                    .map_err(drop)
+                    .and_then(|rx| rx.recv().map_err(drop))
+                else {
+                    return;
+                };
+                let parsed = parse_chunk(&chunk, first, max_frame_bytes);
+                spares.give(chunk);
+                if done_tx.send((seq, parsed)).is_err() {
+                    return;
+                }
+            });
+        }
+        drop(done_tx);
+        let reading = scope.spawn(move || -> Result<()> {
+            for seq in 0.. {
+                if slot_rx.recv().is_err() {
+                    return Ok(());
+                }
+                let Some((first, chunk)) = chunks.next()? else {
+                    return Ok(());
+                };
+                if work_tx.send((seq, first, chunk)).is_err() {
+                    return Ok(());
+                }
+            }
+            Ok(())
+        });
+        // Moved here so that returning early drops it, which stops the reading thread.
+        let slot_tx = slot_tx;
+        let mut pending = BTreeMap::new();
+        let mut next = 0;
+        for (seq, chunk) in done_rx.iter() {
+            pending.insert(seq, chunk);
+            while let Some(chunk) = pending.remove(&next) {
+                next += 1;
+                if crate::interrupt::requested().is_some() {
+                    p.report.interrupted = true;
+                    return Ok(());
+                }
+                for (line_no, line, bytes) in chunk.lines {
+                    push_line(p, line_no, line, &chunk.bytes[bytes])?;
+                }
+                if let Some(e) = chunk.error {
+                    return Err(e);
+                }
+                let _ = slot_tx.send(());
+            }
+        }
+        drop(slot_tx);
+        reading
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+        if !p.seen_header {
+            return Err(Error::line(1, "header", "no header line: empty input"));
+        }
+        Ok(())
+    })
+}
+
+/// Pushes one line read, its bytes `bytes`; the first must be the header.
+fn push_line(p: &mut Pipeline<'_>, line_no: u64, line: Line, bytes: &[u8]) -> Result<()> {
+    if !p.seen_header {
+        let Line::Frame = line else {
             return Err(Error::line(
                 line_no,
-                "json",
-                format!("nested {depth} levels deep, over the {MAX_JSON_DEPTH} a frame can need"),
+                "header",
+                "the first line must be the header",
             ));
-        }
-        let mut parser = serde_json::Deserializer::from_str(&line);
-        parser.disable_recursion_limit();
-        let json = Json::deserialize(&mut parser)
-            .and_then(|j| parser.end().map(|()| j))
-            .map_err(|e| Error::line(line_no, "json", e.to_string()))?;
-        let item = match json.as_object() {
-            Some(obj) if obj.contains_key("$frame_hex") => {
-                let body = hex_field(obj, "$frame_hex", line_no)?;
-                check_frame(&body, max_frame_bytes, true, line_no)?;
-                p.report.raw_frames += 1;
-                Item::RawFrame(body)
-            }
-            Some(obj) if obj.contains_key("$tail_hex") => {
-                Item::Tail(hex_field(obj, "$tail_hex", line_no)?)
-            }
-            _ => {
-                let value = from_lossless(&json).map_err(|e| Error::line(line_no, "value", e))?;
-                let mut body = Vec::new();
-                encode(&value, &mut body);
-                check_frame(&body, max_frame_bytes, false, line_no)?;
-                Item::Frame(value)
-            }
         };
-        if !p.seen_header {
-            let Item::Frame(v) = &item else {
-                return Err(Error::line(
-                    line_no,
-                    "header",
-                    "the first line must be the header",
-                ));
-            };
-            let mut body = Vec::new();
-            encode(v, &mut body);
-            Header::parse(&body).map_err(|(field, msg)| Error::line(line_no, field, msg))?;
+        Header::parse(bytes).map_err(|(field, msg)| Error::line(line_no, field, msg))?;
+    }
+    match line {
+        Line::Frame => p.push_bytes(bytes),
+        Line::Raw => {
+            p.report.raw_frames += 1;
+            p.push_bytes(bytes)
         }
-        p.push(item)?;
+        Line::Tail => p.push(Item::Tail(bytes.to_vec())),
     }
-    if !p.seen_header {
-        return Err(Error::line(1, "header", "no header line: empty input"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -556,8 +788,40 @@ mod tests {
         run(&original, &three, Kind::Jsonl, 3);
         assert_eq!(std::fs::read(&one).unwrap(), std::fs::read(&three).unwrap());
         assert_eq!((report.raw_frames, report.tail_bytes > 0), (1, true));
-        let back = dir.path().join("back.lct");
-        run(&three, &back, Kind::Lct, 3);
-        assert_eq!(std::fs::read(&back).unwrap(), bytes);
+        for threads in [1, 3] {
+            let back = dir.path().join(format!("back{threads}.lct"));
+            run(&three, &back, Kind::Lct, threads);
+            assert_eq!(std::fs::read(&back).unwrap(), bytes);
+            let again = dir.path().join(format!("again{threads}.jsonl"));
+            run(&three, &again, Kind::Jsonl, threads);
+            assert_eq!(std::fs::read(&again).unwrap(), std::fs::read(&one).unwrap());
+        }
+        // A bad line in a late chunk: the error names it, and every frame before it is
+        // written, as converting the lines before it alone writes them.
+        let text = std::fs::read_to_string(&three).unwrap();
+        let mut lines: Vec<&str> = text.lines().collect();
+        assert!(text.len() > 3 * CHUNK_BYTES, "{} bytes", text.len());
+        let bad = lines.len() * 4 / 5;
+        lines[bad] = "{\"type\": nope}";
+        let (broken, prefix) = (dir.path().join("bad.jsonl"), dir.path().join("pre.jsonl"));
+        std::fs::write(&broken, lines.join("\n") + "\n").unwrap();
+        std::fs::write(&prefix, lines[..bad].join("\n") + "\n").unwrap();
+        let (cut, whole) = (dir.path().join("cut.lct"), dir.path().join("pre.lct"));
+        let options = ConvertOptions {
+            to: Kind::Lct,
+            to_schema_1: false,
+            zstd_level: 3,
+            read: ReadOptions {
+                threads: 3,
+                ..ReadOptions::default()
+            },
+        };
+        let error = convert(&broken, &cut, options, QUIET).expect_err("a bad line");
+        assert!(
+            error.to_string().contains(&format!("line {}", bad + 1)),
+            "{error}"
+        );
+        run(&prefix, &whole, Kind::Lct, 1);
+        assert_eq!(std::fs::read(&cut).unwrap(), std::fs::read(&whole).unwrap());
     }
 }

@@ -762,9 +762,13 @@ fn shape_of<'a>(bytes: &'a [u8], h: &Head) -> Shape<'a> {
             Form::Fix => Form::W8,
             f => f,
         }),
+        // An ext of any other length, none included, has no fix form: its shortest is ext8.
         Kind::Ext => keep(match h.n {
             1 | 2 | 4 | 8 | 16 => Form::Fix,
-            n => canonical_len_form(n as usize, 0, true),
+            n => match canonical_len_form(n as usize, 0, true) {
+                Form::Fix => Form::W8,
+                f => f,
+            },
         }),
         Kind::Array | Kind::Map => keep(canonical_len_form(h.n as usize, 15, false)),
     };
