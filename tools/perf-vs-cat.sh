@@ -83,7 +83,10 @@ done
 best "kvtrace info big_10x.lct.zst" "$bin" info "$big10.zst"
 best "kvtrace dump big_10x.lct > /dev/null" "$bin" dump "$big10"
 best "kvtrace convert big_10x.lct -> .jsonl" "$bin" convert "$big10" "$tmp/big_10x.jsonl"
-rm -f "$tmp/big_10x.jsonl"
+best "kvtrace convert big_10x.jsonl -> .lct (back)" "$bin" convert "$tmp/big_10x.jsonl" \
+    "$tmp/back.lct"
+cmp -s "$big10" "$tmp/back.lct" || echo "the .jsonl did not convert back to the same bytes" >&2
+rm -f "$tmp/big_10x.jsonl" "$tmp/back.lct"
 sync # the JSONL's write-back would otherwise compete with the replays below for the CPU
 replay=(replay "$big1" --pace afap -q --output-dir "$tmp/out" --l1-size-gb 2 --eviction-policy LRU)
 best "kvtrace replay big_1x.lct afap, L1 2 GiB LRU (defaults otherwise)" "$bin" "${replay[@]}"; replay_s=$(last)
