@@ -20,6 +20,7 @@ use crate::lmct::json::{encode_lossless, from_lossless, Lossless, RawLossless};
 use crate::lmct::msgpack::{encode, RawValue, MAX_DEPTH};
 use crate::lmct::reader::ZSTD_MAGIC;
 use crate::lmct::schema::Migration;
+use crate::lmct::writer::zstd_encoder;
 use crate::lmct::{write_frame, Frame, Header, ReadOptions, TraceReader, TraceSink, Value};
 
 /// Bytes of frames each converting thread takes at a time.
@@ -263,8 +264,7 @@ fn open_output(path: &Path, kind: Kind, level: i32) -> Result<Sink> {
     let out = if path.as_os_str() == "-" {
         let stdout = BufWriter::new(io::stdout());
         Output::Stream(if kind == Kind::LctZstd {
-            let z =
-                zstd::Encoder::new(stdout, level).map_err(|e| Error::io("cannot start zstd", e))?;
+            let z = zstd_encoder(stdout, level).map_err(|e| Error::io("cannot start zstd", e))?;
             Box::new(z.auto_finish())
         } else {
             Box::new(stdout)
