@@ -397,11 +397,12 @@ proptest! {
             prop_assert_eq!(serde_json::to_string(&shown).expect("text"), text.clone());
             let mut compact = Vec::new();
             shown.write_compact(&mut compact);
+            let mut pretty = Vec::new();
+            kvtrace::lmct::display::write_pretty(&compact, &mut pretty);
             prop_assert_eq!(String::from_utf8(compact).expect("UTF-8"), text);
-            prop_assert_eq!(
-                serde_json::to_string_pretty(&shown).expect("text"),
-                serde_json::to_string_pretty(&tree).expect("text")
-            );
+            let tree_pretty = serde_json::to_string_pretty(&tree).expect("text");
+            prop_assert_eq!(serde_json::to_string_pretty(&shown).expect("text"), tree_pretty.clone());
+            prop_assert_eq!(String::from_utf8(pretty).expect("UTF-8"), tree_pretty);
         }
     }
 

@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value as Json};
 use super::Progress;
 use crate::error::{Error, Result};
 use crate::lmct::blocks::{fold_frames, Spares};
-use crate::lmct::display::{to_display, write_int, write_str, Shown};
+use crate::lmct::display::{to_display, write_int, write_pretty, write_str, Shown};
 use crate::lmct::msgpack::RawValue;
 use crate::lmct::{Frame, ReadOptions, ReadSummary, RecordRef, TraceReader};
 
@@ -153,7 +153,14 @@ fn append_frame(
                     object.write_compact(out);
                     out.push(b'\n');
                 }
-                Format::Json => append(out, format, &object),
+                Format::Json => {
+                    out.extend_from_slice(b",\n");
+                    COMPACT.with_borrow_mut(|compact| {
+                        compact.clear();
+                        object.write_compact(compact);
+                        write_pretty(compact, out);
+                    });
+                }
             }
         }
         Frame::Record(_) => return false,
@@ -168,6 +175,11 @@ fn append_frame(
         ),
     }
     true
+}
+
+thread_local! {
+    /// A record's compact text on its way to a pretty dump, kept from record to record.
+    static COMPACT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Appends one object: a line, or an array element after `,\n` (the writer turns the first
@@ -388,8 +400,9 @@ mod tests {
         }
     }
 
-    /// A record's line is the compact text serde_json gives its object, for every record of
-    /// a trace, and with times JSON has no number for and a qualname to escape.
+    /// A record's line is the compact text serde_json gives its object, and spaced it is
+    /// the pretty text, for every record of a trace, and with times JSON has no number for
+    /// and a qualname to escape.
     #[test]
     fn a_records_line_is_serde_jsons_text_of_its_object() {
         let bytes = trace();
@@ -410,6 +423,9 @@ mod tests {
                 let mut line = Vec::new();
                 object.write_compact(&mut line);
                 assert_eq!(line, serde_json::to_vec(&object).expect("text"));
+                let mut pretty = Vec::new();
+                write_pretty(&line, &mut pretty);
+                assert_eq!(pretty, serde_json::to_vec_pretty(&object).expect("text"));
             }
             records += 1;
         }
