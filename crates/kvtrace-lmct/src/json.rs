@@ -10,9 +10,9 @@ use serde_json::{Map, Number, Value as Json};
 use super::codec::{ObjectKeyRef, KEY_GROUP, KEY_HEAD, KEY_MODEL, KEY_RANK, TAG_OBJECT_KEY};
 use super::display::{write_hex, write_int, write_str, Hex, Names};
 use super::msgpack::view::{key_parts, text, KeyParts, SeenKey};
-use super::msgpack::{canonical_int_form, Cursor, Kind, RawValue};
 use super::msgpack::{
-    put_array_len_form, put_bool, put_f64, put_int_form, put_map_len_form, put_nil, put_str_form,
+    canonical_int_form, put_array_len_form, put_bool, put_f64, put_int_form, put_map_len_form,
+    put_nil, put_str_form, Cursor, Kind, RawValue,
 };
 use super::value::{Form, Value};
 use super::RecordRef;
@@ -827,6 +827,15 @@ struct Emit<'o> {
 }
 
 impl Emit<'_> {
+    /// Reserves a list's or object's one-byte head and returns where it is; `None` past the
+    /// depth limit.
+    fn open(&mut self) -> Option<usize> {
+        (self.depth_left > 0).then(|| {
+            self.out.push(0);
+            self.out.len() - 1
+        })
+    }
+
     /// The visitor of a list's or object's items.
     fn inner(&mut self) -> Emit<'_> {
         Emit {
@@ -887,11 +896,7 @@ impl<'de> serde::de::Visitor<'de> for Emit<'_> {
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(mut self, mut items: A) -> Result<(), A::Error> {
         use serde::de::Error;
-        if self.depth_left == 0 {
-            return Err(A::Error::custom("too deep"));
-        }
-        let start = self.out.len();
-        self.out.push(0);
+        let start = self.open().ok_or_else(|| A::Error::custom("too deep"))?;
         let mut n = 0;
         while items.next_element_seed(self.inner())?.is_some() {
             n += 1;
@@ -902,11 +907,7 @@ impl<'de> serde::de::Visitor<'de> for Emit<'_> {
 
     fn visit_map<A: serde::de::MapAccess<'de>>(mut self, mut entries: A) -> Result<(), A::Error> {
         use serde::de::Error;
-        if self.depth_left == 0 {
-            return Err(A::Error::custom("too deep"));
-        }
-        let start = self.out.len();
-        self.out.push(0);
+        let start = self.open().ok_or_else(|| A::Error::custom("too deep"))?;
         let mut names = Names::default();
         let mut n = 0;
         while let Some(name) = entries.next_key::<&'de str>()? {
