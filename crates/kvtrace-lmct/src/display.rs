@@ -386,15 +386,18 @@ pub fn write_pretty(compact: &[u8], out: &mut Vec<u8>) {
                 // The string whole, to its closing quote: the byte after a backslash is
                 // escaped, whatever it is.
                 let mut end = 0;
-                while let Some(i) = memchr::memchr2(b'"', b'\\', &rest[end..]) {
-                    end += i + 1;
-                    if rest[end - 1] == b'"' {
-                        break;
+                loop {
+                    match memchr::memchr2(b'"', b'\\', &rest[end..]) {
+                        Some(i) if rest[end + i] == b'"' => {
+                            end += i + 1;
+                            break;
+                        }
+                        Some(i) => end = (end + i + 2).min(rest.len()),
+                        None => {
+                            end = rest.len();
+                            break;
+                        }
                     }
-                    end = (end + 1).min(rest.len());
-                }
-                if !rest[..end].ends_with(b"\"") {
-                    end = rest.len();
                 }
                 out.push(b'"');
                 out.extend_from_slice(&rest[..end]);
@@ -623,7 +626,6 @@ mod tests {
         String::from_utf8(out).expect("UTF-8")
     }
 
-    /// The word-at-a-time test agrees with the byte-at-a-time one for every byte value at
     /// Spacing serde_json's compact text gives its pretty text: nesting, empty lists and
     /// objects at every depth, and strings holding quotes, backslashes and the characters
     /// that are structure outside a string.
@@ -647,6 +649,7 @@ mod tests {
         }
     }
 
+    /// The word-at-a-time test agrees with the byte-at-a-time one for every byte value at
     /// every place of strings of every length up to three words and a tail, and the text of
     /// every such string is serde_json's.
     #[test]

@@ -682,7 +682,8 @@ fn read_jsonl(
             }
             Ok(())
         });
-        // Moved here so that returning early drops it, which stops the reading thread.
+        // Moved here so that returning early drops it: the reading thread then stops once
+        // the slots already given are used, and the workers with it.
         let slot_tx = slot_tx;
         let mut pending = BTreeMap::new();
         let mut next = 0;

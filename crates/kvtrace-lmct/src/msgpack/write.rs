@@ -180,10 +180,16 @@ pub fn put_str(out: &mut Vec<u8>, s: &str) {
 }
 
 pub fn put_bin_form(out: &mut Vec<u8>, b: &[u8], form: Option<Form>) {
-    let f = len_form(b.len(), 0, true, form.filter(|f| *f != Form::Fix));
-    let f = if f == Form::Fix { Form::W8 } else { f };
-    put_len(out, b.len(), f, 0, 0xc4, 0xc5, 0xc6);
+    put_bin_head(out, b.len(), form);
     out.extend_from_slice(b);
+}
+
+/// The head of a bin of `len` bytes, in `form` where it fits (bin has no fix form: its
+/// shortest is bin8), for a writer that puts the bytes after it itself.
+pub fn put_bin_head(out: &mut Vec<u8>, len: usize, form: Option<Form>) {
+    let f = len_form(len, 0, true, form.filter(|f| *f != Form::Fix));
+    let f = if f == Form::Fix { Form::W8 } else { f };
+    put_len(out, len, f, 0, 0xc4, 0xc5, 0xc6);
 }
 
 #[inline]
