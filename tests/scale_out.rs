@@ -27,15 +27,20 @@ impl Drop for Cluster {
     }
 }
 
-/// A free port whose cluster bus port (+10000) is free too.
-fn free_port() -> u16 {
+/// A free port whose cluster bus port (+10000) is free too, and which is neither of the
+/// `taken` ports nor their bus ports: the probe's listener is closed before redis-server binds,
+/// so the OS may hand the same port out again before the node that was given it listens.
+fn free_port(taken: &[u16]) -> u16 {
     loop {
         let port = TcpListener::bind("127.0.0.1:0")
             .expect("port")
             .local_addr()
             .expect("addr")
             .port();
-        if port < 55000 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+        let clashes = taken
+            .iter()
+            .any(|&t| [t, t + 10000].contains(&port) || [t, t + 10000].contains(&(port + 10000)));
+        if port < 55000 && !clashes && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
             return port;
         }
     }
@@ -58,7 +63,8 @@ impl Cluster {
         let dir = scratch();
         let mut nodes = Vec::new();
         for _ in 0..3 {
-            let port = free_port();
+            let taken: Vec<u16> = nodes.iter().map(|n: &(u16, Child)| n.0).collect();
+            let port = free_port(&taken);
             let child = Command::new("redis-server")
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .args([
@@ -97,11 +103,10 @@ impl Cluster {
             .expect("redis-cli --cluster create");
         assert!(created.status.success(), "{}", text(&created.stdout));
         let began = Instant::now();
-        while !cluster
-            .ports()
-            .iter()
-            .all(|&p| cli(p, &["cluster", "info"]).contains("cluster_state:ok"))
-        {
+        while !cluster.ports().iter().all(|&p| {
+            let info = cli(p, &["cluster", "info"]);
+            info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+        }) {
             assert!(began.elapsed() < Duration::from_secs(20), "cluster not ok");
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value as Json;
 
-use crate::util::{free_port, repo, scratch};
+use crate::util::{free_ports, repo, scratch};
 
 /// A child process killed when dropped.
 struct Killed(Child);
@@ -72,7 +72,7 @@ fn a_real_prometheus_scrapes_the_figures_the_report_has() {
         return;
     }
     let dir = scratch();
-    let (metrics_port, prometheus_port) = (free_port(), free_port());
+    let (metrics_port, prometheus_port) = free_ports();
     let config = dir.path().join("prometheus.yml");
     std::fs::write(
         &config,

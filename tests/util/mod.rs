@@ -95,6 +95,18 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Two different free ports: each is released when chosen, so a second probe may be handed
+/// the first one again before its server binds it.
+pub fn free_ports() -> (u16, u16) {
+    let first = free_port();
+    loop {
+        let second = free_port();
+        if second != first {
+            return (first, second);
+        }
+    }
+}
+
 /// A server process a test started, killed and reaped when the test drops it.
 #[cfg(any(feature = "redis", feature = "s3"))]
 pub struct KillOnDrop(pub std::process::Child);
