@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex};
 
 use serde::Deserialize;
@@ -626,8 +627,11 @@ fn parse_line(
 }
 
 /// Reads lossless JSON: chunks of lines are read in order, parsed on `threads` threads
-/// (parsing a line costs far more than writing its frame) and pushed in order, so an error names its line after every frame before it was written. A chunk is
-/// read only when one of the few in flight has been pushed, which bounds the memory.
+/// (parsing a line costs far more than writing its frame) and pushed in order, so an error
+/// names its line after every frame before it was written. A chunk is read only when one of
+/// the few in flight has been pushed, which bounds the memory; once the pushing stops (an
+/// error, an interrupt) no chunk is read or parsed again, so that the error comes as soon
+/// as its line is read, whatever the pace of the source.
 fn read_jsonl(
     source: impl BufRead + Send,
     threads: usize,
@@ -643,6 +647,7 @@ fn read_jsonl(
         let _ = slot_tx.send(());
     }
     let spares = Spares::default();
+    let stopping = AtomicBool::new(false);
     let mut chunks = Chunks {
         source,
         next_line: 0,
@@ -652,6 +657,7 @@ fn read_jsonl(
     std::thread::scope(|scope| {
         for _ in 0..threads {
             let (work_rx, done_tx, spares) = (&work_rx, done_tx.clone(), &spares);
+            let stopping = &stopping;
             scope.spawn(move || loop {
                 let Ok((seq, first, chunk)) = work_rx
                     .lock()
@@ -660,6 +666,9 @@ fn read_jsonl(
                 else {
                     return;
                 };
+                if stopping.load(Ordering::Relaxed) {
+                    return;
+                }
                 let parsed = parse_chunk(&chunk, first, max_frame_bytes);
                 spares.give(chunk);
                 if done_tx.send((seq, parsed)).is_err() {
@@ -668,9 +677,10 @@ fn read_jsonl(
             });
         }
         drop(done_tx);
+        let stopping = &stopping;
         let reading = scope.spawn(move || -> Result<()> {
             for seq in 0.. {
-                if slot_rx.recv().is_err() {
+                if slot_rx.recv().is_err() || stopping.load(Ordering::Relaxed) {
                     return Ok(());
                 }
                 let Some((first, chunk)) = chunks.next()? else {
@@ -682,32 +692,40 @@ fn read_jsonl(
             }
             Ok(())
         });
-        // Moved here so that returning early drops it: the reading thread then stops once
-        // the slots already given are used, and the workers with it.
-        let slot_tx = slot_tx;
-        let mut pending = BTreeMap::new();
-        let mut next = 0;
-        for (seq, chunk) in done_rx.iter() {
-            pending.insert(seq, chunk);
-            while let Some(chunk) = pending.remove(&next) {
-                next += 1;
-                if crate::interrupt::requested().is_some() {
-                    p.report.interrupted = true;
-                    return Ok(());
+        let pushed = (|| -> Result<()> {
+            let mut pending = BTreeMap::new();
+            let mut next = 0;
+            for (seq, chunk) in done_rx.iter() {
+                pending.insert(seq, chunk);
+                while let Some(chunk) = pending.remove(&next) {
+                    next += 1;
+                    if crate::interrupt::requested().is_some() {
+                        p.report.interrupted = true;
+                        return Ok(());
+                    }
+                    for (line_no, line, bytes) in chunk.lines {
+                        push_line(p, line_no, line, &chunk.bytes[bytes])?;
+                    }
+                    if let Some(e) = chunk.error {
+                        return Err(e);
+                    }
+                    let _ = slot_tx.send(());
                 }
-                for (line_no, line, bytes) in chunk.lines {
-                    push_line(p, line_no, line, &chunk.bytes[bytes])?;
-                }
-                if let Some(e) = chunk.error {
-                    return Err(e);
-                }
-                let _ = slot_tx.send(());
             }
-        }
+            Ok(())
+        })();
+        // Whatever ended the pushing, the reading thread takes no more slots and the workers
+        // parse nothing more: a chunk they hold, or one the reading thread is reading, is the
+        // last.
+        stopping.store(true, Ordering::Relaxed);
         drop(slot_tx);
+        pushed?;
         reading
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+        if p.report.interrupted {
+            return Ok(());
+        }
         if !p.seen_header {
             return Err(Error::line(1, "header", "no header line: empty input"));
         }
@@ -824,5 +842,59 @@ mod tests {
         );
         run(&prefix, &whole, Kind::Lct, 1);
         assert_eq!(std::fs::read(&cut).unwrap(), std::fs::read(&whole).unwrap());
+    }
+
+    /// Lines served quickly for a first chunk and slowly after it (a network pipe), counting
+    /// the bytes taken.
+    struct SlowAfterFirstChunk {
+        text: Vec<u8>,
+        at: usize,
+        taken: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Read for SlowAfterFirstChunk {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if self.at >= CHUNK_BYTES {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            let n = buf.len().min(64 << 10).min(self.text.len() - self.at);
+            buf[..n].copy_from_slice(&self.text[self.at..self.at + n]);
+            self.at += n;
+            self.taken.store(self.at, Ordering::Relaxed);
+            Ok(n)
+        }
+    }
+
+    /// Once a line fails, the reading stops with the chunk being read: from a slow source
+    /// the error comes after its own chunk, not after every chunk the reading thread could
+    /// still take a slot for (3 × 2 + 1 on two threads, which it read before).
+    #[test]
+    fn a_bad_line_stops_the_reading_of_a_slow_source() {
+        let mut text = b"{\"type\": nope}\n".to_vec();
+        while text.len() < 16 * CHUNK_BYTES {
+            text.extend_from_slice(b"{\"type\": \"record\"}\n");
+        }
+        let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let source = BufReader::new(SlowAfterFirstChunk {
+            text,
+            at: 0,
+            taken: taken.clone(),
+        });
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut p = Pipeline {
+            sink: open_output(&dir.path().join("out.lct"), Kind::Lct, 3).expect("sink"),
+            progress: QUIET,
+            needs_values: false,
+            migration: None,
+            report: ConvertReport::default(),
+            seen_header: false,
+            shown_out: String::new(),
+        };
+        let error = read_jsonl(source, 2, u32::MAX, &mut p).expect_err("a bad first line");
+        assert!(error.to_string().contains("line 1"), "{error}");
+        // The first chunk, and the one being read when its error was found (each slow
+        // chunk takes 80 ms, the first's parse a few); the margin is for a busy machine.
+        let taken = taken.load(Ordering::Relaxed);
+        assert!(taken <= 4 * CHUNK_BYTES, "{taken} bytes read");
     }
 }
