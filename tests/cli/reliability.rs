@@ -280,6 +280,38 @@ fn deep_values_round_trip_through_jsonl_and_oversized_frames_are_refused() {
     assert!(err.contains("line 3: frame:"), "{err}");
 }
 
+/// A JSONL line is read into memory whole, so one with no end (a stream of bytes without a
+/// newline) grew until the process was killed: a line may be 16 times the frame limit long,
+/// and the frames before a longer one are kept as a bad line's are.
+#[test]
+fn a_jsonl_line_without_end_is_refused_at_its_limit() {
+    let dir = scratch();
+    let lines = jsonl_lines(dir.path());
+    let endless = format!("{{\"a\":\"{}", "a".repeat(8 << 20));
+    let jsonl = dir.path().join("endless.jsonl");
+    std::fs::write(&jsonl, lines[..3].join("\n") + "\n" + &endless).expect("write");
+    let cut = dir.path().join("cut.lct");
+    let out = kvtrace([
+        "convert",
+        &path(&jsonl),
+        &path(&cut),
+        "--max-frame-bytes",
+        "65536",
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("line 4: frame: a line over 1048576 bytes"),
+        "{err}"
+    );
+    let before = lct_from(dir.path(), "before", &lines[..3]);
+    assert_eq!(
+        std::fs::read(&cut).expect("cut"),
+        std::fs::read(&before).expect("before")
+    );
+}
+
 #[test]
 fn a_fifo_is_replayed_once_read() {
     let dir = scratch();

@@ -461,6 +461,14 @@ fn check_frame(body: &[u8], max_frame_bytes: u32, raw: bool, line: u64) -> Resul
 /// Bytes of lines each parsing thread takes at a time.
 const CHUNK_BYTES: usize = 1 << 20;
 
+/// A line may be this many times the frame limit long. Lossless JSON spends at most about 12.3
+/// bytes on a frame's byte (its costliest form: an empty bin in a wider form is three bytes
+/// and `{"$enc":"bin16","v":{"$bin_hex":""}},` 37; a small int in a wider form 11, a string
+/// of control characters 6), so no frame a reader takes is refused; the rest is for
+/// whitespace a hand-edited line may hold. A longer line ends the read when it passes the
+/// limit, so memory stays bounded without a newline.
+const LINE_BYTES_PER_FRAME_BYTE: usize = 16;
+
 /// What a non-blank line of lossless JSON holds.
 #[derive(Clone, Copy)]
 enum Line {
@@ -492,15 +500,24 @@ struct Chunks<'s, R> {
     /// Chunks parsed, to be filled again: a fresh megabyte each time was faulted in, cleared
     /// and unmapped by the kernel.
     spares: &'s Spares<Vec<u8>>,
+    /// The longest line read (see [`LINE_BYTES_PER_FRAME_BYTE`]).
+    max_line: usize,
+    /// A line found too long, reported once the lines before it are handed over.
+    too_long: Option<Error>,
 }
 
 impl<R: BufRead> Chunks<'_, R> {
     /// The next chunk; `None` at the end of the source.
     fn next(&mut self) -> Result<Option<(u64, Vec<u8>)>> {
+        if let Some(e) = self.too_long.take() {
+            return Err(e);
+        }
         let mut chunk = self.spares.take().unwrap_or_default();
         chunk.clear();
         chunk.append(&mut self.carry);
         let mut cut = None;
+        // Where the last line read starts (the carry is the start of one).
+        let mut line_start = 0;
         loop {
             let from = chunk.len();
             // Straight into the chunk, a quarter of one at a time, not through the
@@ -512,12 +529,35 @@ impl<R: BufRead> Chunks<'_, R> {
             if n == 0 {
                 break;
             }
-            if chunk.len() >= CHUNK_BYTES {
+            if let Some(i) = memchr::memrchr(b'\n', &chunk[from..]) {
+                line_start = from + i + 1;
                 // The chunk ends after its last whole line; a longer line reads on.
-                cut = memchr::memrchr(b'\n', &chunk[from..]).map(|i| from + i + 1);
-                if cut.is_some() {
+                if chunk.len() >= CHUNK_BYTES {
+                    cut = Some(line_start);
                     break;
                 }
+            }
+            if chunk.len() - line_start > self.max_line {
+                let line = self.next_line
+                    + 1
+                    + memchr::memchr_iter(b'\n', &chunk[..line_start]).count() as u64;
+                let e = Error::line(
+                    line,
+                    "frame",
+                    format!(
+                        "a line over {} bytes: lossless JSON writes no frame within the \
+                         {}-byte frame limit readers enforce that long",
+                        self.max_line,
+                        self.max_line / LINE_BYTES_PER_FRAME_BYTE
+                    ),
+                );
+                if line_start == 0 {
+                    return Err(e);
+                }
+                // The whole lines before it are read first, as a bad line's are.
+                self.too_long = Some(e);
+                chunk.truncate(line_start);
+                break;
             }
         }
         if chunk.is_empty() {
@@ -653,6 +693,8 @@ fn read_jsonl(
         next_line: 0,
         carry: Vec::new(),
         spares: &spares,
+        max_line: (max_frame_bytes as usize).saturating_mul(LINE_BYTES_PER_FRAME_BYTE),
+        too_long: None,
     };
     std::thread::scope(|scope| {
         for _ in 0..threads {
@@ -842,6 +884,46 @@ mod tests {
         );
         run(&prefix, &whole, Kind::Lct, 1);
         assert_eq!(std::fs::read(&cut).unwrap(), std::fs::read(&whole).unwrap());
+    }
+
+    /// A line longer than its limit several chunks in: the error counts the lines of every
+    /// chunk before it, and the frames before it are written.
+    #[test]
+    fn a_line_over_its_limit_is_named_after_the_frames_before_it() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let options = SynthOptions {
+            records: 6000,
+            ..SynthOptions::default()
+        };
+        let lct = dir.path().join("t.lct");
+        std::fs::write(&lct, write_to(&options, Vec::new(), QUIET).expect("trace")).unwrap();
+        let options = |to| ConvertOptions {
+            to,
+            to_schema_1: false,
+            zstd_level: 3,
+            read: ReadOptions {
+                max_frame_bytes: 1 << 16,
+                ..ReadOptions::default()
+            },
+        };
+        let jsonl = dir.path().join("t.jsonl");
+        convert(&lct, &jsonl, options(Kind::Jsonl), QUIET).expect("to jsonl");
+        let mut text = std::fs::read_to_string(&jsonl).unwrap();
+        let lines = text.lines().count();
+        assert!(text.len() > 3 * CHUNK_BYTES, "{} bytes", text.len());
+        text += &format!("{{\"a\":\"{}\"}}\n", "a".repeat(2 << 20));
+        let long = dir.path().join("long.jsonl");
+        std::fs::write(&long, text).unwrap();
+        let cut = dir.path().join("cut.lct");
+        let error = convert(&long, &cut, options(Kind::Lct), QUIET).expect_err("too long");
+        assert!(
+            error.to_string().contains(&format!(
+                "line {}: frame: a line over 1048576 bytes",
+                lines + 1
+            )),
+            "{error}"
+        );
+        assert_eq!(std::fs::read(&cut).unwrap(), std::fs::read(&lct).unwrap());
     }
 
     /// Lines served quickly for a first chunk and slowly after it (a network pipe), counting
