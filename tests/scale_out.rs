@@ -37,10 +37,14 @@ fn free_port(taken: &[u16]) -> u16 {
             .local_addr()
             .expect("addr")
             .port();
+        if port >= 55000 {
+            continue;
+        }
+        let bus = port + 10000;
         let clashes = taken
             .iter()
-            .any(|&t| [t, t + 10000].contains(&port) || [t, t + 10000].contains(&(port + 10000)));
-        if port < 55000 && !clashes && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            .any(|&t| [t, t + 10000].contains(&port) || [t, t + 10000].contains(&bus));
+        if !clashes && TcpListener::bind(("127.0.0.1", bus)).is_ok() {
             return port;
         }
     }
