@@ -13,7 +13,7 @@ use kvtrace::replay::events::fleet::{summarise, FleetStream};
 use kvtrace::replay::events::{replay_events, server_config};
 use kvtrace::replay::loaded::Loaded;
 use kvtrace::replay::phase::PhaseChoice;
-use kvtrace::replay::plan::{Options, Plan, Storage, NO_RECORDED_CONFIG};
+use kvtrace::replay::plan::{no_recorded_config, Options, Plan, Storage, NO_RECORDED_CONFIG};
 use kvtrace::replay::shard::ShardMode;
 use kvtrace::replay::{Pacing, ReplayOptions};
 use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Exporter, Report, Target};
@@ -334,12 +334,11 @@ pub(super) fn plan(
         own_l2: args.tiers.gives_l2() || args.config.is_some(),
         complete: gives_whole_config(args),
     };
-    Plan::new(file, storage, options).map_err(|e| {
-        if e.message == NO_RECORDED_CONFIG {
-            no_recorded_config()
-        } else {
-            e
+    Plan::new(file, storage, options).map_err(|mut e| {
+        if e.message.ends_with(NO_RECORDED_CONFIG) {
+            e.message += GIVE_CONFIG;
         }
+        e
     })
 }
 
@@ -348,12 +347,9 @@ fn gives_whole_config(args: &Args) -> bool {
     args.tiers.l1_size_gb.is_some() || args.config.is_some()
 }
 
-/// A trace without a readable configuration, replayed without a whole one.
-fn no_recorded_config() -> Error {
-    Error::usage(format!(
-        "{NO_RECORDED_CONFIG}; give one with --l1-size-gb or --config"
-    ))
-}
+/// What the error of a trace without a readable configuration, replayed without a whole
+/// one, ends with.
+const GIVE_CONFIG: &str = "; give one with --l1-size-gb or --config";
 
 /// Whether `path` is an events-level trace (an unreadable one is left to the replay's own
 /// error). Only a regular file is looked at: reading a pipe's header here would take it from
@@ -367,15 +363,19 @@ pub(super) fn is_events(path: &Path, args: &Args) -> bool {
 /// The configuration an events replay runs: `recorded`, the first file's (or the defaults,
 /// when the flags give a whole one), then `--config` and the storage flags.
 pub(super) fn events_config(args: &Args, recorded: &str) -> Result<StorageConfig, Error> {
-    let mut config = match StorageConfig::from_lmcache_json(recorded) {
-        Some((config, _)) => {
+    let mut config = match StorageConfig::read_lmcache_json(recorded) {
+        Ok((config, _)) => {
             config.check_recorded().map_err(|e| {
                 Error::data(0, "header.sm_config_json", e).in_file(args.files[0].display())
             })?;
             config
         }
-        None if gives_whole_config(args) => StorageConfig::default(),
-        None => return Err(no_recorded_config()),
+        Err(_) if gives_whole_config(args) => StorageConfig::default(),
+        Err(why) => {
+            let mut e = no_recorded_config(args.files[0].display(), &why);
+            e.message += GIVE_CONFIG;
+            return Err(e);
+        }
     };
     if let Some(path) = &args.config {
         apply_toml(&mut config, path)?;

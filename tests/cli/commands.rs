@@ -780,6 +780,11 @@ fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
     std::fs::write(&lossless, format!("{header}\n{rest}")).expect("write");
     std::fs::remove_file(&generated).expect("rm");
     assert!(kvtrace(["convert", &lossless, &generated]).status.success());
+    // And one whose recorded configuration was damaged: not JSON any more.
+    let damaged = d("damaged-config.lct");
+    header["sm_config_json"] = "{\"l1_manager_config\": {\"memory_config\": ".into();
+    std::fs::write(&lossless, format!("{header}\n{rest}")).expect("write");
+    assert!(kvtrace(["convert", &lossless, &damaged]).status.success());
     let not_summary = d("not-a-summary.json");
     std::fs::write(&not_summary, "{\"hello\": 1}").expect("write");
     let basic = path("basic_lru");
@@ -860,7 +865,15 @@ fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
         (
             vec!["replay", &generated, "-q", "--no-csv"],
             2,
-            "give one with --l1-size-gb or --config",
+            "no-lmcache-config.lct: header.sm_config_json: no l1_manager_config: the trace \
+             records no storage configuration kvtrace can read; give one with --l1-size-gb or \
+             --config",
+        ),
+        (
+            vec!["replay", &damaged, "-q", "--no-csv"],
+            2,
+            "damaged-config.lct: header.sm_config_json: not JSON (EOF while parsing a value at \
+             line 1 column 40): the trace records no storage configuration",
         ),
         (
             vec!["diff", &not_summary, &not_summary],

@@ -293,9 +293,17 @@ fn record_line(event: &RecordEvent<'_>) -> serde_json::Value {
     })
 }
 
-/// The error of a replay whose trace records no configuration it can read and whose caller
-/// gave no whole one ([`Storage::Given`], or overrides that are `complete`).
+/// The words the error of a replay ends with when its trace records no configuration it can
+/// read and its caller gave no whole one ([`Storage::Given`], or overrides that are
+/// `complete`). The error names the file and `header.sm_config_json`, and says why first.
 pub const NO_RECORDED_CONFIG: &str = "the trace records no storage configuration kvtrace can read";
+
+/// The error of a trace whose `sm_config_json` is no configuration, for `why`.
+pub fn no_recorded_config(shown: impl std::fmt::Display, why: &str) -> Error {
+    let mut e = Error::usage(format!("{why}: {NO_RECORDED_CONFIG}")).in_file(shown);
+    e.field = Some("header.sm_config_json".into());
+    e
+}
 
 /// The configuration to replay and the notes about what of the recorded one could not be
 /// rebuilt.
@@ -312,8 +320,8 @@ fn storage_config(
             complete,
         } => (overrides, own_l2, complete),
     };
-    let (mut config, notes) = match StorageConfig::from_lmcache_json(&header.sm_config_json) {
-        Some((config, notes)) => {
+    let (mut config, notes) = match StorageConfig::read_lmcache_json(&header.sm_config_json) {
+        Ok((config, notes)) => {
             config
                 .check_recorded()
                 .map_err(|e| Error::data(0, "header.sm_config_json", e).in_file(shown))?;
@@ -323,8 +331,8 @@ fn storage_config(
                 .collect();
             (config, notes)
         }
-        None if complete => (StorageConfig::default(), Vec::new()),
-        None => return Err(Error::usage(NO_RECORDED_CONFIG)),
+        Err(_) if complete => (StorageConfig::default(), Vec::new()),
+        Err(why) => return Err(no_recorded_config(shown, &why)),
     };
     overrides(&mut config)?;
     Ok((config, notes))

@@ -363,13 +363,33 @@ impl StorageConfig {
     /// file system or the network (`fs`, `redis`) are never rebuilt from a header: a trace
     /// never chooses a path or a server. The returned list says what was left out.
     pub fn from_lmcache_json(text: &str) -> Option<(StorageConfig, Vec<String>)> {
-        let v: Json = serde_json::from_str(text).ok()?;
-        let l1 = v.get("l1_manager_config")?;
-        let memory = l1.get("memory_config")?;
-        let eviction = v.get("eviction_config").or_else(|| l1.get("eviction"))?;
+        StorageConfig::read_lmcache_json(text).ok()
+    }
+
+    /// [`StorageConfig::from_lmcache_json`], saying why the text is no configuration: not
+    /// JSON (a damaged header), or JSON without the L1 fields LMCache writes.
+    pub fn read_lmcache_json(text: &str) -> Result<(StorageConfig, Vec<String>), String> {
+        if text.trim().is_empty() {
+            return Err("empty".into());
+        }
+        let v: Json = serde_json::from_str(text).map_err(|e| format!("not JSON ({e})"))?;
+        let missing = |what: &str| format!("no {what}");
+        let l1 = v
+            .get("l1_manager_config")
+            .ok_or_else(|| missing("l1_manager_config"))?;
+        let memory = l1
+            .get("memory_config")
+            .ok_or_else(|| missing("l1_manager_config.memory_config"))?;
+        let eviction = v
+            .get("eviction_config")
+            .or_else(|| l1.get("eviction"))
+            .ok_or_else(|| missing("eviction_config"))?;
         let mut notes = Vec::new();
         let mut config = StorageConfig {
-            l1_size_bytes: memory.get("size_in_bytes")?.as_u64()?,
+            l1_size_bytes: memory
+                .get("size_in_bytes")
+                .and_then(Json::as_u64)
+                .ok_or_else(|| missing("unsigned l1_manager_config.memory_config.size_in_bytes"))?,
             ..StorageConfig::default()
         };
         if let Some(align) = memory.get("align_bytes").and_then(Json::as_u64) {
@@ -442,7 +462,7 @@ impl StorageConfig {
                 adapters.len()
             )),
         }
-        Some((config, notes))
+        Ok((config, notes))
     }
 }
 

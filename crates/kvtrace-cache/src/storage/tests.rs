@@ -528,3 +528,29 @@ fn a_calls_keys_read_in_place_have_their_owned_copies_ids() {
     let distinct: std::collections::HashSet<u128> = ids[1..].iter().map(|id| id.0).collect();
     assert_eq!(distinct.len(), owned.len());
 }
+
+/// A recorded configuration that is not one says why: a damaged header is told from one
+/// without LMCache's L1 fields, and each missing field is named.
+#[test]
+fn a_recorded_configuration_that_is_none_says_why() {
+    let why = |text: &str| StorageConfig::read_lmcache_json(text).err();
+    assert_eq!(why(" ").as_deref(), Some("empty"));
+    assert!(why("{\"l1_manager_config\": ").is_some_and(|w| w.starts_with("not JSON (EOF")));
+    assert_eq!(why("{}").as_deref(), Some("no l1_manager_config"));
+    assert_eq!(
+        why("{\"l1_manager_config\": {}}").as_deref(),
+        Some("no l1_manager_config.memory_config")
+    );
+    let memory = |size: &str| {
+        format!(
+            "{{\"l1_manager_config\": {{\"memory_config\": {{\"size_in_bytes\": {size}}}, \
+             \"eviction\": {{}}}}}}"
+        )
+    };
+    assert_eq!(
+        why(&memory("-1")).as_deref(),
+        Some("no unsigned l1_manager_config.memory_config.size_in_bytes")
+    );
+    let (config, _) = StorageConfig::read_lmcache_json(&memory("4096")).expect("a configuration");
+    assert_eq!(config.l1_size_bytes, 4096);
+}
