@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Mutex};
+use std::sync::mpsc;
 
 use serde::Deserialize;
 use serde_json::Value as Json;
@@ -679,8 +679,7 @@ fn read_jsonl(
     p: &mut Pipeline<'_>,
 ) -> Result<()> {
     let threads = threads.max(1);
-    let (work_tx, work_rx) = mpsc::sync_channel::<(u64, u64, Vec<u8>)>(threads);
-    let work_rx = Mutex::new(work_rx);
+    let (work_tx, work_rx) = crossbeam_channel::bounded::<(u64, u64, Vec<u8>)>(threads);
     let (done_tx, done_rx) = mpsc::channel::<(u64, ParsedChunk)>();
     let (slot_tx, slot_rx) = mpsc::channel::<()>();
     for _ in 0..3 * threads + 1 {
@@ -698,27 +697,22 @@ fn read_jsonl(
     };
     std::thread::scope(|scope| {
         for _ in 0..threads {
-            let (work_rx, done_tx, spares) = (&work_rx, done_tx.clone(), &spares);
+            let (work_rx, done_tx, spares) = (work_rx.clone(), done_tx.clone(), &spares);
             let stopping = &stopping;
-            scope.spawn(move || loop {
-                let Ok((seq, first, chunk)) = work_rx
-                    .lock()
-                    .map_err(drop)
-                    .and_then(|rx| rx.recv().map_err(drop))
-                else {
-                    return;
-                };
-                if stopping.load(Ordering::Relaxed) {
-                    return;
-                }
-                let parsed = parse_chunk(&chunk, first, max_frame_bytes);
-                spares.give(chunk);
-                if done_tx.send((seq, parsed)).is_err() {
-                    return;
+            scope.spawn(move || {
+                for (seq, first, chunk) in work_rx {
+                    if stopping.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let parsed = parse_chunk(&chunk, first, max_frame_bytes);
+                    spares.give(chunk);
+                    if done_tx.send((seq, parsed)).is_err() {
+                        return;
+                    }
                 }
             });
         }
-        drop(done_tx);
+        drop((work_rx, done_tx));
         let stopping = &stopping;
         let reading = scope.spawn(move || -> Result<()> {
             for seq in 0.. {
@@ -803,6 +797,16 @@ mod tests {
     use crate::synth::{write_to, SynthOptions};
     use crate::QUIET;
 
+    /// A conversion to `to` with `read`, no schema rewrite, zstd at its default level.
+    fn converting(to: Kind, read: ReadOptions) -> ConvertOptions {
+        ConvertOptions {
+            to,
+            to_schema_1: false,
+            zstd_level: 3,
+            read,
+        }
+    }
+
     /// Blocks converted on several threads land in stream order: a trace of several blocks,
     /// with an undecodable frame and a cut tail, goes to JSONL identically on 1 and 3
     /// threads and comes back byte for byte.
@@ -833,16 +837,11 @@ mod tests {
         let original = dir.path().join("t.lct");
         std::fs::write(&original, &bytes).expect("write");
         let run = |input: &Path, output: &Path, to: Kind, threads: usize| {
-            let options = ConvertOptions {
-                to,
-                to_schema_1: false,
-                zstd_level: 3,
-                read: ReadOptions {
-                    threads,
-                    ..ReadOptions::default()
-                },
+            let read = ReadOptions {
+                threads,
+                ..ReadOptions::default()
             };
-            convert(input, output, options, QUIET).expect("convert")
+            convert(input, output, converting(to, read), QUIET).expect("convert")
         };
         let (one, three) = (dir.path().join("1.jsonl"), dir.path().join("3.jsonl"));
         let report = run(&original, &one, Kind::Jsonl, 1);
@@ -868,16 +867,12 @@ mod tests {
         std::fs::write(&broken, lines.join("\n") + "\n").unwrap();
         std::fs::write(&prefix, lines[..bad].join("\n") + "\n").unwrap();
         let (cut, whole) = (dir.path().join("cut.lct"), dir.path().join("pre.lct"));
-        let options = ConvertOptions {
-            to: Kind::Lct,
-            to_schema_1: false,
-            zstd_level: 3,
-            read: ReadOptions {
-                threads: 3,
-                ..ReadOptions::default()
-            },
+        let read = ReadOptions {
+            threads: 3,
+            ..ReadOptions::default()
         };
-        let error = convert(&broken, &cut, options, QUIET).expect_err("a bad line");
+        let error =
+            convert(&broken, &cut, converting(Kind::Lct, read), QUIET).expect_err("a bad line");
         assert!(
             error.to_string().contains(&format!("line {}", bad + 1)),
             "{error}"
@@ -897,17 +892,12 @@ mod tests {
         };
         let lct = dir.path().join("t.lct");
         std::fs::write(&lct, write_to(&options, Vec::new(), QUIET).expect("trace")).unwrap();
-        let options = |to| ConvertOptions {
-            to,
-            to_schema_1: false,
-            zstd_level: 3,
-            read: ReadOptions {
-                max_frame_bytes: 1 << 16,
-                ..ReadOptions::default()
-            },
+        let read = ReadOptions {
+            max_frame_bytes: 1 << 16,
+            ..ReadOptions::default()
         };
         let jsonl = dir.path().join("t.jsonl");
-        convert(&lct, &jsonl, options(Kind::Jsonl), QUIET).expect("to jsonl");
+        convert(&lct, &jsonl, converting(Kind::Jsonl, read), QUIET).expect("to jsonl");
         let mut text = std::fs::read_to_string(&jsonl).unwrap();
         let lines = text.lines().count();
         assert!(text.len() > 3 * CHUNK_BYTES, "{} bytes", text.len());
@@ -915,7 +905,7 @@ mod tests {
         let long = dir.path().join("long.jsonl");
         std::fs::write(&long, text).unwrap();
         let cut = dir.path().join("cut.lct");
-        let error = convert(&long, &cut, options(Kind::Lct), QUIET).expect_err("too long");
+        let error = convert(&long, &cut, converting(Kind::Lct, read), QUIET).expect_err("too long");
         assert!(
             error.to_string().contains(&format!(
                 "line {}: frame: a line over 1048576 bytes",
