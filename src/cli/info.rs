@@ -17,10 +17,11 @@ use super::{print_stdout, report, warn, ReadArgs};
     after_help = super::examples(&[
         "kvtrace info trace.lct",
         "kvtrace info --json a.lct b.lct.zst | jq '.[].ops'",
+        "zstd -dc trace.lct.zst | kvtrace info -",
     ])
 )]
 pub(super) struct Args {
-    /// Trace files (.lct or .lct.zst)
+    /// Trace files (.lct or .lct.zst; - reads standard input)
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
     /// Print a JSON array with one object per file
@@ -37,6 +38,10 @@ pub(super) struct Args {
     #[command(flatten)]
     read: ReadArgs,
 }
+
+/// A fleet is merged by a second read of its traces, which standard input cannot give.
+const STDIN_FLEET: &str =
+    "-: an events trace read from standard input cannot be summarised as a fleet (the fleet reads its traces again): give its file";
 
 pub(super) fn run(args: Args) -> Result<i32, Error> {
     let mut code = EXIT_OK;
@@ -89,7 +94,12 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
         return Ok(status);
     }
     let fleet = if events.len() >= 2 || (args.fleet && !events.is_empty()) {
-        match FleetStream::load(&events, args.read.options()) {
+        let loaded = if events.iter().any(|f| f.as_os_str() == "-") {
+            Err(Error::usage(STDIN_FLEET))
+        } else {
+            FleetStream::load(&events, args.read.options())
+        };
+        match loaded {
             Ok(stream) => Some(summarise(&stream)),
             Err(e) => {
                 code = code.max(report(&e));

@@ -160,6 +160,53 @@ fn dump_reads_standard_input_and_stops_quietly_on_a_closed_pipe() {
     );
 }
 
+/// `info -` summarises what it reads from standard input, plain or zstd, as `info FILE` does
+/// the file; an events trace from a pipe cannot be a fleet, which reads its traces twice.
+#[test]
+fn info_reads_standard_input_as_it_reads_the_file() {
+    let piped = |args: &[&str], bytes: &[u8]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvtrace"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        // A refusal may come before the input is read whole.
+        let _ = child.stdin.take().expect("stdin").write_all(bytes);
+        child.wait_with_output().expect("wait")
+    };
+    let summary = |out: &std::process::Output| {
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        v[0]["file"] = serde_json::Value::Null;
+        v
+    };
+    let file = path("basic_lru");
+    let plain = std::fs::read(&file).expect("read");
+    let dir = scratch();
+    let zst = dir.path().join("basic_lru.lct.zst").display().to_string();
+    assert_eq!(kvtrace(["convert", &file, &zst]).status.code(), Some(0));
+    let compressed = std::fs::read(&zst).expect("read");
+    let whole = summary(&kvtrace(["info", "--json", &file]));
+    assert_eq!(summary(&piped(&["info", "--json", "-"], &plain)), whole);
+    let mut from_zstd = summary(&piped(&["info", "--json", "-"], &compressed));
+    assert_eq!(from_zstd[0]["compressed"], true);
+    from_zstd[0]["compressed"] = false.into();
+    assert_eq!(from_zstd, whole);
+
+    let Some(shared) = crate::util::shared() else {
+        return;
+    };
+    let events = std::fs::read(shared.join("lmcache/events_churn.lct")).expect("events");
+    let out = piped(&["info", "--fleet", "-"], &events);
+    let err = one_line_error(&out, 2);
+    assert!(
+        err.contains("-: an events trace read from standard input"),
+        "{err}"
+    );
+}
+
 #[test]
 fn convert_round_trips_byte_for_byte_through_jsonl_and_zstd() {
     let dir = scratch();

@@ -4,9 +4,11 @@
 //! never pair that way (it starts with the gpt side, or carries system turns between) gives
 //! no request; the loader counts those and says so, rather than silently shrinking the run.
 
+use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
+use serde::de::{DeserializeSeed, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::users::{Phase, QosLevel, Request};
@@ -176,11 +178,28 @@ fn token_counter() -> Result<fn(&str) -> u64> {
 }
 
 /// Reads the first `max_conversations` conversations of a ShareGPT JSON file.
+///
+/// Only those conversations are parsed into memory: the public dataset is a 640 MB list of
+/// 90,000 conversations, of which a run takes 500 by default, and parsing it whole held
+/// gigabytes. The rest of the list is still checked, without being kept, so that a damaged
+/// file is refused however far in the damage is, as kv-cache.py (which loads the file
+/// whole) refuses it. The text is read whole rather than parsed as it is read: serde_json
+/// places some errors a column late when it parses a stream.
 pub fn load(path: &Path, max_conversations: usize) -> Result<Dataset> {
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::io("cannot read the dataset", e).in_file(&shown))?;
-    let all: Vec<Conversation> = serde_json::from_str(&text).map_err(|e| {
+    let tokens = token_counter()?;
+    let mut dataset = Dataset::default();
+    let mut json = serde_json::Deserializer::from_str(&text);
+    FirstConversations {
+        max: max_conversations,
+        tokens: &tokens,
+        dataset: &mut dataset,
+    }
+    .deserialize(&mut json)
+    .and_then(|()| json.end())
+    .map_err(|e| {
         let reason = json_reason(&e);
         Error::line(
             e.line() as u64,
@@ -191,18 +210,88 @@ pub fn load(path: &Path, max_conversations: usize) -> Result<Dataset> {
         )
         .in_file(&shown)
     })?;
-    let tokens = token_counter()?;
-    let mut dataset = Dataset::default();
-    for conversation in all.iter().take(max_conversations) {
-        dataset.read += 1;
-        let pairs = exchanges(&conversation.conversations, &tokens);
-        if pairs.is_empty() {
-            dataset.unpaired += 1;
-        } else {
-            dataset.conversations.push(pairs);
-        }
-    }
     Ok(dataset)
+}
+
+/// The list of a ShareGPT file, its first `max` conversations paired into `dataset` as they
+/// are parsed and the rest checked to their end without being kept.
+struct FirstConversations<'a> {
+    max: usize,
+    tokens: &'a dyn Fn(&str) -> u64,
+    dataset: &'a mut Dataset,
+}
+
+impl<'de> DeserializeSeed<'de> for FirstConversations<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> std::result::Result<(), D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FirstConversations<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a sequence")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut list: A) -> std::result::Result<(), A::Error> {
+        while self.dataset.read < self.max {
+            let Some(conversation) = list.next_element::<Conversation>()? else {
+                return Ok(());
+            };
+            self.dataset.read += 1;
+            let pairs = exchanges(&conversation.conversations, self.tokens);
+            if pairs.is_empty() {
+                self.dataset.unpaired += 1;
+            } else {
+                self.dataset.conversations.push(pairs);
+            }
+        }
+        while list.next_element::<Unkept>()?.is_some() {}
+        Ok(())
+    }
+}
+
+/// A conversation past those kept, checked for the same shape as [`Conversation`] with
+/// nothing held: its messages are of no size, and their texts are read and let go.
+#[derive(Deserialize)]
+struct Unkept {
+    #[serde(default, rename = "conversations")]
+    _conversations: Vec<UnkeptMessage>,
+}
+
+#[derive(Deserialize)]
+struct UnkeptMessage {
+    #[serde(rename = "from")]
+    _from: Text,
+    #[serde(rename = "value")]
+    _value: Text,
+}
+
+/// A string, checked and not kept.
+struct Text;
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Text, D::Error> {
+        deserializer.deserialize_str(Text)
+    }
+}
+
+impl Visitor<'_> for Text {
+    type Value = Text;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_str<E>(self, _: &str) -> std::result::Result<Text, E> {
+        Ok(Text)
+    }
 }
 
 #[cfg(test)]
@@ -298,6 +387,15 @@ mod tests {
             e.contains("line 1: column 20: not a ShareGPT list") && !e.contains('\n'),
             "{e}"
         );
+        // Past the conversations kept, the list is still checked to its end.
+        let f = write("[{\"conversations\": []},\n{\"conversations\": 3}]");
+        let e = load(f.path(), 1)
+            .expect_err("damaged past the limit")
+            .to_string();
+        assert!(e.contains("line 2: column 19: not a ShareGPT list"), "{e}");
+        let f = write("[{\"conversations\": []},\n{\"conversations\": []}] x");
+        let e = load(f.path(), 1).expect_err("trailing").to_string();
+        assert!(e.contains("line 2: column 24: not a ShareGPT list"), "{e}");
         let missing = load(Path::new("/no/such/sharegpt.json"), 10).expect_err("missing");
         assert!(missing.to_string().contains("/no/such/sharegpt.json"));
     }
