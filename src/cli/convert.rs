@@ -48,7 +48,7 @@ pub(super) struct Args {
 }
 
 pub(super) fn run(args: Args) -> Result<i32, Error> {
-    super::guard([args.input.as_path()], [args.output.as_path()])?;
+    super::guard_piped([args.input.as_path()], [args.output.as_path()])?;
     let columnar = match args.to.as_deref() {
         Some("parquet") => Some("parquet"),
         Some("arrow") => Some("arrow"),

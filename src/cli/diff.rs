@@ -47,6 +47,7 @@ fn load(path: &Path) -> Result<serde_json::Value, Error> {
 }
 
 pub(super) fn run(args: Args) -> Result<i32, Error> {
+    super::refuse_stdin([args.base.as_path(), args.new.as_path()])?;
     if !(args.max_regression.is_finite() && args.max_regression >= 0.0) {
         return Err(Error::usage(
             "--max-regression must be a non-negative percentage",

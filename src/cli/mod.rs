@@ -196,8 +196,30 @@ fn report(e: &Error) -> i32 {
 }
 
 /// The shared check before any work (see [`kvtrace::output::guard_inputs`]), saying what
-/// a dead run left that it removed.
+/// a dead run left that it removed. `-` is refused as an input: only `info`, `dump` and
+/// `convert`, which read their input once from its start, take standard input
+/// ([`guard_piped`]); another command would look for a file named `-`.
 fn guard<'a>(
+    inputs: impl IntoIterator<Item = &'a Path>,
+    outputs: impl IntoIterator<Item = &'a Path>,
+) -> Result<(), Error> {
+    let inputs: Vec<&Path> = inputs.into_iter().collect();
+    refuse_stdin(inputs.iter().copied())?;
+    guard_piped(inputs, outputs)
+}
+
+/// Refuses `-` among a command's input files (see [`guard`]).
+fn refuse_stdin<'a>(inputs: impl IntoIterator<Item = &'a Path>) -> Result<(), Error> {
+    match inputs.into_iter().any(|p| p.as_os_str() == "-") {
+        true => Err(Error::usage(
+            "-: standard input is read by info, dump and convert only; give this command a file",
+        )),
+        false => Ok(()),
+    }
+}
+
+/// [`guard`] for a command that reads `-` as standard input.
+fn guard_piped<'a>(
     inputs: impl IntoIterator<Item = &'a Path>,
     outputs: impl IntoIterator<Item = &'a Path>,
 ) -> Result<(), Error> {

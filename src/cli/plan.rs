@@ -234,6 +234,7 @@ fn gib(flag: &str, v: f64) -> Result<f64, Error> {
 }
 
 pub(super) fn run(a: Args) -> Result<i32, Error> {
+    super::refuse_stdin([a.file.as_path()])?;
     let question = match (a.target_hit_rate, a.size_gb) {
         (Some(t), _) => Question::HitRate(share("--target-hit-rate", t)?),
         (None, Some(s)) => Question::Size(gib("--size-gb", s)?),

@@ -809,6 +809,9 @@ fn replay_reads_a_toml_hierarchy_and_flags_override_it() {
 
 /// Every other way a command line can be wrong: one line naming the problem, the documented
 /// exit code.
+const STDIN_ONLY: &str =
+    "-: standard input is read by info, dump and convert only; give this command a file";
+
 #[test]
 fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
     let dir = scratch();
@@ -862,6 +865,14 @@ fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
             2,
             "--client",
         ),
+        // Standard input is read by info, dump and convert only; elsewhere `-` is refused,
+        // not looked for as a file.
+        (vec!["replay", "-", "-q", "--no-csv"], 2, STDIN_ONLY),
+        (vec!["plan", "-", "--size-gb", "1"], 2, STDIN_ONLY),
+        (vec!["diff", &basic, "-"], 2, STDIN_ONLY),
+        (vec!["simulate", "-"], 2, STDIN_ONLY),
+        (vec!["sweep", "replay", "-", "--l1-size-gb", "1,2"], 2, STDIN_ONLY),
+        (vec!["replay", &basic, "--config", "-"], 2, STDIN_ONLY),
         (
             vec![
                 "replay",
