@@ -171,6 +171,9 @@ fn bad_weka_input_is_a_one_line_error_with_line_and_field() {
         ("api.jsonl", play(&call(",\"api_time\":-1"), ""), "line 1: requests[1].api_time"),
         ("model.jsonl", play(&call("").replace("\"m\"", "\"other\""), ",\"models\":[\"m\"]"), "line 1: requests[1].model: \"other\" is not among"),
         ("blocks.jsonl", format!("{good}\n{}\n", good.replace("64", "16")), "line 2: block_size: 16, but the corpus's earlier traces have 64"),
+        // Lines counted on from object to object: 1, a blank line, 8 lines (one after each of
+        // its 7 commas), a blank line, and the damaged object on line 12.
+        ("later.jsonl", format!("{good}\n\n{}\n\n{}\n", good.replace(",", ",\n"), good.replace("64", "16")), "line 12: block_size: 16"),
         ("two.json", format!("{good}\n{good}\n"), "line 2: json: a .json Weka source holds one trace object"),
         ("broken.jsonl", format!("{good}\n{{\"id\": \n"), "line 3: json: not a JSON trace object"),
         ("only_sub.jsonl", "{\"id\":\"z\",\"block_size\":64,\"hash_id_scope\":\"local\",\"requests\":[{\"type\":\"subagent\",\"t\":2,\"agent_id\":\"a\",\"subagent_type\":\"k\",\"status\":\"async_launched\",\"requests\":[".to_string() + &call("") + "]}]}", "line 1: requests: the trace holds no call of its own"),
