@@ -179,9 +179,9 @@ fn token_counter() -> Result<fn(&str) -> u64> {
 
 /// Reads the first `max_conversations` conversations of a ShareGPT JSON file.
 ///
-/// Only those conversations are parsed into memory: the public dataset is a 640 MB list of
-/// 90,000 conversations, of which a run takes 500 by default, and parsing it whole held
-/// gigabytes. The rest of the list is still checked, without being kept, so that a damaged
+/// Only those conversations are parsed into memory: the public dataset is a list of about
+/// 90,000 conversations in some 640 MB, of which a run takes 500 by default, and parsing it
+/// whole held gigabytes. The rest of the list is still checked, without being kept, so that a damaged
 /// file is refused however far in the damage is, as kv-cache.py (which loads the file
 /// whole) refuses it. The text is read whole rather than parsed as it is read: serde_json
 /// places some errors a column late when it parses a stream.
