@@ -301,6 +301,31 @@ fn a_kvtrace_driven_manager_records_a_trace_that_replays_to_the_same_counters() 
     assert_eq!(info.total_records, 5_000 + first.forced_exits + 1);
 }
 
+/// A timed replay gives each kind of call a histogram of its latencies, one sample a call;
+/// an untimed one (a sweep's or a planner's) gives none, and the same hits.
+#[test]
+fn only_a_timed_replay_keeps_latency_histograms() {
+    let path = sample("basic_lru");
+    let replay_with = |time_calls: bool| {
+        let mut sm = StorageManager::new(recorded_config(&path)).expect("manager");
+        let options = ReplayOptions {
+            time_calls,
+            ..ReplayOptions::default()
+        };
+        replay(&path, &mut sm, &options, |_| {}).expect("replay")
+    };
+    let (timed, untimed) = (replay_with(true), replay_with(false));
+    let kinds: Vec<&String> = timed.latency_histograms.keys().collect();
+    assert_eq!(kinds, timed.ops.keys().collect::<Vec<_>>());
+    for (kind, text) in &timed.latency_histograms {
+        let h = kvtrace::report::histogram::LatencyHistogram::decode(text).expect("decodes");
+        assert_eq!(h.count(), timed.ops[kind].count, "{kind}");
+    }
+    assert!(untimed.latency_histograms.is_empty());
+    assert_eq!(untimed.ops.len(), timed.ops.len());
+    assert_eq!(untimed.hits, timed.hits);
+}
+
 #[test]
 fn a_read_of_what_the_replay_did_not_keep_is_a_miss_not_a_failure() {
     let dir = scratch();
