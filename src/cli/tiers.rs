@@ -146,8 +146,8 @@ fn l2_tier(text: &str) -> Result<L2Config, Error> {
 /// Applies a TOML hierarchy file to `config`.
 pub(super) fn apply_toml(config: &mut StorageConfig, path: &Path) -> Result<(), Error> {
     let file = path.display().to_string();
-    let text =
-        std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", e).in_file(&file))?;
+    let text = kvtrace::limits::read_text(path, kvtrace::limits::MAX_CONFIG_BYTES)
+        .map_err(|e| Error::io("cannot read", e).in_file(&file))?;
     config
         .apply_toml(&text)
         .map_err(|e| Error::usage(e).in_file(&file))

@@ -873,6 +873,18 @@ fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
         (vec!["simulate", "-"], 2, STDIN_ONLY),
         (vec!["sweep", "replay", "-", "--l1-size-gb", "1,2"], 2, STDIN_ONLY),
         (vec!["replay", &basic, "--config", "-"], 2, STDIN_ONLY),
+        // A configuration read whole is bounded: a device that never ends is refused at
+        // 64 MiB, a grid at 4 KiB a point.
+        (
+            vec!["replay", &basic, "--config", "/dev/zero", "-q", "--no-csv"],
+            1,
+            "/dev/zero: cannot read: longer than 67108864 bytes",
+        ),
+        (
+            vec!["sweep", "replay", &basic, "--grid", "/dev/zero"],
+            1,
+            "/dev/zero: cannot read: longer than 40960000 bytes",
+        ),
         (
             vec![
                 "replay",

@@ -1,8 +1,11 @@
 //! Limits on what an untrusted text input may make kvtrace hold at once. A reader wrapped in
 //! [`LineLimit`] refuses a line longer than its limit with an error naming the line, instead
-//! of growing a buffer for as long as the input keeps from ending it (`/dev/zero` never does).
+//! of growing a buffer for as long as the input keeps from ending it (`/dev/zero` never does);
+//! [`read_text`] does the same for a file read whole.
 
+use std::fs::File;
 use std::io::{self, Read};
+use std::path::Path;
 
 /// The longest line of a text input (a Mooncake row, a BurstGPT CSV row): 16 MiB, far past
 /// any real row (a prompt of a million chunks' ids fits in 9 MB).
@@ -12,6 +15,27 @@ pub const MAX_LINE_BYTES: usize = 16 << 20;
 /// per chunk). Kept so that a row's LMCT record stays far below the frame size every reader
 /// accepts by default.
 pub const MAX_HASH_IDS_PER_ROW: usize = 100_000;
+
+/// The largest configuration file read whole (a YAML prediction, a TOML tier hierarchy, an
+/// engine's JSON arguments, a calibration report): 64 MiB, far past any real one.
+pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
+
+/// Reads a whole text file of at most `limit` bytes. A larger one, or a device or pipe that
+/// goes on past it, is an error once `limit` bytes are read, not a buffer grown until memory
+/// runs out.
+pub fn read_text(path: &Path, limit: u64) -> io::Result<String> {
+    let mut text = String::new();
+    File::open(path)?
+        .take(limit.saturating_add(1))
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > limit {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("longer than {limit} bytes, the limit on this kind of file"),
+        ));
+    }
+    Ok(text)
+}
 
 /// A reader that fails once a line runs past `limit` bytes without a newline.
 pub struct LineLimit<R> {
@@ -76,5 +100,17 @@ mod tests {
             err.to_string().contains("line 1 is longer than 1000 bytes"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_whole_file_is_read_up_to_its_limit_and_an_endless_one_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.toml");
+        std::fs::write(&path, "a = 1\n").expect("write");
+        assert_eq!(read_text(&path, 6).expect("at the limit"), "a = 1\n");
+        let err = read_text(&path, 5).expect_err("past the limit");
+        assert!(err.to_string().starts_with("longer than 5 bytes"), "{err}");
+        let err = read_text(Path::new("/dev/zero"), 1 << 16).expect_err("endless");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
     }
 }

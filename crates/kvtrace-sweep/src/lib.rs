@@ -168,8 +168,9 @@ pub fn grid(path: &Path, max_points: u64) -> Result<Vec<Point>> {
         ))
         .in_file(&shown));
     }
-    let text =
-        std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", e).in_file(&shown))?;
+    // Bounded again as it is read: a device or a pipe has no size to check.
+    let text = kvtrace_io::limits::read_text(path, limit)
+        .map_err(|e| Error::io("cannot read", e).in_file(&shown))?;
     let bad = |why: String| Error::usage(why).in_file(&shown);
     let doc: toml::Table =
         toml::from_str(&text).map_err(|e| bad(e.to_string().replace('\n', " ")))?;

@@ -362,8 +362,9 @@ impl Args {
             ));
         }
         let origin = path.display().to_string();
-        let text = std::fs::read(path).map_err(|e| Error::io(origin.clone(), e))?;
-        let report: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
+        let text = kvtrace::limits::read_text(path, kvtrace::limits::MAX_CONFIG_BYTES)
+            .map_err(|e| Error::io(origin.clone(), e))?;
+        let report: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
             Error::bad_input(format!("{origin}: {}", kvtrace::error::json_reason(&e)))
         })?;
         let mut link = LinkConfig::from_report(&report, &origin).map_err(Error::bad_input)?;

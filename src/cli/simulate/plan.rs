@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use kvtrace::clock::local_stamp;
 use kvtrace::error::{Error, Result};
@@ -263,7 +263,7 @@ fn json_text(flag: &str, value: &str) -> Result<String> {
     if value.trim_start().starts_with('{') {
         Ok(value.to_owned())
     } else {
-        std::fs::read_to_string(value)
+        kvtrace::limits::read_text(Path::new(value), kvtrace::limits::MAX_CONFIG_BYTES)
             .map_err(|e| Error::io(format!("{flag}: cannot read"), e).in_file(value))
     }
 }

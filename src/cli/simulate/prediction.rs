@@ -20,8 +20,8 @@ use super::plan::{Options, Router, TraceFormat};
 /// Reads `path`, applies the `--set` assignments left to right, and checks the result.
 pub(crate) fn read(path: &Path, sets: &[String]) -> Result<Prediction> {
     let shown = path.display().to_string();
-    let text =
-        std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", e).in_file(&shown))?;
+    let text = kvtrace::limits::read_text(path, kvtrace::limits::MAX_CONFIG_BYTES)
+        .map_err(|e| Error::io("cannot read", e).in_file(&shown))?;
     let yaml: serde_norway::Value = serde_norway::from_str(&text)
         .map_err(|e| Error::usage(format!("{shown}: not YAML: {e}")))?;
     let mut tree: Value =
