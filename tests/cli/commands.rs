@@ -807,11 +807,12 @@ fn replay_reads_a_toml_hierarchy_and_flags_override_it() {
     );
 }
 
-/// Every other way a command line can be wrong: one line naming the problem, the documented
-/// exit code.
+/// What a command that reads files says of `-` as an input.
 const STDIN_ONLY: &str =
     "-: standard input is read by info, dump and convert only; give this command a file";
 
+/// Every other way a command line can be wrong: one line naming the problem, the documented
+/// exit code.
 #[test]
 fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
     let dir = scratch();
