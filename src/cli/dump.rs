@@ -59,12 +59,8 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
         header: !args.no_header,
         threads: 0,
     };
-    let reader = if args.file.as_os_str() == "-" {
-        TraceReader::from_reader(io::stdin(), args.read.options())
-    } else {
-        TraceReader::open(&args.file, args.read.options())
-    }
-    .map_err(|e| e.in_file(&shown))?;
+    let reader = TraceReader::open_or_stdin(&args.file, args.read.options())
+        .map_err(|e| e.in_file(&shown))?;
     let header_warnings = reader.header_warnings();
     // Drawn only when the frames go somewhere other than the terminal.
     let bar = Progress::reading(&args.file, !io::stdout().is_terminal());

@@ -295,6 +295,16 @@ impl TraceReader {
         TraceReader::from_reader(file, options)
     }
 
+    /// [`TraceReader::open`], or standard input for `-`: what `info`, `dump` and `convert`
+    /// take, which read a trace once from its start.
+    pub fn open_or_stdin(path: &Path, options: ReadOptions) -> Result<TraceReader> {
+        if path.as_os_str() == "-" {
+            TraceReader::from_reader(std::io::stdin(), options)
+        } else {
+            TraceReader::open(path, options)
+        }
+    }
+
     /// Reads the header from any byte source; detects a zstd container by its magic.
     pub fn from_reader(src: impl Read + Send + 'static, options: ReadOptions) -> Result<Self> {
         let mut src = BufReader::with_capacity(1 << 18, src);

@@ -345,12 +345,7 @@ impl Tally {
 /// Reads the whole trace once and summarises it; `-` reads standard input.
 pub fn inspect(path: &Path, options: ReadOptions, progress: Progress<'_>) -> Result<TraceInfo> {
     let shown = path.display().to_string();
-    let reader = if path.as_os_str() == "-" {
-        TraceReader::from_reader(std::io::stdin(), options)
-    } else {
-        TraceReader::open(path, options)
-    }
-    .map_err(|e| e.in_file(&shown))?;
+    let reader = TraceReader::open_or_stdin(path, options).map_err(|e| e.in_file(&shown))?;
     let header = reader.header().clone();
     let mut warnings = reader.header_warnings();
     let mut tally = Tally::default();
