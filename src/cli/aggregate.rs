@@ -158,14 +158,10 @@ fn outputs(
     ])
 }
 
-/// A JSON file of any size a disk holds: the error names its line.
+/// A report of up to [`kvtrace::limits::MAX_REPORT_BYTES`]: the error names its line.
 fn read_json(path: &std::path::Path) -> Result<(String, serde_json::Value), Error> {
-    let file = path.display().to_string();
-    let text =
-        std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", e).in_file(&file))?;
-    let doc = serde_json::from_str(&text)
-        .map_err(|e| Error::line(e.line() as u64, "json", e.to_string()).in_file(&file))?;
-    Ok((file, doc))
+    let doc = kvtrace::limits::read_json(path, kvtrace::limits::MAX_REPORT_BYTES)?;
+    Ok((path.display().to_string(), doc))
 }
 
 /// The slices of a sweep spread over ranks (`kvtrace sweep replay` under a launcher), merged

@@ -38,14 +38,6 @@ pub(super) struct Args {
     json: bool,
 }
 
-fn load(path: &Path) -> Result<serde_json::Value, Error> {
-    let shown = path.display().to_string();
-    let text =
-        std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", e).in_file(&shown))?;
-    serde_json::from_str(&text)
-        .map_err(|e| Error::line(e.line() as u64, "json", e.to_string()).in_file(&shown))
-}
-
 pub(super) fn run(args: Args) -> Result<i32, Error> {
     super::refuse_stdin([args.base.as_path(), args.new.as_path()])?;
     if !(args.max_regression.is_finite() && args.max_regression >= 0.0) {
@@ -53,6 +45,7 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
             "--max-regression must be a non-negative percentage",
         ));
     }
+    let load = |path| kvtrace::limits::read_json(path, kvtrace::limits::MAX_REPORT_BYTES);
     let (base, new) = (load(&args.base)?, load(&args.new)?);
     let kind_of = |report: &serde_json::Value, path: &Path| {
         Kind::of(report).ok_or_else(|| {

@@ -886,6 +886,17 @@ fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
             1,
             "/dev/zero: cannot read: longer than 40960000 bytes",
         ),
+        // A report is parsed as it is read: bytes that cannot begin one end the read.
+        (
+            vec!["diff", "/dev/zero", &not_summary],
+            1,
+            "/dev/zero: line 1: json: expected value at line 1 column 1",
+        ),
+        (
+            vec!["aggregate", "/dev/zero"],
+            1,
+            "/dev/zero: line 1: json: expected value at line 1 column 1",
+        ),
         (
             vec![
                 "replay",

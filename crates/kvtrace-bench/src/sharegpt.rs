@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use super::users::{Phase, QosLevel, Request};
 use kvtrace_io::error::{json_reason, Error, Result};
+use kvtrace_io::limits::{read_text, MAX_DATASET_BYTES};
 use kvtrace_io::rng::SplitMix64;
 
 /// Longest prompt and answer a ShareGPT request keeps.
@@ -187,7 +188,7 @@ fn token_counter() -> Result<fn(&str) -> u64> {
 /// places some errors a column late when it parses a stream.
 pub fn load(path: &Path, max_conversations: usize) -> Result<Dataset> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path)
+    let text = read_text(path, MAX_DATASET_BYTES)
         .map_err(|e| Error::io("cannot read the dataset", e).in_file(&shown))?;
     let tokens = token_counter()?;
     let mut dataset = Dataset::default();

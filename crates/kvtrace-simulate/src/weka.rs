@@ -44,7 +44,7 @@ use serde_json::{json, Value as Json};
 use crate::agentic::{read_agentic_mooncake, SCHEMA, VERSION};
 use crate::args::EngineVersion;
 use crate::error::{Error, Result};
-use crate::limits::MAX_HASH_IDS_PER_ROW;
+use crate::limits::{read_bytes, MAX_DATASET_BYTES, MAX_HASH_IDS_PER_ROW};
 use crate::workload::Workload;
 
 /// Calls this close in time (seconds) count as simultaneous when ordering ends and starts.
@@ -280,7 +280,8 @@ fn is_weka(path: &Path) -> bool {
 /// Parses a file's trace objects: one in a `.json` file, any number in a `.jsonl` one.
 fn read_file(path: &Path, name: &str, plays: &mut Vec<Play>) -> Result<()> {
     let shown = path.display().to_string();
-    let bytes = fs::read(path).map_err(|e| Error::io("cannot read", e).in_file(&shown))?;
+    let bytes = read_bytes(path, MAX_DATASET_BYTES)
+        .map_err(|e| Error::io("cannot read", e).in_file(&shown))?;
     let jsonl = path
         .extension()
         .and_then(|x| x.to_str())

@@ -129,12 +129,8 @@ fn document(run: &impl Serialize) -> Result<Json> {
 }
 
 fn read_json(path: &Path) -> Result<(String, Json)> {
-    let file = path.display().to_string();
-    let text =
-        std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", e).in_file(&file))?;
-    let doc: Json = serde_json::from_str(&text)
-        .map_err(|e| Error::line(e.line() as u64, "json", e.to_string()).in_file(&file))?;
-    Ok((file, doc))
+    let doc = kvtrace_io::limits::read_json(path, kvtrace_io::limits::MAX_REPORT_BYTES)?;
+    Ok((path.display().to_string(), doc))
 }
 
 /// `path` (dot-separated) in `v`; `what` says which report was expected.
