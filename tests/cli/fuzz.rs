@@ -1,5 +1,6 @@
 //! Bounded mutation fuzzing of every parser that reads untrusted input: the LMCT reader,
 //! JSONL → LCT conversion, the Mooncake loader (and a simulation of what it accepts), the
+//! request-trace formats AISimulate reads (and a simulation of each under both engines), the
 //! ShareGPT and BurstGPT loaders, the TOML tier hierarchy, the L2 adapter JSON, aggregate's
 //! rank reports, sweep lists and grids, rank-mode environments, events-level traces, and the
 //! OTLP file written from hostile span values.
@@ -313,6 +314,99 @@ fn mooncake_loader_and_simulation() {
             .sum();
         if workload.request_count() <= 64 && tokens <= 200_000 {
             let _ = simulate(&workload, &config, None, &mut |_, _| {});
+        }
+    });
+}
+
+/// AISimulate's request-trace formats (mooncake-delta, agentic_mooncake legacy and v2, weka,
+/// dynamo), each mutated from its sample in `testdata/traces/`, and a simulation of what
+/// each accepts under both engines: a request graph of hostile dependencies, delays and
+/// timestamps must end in a report or an error, never a panic.
+#[test]
+fn request_trace_formats_and_simulation() {
+    use kvtrace::simulate::agentic::read_agentic_mooncake;
+    use kvtrace::simulate::args::EngineVersion;
+    use kvtrace::simulate::dynamo_trace::read_dynamo_request_trace;
+    use kvtrace::simulate::mooncake::read_mooncake_delta;
+    use kvtrace::simulate::weka::{read_weka, NestedTimestamps};
+    use kvtrace::simulate::workload::Workload;
+
+    let sample = |name: &str| read(root().join("testdata/traces").join(name));
+    let dir = scratch();
+    let weka = dir.path().join("corpus.jsonl");
+    let mut engines = [EngineArgs::default(), EngineArgs::default()];
+    engines[1].engine_version = EngineVersion::Aisimulate013;
+    let configs = engines.map(|engine| SimConfig {
+        engine: EngineArgs {
+            num_gpu_blocks: 256,
+            ..engine
+        },
+        workers: 2,
+        prefill: None,
+        router: RouterMode::RoundRobin,
+        concurrency: None,
+        seed: 1,
+        online: false,
+        observer: None,
+    });
+    let run = |workload: &Workload| {
+        let tokens: u64 = workload
+            .sessions
+            .iter()
+            .flat_map(|s| &s.turns)
+            .map(|t| u64::from(t.output_length) + u64::from(t.prompt.len))
+            .sum();
+        if workload.request_count() <= 64 && tokens <= 200_000 {
+            for config in &configs {
+                let _ = simulate(workload, config, None, &mut |_, _| {});
+            }
+        }
+    };
+    // Each target reads its samples unmutated, so that a reader refusing everything
+    // cannot pass for one that survives everything.
+    let delta = |bytes: &[u8]| read_mooncake_delta(Cursor::new(bytes), 64);
+    let agentic = |bytes: &[u8], engine| read_agentic_mooncake(Cursor::new(bytes), None, engine);
+    let weka = |bytes: &[u8]| {
+        std::fs::write(&weka, bytes).expect("write");
+        read_weka(&weka, None, NestedTimestamps::Auto)
+    };
+    let dynamo = |bytes: &[u8]| {
+        read_dynamo_request_trace(vec![("part0".to_owned(), Cursor::new(bytes))], None)
+    };
+    let engines = [EngineVersion::Dynamo142, EngineVersion::Aisimulate013];
+    let samples = [
+        sample("mooncake_delta.jsonl"),
+        sample("agentic_legacy.jsonl"),
+        sample("agentic_v2.jsonl"),
+        sample("weka_sample.jsonl"),
+        sample("dynamo_trace.part0.jsonl"),
+    ];
+    delta(&samples[0]).expect("the mooncake-delta sample");
+    for (engine, sample) in engines.iter().zip(&samples[1..3]) {
+        agentic(sample, *engine).expect("an agentic sample");
+    }
+    weka(&samples[3]).expect("the weka sample");
+    dynamo(&samples[4]).expect("the dynamo sample");
+    fuzz("mooncake-delta", &samples[..1], |bytes| {
+        if let Ok(w) = delta(bytes) {
+            run(&w);
+        }
+    });
+    fuzz("agentic", &samples[1..3], |bytes| {
+        for engine in engines {
+            if let Ok(w) = agentic(bytes, engine) {
+                run(&w);
+            }
+        }
+    });
+    fuzz("weka", &samples[3..4], |bytes| {
+        if let Ok(w) = weka(bytes) {
+            run(&w);
+        }
+    });
+    fuzz("dynamo", &samples[4..], |bytes| {
+        if let Ok(w) = dynamo(bytes) {
+            run(&w);
         }
     });
 }
