@@ -59,48 +59,79 @@ pub fn read_agentic_mooncake(
     block_size: Option<u32>,
     engine: EngineVersion,
 ) -> Result<Workload> {
-    let legacy_block_size = block_size.unwrap_or(DEFAULT_TRACE_BLOCK_SIZE);
-    let mut header: Option<Option<u32>> = None;
-    let mut ids = Interner::default();
-    let mut nodes = Vec::new();
-    for_each_object(src, |line, json| {
-        let block = match header {
+    let mut rows = Rows::new(block_size);
+    for_each_object(src, |line, json| rows.add(line, json))?;
+    rows.finish(engine)
+}
+
+/// An `agentic_mooncake` trace's objects as they are read, one per line: its header (the
+/// first object, when it names the schema) and its rows. Another reader that lowers its own
+/// format to these rows (Weka's) hands them over as values, without writing them out.
+pub(crate) struct Rows {
+    block_size: Option<u32>,
+    /// `None` before the first object; then the header's block size, or `None` for legacy
+    /// rows.
+    header: Option<Option<u32>>,
+    ids: Interner,
+    nodes: Vec<Node>,
+}
+
+impl Rows {
+    /// Rows whose hash ids stand for `block_size` tokens: the header's, which must then equal
+    /// it, or legacy rows' (512 when not given).
+    pub(crate) fn new(block_size: Option<u32>) -> Rows {
+        Rows {
+            block_size,
+            header: None,
+            ids: Interner::default(),
+            nodes: Vec::new(),
+        }
+    }
+
+    /// The object on `line`.
+    pub(crate) fn add(&mut self, line: u64, json: Json) -> Result<()> {
+        let legacy_block_size = self.block_size.unwrap_or(DEFAULT_TRACE_BLOCK_SIZE);
+        let block = match self.header {
             None => {
                 let versioned = json.get("schema").is_some();
                 if versioned {
                     let own = parse_header(&json, line)?;
-                    if let Some(given) = block_size.filter(|&b| b != own) {
+                    if let Some(given) = self.block_size.filter(|&b| b != own) {
                         return Err(Error::line(
                             line,
                             "block_size",
                             format!("{own}, but the trace block size given is {given}"),
                         ));
                     }
-                    header = Some(Some(own));
+                    self.header = Some(Some(own));
                     return Ok(());
                 }
-                header = Some(None);
+                self.header = Some(None);
                 legacy_block_size
             }
             Some(Some(block)) => block,
             Some(None) => legacy_block_size,
         };
-        let node = match header {
-            Some(Some(_)) => v2_node(&json, line, block, &mut ids)?,
-            _ => legacy_node(&json, line, block, &mut ids)?,
+        let node = match self.header {
+            Some(Some(_)) => v2_node(&json, line, block, &mut self.ids)?,
+            _ => legacy_node(&json, line, block, &mut self.ids)?,
         };
-        nodes.push(node);
+        self.nodes.push(node);
         Ok(())
-    })?;
-    if nodes.is_empty() {
-        return Err(Error::line(1, "request_id", "the trace holds no request"));
     }
-    let versioned = matches!(header, Some(Some(_)));
-    build(
-        nodes,
-        versioned,
-        versioned || engine == EngineVersion::Aisimulate013,
-    )
+
+    /// The request graph of the rows, ordered and timed as `engine` reads them.
+    pub(crate) fn finish(self, engine: EngineVersion) -> Result<Workload> {
+        if self.nodes.is_empty() {
+            return Err(Error::line(1, "request_id", "the trace holds no request"));
+        }
+        let versioned = matches!(self.header, Some(Some(_)));
+        build(
+            self.nodes,
+            versioned,
+            versioned || engine == EngineVersion::Aisimulate013,
+        )
+    }
 }
 
 fn parse_header(json: &Json, line: u64) -> Result<u32> {

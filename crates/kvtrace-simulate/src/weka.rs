@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
-use crate::agentic::{read_agentic_mooncake, SCHEMA, VERSION};
+use crate::agentic::{Rows, SCHEMA, VERSION};
 use crate::args::EngineVersion;
 use crate::error::{Error, Result};
 use crate::limits::{read_bytes, MAX_DATASET_BYTES, MAX_HASH_IDS_PER_ROW};
@@ -189,26 +189,29 @@ pub fn read_weka(
         NestedTimestamps::Relative => true,
         NestedTimestamps::Auto => relative_evidence,
     };
-    let mut text = json!({
+    // The rows are version 2, which every engine version reads alike; each is numbered as
+    // the line it would take in an agentic_mooncake file, the header first. A play's rows
+    // are read as it is lowered, so no more than one play's are held at a time.
+    let graph = |e: Error| {
+        Error::bad_input(format!("the graph its calls imply is not valid: {e}")).in_file(&shown)
+    };
+    let mut rows = Rows::new(None);
+    let header = json!({
         "schema": SCHEMA,
         "version": VERSION,
         "block_size": block,
         "hash_id_scope": "local",
         "source": {"format": "weka", "digest": shown},
-    })
-    .to_string();
-    text.push('\n');
-    let mut hashes = HashMap::new();
+    });
+    rows.add(1, header).map_err(graph)?;
+    let (mut hashes, mut line) = (HashMap::new(), 1);
     for (ordinal, play) in plays.iter().enumerate() {
         for row in lower(play, ordinal, relative, &mut hashes)? {
-            text.push_str(&row.to_string());
-            text.push('\n');
+            line += 1;
+            rows.add(line, row).map_err(graph)?;
         }
     }
-    // The rows written are version 2, which every engine version reads alike.
-    read_agentic_mooncake(text.as_bytes(), None, EngineVersion::Aisimulate013).map_err(|e| {
-        Error::bad_input(format!("the graph its calls imply is not valid: {e}")).in_file(&shown)
-    })
+    rows.finish(EngineVersion::Aisimulate013).map_err(graph)
 }
 
 /// The source's files with their names below the corpus root, in path order; symbolic
