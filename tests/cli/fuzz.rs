@@ -24,10 +24,11 @@ use kvtrace::lmct::display::to_display;
 use kvtrace::lmct::value::Value;
 use kvtrace::lmct::{Frame, Header, ReadOptions, TraceReader};
 use kvtrace::rng::SplitMix64;
-use kvtrace::simulate::args::EngineArgs;
+use kvtrace::simulate::args::{EngineArgs, EngineVersion};
 use kvtrace::simulate::event_loop::{simulate, SimConfig};
 use kvtrace::simulate::mooncake::read_mooncake;
 use kvtrace::simulate::router::RouterMode;
+use kvtrace::simulate::workload::Workload;
 use kvtrace::storage::config::{L2Config, StorageConfig};
 use kvtrace::trace::convert::{convert, ConvertOptions, Kind};
 
@@ -289,9 +290,21 @@ fn mooncake_loader_and_simulation() {
 {"timestamp":3,"input_tokens":10,"output_tokens":0,"hash_ids":[9],"priority":1}
 "#
         .to_vec();
-    let config = SimConfig {
+    let fleet = [small_fleet(EngineVersion::Dynamo142)];
+    fuzz("mooncake", &[head, sessions], |bytes| {
+        if let Ok(workload) = read_mooncake(Cursor::new(bytes), 512) {
+            simulate_small(&workload, &fleet);
+        }
+    });
+}
+
+/// Two workers of 256 blocks under `version`'s engine: a fleet for what a fuzzed reader
+/// accepted.
+fn small_fleet(version: EngineVersion) -> SimConfig {
+    SimConfig {
         engine: EngineArgs {
             num_gpu_blocks: 256,
+            engine_version: version,
             ..EngineArgs::default()
         },
         workers: 2,
@@ -301,21 +314,22 @@ fn mooncake_loader_and_simulation() {
         seed: 1,
         online: false,
         observer: None,
-    };
-    fuzz("mooncake", &[head, sessions], |bytes| {
-        let Ok(workload) = read_mooncake(Cursor::new(bytes), 512) else {
-            return;
-        };
-        let tokens: u64 = workload
-            .sessions
-            .iter()
-            .flat_map(|s| &s.turns)
-            .map(|t| u64::from(t.output_length) + u64::from(t.prompt.len))
-            .sum();
-        if workload.request_count() <= 64 && tokens <= 200_000 {
-            let _ = simulate(&workload, &config, None, &mut |_, _| {});
+    }
+}
+
+/// Simulates `workload` on each of `fleets` when it is small enough to take a moment.
+fn simulate_small(workload: &Workload, fleets: &[SimConfig]) {
+    let tokens: u64 = workload
+        .sessions
+        .iter()
+        .flat_map(|s| &s.turns)
+        .map(|t| u64::from(t.output_length) + u64::from(t.prompt.len))
+        .sum();
+    if workload.request_count() <= 64 && tokens <= 200_000 {
+        for fleet in fleets {
+            let _ = simulate(workload, fleet, None, &mut |_, _| {});
         }
-    });
+    }
 }
 
 /// AISimulate's request-trace formats (mooncake-delta, agentic_mooncake legacy and v2, weka,
@@ -325,43 +339,16 @@ fn mooncake_loader_and_simulation() {
 #[test]
 fn request_trace_formats_and_simulation() {
     use kvtrace::simulate::agentic::read_agentic_mooncake;
-    use kvtrace::simulate::args::EngineVersion;
     use kvtrace::simulate::dynamo_trace::read_dynamo_request_trace;
     use kvtrace::simulate::mooncake::read_mooncake_delta;
     use kvtrace::simulate::weka::{read_weka, NestedTimestamps};
-    use kvtrace::simulate::workload::Workload;
 
     let sample = |name: &str| read(root().join("testdata/traces").join(name));
     let dir = scratch();
     let weka = dir.path().join("corpus.jsonl");
-    let mut engines = [EngineArgs::default(), EngineArgs::default()];
-    engines[1].engine_version = EngineVersion::Aisimulate013;
-    let configs = engines.map(|engine| SimConfig {
-        engine: EngineArgs {
-            num_gpu_blocks: 256,
-            ..engine
-        },
-        workers: 2,
-        prefill: None,
-        router: RouterMode::RoundRobin,
-        concurrency: None,
-        seed: 1,
-        online: false,
-        observer: None,
-    });
-    let run = |workload: &Workload| {
-        let tokens: u64 = workload
-            .sessions
-            .iter()
-            .flat_map(|s| &s.turns)
-            .map(|t| u64::from(t.output_length) + u64::from(t.prompt.len))
-            .sum();
-        if workload.request_count() <= 64 && tokens <= 200_000 {
-            for config in &configs {
-                let _ = simulate(workload, config, None, &mut |_, _| {});
-            }
-        }
-    };
+    let engines = [EngineVersion::Dynamo142, EngineVersion::Aisimulate013];
+    let fleets = engines.map(small_fleet);
+    let run = |workload: &Workload| simulate_small(workload, &fleets);
     // Each target reads its samples unmutated, so that a reader refusing everything
     // cannot pass for one that survives everything.
     let delta = |bytes: &[u8]| read_mooncake_delta(Cursor::new(bytes), 64);
@@ -373,7 +360,6 @@ fn request_trace_formats_and_simulation() {
     let dynamo = |bytes: &[u8]| {
         read_dynamo_request_trace(vec![("part0".to_owned(), Cursor::new(bytes))], None)
     };
-    let engines = [EngineVersion::Dynamo142, EngineVersion::Aisimulate013];
     let samples = [
         sample("mooncake_delta.jsonl"),
         sample("agentic_legacy.jsonl"),
