@@ -57,8 +57,8 @@ fn too_long(limit: u64) -> io::Error {
     )
 }
 
-/// The largest report read back whole (`diff`'s two, each input of `aggregate`): 1 GiB. A
-/// sweep point takes about 16 KB of its JSON, so one file holds some 65,000 points.
+/// The largest report read (`diff`'s two, each input of `aggregate`): 1 GiB. A sweep point
+/// takes about 16 KB of its JSON, so one file holds some 65,000 points.
 pub const MAX_REPORT_BYTES: u64 = 1 << 30;
 
 /// Parses a JSON document of at most `limit` bytes as it is read: the text is never held
