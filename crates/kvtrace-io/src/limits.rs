@@ -41,12 +41,7 @@ pub fn read_text(path: &Path, limit: u64) -> io::Result<String> {
 /// [`read_text`] of a file whose bytes need not be text.
 pub fn read_bytes(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
-    File::open(path)?
-        .take(limit.saturating_add(1))
-        .read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > limit {
-        return Err(too_long(limit));
-    }
+    Bounded::new(File::open(path)?, limit).read_to_end(&mut bytes)?;
     Ok(bytes)
 }
 
@@ -68,27 +63,31 @@ pub const MAX_REPORT_BYTES: u64 = 1 << 30;
 pub fn read_json(path: &Path, limit: u64) -> Result<serde_json::Value> {
     let shown = path.display();
     let file = File::open(path).map_err(|e| Error::io("cannot read", e).in_file(&shown))?;
-    let bounded = Bounded {
-        inner: file,
-        left: limit,
-        limit,
-    };
-    serde_json::from_reader(BufReader::new(bounded))
-        .map_err(|e| {
-            if e.is_io() {
-                Error::io("cannot read", e.into())
-            } else {
-                Error::line(e.line() as u64, "json", e.to_string())
-            }
-        })
-        .map_err(|e| e.in_file(&shown))
+    serde_json::from_reader(BufReader::new(Bounded::new(file, limit))).map_err(|e| {
+        if e.is_io() {
+            Error::io("cannot read", e.into()).in_file(&shown)
+        } else {
+            Error::line(e.line() as u64, "json", e.to_string()).in_file(&shown)
+        }
+    })
 }
 
-/// A reader that fails once more than `limit` bytes were read.
+/// A reader that fails once more than `limit` bytes were read: the one bound of every
+/// whole-file read here.
 struct Bounded<R> {
     inner: R,
     left: u64,
     limit: u64,
+}
+
+impl<R> Bounded<R> {
+    fn new(inner: R, limit: u64) -> Bounded<R> {
+        Bounded {
+            inner,
+            left: limit,
+            limit,
+        }
+    }
 }
 
 impl<R: Read> Read for Bounded<R> {
