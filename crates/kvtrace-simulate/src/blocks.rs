@@ -76,6 +76,8 @@ pub struct BlockPool {
     reserved: u32,
     prefix_caching: bool,
     events: Option<Vec<KvEvent>>,
+    /// See [`BlockPool::changes`].
+    changes: u64,
 }
 
 impl BlockPool {
@@ -92,6 +94,7 @@ impl BlockPool {
             reserved: 0,
             prefix_caching,
             events: track_events.then(Vec::new),
+            changes: 0,
         }
     }
 
@@ -119,6 +122,14 @@ impl BlockPool {
     fn is_inactive(&self, id: u32) -> bool {
         let c = &self.copies[id as usize];
         c.hash.is_some() && c.refs == 0 && c.pins == 0
+    }
+
+    /// Counts the changes that can alter what [`BlockPool::match_prefix`] finds: a hash
+    /// becoming findable, a copy evicted, a cached copy turning active or inactive (a copy
+    /// joining a hash already cached changes nothing a match reads). Equal counts, equal
+    /// matches: a caller that asks for the same hashes pass after pass may keep its answer.
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// How many leading blocks of `hashes` are cached, and how many of those are active.
@@ -237,6 +248,7 @@ impl BlockPool {
         match self.by_hash.entry(hash) {
             Entry::Occupied(mut copies) => copies.get_mut().more.push(id),
             Entry::Vacant(slot) => {
+                self.changes += 1;
                 slot.insert(Copies {
                     first: id,
                     more: Vec::new(),
@@ -290,6 +302,7 @@ impl BlockPool {
     }
 
     fn unlink(&mut self, id: u32) {
+        self.changes += 1;
         let (p, n) = {
             let c = &self.copies[id as usize];
             (c.prev, c.next)
@@ -311,6 +324,7 @@ impl BlockPool {
     }
 
     fn push_tail(&mut self, id: u32) {
+        self.changes += 1;
         let tail = self.tail;
         {
             let c = &mut self.copies[id as usize];
@@ -407,6 +421,66 @@ mod tests {
         let r = pool.reserve(&[], 2).expect("both evicted");
         assert_eq!(events(&mut pool), [KvEvent::Removed(7)]);
         pool.cancel(r);
+    }
+
+    /// Random stores, reuses, releases and evictions over a small pool: after every step
+    /// whose `changes()` stood still, every probe matches as it did before the step.
+    #[test]
+    fn a_match_cannot_differ_while_the_change_count_stands_still() {
+        let mut rng = crate::rng::SplitMix64::new(11);
+        let mut pool = BlockPool::new(12, true, false);
+        // Chains over 6 hashes: every prefix of every ordering the steps use.
+        let probes: Vec<Vec<u64>> = (0..6u64)
+            .map(|first| (0..4).map(|i| (first + i) % 6).collect())
+            .collect();
+        let mut held: Vec<Vec<u32>> = Vec::new();
+        let (mut still, mut moved) = (0, 0);
+        for _ in 0..20_000 {
+            let before: Vec<_> = probes.iter().map(|p| pool.match_prefix(p)).collect();
+            let changes = pool.changes();
+            match rng.range(0, 3) {
+                0 => {
+                    // A request: its cached prefix reused, the rest stored fresh.
+                    let chain = &probes[rng.range(0, 5) as usize];
+                    let (hit, _) = pool.match_prefix(chain);
+                    let reuse = rng.range(0, hit as u64) as usize;
+                    let Some(mut r) = pool.reserve(&chain[..reuse], (chain.len() - reuse) as u32)
+                    else {
+                        continue;
+                    };
+                    let mut ids = pool.take_prefix(&mut r);
+                    for &h in &chain[reuse..] {
+                        let id = pool.take_fresh(&mut r);
+                        if rng.range(0, 3) > 0 {
+                            pool.cache(id, h);
+                        }
+                        ids.push(id);
+                    }
+                    pool.cancel(r);
+                    held.push(ids);
+                }
+                1 if !held.is_empty() => {
+                    let ids = held.swap_remove(rng.range(0, held.len() as u64 - 1) as usize);
+                    release_leaf_first(&mut pool, &ids);
+                }
+                _ => {
+                    // A reservation given back unused: pins, then unpins, its prefix.
+                    let chain = &probes[rng.range(0, 5) as usize];
+                    let (hit, _) = pool.match_prefix(chain);
+                    if let Some(r) = pool.reserve(&chain[..hit], rng.range(0, 2) as u32) {
+                        pool.cancel(r);
+                    }
+                }
+            }
+            let after: Vec<_> = probes.iter().map(|p| pool.match_prefix(p)).collect();
+            if pool.changes() == changes {
+                assert_eq!(before, after, "a match moved while the count stood still");
+                still += 1;
+            } else {
+                moved += 1;
+            }
+        }
+        assert!(still > 1000 && moved > 1000, "{still} still, {moved} moved");
     }
 
     #[test]

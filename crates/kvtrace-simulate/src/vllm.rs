@@ -17,6 +17,7 @@
 //! is preempted or releases its KV, and while it waits only requests that already hold
 //! their KV may start.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -167,6 +168,21 @@ pub struct VllmEngine {
     decode_time: perf::Quantizer,
     /// When each pass of the last [`VllmEngine::coast`] ended.
     coast_ends: Vec<f64>,
+    /// The last [`VllmEngine::prefix_cost`] asked for.
+    last_cost: Cell<Option<PrefixCost>>,
+}
+
+/// What [`VllmEngine::prefix_cost`] found for one waiting request, and when. Under memory
+/// pressure the request at the head of the queue is refused pass after pass, and matching
+/// its whole prompt against the pool each time was a tenth of such a run; while the pool's
+/// [`BlockPool::changes`] stands still the match cannot differ.
+#[derive(Clone, Copy)]
+struct PrefixCost {
+    id: RequestId,
+    /// The request's length when asked: a preempted request comes back longer.
+    len: u32,
+    changes: u64,
+    cost: (u32, u64),
 }
 
 impl VllmEngine {
@@ -188,6 +204,7 @@ impl VllmEngine {
             next_decode_block: 0,
             decode_time: perf::Quantizer::default(),
             coast_ends: Vec::new(),
+            last_cost: Cell::new(None),
         }
     }
 
@@ -505,6 +522,24 @@ impl VllmEngine {
     /// running requests hold (vLLM recomputes the last token of a fully cached context, in
     /// whole blocks).
     fn prefix_cost(&self, seq: &Sequence) -> (u32, u64) {
+        let (id, len, changes) = (seq.id, seq.len(), self.pool.changes());
+        match self.last_cost.get() {
+            Some(c) if c.id == id && c.len == len && c.changes == changes => c.cost,
+            _ => {
+                let cost = self.match_cost(seq);
+                self.last_cost.set(Some(PrefixCost {
+                    id,
+                    len,
+                    changes,
+                    cost,
+                }));
+                cost
+            }
+        }
+    }
+
+    /// [`VllmEngine::prefix_cost`], computed.
+    fn match_cost(&self, seq: &Sequence) -> (u32, u64) {
         let block = self.args.block_size;
         let (hit, active) = self.pool.match_prefix_iter(seq.full_hashes());
         let len = seq.len();
