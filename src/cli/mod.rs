@@ -372,9 +372,6 @@ fn given(matches: &clap::ArgMatches, subcommand: &str) -> Vec<String> {
 
 pub(crate) fn run() -> i32 {
     let (args, notes) = hints::old_spellings(std::env::args_os().collect());
-    for note in notes {
-        warn_line(&note);
-    }
     let parsed = Cli::command()
         .try_get_matches_from(args)
         .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
@@ -414,12 +411,22 @@ pub(crate) fn run() -> i32 {
         Command::Completions(args) => docs::completions(args),
         Command::Man(args) => docs::man(args),
     };
-    // A run that a signal ended in an error (a barrier left waiting, a read cut short)
-    // still exits 128 + the signal: the status says why it stopped.
-    result.unwrap_or_else(|e| {
-        let code = report(&e);
-        kvtrace::interrupt::exit_status().unwrap_or(code)
-    })
+    match result {
+        // The notes on old spellings come after the run, and only after one that did not
+        // fail: a failure is one line, whatever spelling led to it.
+        Ok(code) => {
+            for note in notes {
+                warn_line(&note);
+            }
+            code
+        }
+        // A run that a signal ended in an error (a barrier left waiting, a read cut short)
+        // still exits 128 + the signal: the status says why it stopped.
+        Err(e) => {
+            let code = report(&e);
+            kvtrace::interrupt::exit_status().unwrap_or(code)
+        }
+    }
 }
 
 #[cfg(test)]

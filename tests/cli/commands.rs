@@ -839,6 +839,8 @@ fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
     let not_summary = d("not-a-summary.json");
     std::fs::write(&not_summary, "{\"hello\": 1}").expect("write");
     let basic = path("basic_lru");
+    let copied = d("copied.lct");
+    std::fs::copy(&basic, &copied).expect("copy");
     let cases: Vec<(Vec<&str>, i32, &str)> = vec![
         (
             vec!["convert", &basic, "x.out", "--to", "csv"],
@@ -896,6 +898,13 @@ fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
             vec!["aggregate", "/dev/zero"],
             1,
             "/dev/zero: line 1: json: expected value at line 1 column 1",
+        ),
+        // The old spelling `--json PATH` naming the input: the refusal alone, without the
+        // note on the spelling.
+        (
+            vec!["sweep", "replay", &copied, "--l1-size-gb", "0.01,0.1", "-q", "--json", &copied],
+            2,
+            "input and output are the same file",
         ),
         (
             vec![
