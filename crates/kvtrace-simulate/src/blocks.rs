@@ -429,7 +429,8 @@ mod tests {
     fn a_match_cannot_differ_while_the_change_count_stands_still() {
         let mut rng = crate::rng::SplitMix64::new(11);
         let mut pool = BlockPool::new(12, true, false);
-        // Chains over 6 hashes: every prefix of every ordering the steps use.
+        // Six chains of four hashes, rotations of one another: a hash sits at different
+        // depths of different chains, so one request's stores and releases reach several.
         let probes: Vec<Vec<u64>> = (0..6u64)
             .map(|first| (0..4).map(|i| (first + i) % 6).collect())
             .collect();

@@ -174,8 +174,8 @@ pub struct VllmEngine {
 
 /// What [`VllmEngine::prefix_cost`] found for one waiting request, and when. Under memory
 /// pressure the request at the head of the queue is refused pass after pass, and matching
-/// its whole prompt against the pool each time was a tenth of such a run; while the pool's
-/// [`BlockPool::changes`] stands still the match cannot differ.
+/// its whole prompt against the pool each time was a tenth of such a run's instructions;
+/// while the pool's [`BlockPool::changes`] stands still the match cannot differ.
 #[derive(Clone, Copy)]
 struct PrefixCost {
     id: RequestId,
