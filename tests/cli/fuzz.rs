@@ -368,8 +368,10 @@ fn request_trace_formats_and_simulation() {
         sample("dynamo_trace.part0.jsonl"),
     ];
     delta(&samples[0]).expect("the mooncake-delta sample");
-    for (engine, sample) in engines.iter().zip(&samples[1..3]) {
-        agentic(sample, *engine).expect("an agentic sample");
+    for sample in &samples[1..3] {
+        for engine in engines {
+            agentic(sample, engine).expect("an agentic sample, under each engine");
+        }
     }
     weka(&samples[3]).expect("the weka sample");
     dynamo(&samples[4]).expect("the dynamo sample");

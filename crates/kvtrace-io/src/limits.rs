@@ -64,11 +64,12 @@ pub fn read_json(path: &Path, limit: u64) -> Result<serde_json::Value> {
     let shown = path.display();
     let file = File::open(path).map_err(|e| Error::io("cannot read", e).in_file(&shown))?;
     serde_json::from_reader(BufReader::new(Bounded::new(file, limit))).map_err(|e| {
-        if e.is_io() {
-            Error::io("cannot read", e.into()).in_file(&shown)
+        let error = if e.is_io() {
+            Error::io("cannot read", e.into())
         } else {
-            Error::line(e.line() as u64, "json", e.to_string()).in_file(&shown)
-        }
+            Error::line(e.line() as u64, "json", e.to_string())
+        };
+        error.in_file(&shown)
     })
 }
 
