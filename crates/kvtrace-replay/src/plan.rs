@@ -203,6 +203,9 @@ impl Plan {
     /// Replays, calling `on_record` after each record, and writes the JSONL and the reports.
     pub fn run(mut self, mut on_record: impl FnMut(&RecordEvent<'_>)) -> Result<Finished> {
         let mut sm = StorageManager::new(self.config)?;
+        if let Some(scale) = self.options.loaded.as_ref().and_then(|l| l.sample_scale()) {
+            sm.sample(scale);
+        }
         if let Some(barrier) = &self.options.barrier {
             barrier.wait()?;
         }

@@ -243,6 +243,46 @@ pub(super) struct L1 {
     /// The keys of the call [`L1::plan_write`] is planning, kept between calls so that a
     /// call allocates no set of its own.
     planned: KeySet,
+    /// Set when this L1 is a sampled replay's: its passes act as the whole trace's would.
+    sample: Option<SampleScale>,
+    /// The fraction of a victim a sampled pass owed and did not evict (see
+    /// [`L1::eviction_pass`]).
+    victims_owed: f64,
+}
+
+/// How a replay of a sample of a trace's prefix trees stands for the whole trace: its L1
+/// holds the trunk (the keys every sample keeps whole) at full size and a `share` of
+/// everything else. LMCache's controller compares the usage with its watermark and evicts a
+/// ratio of the objects it tracks, trunk included, so a scaled L1 left to count its own would
+/// evict too many at each pass: with 10 trunk objects beside 42 others (4 GiB of the
+/// Mooncake twin at 1 %), 10 a pass where the whole trace's share is 8.4.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SampleScale {
+    pub trunk_objects: u64,
+    pub trunk_bytes: u64,
+    /// The share of the keys outside the trunk the sample holds, in (0, 1].
+    pub share: f64,
+}
+
+impl SampleScale {
+    /// The whole trace's bytes a sampled L1's `bytes` stand for (below the trunk's bytes,
+    /// the same).
+    fn whole_bytes(&self, bytes: u64) -> f64 {
+        let (bytes, trunk) = (bytes as f64, self.trunk_bytes as f64);
+        match bytes > trunk && self.share > 0.0 {
+            true => trunk + (bytes - trunk) / self.share,
+            false => bytes,
+        }
+    }
+
+    /// The victims a sampled pass owes when its L1 tracks `tracked` objects: the sample's
+    /// share of what the whole trace's pass evicts (`ratio` of the trunk plus the rest
+    /// unscaled), all of it outside the trunk, which a recency or frequency policy keeps
+    /// (FIFO does not: there it is an approximation).
+    fn victims(&self, tracked: usize, ratio: f64) -> f64 {
+        let trunk = self.trunk_objects as f64;
+        ratio.clamp(0.0, 1.0) * (tracked as f64 - trunk * (1.0 - self.share)).max(0.0)
+    }
 }
 
 /// An object that left L1 by eviction, for a waterfall to move down.
@@ -286,7 +326,14 @@ impl L1 {
             locks: LockStats::default(),
             modelled: [0.0; 2],
             planned: KeySet::default(),
+            sample: None,
+            victims_owed: 0.0,
         }
+    }
+
+    /// Makes this L1 a sampled replay's (see [`SampleScale`]).
+    pub(super) fn sample(&mut self, scale: SampleScale) {
+        self.sample = Some(scale);
     }
 
     pub(super) fn usage(&self) -> f64 {
@@ -675,16 +722,36 @@ impl L1 {
 
     /// One pass of LMCache's L1 eviction controller: when usage has reached the watermark,
     /// evicts `int(tracked × ratio)` keys (at least one). `None` when usage was below it.
+    ///
+    /// A sampled L1 ([`SampleScale`]) compares the whole trace's usage it stands for, and
+    /// evicts the sample's share of the whole trace's victims. That is seldom a whole
+    /// number (8.4 objects a pass for the 42 above): the fraction is owed to the next pass,
+    /// so the victims over many passes are the share's, not rounded down at each.
     pub(super) fn eviction_pass(
         &mut self,
         watermark: f64,
         ratio: f64,
         now: f64,
     ) -> Option<Vec<Evicted>> {
-        if self.usage() < watermark {
-            return None;
-        }
-        let count = victim_count(self.policy.tracked(), ratio);
+        let tracked = self.policy.tracked();
+        let count = match self.sample {
+            None if self.usage() < watermark => return None,
+            None => victim_count(tracked, ratio),
+            Some(scale) => {
+                let heap = scale.whole_bytes(self.arena.heap());
+                if heap <= 0.0 || scale.whole_bytes(self.arena.used()) / heap < watermark {
+                    return None;
+                }
+                let owed = self.victims_owed + scale.victims(tracked, ratio);
+                // At least one, as LMCache's own count, and the excess repaid later.
+                let count = match owed.floor() {
+                    n if n < 1.0 && tracked > 0 && ratio > 0.0 => 1.0,
+                    n => n,
+                };
+                self.victims_owed = owed - count;
+                count as usize
+            }
+        };
         Some(self.evict_count(count, now))
     }
 
@@ -820,6 +887,46 @@ mod tests {
             l.eviction_pass(0.95, 0.2, 0.6).is_none(),
             "below the watermark"
         );
+    }
+
+    /// A sampled L1 of 22 objects holding 2 trunk objects whole and half of the rest stands
+    /// for an L1 of 42 (2 + 20 / 0.5). That L1's pass at ratio 0.25 evicts 10.5 objects,
+    /// none of them trunk, and the sample's half of that is 5.25 a pass: 5, 5, 5, then 6 as
+    /// the quarters add up, where its own count would be int(22 × 0.25) = 5 every time.
+    /// After a pass 17 objects stand for 2 + 15 / 0.5 = 32 of 42 (0.762), under a watermark
+    /// of 0.77 that its own usage (17 / 22, 0.773) is over.
+    #[test]
+    fn a_sampled_pass_evicts_its_share_of_the_whole_traces_victims() {
+        let mut next = 0u128;
+        let mut fill = |l: &mut L1| {
+            while l.arena.used() < l.arena.heap() {
+                reserve(l, &[KeyId(next)], 4096, 0.0);
+                l.finish_write(&[KeyId(next)], 0.0);
+                next += 1;
+            }
+        };
+        let (mut sampled, mut own) = (l1(22), l1(22));
+        sampled.sample(SampleScale {
+            trunk_objects: 2,
+            trunk_bytes: 2 * 4096,
+            share: 0.5,
+        });
+        let evicted = |l: &mut L1, fill: &mut dyn FnMut(&mut L1)| {
+            fill(l);
+            l.eviction_pass(0.5, 0.25, 1.0).map_or(0, |v| v.len())
+        };
+        let passes: Vec<usize> = (0..4).map(|_| evicted(&mut sampled, &mut fill)).collect();
+        assert_eq!(passes, [5, 5, 5, 6]);
+        let passes: Vec<usize> = (0..4).map(|_| evicted(&mut own, &mut fill)).collect();
+        assert_eq!(passes, [5, 5, 5, 5]);
+        // Both hold 17 objects now, after a pass of 5.
+        fill(&mut sampled);
+        fill(&mut own);
+        for l in [&mut sampled, &mut own] {
+            assert_eq!(l.eviction_pass(0.5, 0.25, 2.0).map(|v| v.len()), Some(5));
+        }
+        assert!(sampled.eviction_pass(0.77, 0.25, 3.0).is_none());
+        assert!(own.eviction_pass(0.77, 0.25, 3.0).is_some());
     }
 
     #[test]

@@ -14,7 +14,7 @@
 use std::time::Instant;
 
 use super::config::{EvictionTiming, L2Io, Placement, PrefetchPolicy, StorageConfig, StorePolicy};
-use super::l1::{Evicted, HostBuffer, L1Store, Reservation, L1};
+use super::l1::{Evicted, HostBuffer, L1Store, Reservation, SampleScale, L1};
 use super::l2::L2;
 use super::prefetch::{fold_unfold, needed, Grid};
 use super::{CallError, CallStats, KeyId, KeyMap, PrefetchOutcome, TierIo, TierStats};
@@ -105,6 +105,13 @@ impl StorageManager {
             calls: CallStats::default(),
             journal: None,
         })
+    }
+
+    /// Makes this a replay of a sample of a trace's prefix trees: LMCache's eviction
+    /// controller then acts on the L1 as on the whole trace's it stands for
+    /// ([`SampleScale`]).
+    pub fn sample(&mut self, scale: SampleScale) {
+        self.l1.sample(scale);
     }
 
     /// Starts remembering when and how each key leaves L1 (one entry per key ever

@@ -38,7 +38,7 @@ use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64};
 pub use cost_fit::{Cost, CostFit};
 pub use io_queue::{IoDone, IoKind, IoRecord, Percentiles, QueueFigures};
 use kvtrace_lmct::codec::{ObjectKey, ObjectKeyRef};
-pub use l1::{Reservation, Unreadable};
+pub use l1::{Reservation, SampleScale, Unreadable};
 pub use manager::{Departure, PrefetchGroup, PrefetchRequest, StorageManager};
 pub use traced::Traced;
 
