@@ -385,7 +385,7 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
         // The fleet is decoded once; every size replays it with its own configuration.
         let stream = FleetStream::load(&[trace.as_path()], read)?;
         let recorded = summarise(&stream);
-        let at = |gib: f64, l2_gib, _| {
+        let at = |gib: f64, l2_gib, _, _| {
             let config = replay::events_config(&one(gib, l2_gib)?.args, &stream.sm_config_json)?;
             let report =
                 replay_events(&stream, &recorded, &|server| server_config(&config, server))?;
@@ -396,8 +396,10 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
         };
         plan(&trace, &options, input, &at, &|_| bar.inc())
     } else {
-        let at = |gib: f64, l2_gib, loaded| {
-            SizeRun::run(replay::plan(&one(gib, l2_gib)?.args, false, None, loaded)?)
+        let at = |gib: f64, l2_gib, loaded, phase_shift| {
+            let mut plan = replay::plan(&one(gib, l2_gib)?.args, false, None, loaded)?;
+            plan.shift_phase(phase_shift);
+            SizeRun::run(plan)
         };
         plan(&trace, &options, PlanInput::Storage(read), &at, &|_| {
             bar.inc()

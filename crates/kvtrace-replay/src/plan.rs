@@ -20,7 +20,7 @@ use crate::lmct::digest::{config_digest, python_json};
 use crate::lmct::{Header, TraceReader};
 use crate::otel::SpanSink;
 use crate::rank::barrier::Barrier;
-use crate::storage::config::{StorageConfig, NAME_L2};
+use crate::storage::config::{EvictionTiming, StorageConfig, NAME_L2};
 use crate::storage::StorageManager;
 use kvtrace_report::jsonl::JsonlWriter;
 use kvtrace_report::{Exporter, Target};
@@ -169,6 +169,26 @@ impl Plan {
     /// The configuration the replay runs.
     pub fn config(&self) -> &StorageConfig {
         &self.config
+    }
+
+    /// Moves the eviction controller's passes `fraction` of an interval later than the
+    /// phase settled (periodic timing; nothing otherwise): a sampled plan replays a size at
+    /// several phases, as which of a sample's few requests a pass makes room for is luck.
+    pub fn shift_phase(&mut self, fraction: f64) {
+        if let EvictionTiming::Periodic {
+            interval_s,
+            phase_s,
+        } = self.config.eviction.timing
+        {
+            let phase_s = phase_s + fraction * interval_s;
+            self.config.eviction.timing = EvictionTiming::Periodic {
+                interval_s,
+                phase_s,
+            };
+            if let Some(report) = self.phase.as_mut() {
+                report.phase_s = phase_s;
+            }
+        }
     }
 
     /// Sends each replayed request to `sink` as a span tree.
