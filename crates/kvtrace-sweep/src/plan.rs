@@ -95,7 +95,7 @@ pub type SizePlan<'a> =
 /// share of an interval apart. A 1 % sample writes a few requests between two passes, and
 /// which of them a pass makes room for depends on where the passes fall; the whole trace's
 /// thousands average that out. Over 16 seeds of the Mooncake twin at 1 % with passes every
-/// 10 ms, four phases took the mean error from 0.70 to 0.63 pp (docs/commands/plan.md).
+/// 10 ms, four phases took the mean error from 0.70 to 0.64 pp (docs/commands/plan.md).
 const SAMPLE_PHASES: u32 = 4;
 
 /// What one replay found, as the planner compares replays.
