@@ -348,6 +348,13 @@ fn mean_error(full: &[f64], est: &[f64]) -> f64 {
         / full.len() as f64
 }
 
+/// The plan of a tenth of `trace`'s prefix trees, drawn with `seed`, under `flags`.
+fn tenth(trace: &Path, flags: &[&str], seed: &str) -> Json {
+    let mut sampled = flags.to_vec();
+    sampled.extend(["--sample", "0.1", "--sample-seed", seed]);
+    plan(trace, &sampled)
+}
+
 const TWIN_SIZES: [&str; 8] = [
     "--size-gb",
     "10",
@@ -385,9 +392,7 @@ fn a_sampled_curve_follows_the_full_replays() {
     let full = curve(&full_plan);
     assert!(full[0] < 0.05 && full[full.len() - 1] > 0.35, "{full:?}");
     for seed in ["0", "1", "2"] {
-        let mut sampled = flags.to_vec();
-        sampled.extend(["--sample", "0.1", "--sample-seed", seed]);
-        let p = plan(&trace, &sampled);
+        let p = tenth(&trace, &flags, seed);
         let trees = p["sample"]["prefix_trees_kept"].as_u64().expect("trees");
         assert!(trees > 500, "seed {seed}: {} trees kept", trees);
         assert!(mappings(&p).iter().all(|&m| m == "footprint"), "{p}");
@@ -434,9 +439,7 @@ fn a_sampled_curve_of_a_cache_that_never_evicts_follows_the_full_replays() {
     assert!(evictions.iter().all(|&e| e == 0), "{evictions:?}");
     assert!(full[0] < 0.05 && full[full.len() - 1] > 0.35, "{full:?}");
     for seed in ["0", "1", "2"] {
-        let mut sampled = flags.to_vec();
-        sampled.extend(["--sample", "0.1", "--sample-seed", seed]);
-        let p = plan(&trace, &sampled);
+        let p = tenth(&trace, &flags, seed);
         assert!(mappings(&p).iter().all(|&m| m == "first stores"), "{p}");
         let est = curve(&p);
         let mae = mean_error(&full, &est);
@@ -472,9 +475,7 @@ fn a_sampled_curve_under_lmcaches_controller_follows_the_full_replays() {
     assert!(refused.as_u64().expect("refused calls") > 1000, "{refused}");
     let mut errors = Vec::new();
     for seed in ["0", "1", "2"] {
-        let mut sampled = flags.to_vec();
-        sampled.extend(["--sample", "0.1", "--sample-seed", seed]);
-        let p = plan(&trace, &sampled);
+        let p = tenth(&trace, &flags, seed);
         assert!(mappings(&p).contains(&"reuse time"), "{p}");
         errors.push(mean_error(&full, &curve(&p)));
     }

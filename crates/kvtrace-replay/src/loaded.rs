@@ -180,11 +180,7 @@ impl Loaded {
             reuse_kept: trees.reuse_kept,
         };
         let mut loaded = Loaded::new(shown, header, header_warnings, records, summary);
-        loaded.sample = (!whole).then(|| SampleScale {
-            trunk_objects: counts.trunk_keys,
-            trunk_bytes: counts.trunk_bytes,
-            share: counts.share(),
-        });
+        loaded.sample = (!whole).then(|| counts.scale());
         Ok(Sample {
             loaded,
             counts,
@@ -462,10 +458,16 @@ impl SampleCounts {
     /// The inverse of [`SampleCounts::scaled`]: the whole trace's bytes a sample's `bytes`
     /// stand for.
     pub fn unscaled(&self, bytes: f64) -> f64 {
-        let trunk = self.trunk_bytes as f64;
-        match self.share() {
-            share if bytes > trunk && share > 0.0 => trunk + (bytes - trunk) / share,
-            _ => bytes,
+        self.scale().whole_bytes(bytes)
+    }
+
+    /// How a replay of the sample stands for the whole trace: the trunk whole, the rest at
+    /// [`SampleCounts::share`].
+    pub fn scale(&self) -> SampleScale {
+        SampleScale {
+            trunk_objects: self.trunk_keys,
+            trunk_bytes: self.trunk_bytes,
+            share: self.share(),
         }
     }
 }

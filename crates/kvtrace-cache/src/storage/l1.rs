@@ -265,10 +265,10 @@ pub struct SampleScale {
 }
 
 impl SampleScale {
-    /// The whole trace's bytes a sampled L1's `bytes` stand for (below the trunk's bytes,
-    /// the same).
-    fn whole_bytes(&self, bytes: u64) -> f64 {
-        let (bytes, trunk) = (bytes as f64, self.trunk_bytes as f64);
+    /// The whole trace's bytes a sample's `bytes` stand for (below the trunk's bytes, the
+    /// same): an L1's usage and heap here, a sampled size in the planner.
+    pub fn whole_bytes(&self, bytes: f64) -> f64 {
+        let trunk = self.trunk_bytes as f64;
         match bytes > trunk && self.share > 0.0 {
             true => trunk + (bytes - trunk) / self.share,
             false => bytes,
@@ -738,8 +738,9 @@ impl L1 {
             None if self.usage() < watermark => return None,
             None => victim_count(tracked, ratio),
             Some(scale) => {
-                let heap = scale.whole_bytes(self.arena.heap());
-                if heap <= 0.0 || scale.whole_bytes(self.arena.used()) / heap < watermark {
+                let heap = scale.whole_bytes(self.arena.heap() as f64);
+                let used = scale.whole_bytes(self.arena.used() as f64);
+                if heap <= 0.0 || used / heap < watermark {
                     return None;
                 }
                 let owed = self.victims_owed + scale.victims(tracked, ratio);
