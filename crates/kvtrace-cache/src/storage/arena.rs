@@ -88,6 +88,19 @@ impl Arena {
         Some(addresses)
     }
 
+    /// How many of `count` objects of `size` bytes would fit now, first fit.
+    pub fn fitting(&self, size: u64, count: usize) -> usize {
+        let unit = self.aligned(size.max(1));
+        let mut fit = 0u64;
+        for &len in self.free.values() {
+            fit = fit.saturating_add(len / unit);
+            if fit >= count as u64 {
+                return count;
+            }
+        }
+        fit as usize
+    }
+
     /// Whether `count` objects of `size` bytes would fit now.
     pub fn fits(&self, size: u64, count: usize) -> bool {
         let unit = self.aligned(size.max(1));
@@ -158,6 +171,8 @@ mod tests {
         }
         // One 3-page hole at 2..5: a 3-page object fits there and nowhere else.
         assert!(a.fits(3 * 4096, 1));
+        assert_eq!((a.fitting(4096, 5), a.fitting(4096, 2)), (3, 2));
+        assert_eq!(a.fitting(2 * 4096, 5), 1);
         assert_eq!(a.allocate(3 * 4096, 1), Some(vec![2 * 4096]));
         a.free(0, 4096);
         a.free(9 * 4096, 4096);

@@ -256,6 +256,14 @@ pub(super) struct L1 {
 /// ratio of the objects it tracks, trunk included, so a scaled L1 left to count its own would
 /// evict too many at each pass: with 10 trunk objects beside 42 others (4 GiB of the
 /// Mooncake twin at 1 %), 10 a pass where the whole trace's share is 8.4.
+///
+/// A sampled write stands for a hundred (at 1 %) that reach the whole trace's L1 about
+/// then; where the room is a share of one write, the whole trace's L1 took that share of
+/// them and refused the rest. So a sampled L1 that has room for only some of a write's
+/// chunks keeps the leading ones, which its next lookup extends, instead of refusing them
+/// all: it fills when the whole trace's does. Refusing them all, it kept only the writes
+/// smaller than the room a pass made (those whose prefix hit); keeping the leading chunks
+/// took the twin's mean error under the controller from 0.64 to 0.54 pp.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SampleScale {
     pub trunk_objects: u64,
@@ -406,9 +414,9 @@ impl L1 {
         plan
     }
 
-    /// The second half: allocates the pending keys all or nothing (OUT_OF_MEMORY) and tells
-    /// the policy what was reserved. Returns the reservation and the keys it refused (none
-    /// unless OUT_OF_MEMORY).
+    /// The second half: allocates the pending keys all or nothing (OUT_OF_MEMORY; a sampled
+    /// L1 the leading keys that fit) and tells the policy what was reserved. Returns the
+    /// reservation and the keys it refused (none unless OUT_OF_MEMORY).
     pub(super) fn commit_write(
         &mut self,
         plan: WritePlan,
@@ -417,14 +425,24 @@ impl L1 {
     ) -> (Reservation, Vec<KeyId>) {
         let WritePlan {
             reservation: mut out,
-            pending,
+            mut pending,
         } = plan;
         let mut refused = Vec::new();
         if !pending.is_empty() {
-            match self.arena.allocate(size, pending.len()) {
+            let mut allocated = self.arena.allocate(size, pending.len());
+            if allocated.is_none() && self.sample.is_some() {
+                // A sampled call stands for many of the whole trace's (see [`SampleScale`]).
+                let fit = self.arena.fitting(size, pending.len());
+                if fit > 0 {
+                    out.out_of_memory = true;
+                    refused = pending.split_off(fit);
+                    allocated = self.arena.allocate(size, fit);
+                }
+            }
+            match allocated {
                 None => {
                     out.out_of_memory = true;
-                    refused = pending;
+                    refused.append(&mut pending);
                 }
                 Some(addresses) => {
                     out.reserved.reserve(pending.len());
@@ -847,6 +865,27 @@ mod tests {
         let r = reserve(&mut l, &ks(&[1, 2, 3, 4]), 4096, 0.0);
         assert!(r.out_of_memory);
         assert_eq!(l.arena.used(), 0);
+    }
+
+    /// The same batch in a sampled L1, which stands for a larger one: the leading three
+    /// keys that fit are reserved, the last is refused, and the call is OUT_OF_MEMORY.
+    #[test]
+    fn a_sampled_batch_that_does_not_fit_reserves_its_leading_keys() {
+        let mut l = l1(3);
+        l.sample(SampleScale {
+            trunk_objects: 0,
+            trunk_bytes: 0,
+            share: 0.5,
+        });
+        let plan = l.plan_write(&ks(&[1, 2, 3, 4]), 0.0);
+        let (r, refused) = l.commit_write(plan, 4096, 0.0);
+        assert!(r.out_of_memory);
+        assert_eq!((r.reserved, refused), (ks(&[1, 2, 3]), ks(&[4])));
+        assert_eq!(l.arena.used(), 3 * 4096);
+        let plan = l.plan_write(&ks(&[5]), 0.0);
+        let (r, refused) = l.commit_write(plan, 4096, 0.0);
+        assert!(r.out_of_memory && r.reserved.is_empty());
+        assert_eq!(refused, ks(&[5]));
     }
 
     #[test]

@@ -240,7 +240,8 @@ impl StorageManager {
     }
 
     /// Reserves L1 staging space for the keys that are neither resident nor staged. If the
-    /// pending batch does not fit, none of it is reserved (OUT_OF_MEMORY).
+    /// pending batch does not fit, none of it is reserved (OUT_OF_MEMORY; a sampled replay's
+    /// L1 reserves the leading keys that fit, see [`SampleScale`]).
     pub fn reserve_write(&mut self, keys: &[KeyId], object_bytes: u64) -> Reservation {
         let plan = self.l1.plan_write(keys, self.now);
         self.make_room(object_bytes, plan.pending.len());
