@@ -46,6 +46,7 @@ fn replay_recorded(trace: &Path, l2_dir: Option<&Path>, io: L2Io) -> ReplayRepor
     };
     let phase = settle(
         Source::File(trace),
+        None,
         options.read,
         &recorded,
         &mut config,

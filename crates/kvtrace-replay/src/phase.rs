@@ -13,6 +13,8 @@
 //! candidate's first pass makes that one beside its own replay (`settle_beside`).
 //! Deterministic for a given trace and configuration; the caller may pin the phase instead.
 
+use std::path::Path;
+
 use serde::Serialize;
 
 use crate::bus::Tracer;
@@ -330,8 +332,13 @@ pub enum PhaseChoice {
 /// estimated against the configuration the trace records (`recorded_json`; the replay's own
 /// when the trace records none, and the replay's L2 tiers where the recording had adapters
 /// kvtrace cannot rebuild). `None` for immediate timing, which has no passes.
+///
+/// A sample of some of a trace's prefix trees ([`Loaded::sample_scale`]) holds a share of the
+/// server's load at its full L1, so its head shows no pressure, and no phase: it takes the
+/// phase of `whole`, the file it was drawn from, as the whole trace's replay does.
 pub fn settle(
     source: Source<'_>,
+    whole: Option<&Path>,
     read: ReadOptions,
     recorded_json: &str,
     config: &mut StorageConfig,
@@ -353,10 +360,15 @@ pub fn settle(
             let recorded = recorded_model(recorded_json, config, interval_s);
             match source {
                 Source::File(_) => estimate(source, read, &recorded, follow)?,
-                Source::Loaded(loaded) => loaded
-                    .phase(format!("{recorded:?} {follow:?}"), || {
-                        estimate(source, read, &recorded, follow)
-                    })?,
+                Source::Loaded(loaded) => {
+                    loaded.phase(format!("{recorded:?} {follow:?}"), || {
+                        let told_by = match whole {
+                            Some(path) if loaded.sample_scale().is_some() => Source::File(path),
+                            _ => source,
+                        };
+                        estimate(told_by, read, &recorded, follow)
+                    })?
+                }
             }
         }
     };
@@ -437,6 +449,7 @@ pub(crate) fn settle_beside(
     }
     let report = settle(
         Source::Loaded(head),
+        None,
         read,
         recorded_json,
         config,
@@ -473,6 +486,40 @@ mod tests {
             model(&recorded),
             follow,
         )
+    }
+
+    /// A sample of half the trees of a recording under pressure settles the phase a replay
+    /// of the whole file estimates; from its own head it would not.
+    #[test]
+    fn a_sample_takes_the_phase_of_the_trace_it_was_drawn_from() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/lmcache/churn/lru_seed1.lct");
+        let read = ReadOptions::default();
+        let header = TraceReader::open(&path, read).unwrap().header().clone();
+        let (recorded, _) = StorageConfig::from_lmcache_json(&header.sm_config_json).unwrap();
+        let (_, _, follow) = churn("lru_seed1.lct");
+        let settled = |source: Source<'_>, whole: Option<&Path>| {
+            let mut config = recorded.clone();
+            let json = &header.sm_config_json;
+            settle(
+                source,
+                whole,
+                read,
+                json,
+                &mut config,
+                PhaseChoice::Estimate,
+                &follow,
+            )
+            .unwrap()
+            .expect("periodic timing")
+        };
+        let full = settled(Source::File(&path), None);
+        assert_eq!(full.source, "estimated", "{full:?}");
+        let sample = Loaded::load_sample(&path, read, 0.5, 7).unwrap().loaded;
+        assert!(sample.sample_scale().is_some(), "some trees left out");
+        assert_eq!(settled(Source::Loaded(&sample), Some(&path)), full);
+        let own = Loaded::load_sample(&path, read, 0.5, 7).unwrap().loaded;
+        assert_ne!(settled(Source::Loaded(&own), None), full);
     }
 
     #[test]
@@ -573,6 +620,7 @@ mod tests {
                 let mut config = recorded.clone();
                 let expected = settle(
                     Source::Loaded(&head()),
+                    None,
                     read,
                     &header.sm_config_json,
                     &mut config,

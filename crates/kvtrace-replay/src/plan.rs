@@ -129,6 +129,7 @@ impl Plan {
             ),
             None => settle(
                 told_by,
+                Some(input.path()),
                 options.replay.read,
                 &header.sm_config_json,
                 &mut config,
