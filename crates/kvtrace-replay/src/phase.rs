@@ -334,8 +334,9 @@ pub enum PhaseChoice {
 /// kvtrace cannot rebuild). `None` for immediate timing, which has no passes.
 ///
 /// A sample of some of a trace's prefix trees ([`Loaded::sample_scale`]) holds a share of the
-/// server's load at its full L1, so its head shows no pressure, and no phase: it takes the
-/// phase of `whole`, the file it was drawn from, as the whole trace's replay does.
+/// server's load at its full L1, so its head shows other pressure than the server's, or
+/// none: it takes the phase of `whole`, the file it was drawn from, as the whole trace's
+/// replay does.
 pub fn settle(
     source: Source<'_>,
     whole: Option<&Path>,
