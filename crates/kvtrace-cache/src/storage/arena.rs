@@ -103,18 +103,9 @@ impl Arena {
 
     /// Whether `count` objects of `size` bytes would fit now.
     pub fn fits(&self, size: u64, count: usize) -> bool {
+        // More bytes than are free never fit: no need to walk the free list.
         let unit = self.aligned(size.max(1));
-        let mut remaining = count as u64;
-        if unit.saturating_mul(remaining) > self.free_bytes {
-            return false;
-        }
-        for &len in self.free.values() {
-            remaining = remaining.saturating_sub(len / unit);
-            if remaining == 0 {
-                return true;
-            }
-        }
-        remaining == 0
+        unit.saturating_mul(count as u64) <= self.free_bytes && self.fitting(size, count) == count
     }
 
     /// Returns an object of `size` bytes at `address` to the free list.
