@@ -411,6 +411,34 @@ fn a_sampled_curve_follows_the_full_replays() {
             "seed {seed}: L2 writes {kept} against {all}"
         );
     }
+    // A share whose runs of trees are not whole (3.3 trees at 30 %) keeps it: one tree from
+    // each run, 0.3 of the trees (a run of 3 read as a short last run once ended the
+    // sample by chance after a few dozen trees).
+    let p = plan(
+        &trace,
+        &[
+            "--size-gb",
+            "10",
+            "--min-gb",
+            "5",
+            "--max-gb",
+            "20",
+            "--grid",
+            "2",
+            "--sample",
+            "0.3",
+        ],
+    );
+    let (trees, kept) = (
+        &p["sample"]["prefix_trees"],
+        &p["sample"]["prefix_trees_kept"],
+    );
+    let share = 0.3 * trees.as_f64().expect("trees");
+    let kept = kept.as_f64().expect("kept");
+    assert!(
+        (share.floor()..=share.ceil()).contains(&kept),
+        "{kept} trees kept of {trees}"
+    );
 }
 
 /// A cache that never evicts (`noop`) keeps what was stored before it filled and refuses the

@@ -789,7 +789,10 @@ impl Trees {
                 break;
             }
             let end = (((run + 1) as f64 * step) as usize).clamp(start + 1, roots.len());
-            let length = (end - start) as f64 / step;
+            // Only the last run can be short: a run's length is measured against where it
+            // would end, not against its rounded bounds, which hold `step` rounded down (33
+            // of 33.3 at 3 %) and, read as a short run, ended the sample by chance early.
+            let length = (roots.len() as f64 - run as f64 * step) / step;
             if length < 1.0 && mix(seed ^ run) as f64 > length * u64::MAX as f64 {
                 break;
             }
@@ -1042,6 +1045,28 @@ mod tests {
             assert_eq!(runs, (0..10).collect::<Vec<_>>(), "seed {seed}");
             // Runs of 3.33: [0, 3), [3, 6), ..., the last [36, 40); twelve runs in all.
             assert_eq!(kept(0.3, seed).len(), 12, "seed {seed}");
+        }
+        // A rate whose runs are not whole takes one tree from every run: runs of 33.3 trees
+        // hold 33 or 34, and only the last may be short of a whole run. 10,007 trees are
+        // 300 runs and 7 trees, 0.21 of a run: 300 trees, or 301 with that chance.
+        let many: Vec<Root> = (0..10_007u32)
+            .map(|id| Root {
+                weight: u64::from(id),
+                folded: mix(u64::from(id)),
+                id,
+            })
+            .collect();
+        for seed in 0..8 {
+            let kept = Trees::stratified(&many, 0.03, seed);
+            let kept = kept.values().filter(|&&k| k).count();
+            assert!((300..=301).contains(&kept), "seed {seed}: {kept}");
+            // Runs of 3.33 (0.3): the last run starts at 3,002 × 3.33 = 10,006.7, a third of
+            // a run: kept with a third's chance, so 3,002 or 3,003.
+            let kept = Trees::stratified(&many, 0.3, seed)
+                .values()
+                .filter(|&&k| k)
+                .count();
+            assert!((3002..=3003).contains(&kept), "seed {seed}: {kept}");
         }
         assert_ne!(kept(0.25, 0), kept(0.25, 1));
         assert!(kept(0.0, 0).is_empty());
