@@ -13,6 +13,11 @@ use crate::util::{kvtrace, one_line_error, repo, scratch, shared, text};
 
 /// The plan's JSON for `trace` with `flags`.
 fn plan(trace: &Path, flags: &[&str]) -> Json {
+    planned(trace, flags).0
+}
+
+/// A plan's JSON report and what it wrote to stderr.
+fn planned(trace: &Path, flags: &[&str]) -> (Json, String) {
     let dir = scratch();
     let json = dir.path().join("plan.json");
     let mut args = vec![
@@ -24,7 +29,11 @@ fn plan(trace: &Path, flags: &[&str]) -> Json {
     args.extend(flags.iter().map(|f| f.to_string()));
     let out = kvtrace(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    serde_json::from_str(&std::fs::read_to_string(json).expect("plan")).expect("JSON")
+    let report = std::fs::read_to_string(json).expect("plan");
+    (
+        serde_json::from_str(&report).expect("JSON"),
+        text(&out.stderr),
+    )
 }
 
 /// The `kvtrace` section of a single replay's JSON summary for `trace` with `flags` (an events
@@ -503,12 +512,27 @@ fn a_sampled_curve_under_lmcaches_controller_follows_the_full_replays() {
     assert!(refused.as_u64().expect("refused calls") > 1000, "{refused}");
     let mut errors = Vec::new();
     for seed in ["0", "1", "2"] {
-        let p = tenth(&trace, &flags, seed);
+        let mut sampled = flags.clone();
+        sampled.extend(["--sample", "0.1", "--sample-seed", seed]);
+        let (p, warned) = planned(&trace, &sampled);
         assert!(mappings(&p).contains(&"reuse time"), "{p}");
+        assert!(!warned.contains("sample more"), "{warned}");
         errors.push(mean_error(&full, &curve(&p)));
     }
     let mean = errors.iter().sum::<f64>() / errors.len() as f64;
     assert!(mean <= 0.0055, "mean errors {errors:?} against {full:?}");
+    // 3 % of its 7,373 trees is 221.2, too few where the sample's own replay maps the
+    // rate: the plan says so.
+    let mut thin = flags.clone();
+    thin.extend(["--sample", "0.03"]);
+    let (p, warned) = planned(&trace, &thin);
+    let kept = p["sample"]["prefix_trees_kept"].as_u64().expect("trees");
+    assert!((221..=222).contains(&kept), "{kept}");
+    let said = format!("--sample 0.03: {kept} prefix trees kept");
+    assert!(
+        warned.contains(&said) && warned.contains("sample more"),
+        "{warned}"
+    );
 }
 
 /// An L1 × L2 surface: every cell is the single replay of its two sizes (an L2 memory tier of

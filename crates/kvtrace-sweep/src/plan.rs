@@ -880,6 +880,8 @@ impl Report for CapacityPlan {
                 "prefix_trees_kept": s.trees_kept,
                 "keys": s.keys,
                 "keys_kept": s.keys_kept,
+                "trunk_keys": s.trunk_keys,
+                "trunk_bytes": s.trunk_bytes,
                 "reuse_rate": s.reuse.rate(),
                 "reuse_rate_kept": s.reuse_kept.rate(),
                 "correction": s.correction(),
