@@ -407,6 +407,9 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
     };
     bar.finish();
     let mut report = result?;
+    for w in &report.warnings {
+        warn(&a.file.display().to_string(), w);
+    }
     // A sample's lookups name the shared prefix's keys a share as often as the whole trace's
     // do, while every other key keeps its count: LFU ranks them otherwise.
     let lfu = |p: &SizePoint| p.figures.eviction_policy.eq_ignore_ascii_case("LFU");

@@ -15,7 +15,7 @@ use kvtrace::storage::config::BackendConfig;
 use kvtrace::sweep::{self, Axis, Point};
 
 use super::progress::Progress;
-use super::{one_line, print_stdout, replay, simulate, warn_line, OutputArg};
+use super::{one_line, print_stdout, replay, simulate, warn, warn_line, OutputArg};
 
 /// Run one trace under many configurations: every flag of `replay` or `simulate` takes a
 /// comma-separated list, and every combination runs, in parallel
@@ -589,6 +589,9 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
     );
     bar.finish();
     let report = result?;
+    for w in &report.warnings {
+        warn(&a.file.display().to_string(), w);
+    }
     finish(&report, &outputs, a.sweep.quiet)?;
     let failed: Vec<String> = report
         .points
@@ -656,7 +659,11 @@ fn run_replay_slice(
         bar.inc()
     });
     bar.finish();
-    let slice = sweep::ranks::Slice::of(&result?, &mine, rank.rank, rank.world_size, points.len());
+    let result = result?;
+    for w in &result.warnings {
+        warn(&a.file.display().to_string(), w);
+    }
+    let slice = sweep::ranks::Slice::of(&result, &mine, rank.rank, rank.world_size, points.len());
     finish(&slice, &outputs, sw.quiet)?;
     if let Some(status) = kvtrace::interrupt::exit_status() {
         return Ok(status);

@@ -68,6 +68,51 @@ fn a_prompt_of_zero_tokens_is_a_one_line_error() {
     }
 }
 
+/// A plan or a sweep of a trace cut short (LMCache's own, a frame cut at byte 29,472)
+/// replays the records before the cut and says so once, on stderr and in its JSON, as a
+/// replay does: they ran it silently.
+#[test]
+fn a_plan_and_a_sweep_of_a_truncated_trace_say_so_once() {
+    let dir = scratch();
+    let trace = path(&sample("basic_lru.truncated"));
+    let cut = "truncated frame at byte 29472";
+    for (command, flags, json) in [
+        ("plan", ["--size-gb", "0.01"], "plan.json"),
+        ("sweep", ["--l1-size-gb", "0.01,0.1"], "sweep.json"),
+    ] {
+        let json = dir.path().join(json);
+        let mut args = vec![command.to_owned()];
+        if command == "sweep" {
+            args.push("replay".into());
+        }
+        args.extend([
+            trace.clone(),
+            "-q".into(),
+            format!("--json={}", path(&json)),
+        ]);
+        args.extend(flags.iter().map(|f| f.to_string()));
+        let out = kvtrace(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{command}: {err}");
+        assert_eq!(err.matches(cut).count(), 1, "{command}: {err}");
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("JSON");
+        let warnings = report["warnings"].as_array().expect("warnings");
+        assert_eq!(warnings.len(), 1, "{command}: {warnings:?}");
+        assert!(warnings[0].as_str().expect("text").starts_with(cut));
+    }
+    // A whole trace has none.
+    let json = dir.path().join("whole.json");
+    let whole = path(&sample("basic_lru"));
+    let json_flag = format!("--json={}", path(&json));
+    let out = kvtrace(["plan", &whole, "-q", &json_flag, "--size-gb", "0.01"]);
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 #[test]
 fn convert_never_writes_over_its_input() {
     let dir = scratch();

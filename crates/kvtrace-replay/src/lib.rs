@@ -288,6 +288,7 @@ fn replay_records(
         pacing: options.pacing.describe(),
         digest: digest_report(&header.sm_config_json, &header.sm_config_digest, &config),
         config,
+        trace_warnings: header_warnings.clone(),
         warnings: header_warnings,
         ..ReplayReport::default()
     };
@@ -571,7 +572,9 @@ fn replay_records(
     if let Some(w) = time_compressed(sm, first_t, last_t, &report.calls) {
         report.warnings.push(w);
     }
-    report.warnings.extend(summary.warnings());
+    let read = summary.warnings();
+    report.warnings.extend(read.iter().cloned());
+    report.trace_warnings.extend(read);
     Ok(report)
 }
 

@@ -191,6 +191,11 @@ pub struct ReplayReport {
     /// When the L1 eviction passes ran, and how that was chosen.
     pub eviction_phase: Option<PhaseReport>,
     pub warnings: Vec<String>,
+    /// The warnings of `warnings` that are the trace's own (its header's, a truncated or
+    /// undecodable record), the same in every replay of it: what a caller replaying one
+    /// trace at many sizes says once.
+    #[serde(skip)]
+    pub trace_warnings: Vec<String>,
     /// This replay's rank, in a run of many.
     pub rank: Option<RankReport>,
     /// Per call kind, every latency as a mergeable HdrHistogram (see

@@ -116,6 +116,9 @@ pub struct SizeRun {
     /// A sample's mean hit rate over [`SAMPLE_PHASES`] phases of the controller, where it
     /// evicted: what the sample's rate is read as (`Estimate`).
     pub hit_rate_over_phases: Option<f64>,
+    /// The trace's warnings (a truncated or undecodable record, a header the reader doubts),
+    /// not those of the replay at this size.
+    pub warnings: Vec<String>,
 }
 
 impl SizeRun {
@@ -130,6 +133,7 @@ impl SizeRun {
                     .is_some_and(|p| p.eq_ignore_ascii_case("LRU")),
             periodic: report.eviction_phase.is_some(),
             hit_rate_over_phases: None,
+            warnings: report.trace_warnings.clone(),
             figures: Figures::of(report),
             hit_tokens: report.hits.hit_tokens,
             requested_tokens: report.hits.requested_tokens,
@@ -148,6 +152,7 @@ impl SizeRun {
             lru_immediate: false,
             periodic: false,
             hit_rate_over_phases: None,
+            warnings: Vec::new(),
             figures: Figures::of_events(report),
             hit_tokens: 0,
             requested_tokens: 0,
@@ -253,6 +258,8 @@ pub struct CapacityPlan {
     /// does not model).
     pub optimal_unavailable: Option<String>,
     pub surface: Option<Surface>,
+    /// The trace's warnings, each once: a truncated or undecodable record, and the like.
+    pub warnings: Vec<String>,
 }
 
 /// A size as an axis label: four significant digits.
@@ -496,9 +503,30 @@ fn search(
         sizes.push(s);
         sizes.sort_by(f64::total_cmp);
     }
-    let run = |gib: f64| -> Result<SizePoint> { Ok(estimate.point(gib, at(gib, None)?)) };
-    let replay_all =
-        |sizes: &[f64]| run_points(sizes.len(), options.jobs, &|i| run(sizes[i]), done);
+    let run = |gib: f64| -> Result<(SizePoint, Vec<String>)> {
+        let mut run = at(gib, None)?;
+        let warnings = std::mem::take(&mut run.warnings);
+        Ok((estimate.point(gib, run), warnings))
+    };
+    // The trace's warnings once, in the order of the sizes (every replay gives the same).
+    let mut warnings: Vec<String> = Vec::new();
+    let mut note = |said: Vec<String>| {
+        for w in said {
+            if !warnings.contains(&w) {
+                warnings.push(w);
+            }
+        }
+    };
+    let mut replay_all = |sizes: &[f64]| -> Result<Vec<SizePoint>> {
+        let runs = run_points(sizes.len(), options.jobs, &|i| run(sizes[i]), done)?;
+        Ok(runs
+            .into_iter()
+            .map(|(point, said)| {
+                note(said);
+                point
+            })
+            .collect())
+    };
     let mut points = replay_all(&sizes)?;
     let mut replays = points.len();
     let span_s = points.first().map_or(0.0, |p| p.span_s);
@@ -550,14 +578,15 @@ fn search(
                 options.jobs,
                 &|i| {
                     let (l1, l2) = pairs[i];
-                    let run = at(l1, Some(l2))?;
+                    let mut run = at(l1, Some(l2))?;
+                    let said = std::mem::take(&mut run.warnings);
                     // A sample's traffic is its share of the whole trace's; what L2 serves
                     // is hits, corrected as they are.
                     let (read, written) = run.figures.l2_bytes();
                     let factor = estimate.factor(l1, &run);
                     let without_hits = estimate.without_hits(l1, &run);
                     let rate = |r: f64| without_hits.unwrap_or((r * factor).min(1.0));
-                    Ok(SurfaceCell {
+                    let cell = SurfaceCell {
                         l1_gib: l1,
                         l2_gib: l2,
                         hit_rate: rate(run.figures.hit_rate),
@@ -565,10 +594,18 @@ fn search(
                         l2_hit_rate: (run.figures.l2_hit_rate * factor).min(1.0),
                         l2_bytes_read: estimate.whole(read as f64 * factor),
                         l2_bytes_written: estimate.whole(written as f64),
-                    })
+                    };
+                    Ok((cell, said))
                 },
                 done,
             )?;
+            let cells: Vec<SurfaceCell> = cells
+                .into_iter()
+                .map(|(cell, said)| {
+                    note(said);
+                    cell
+                })
+                .collect();
             replays += cells.len();
             Some(Surface {
                 l1_gib,
@@ -593,6 +630,7 @@ fn search(
         sampled: None,
         optimal_unavailable: None,
         surface,
+        warnings,
     })
 }
 
@@ -872,6 +910,7 @@ impl Report for CapacityPlan {
                 None => json!("Belady's rule, prefix-aware: the share of looked-up chunks the best possible eviction hits, with a client that stores its misses"),
                 Some(why) => json!(format!("unavailable: {why}")),
             },
+            "warnings": self.warnings,
             "sample": self.sampled.map(|Sampled { seed, counts: s }| json!({
                 "rate": s.rate,
                 "seed": seed,
@@ -1256,6 +1295,7 @@ mod tests {
             lru_immediate: false,
             periodic: true,
             hit_rate_over_phases: None,
+            warnings: Vec::new(),
         };
         let mut filling = evicting.clone();
         filling.figures.evictions = 0;

@@ -217,6 +217,8 @@ pub fn merge(slices: Vec<(String, Slice)>) -> Result<ReplaySweep> {
             "merged from {world_size} ranks: the curves are drawn by a sweep in one process"
         )),
         model_curves: Vec::new(),
+        // Each rank said its own.
+        warnings: Vec::new(),
     })
 }
 

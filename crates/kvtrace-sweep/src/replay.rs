@@ -186,6 +186,7 @@ pub fn sweep_events(
         curve: None,
         curve_note: None,
         model_curves: Vec::new(),
+        warnings: Vec::new(),
     })
 }
 
@@ -202,6 +203,9 @@ pub struct ReplaySweep {
     /// The hit rate at many L1 sizes by full replays — LMCache's controller and the recorded
     /// client's model, as every point — one curve per combination of the other flags.
     pub model_curves: Vec<ModelCurve>,
+    /// The trace's warnings (a truncated or undecodable record, and the like), each once;
+    /// every point's summary holds its replay's own.
+    pub warnings: Vec<String>,
 }
 
 /// The hit-rate curve of LMCache's cache model: a full replay at each size.
@@ -324,17 +328,18 @@ pub fn sweep(
         )));
     }
     let loaded = Loaded::load(trace, read, LOAD_BUDGET_BYTES)?.map(Arc::new);
-    let run = |i: usize| -> Result<ReplayPoint> {
+    let run = |i: usize| -> Result<(ReplayPoint, Vec<String>)> {
         let point = &points[i];
         let start = Instant::now();
         let finished = plan(i, loaded.clone())?.run(|_| {})?;
         let report = &finished.report;
-        Ok(ReplayPoint {
+        let replayed = ReplayPoint {
             point: point.clone(),
             summary: comparable_summary(report)?,
             figures: Figures::of(report),
             replay_s: start.elapsed().as_secs_f64(),
-        })
+        };
+        Ok((replayed, report.trace_warnings.clone()))
     };
     // The idealised curve of a loaded trace runs beside the points (it reads only the
     // records), so that it costs a share of the cores rather than a pass of its own after
@@ -347,7 +352,18 @@ pub fn sweep(
         let results = run_points(points.len(), jobs, &run, done);
         (results, beside.map(|curve| curve.join()))
     });
-    let results = results?;
+    let mut warnings: Vec<String> = Vec::new();
+    let results: Vec<ReplayPoint> = results?
+        .into_iter()
+        .map(|(replayed, said)| {
+            for w in said {
+                if !warnings.contains(&w) {
+                    warnings.push(w);
+                }
+            }
+            replayed
+        })
+        .collect();
     let (curve, curve_note) = if curve_wanted {
         let curve = match (beside, &loaded) {
             (Some(curve), _) => {
@@ -437,6 +453,7 @@ pub fn sweep(
         curve,
         curve_note,
         model_curves,
+        warnings,
     })
 }
 

@@ -319,6 +319,7 @@ impl Report for ReplaySweep {
             "model_curve": model_curve,
             "lru_curve": curve,
             "lru_curve_note": self.curve_note,
+            "warnings": self.warnings,
             "interrupted": crate::interrupt::requested().is_some(),
         }))
     }
