@@ -430,6 +430,12 @@ fn run_events(args: &Args) -> Result<i32, Error> {
     ])?;
     let config_for = |server: usize| server_config(&base, server);
     let report = replay_events(&stream, &summarise(&stream), &config_for)?;
+    for w in &report.warnings {
+        match files.as_slice() {
+            [file] => warn(&file.display().to_string(), w),
+            _ => warn_line(w),
+        }
+    }
     for (exporter, target) in &outputs {
         kvtrace::report::write(&report, *exporter, target, "events_replay_summary.json")?;
     }

@@ -526,7 +526,11 @@ fn run_replay(a: ReplaySweep) -> Result<i32, Error> {
         let result =
             sweep::replay::sweep_events(&a.file, &points, jobs, read, &config, &|_| bar.inc());
         bar.finish();
-        finish(&result?, &outputs, a.sweep.quiet)?;
+        let report = result?;
+        for w in &report.warnings {
+            warn(&a.file.display().to_string(), w);
+        }
+        finish(&report, &outputs, a.sweep.quiet)?;
         return Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK));
     }
     let sizes: std::collections::BTreeSet<&str> =

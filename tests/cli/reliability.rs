@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::{kvtrace, sample, scratch, text};
+use crate::util::{kvtrace, sample, scratch, shared, text};
 
 fn path(p: &Path) -> String {
     p.display().to_string()
@@ -70,9 +70,9 @@ fn a_prompt_of_zero_tokens_is_a_one_line_error() {
 
 /// A plan or a sweep of a trace cut short (LMCache's own, a frame cut at byte 29,472)
 /// replays the records before the cut and says so once, on stderr and in its JSON, as a
-/// replay does: they ran it silently.
+/// replay does; so do an events trace's replay, plan and sweep. They ran it silently.
 #[test]
-fn a_plan_and_a_sweep_of_a_truncated_trace_say_so_once() {
+fn a_plan_a_sweep_and_an_events_replay_of_a_truncated_trace_say_so_once() {
     let dir = scratch();
     let trace = path(&sample("basic_lru.truncated"));
     let cut = "truncated frame at byte 29472";
@@ -111,6 +111,35 @@ fn a_plan_and_a_sweep_of_a_truncated_trace_say_so_once() {
         "{}",
         text(&out.stderr)
     );
+    // An events-level trace cut at two thirds: its replay, plan and sweep say so too.
+    let Some(shared) = shared() else { return };
+    let events = std::fs::read(shared.join("lmcache/events_churn.lct")).expect("events trace");
+    let cut = dir.path().join("events_cut.lct");
+    std::fs::write(&cut, &events[..events.len() * 2 / 3]).expect("write");
+    for args in [
+        vec!["replay", "--no-csv"],
+        vec!["plan", "--size-gb", "0.01"],
+        vec!["sweep", "replay", "--l1-size-gb", "0.01,0.1"],
+    ] {
+        let json = dir.path().join("events.json");
+        let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        args.extend([path(&cut), "-q".into(), format!("--json={}", path(&json))]);
+        let out = kvtrace(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert_eq!(
+            err.matches("truncated frame at byte").count(),
+            1,
+            "{args:?}: {err}"
+        );
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("JSON");
+        assert_eq!(
+            report["warnings"].as_array().map(Vec::len),
+            Some(1),
+            "{args:?}"
+        );
+    }
 }
 
 #[test]

@@ -152,7 +152,7 @@ impl SizeRun {
             lru_immediate: false,
             periodic: false,
             hit_rate_over_phases: None,
-            warnings: Vec::new(),
+            warnings: report.warnings.clone(),
             figures: Figures::of_events(report),
             hit_tokens: 0,
             requested_tokens: 0,

@@ -186,7 +186,7 @@ pub fn sweep_events(
         curve: None,
         curve_note: None,
         model_curves: Vec::new(),
-        warnings: Vec::new(),
+        warnings: stream.warnings.clone(),
     })
 }
 

@@ -73,6 +73,9 @@ pub struct FleetStream {
     /// Server instances in first-appearance order.
     pub instances: Vec<String>,
     pub records: Vec<FleetRecord>,
+    /// What the reads warned of (a truncated or undecodable record, a header the reader
+    /// doubts), each led by its file's name when the fleet is several files.
+    pub warnings: Vec<String>,
 }
 
 impl FleetStream {
@@ -121,6 +124,12 @@ impl FleetStream {
                 ));
                 n += 1;
             }
+            let said = reader.header_warnings().into_iter();
+            let said = said.chain(reader.summary().warnings());
+            stream.warnings.extend(said.map(|w| match paths.len() {
+                1 => w,
+                _ => format!("{shown}: {w}"),
+            }));
             stream.files.push(shown);
         }
         keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));

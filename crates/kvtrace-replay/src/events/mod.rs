@@ -101,6 +101,8 @@ pub struct EventsReplayReport {
     pub servers: Vec<ServerReplay>,
     pub fleet: ServerReplay,
     pub duration_s: f64,
+    /// The stream's warnings ([`FleetStream::warnings`]).
+    pub warnings: Vec<String>,
 }
 
 /// Server `server`'s copy of `base`: a file tier gets a directory per server, as each server
@@ -212,6 +214,7 @@ pub fn replay_events(
         servers: out,
         fleet,
         duration_s: started.elapsed().as_secs_f64(),
+        warnings: stream.warnings.clone(),
     })
 }
 
