@@ -445,25 +445,32 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
     Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK))
 }
 
-/// Fewer prefix trees than this in a sample read through its own replay, and the planner
+/// Fewer prefix trees than this in a sample read through its own times, and the planner
 /// says the estimate is loose: on the Mooncake twin under an evicting controller the mean
 /// error was 17 pp at 75 trees, 2.8 at 148, 0.9 at 369 and 0.53 at 737
 /// (docs/commands/plan.md).
 const FEW_TREES: u64 = 500;
 
-/// Why a sample is too thin to stand for its trace where some size's rate came from the
-/// sample's own replay (every mapping but the whole trace's footprint), when it is: too
-/// few trees, or a trunk — the keys more than a tenth of the sample's lookups name, held
-/// whole — that is most of the sample, as a small share of a trace whose trees recur gives.
+/// Why a sample is too thin to stand for its trace, when it is: too few trees where some
+/// size's rate came from the sample's own times (`reuse time`, `admission time`), or a
+/// trunk — the keys more than a tenth of the sample's lookups name, held whole — that is
+/// most of the sample where its replay also chose between the whole trace's models (`first
+/// stores` where it evicted nothing), as a small share of a trace whose trees recur gives.
+/// A plan read from the whole trace's footprint alone stands at any share.
 fn thin_sample(report: &CapacityPlan, sampled: &Sampled) -> Option<String> {
     let counts = &sampled.counts;
-    let own = report
-        .points
-        .iter()
-        .any(|p| p.sample_mapping.is_some_and(|m| m != "footprint"));
+    let mapped = |names: &[&str]| {
+        report
+            .points
+            .iter()
+            .any(|p| p.sample_mapping.is_some_and(|m| names.contains(&m)))
+    };
+    let own = mapped(&["reuse time", "admission time"]);
+    let chose = own || mapped(&["first stores"]);
     let trunk = counts.trunk_keys as f64 / counts.keys_kept.max(1) as f64;
     let partial = counts.trees_kept < counts.trees;
-    (own && partial && (counts.trees_kept < FEW_TREES || trunk > 0.5)).then(|| {
+    let thin = (own && counts.trees_kept < FEW_TREES) || (chose && trunk > 0.5);
+    (partial && thin).then(|| {
         format!(
             "--sample {}: {} prefix trees kept, {:.0} % of the sample's keys in the trunk every sample holds whole; \
              a sample this small misses by points where its own replay maps the rate (17 pp mean error at 75 trees, \
