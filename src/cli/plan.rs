@@ -9,7 +9,7 @@ use kvtrace::replay::events::{replay_events, server_config};
 use kvtrace::report::Report;
 use kvtrace::simulate::mooncake::request_span_s;
 use kvtrace::sweep::plan::{
-    plan, CapacityPlan, PlanInput, PlanOptions, Question, Sampled, SizePoint, SizeRun, SurfaceGrid,
+    plan, PlanInput, PlanOptions, Question, SizePoint, SizeRun, SurfaceGrid,
 };
 use kvtrace::sweep::Point;
 use kvtrace::trace::mooncake::{self, MooncakeOptions};
@@ -419,12 +419,12 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
             "--sample under LFU: a sample uses the shared prefix's keys less often than the whole trace, so LFU keeps other objects (8–9 pp mean error measured at 1 % on the Mooncake twin, docs/commands/plan.md); plan LFU without --sample",
         );
     }
-    if let Some(thin) = report
-        .sampled
-        .as_ref()
-        .and_then(|s| thin_sample(&report, s))
-    {
-        warn(&a.file.display().to_string(), &thin);
+    if let (Some(thin), Some(s)) = (report.thin_sample(), &report.sampled) {
+        let shown = a.file.display().to_string();
+        warn(
+            &shown,
+            &format!("--sample {}: {thin}: sample more", s.counts.rate),
+        );
     }
     if generated.is_some() {
         // The storage trace's records are a microsecond apart: the per-second figures take
@@ -443,41 +443,4 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
         print_stdout(&report.terminal())?;
     }
     Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK))
-}
-
-/// Fewer prefix trees than this in a sample read through its own times, and the planner
-/// says the estimate is loose: on the Mooncake twin under an evicting controller the mean
-/// error was 17 pp at 75 trees, 2.8 at 148, 0.9 at 369 and 0.53 at 737
-/// (docs/commands/plan.md).
-const FEW_TREES: u64 = 500;
-
-/// Why a sample is too thin to stand for its trace, when it is: too few trees where some
-/// size's rate came from the sample's own times (`reuse time`, `admission time`), or a
-/// trunk — the keys more than a tenth of the sample's lookups name, held whole — that is
-/// most of the sample where its replay also chose between the whole trace's models (`first
-/// stores` where it evicted nothing), as a small share of a trace whose trees recur gives.
-/// A plan read from the whole trace's footprint alone stands at any share.
-fn thin_sample(report: &CapacityPlan, sampled: &Sampled) -> Option<String> {
-    let counts = &sampled.counts;
-    let mapped = |names: &[&str]| {
-        report
-            .points
-            .iter()
-            .any(|p| p.sample_mapping.is_some_and(|m| names.contains(&m)))
-    };
-    let own = mapped(&["reuse time", "admission time"]);
-    let chose = own || mapped(&["first stores"]);
-    let trunk = counts.trunk_keys as f64 / counts.keys_kept.max(1) as f64;
-    let partial = counts.trees_kept < counts.trees;
-    let thin = (own && counts.trees_kept < FEW_TREES) || (chose && trunk > 0.5);
-    (partial && thin).then(|| {
-        format!(
-            "--sample {}: {} prefix trees kept, {:.0} % of the sample's keys in the trunk every sample holds whole; \
-             a sample this small misses by points where its own replay maps the rate (17 pp mean error at 75 trees, \
-             2.8 at 148, 0.9 at 369 on the Mooncake twin under an evicting controller, docs/commands/plan.md): sample more",
-            counts.rate,
-            counts.trees_kept,
-            trunk * 100.0
-        )
-    })
 }

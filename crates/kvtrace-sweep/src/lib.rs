@@ -219,6 +219,16 @@ pub fn grid(path: &Path, max_points: u64) -> Result<Vec<Point>> {
     Ok(points)
 }
 
+/// Adds the warnings `said` that `warnings` does not hold yet, in order: every replay of a
+/// trace says the trace's own, and a sweep or a plan says each once.
+fn warn_once(warnings: &mut Vec<String>, said: Vec<String>) {
+    for w in said {
+        if !warnings.contains(&w) {
+            warnings.push(w);
+        }
+    }
+}
+
 /// Runs `run` for every point index on up to `jobs` threads and returns the results in point
 /// order. After a point fails no new point starts, and the failure of the lowest-numbered
 /// failed point is returned; after an interrupt the points that finished are returned.

@@ -510,13 +510,7 @@ fn search(
     };
     // The trace's warnings once, in the order of the sizes (every replay gives the same).
     let mut warnings: Vec<String> = Vec::new();
-    let mut note = |said: Vec<String>| {
-        for w in said {
-            if !warnings.contains(&w) {
-                warnings.push(w);
-            }
-        }
-    };
+    let mut note = |said: Vec<String>| crate::warn_once(&mut warnings, said);
     let mut replay_all = |sizes: &[f64]| -> Result<Vec<SizePoint>> {
         let runs = run_points(sizes.len(), options.jobs, &|i| run(sizes[i]), done)?;
         Ok(runs
@@ -819,7 +813,48 @@ impl Estimate {
     }
 }
 
+/// Fewer prefix trees than this in a sample read through its own times, and the plan is
+/// loose: on the Mooncake twin under an evicting controller the mean error was 17 pp at 75
+/// trees, 2.8 at 148, 0.9 at 369 and 0.53 at 737 (docs/commands/plan.md).
+pub const FEW_TREES: u64 = 500;
+
+/// Why a sample is too thin to stand for its trace, in words, when it is: too few trees
+/// where some size's rate came from the sample's own times (`reuse time`, `admission
+/// time`), or a trunk — the keys more than a tenth of the sample's lookups name, held whole
+/// — that is most of the sample where its replay chose between the whole trace's models
+/// (`first stores` where it evicted nothing), as a small share of a trace whose trees recur
+/// gives. A plan read from the whole trace's footprint alone stands at any share, and a
+/// sample of every tree is the whole trace.
+fn thin_sample(points: &[SizePoint], counts: &SampleCounts) -> Option<String> {
+    let mapped = |wanted: &[Mapping]| {
+        let names: Vec<&str> = wanted.iter().map(|m| m.name()).collect();
+        points
+            .iter()
+            .any(|p| p.sample_mapping.is_some_and(|m| names.contains(&m)))
+    };
+    let own = mapped(&[Mapping::Reuse, Mapping::Admission]);
+    let chose = own || mapped(&[Mapping::FirstStores]);
+    let trunk = counts.trunk_keys as f64 / counts.keys_kept.max(1) as f64;
+    let partial = counts.trees_kept < counts.trees;
+    let thin = (own && counts.trees_kept < FEW_TREES) || (chose && trunk > 0.5);
+    (partial && thin).then(|| {
+        format!(
+            "{} prefix trees kept, {:.0} % of the sample's keys in the trunk every sample holds whole; \
+             a sample this small misses by points where its own replay maps the rate (17 pp mean error at 75 trees, \
+             2.8 at 148, 0.9 at 369 on the Mooncake twin under an evicting controller, docs/commands/plan.md)",
+            counts.trees_kept,
+            trunk * 100.0
+        )
+    })
+}
+
 impl CapacityPlan {
+    /// Why the sample is too thin to stand for the trace, in words, when the plan is
+    /// sampled and it is (see [`FEW_TREES`]).
+    pub fn thin_sample(&self) -> Option<String> {
+        thin_sample(&self.points, &self.sampled.as_ref()?.counts)
+    }
+
     /// Hit tokens per second of the trace (0 for a trace of one instant).
     fn per_s(&self, tokens: u64) -> f64 {
         if self.span_s > 0.0 {
@@ -1398,6 +1433,46 @@ mod tests {
             "{g:?}"
         );
         assert_eq!(log_grid(1.0, 1.0, 4), vec![1.0]);
+    }
+
+    /// A sample is thin where its own times map the rate and it holds fewer than 500 trees,
+    /// or where its replay chose the mapping and its trunk is most of it; never where the
+    /// whole trace's footprint answers, or where it holds every tree.
+    #[test]
+    fn a_thin_sample_is_one_whose_own_replay_decides_with_too_little() {
+        let counts = |trees_kept: u64, trunk_keys: u64| SampleCounts {
+            rate: 0.01,
+            trees: 10_000,
+            trees_kept,
+            keys: 100_000,
+            keys_kept: 1_000,
+            trunk_keys,
+            trunk_bytes: 0,
+            reuse: Default::default(),
+            reuse_kept: Default::default(),
+        };
+        let mapped = |names: &[&'static str]| -> Vec<SizePoint> {
+            names
+                .iter()
+                .map(|&m| SizePoint {
+                    sample_mapping: Some(m),
+                    ..point(1.0, 0.5)
+                })
+                .collect()
+        };
+        let reuse = mapped(&["footprint", "reuse time"]);
+        let stores = mapped(&["first stores"]);
+        let footprint = mapped(&["footprint"]);
+        assert!(thin_sample(&reuse, &counts(499, 0)).is_some_and(|w| w.starts_with("499 ")));
+        assert!(thin_sample(&reuse, &counts(500, 0)).is_none());
+        assert!(thin_sample(&mapped(&["admission time"]), &counts(499, 0)).is_some());
+        assert!(thin_sample(&stores, &counts(75, 310)).is_none());
+        assert!(thin_sample(&stores, &counts(75, 800)).is_some());
+        assert!(thin_sample(&reuse, &counts(5_000, 501)).is_some());
+        assert!(thin_sample(&footprint, &counts(10, 900)).is_none());
+        let mut every = counts(10, 900);
+        every.trees_kept = every.trees;
+        assert!(thin_sample(&reuse, &every).is_none());
     }
 
     #[test]

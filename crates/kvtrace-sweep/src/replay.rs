@@ -356,11 +356,7 @@ pub fn sweep(
     let results: Vec<ReplayPoint> = results?
         .into_iter()
         .map(|(replayed, said)| {
-            for w in said {
-                if !warnings.contains(&w) {
-                    warnings.push(w);
-                }
-            }
+            crate::warn_once(&mut warnings, said);
             replayed
         })
         .collect();
