@@ -730,6 +730,22 @@ fn a_mooncake_request_trace_is_planned_as_its_storage_trace() {
     let answer = &direct["answer"];
     let per_s = answer["hit_tokens"].as_f64().expect("tokens") / span_s;
     assert!((answer["hit_tokens_per_s"].as_f64().expect("per s") - per_s).abs() < 1e-6 * per_s);
+    // The generated records are microseconds apart: under LMCache's controller (a pass a
+    // second) no pass runs while the small sizes refuse writes, and the plan says so once,
+    // as a replay of one size does; with its header's immediate LRU it says nothing.
+    assert_eq!(generated["warnings"], serde_json::json!([]));
+    let (periodic, warned) = planned(
+        &lct,
+        &[&flags[..], &["--eviction-timing", "periodic"]].concat(),
+    );
+    let refused = &periodic["curve"][0]["out_of_memory_calls"];
+    assert!(refused.as_u64().expect("refused") > 0, "{refused}");
+    assert_eq!(
+        warned.matches("ran at most one pass").count(),
+        1,
+        "{warned}"
+    );
+    assert_eq!(periodic["warnings"].as_array().map(Vec::len), Some(1));
 }
 
 #[test]

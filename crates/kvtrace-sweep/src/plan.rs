@@ -119,7 +119,19 @@ pub struct SizeRun {
     /// The trace's warnings (a truncated or undecodable record, a header the reader doubts),
     /// not those of the replay at this size.
     pub warnings: Vec<String>,
+    /// LMCache's periodic controller ran at most one pass while the L1 refused writes: the
+    /// trace is shorter than a pass interval, and this size's rate is that of an L1 that
+    /// fills and refuses (see [`CONTROLLER_IDLE`]).
+    pub controller_idle: bool,
 }
+
+/// What a plan says once where a size's replay left LMCache's controller idle while its L1
+/// refused writes ([`SizeRun::controller_idle`]), as a replay says it of itself: a trace
+/// written through the recorder API, its records microseconds apart, spans less than one
+/// pass, so the curve there is not one of an L1 that evicts.
+pub const CONTROLLER_IDLE: &str = "LMCache's eviction controller ran at most one pass while the L1 refused writes at some sizes: \
+     the trace spans less than a pass interval (written through the recorder API?), so their hit rates are those of an L1 that fills \
+     and refuses; replay with immediate eviction timing for one that evicts as allocations need room";
 
 impl SizeRun {
     /// A storage trace's replay.
@@ -134,6 +146,9 @@ impl SizeRun {
             periodic: report.eviction_phase.is_some(),
             hit_rate_over_phases: None,
             warnings: report.trace_warnings.clone(),
+            controller_idle: report.eviction_phase.is_some()
+                && report.calls.eviction_passes <= 1
+                && report.calls.out_of_memory_calls > 0,
             figures: Figures::of(report),
             hit_tokens: report.hits.hit_tokens,
             requested_tokens: report.hits.requested_tokens,
@@ -153,6 +168,7 @@ impl SizeRun {
             periodic: false,
             hit_rate_over_phases: None,
             warnings: report.warnings.clone(),
+            controller_idle: false,
             figures: Figures::of_events(report),
             hit_tokens: 0,
             requested_tokens: 0,
@@ -258,7 +274,8 @@ pub struct CapacityPlan {
     /// does not model).
     pub optimal_unavailable: Option<String>,
     pub surface: Option<Surface>,
-    /// The trace's warnings, each once: a truncated or undecodable record, and the like.
+    /// The trace's warnings, each once: a truncated or undecodable record, and the like,
+    /// and [`CONTROLLER_IDLE`] where a size's replay left LMCache's controller idle.
     pub warnings: Vec<String>,
 }
 
@@ -505,7 +522,10 @@ fn search(
     }
     let run = |gib: f64| -> Result<(SizePoint, Vec<String>)> {
         let mut run = at(gib, None)?;
-        let warnings = std::mem::take(&mut run.warnings);
+        let mut warnings = std::mem::take(&mut run.warnings);
+        if run.controller_idle {
+            warnings.push(CONTROLLER_IDLE.to_owned());
+        }
         Ok((estimate.point(gib, run), warnings))
     };
     // The trace's warnings once, in the order of the sizes (every replay gives the same).
@@ -1331,6 +1351,7 @@ mod tests {
             periodic: true,
             hit_rate_over_phases: None,
             warnings: Vec::new(),
+            controller_idle: false,
         };
         let mut filling = evicting.clone();
         filling.figures.evictions = 0;
