@@ -327,6 +327,28 @@ fn the_stack_distance_curve_equals_full_replays_of_a_generated_trace() {
         assert_eq!(replay, curve, "at {gib} GiB");
     }
     assert!(at[0].1 < at[at.len() - 1].1, "the curve is flat: {at:?}");
+    assert_eq!(sweep["warnings"], serde_json::json!([]));
+    // Under LMCache's controller (a pass a second) the records, microseconds apart, see no
+    // pass while the small L1 refuses writes: the sweep says so once, not once a point.
+    let periodic = dir.path().join("periodic.json");
+    let out = kvtrace([
+        "sweep",
+        "replay",
+        trace.to_str().expect("path"),
+        "--l1-size-gb",
+        "0.25,0.5",
+        "--eviction-timing",
+        "periodic",
+        "-q",
+        &format!("--json={}", periodic.display()),
+    ]);
+    ok(&out);
+    let said = text(&out.stderr);
+    assert_eq!(said.matches("ran at most one pass").count(), 1, "{said}");
+    assert_eq!(
+        json(&periodic)["warnings"].as_array().map(Vec::len),
+        Some(1)
+    );
 }
 
 #[test]

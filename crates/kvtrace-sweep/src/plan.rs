@@ -25,7 +25,7 @@ use std::sync::Arc;
 use serde_json::{json, Value as Json};
 
 use super::optimal::Uses;
-use super::replay::{Figures, LOAD_BUDGET_BYTES};
+use super::replay::{controller_idle, Figures, CONTROLLER_IDLE, LOAD_BUDGET_BYTES};
 use super::run_points;
 use super::stack::{lru_curve, lru_curve_of, objects_in, LruCurve};
 use crate::error::{Error, Result};
@@ -125,14 +125,6 @@ pub struct SizeRun {
     pub controller_idle: bool,
 }
 
-/// What a plan says once where a size's replay left LMCache's controller idle while its L1
-/// refused writes ([`SizeRun::controller_idle`]), as a replay says it of itself: a trace
-/// written through the recorder API, its records microseconds apart, spans less than one
-/// pass, so the curve there is not one of an L1 that evicts.
-pub const CONTROLLER_IDLE: &str = "LMCache's eviction controller ran at most one pass while the L1 refused writes at some sizes: \
-     the trace spans less than a pass interval (written through the recorder API?), so their hit rates are those of an L1 that fills \
-     and refuses; replay with immediate eviction timing for one that evicts as allocations need room";
-
 impl SizeRun {
     /// A storage trace's replay.
     pub fn of(report: &ReplayReport) -> SizeRun {
@@ -146,9 +138,7 @@ impl SizeRun {
             periodic: report.eviction_phase.is_some(),
             hit_rate_over_phases: None,
             warnings: report.trace_warnings.clone(),
-            controller_idle: report.eviction_phase.is_some()
-                && report.calls.eviction_passes <= 1
-                && report.calls.out_of_memory_calls > 0,
+            controller_idle: controller_idle(report),
             figures: Figures::of(report),
             hit_tokens: report.hits.hit_tokens,
             requested_tokens: report.hits.requested_tokens,

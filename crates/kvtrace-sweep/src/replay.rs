@@ -24,6 +24,22 @@ use kvtrace_replay::report::ReplayReport;
 use kvtrace_report::units::fraction;
 use kvtrace_report::Report;
 
+/// What a plan or a sweep says once where a replay left LMCache's controller idle while its
+/// L1 refused writes ([`controller_idle`]), as a replay says it of itself: a trace written
+/// through the recorder API, its records microseconds apart, spans less than one pass, so
+/// the rates there are not those of an L1 that evicts.
+pub const CONTROLLER_IDLE: &str = "LMCache's eviction controller ran at most one pass while the L1 refused writes at some sizes: \
+     the trace spans less than a pass interval (written through the recorder API?), so their hit rates are those of an L1 that fills \
+     and refuses; replay with immediate eviction timing for one that evicts as allocations need room";
+
+/// Whether `report`'s replay ran LMCache's periodic controller at most once while its L1
+/// refused writes.
+pub fn controller_idle(report: &ReplayReport) -> bool {
+    report.eviction_phase.is_some()
+        && report.calls.eviction_passes <= 1
+        && report.calls.out_of_memory_calls > 0
+}
+
 /// What one configuration did.
 #[derive(Clone, Debug)]
 pub struct ReplayPoint {
@@ -203,8 +219,9 @@ pub struct ReplaySweep {
     /// The hit rate at many L1 sizes by full replays — LMCache's controller and the recorded
     /// client's model, as every point — one curve per combination of the other flags.
     pub model_curves: Vec<ModelCurve>,
-    /// The trace's warnings (a truncated or undecodable record, and the like), each once;
-    /// every point's summary holds its replay's own.
+    /// The trace's warnings (a truncated or undecodable record, and the like) and
+    /// [`CONTROLLER_IDLE`] where a point left LMCache's controller idle, each once; every
+    /// point's summary holds its replay's own.
     pub warnings: Vec<String>,
 }
 
@@ -339,7 +356,11 @@ pub fn sweep(
             figures: Figures::of(report),
             replay_s: start.elapsed().as_secs_f64(),
         };
-        Ok((replayed, report.trace_warnings.clone()))
+        let mut said = report.trace_warnings.clone();
+        if controller_idle(report) {
+            said.push(CONTROLLER_IDLE.to_owned());
+        }
+        Ok((replayed, said))
     };
     // The idealised curve of a loaded trace runs beside the points (it reads only the
     // records), so that it costs a share of the cores rather than a pass of its own after
