@@ -518,7 +518,8 @@ fn search(
         }
         Ok((estimate.point(gib, run), warnings))
     };
-    // The trace's warnings once, in the order of the sizes (every replay gives the same).
+    // The trace's warnings (every replay gives the same) and the controller's idleness,
+    // each once, in the order of the sizes.
     let mut warnings: Vec<String> = Vec::new();
     let mut note = |said: Vec<String>| crate::warn_once(&mut warnings, said);
     let mut replay_all = |sizes: &[f64]| -> Result<Vec<SizePoint>> {
