@@ -97,20 +97,22 @@ fn a_plan_a_sweep_and_an_events_replay_of_a_truncated_trace_say_so_once() {
         assert_eq!(err.matches(cut).count(), 1, "{command}: {err}");
         let report: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("JSON");
+        // Beside the cut, the plan and the sweep may say that LMCache's controller never
+        // ran at their smallest sizes: the trace spans less than a second.
         let warnings = report["warnings"].as_array().expect("warnings");
-        assert_eq!(warnings.len(), 1, "{command}: {warnings:?}");
-        assert!(warnings[0].as_str().expect("text").starts_with(cut));
+        let cuts = warnings
+            .iter()
+            .filter(|w| w.as_str().expect("text").starts_with(cut))
+            .count();
+        assert_eq!(cuts, 1, "{command}: {warnings:?}");
     }
-    // A whole trace has none.
+    // A whole trace has no such warning.
     let json = dir.path().join("whole.json");
     let whole = path(&sample("basic_lru"));
     let json_flag = format!("--json={}", path(&json));
     let out = kvtrace(["plan", &whole, "-q", &json_flag, "--size-gb", "0.01"]);
-    assert!(
-        out.status.success() && out.stderr.is_empty(),
-        "{}",
-        text(&out.stderr)
-    );
+    let err = text(&out.stderr);
+    assert!(out.status.success() && !err.contains("truncated"), "{err}");
     // An events-level trace cut at two thirds: its replay, plan and sweep say so too.
     let Some(shared) = shared() else { return };
     let events = std::fs::read(shared.join("lmcache/events_churn.lct")).expect("events trace");
@@ -134,11 +136,16 @@ fn a_plan_a_sweep_and_an_events_replay_of_a_truncated_trace_say_so_once() {
         );
         let report: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("JSON");
-        assert_eq!(
-            report["warnings"].as_array().map(Vec::len),
-            Some(1),
-            "{args:?}"
-        );
+        let said = report["warnings"].as_array().expect("warnings");
+        let cuts = said
+            .iter()
+            .filter(|w| {
+                w.as_str()
+                    .expect("text")
+                    .starts_with("truncated frame at byte")
+            })
+            .count();
+        assert_eq!(cuts, 1, "{args:?}: {said:?}");
     }
 }
 
