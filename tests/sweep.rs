@@ -288,13 +288,19 @@ fn curve_at_points(sweep: &Value) -> Vec<(f64, f64, f64)> {
 
 /// `kvtrace sweep replay TRACE FLAGS... -q --json=DIR/sweep.json`, its JSON.
 fn sweep_replay_json(trace: &Path, flags: &[&str], dir: &Path) -> Value {
+    sweep_replay(trace, flags, dir).0
+}
+
+/// A replay sweep's JSON report and what it wrote to stderr.
+fn sweep_replay(trace: &Path, flags: &[&str], dir: &Path) -> (Value, String) {
     let out_json = dir.join("sweep.json");
     let mut args = vec!["sweep", "replay", trace.to_str().expect("path")];
     args.extend_from_slice(flags);
     let flag = format!("--json={}", out_json.display());
     args.extend_from_slice(&["-q", &flag]);
-    ok(&kvtrace(&args));
-    json(&out_json)
+    let out = kvtrace(&args);
+    ok(&out);
+    (json(&out_json), text(&out.stderr))
 }
 
 fn sweep_immediate_lru(trace: &Path, sizes: &str, dir: &Path) -> Value {
@@ -330,25 +336,10 @@ fn the_stack_distance_curve_equals_full_replays_of_a_generated_trace() {
     assert_eq!(sweep["warnings"], serde_json::json!([]));
     // Under LMCache's controller (a pass a second) the records, microseconds apart, see no
     // pass while the small L1 refuses writes: the sweep says so once, not once a point.
-    let periodic = dir.path().join("periodic.json");
-    let out = kvtrace([
-        "sweep",
-        "replay",
-        trace.to_str().expect("path"),
-        "--l1-size-gb",
-        "0.25,0.5",
-        "--eviction-timing",
-        "periodic",
-        "-q",
-        &format!("--json={}", periodic.display()),
-    ]);
-    ok(&out);
-    let said = text(&out.stderr);
+    let flags = ["--l1-size-gb", "0.25,0.5", "--eviction-timing", "periodic"];
+    let (periodic, said) = sweep_replay(&trace, &flags, dir.path());
     assert_eq!(said.matches("ran at most one pass").count(), 1, "{said}");
-    assert_eq!(
-        json(&periodic)["warnings"].as_array().map(Vec::len),
-        Some(1)
-    );
+    assert_eq!(periodic["warnings"].as_array().map(Vec::len), Some(1));
 }
 
 #[test]

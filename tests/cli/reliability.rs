@@ -74,37 +74,36 @@ fn a_prompt_of_zero_tokens_is_a_one_line_error() {
 #[test]
 fn a_plan_a_sweep_and_an_events_replay_of_a_truncated_trace_say_so_once() {
     let dir = scratch();
-    let trace = path(&sample("basic_lru.truncated"));
-    let cut = "truncated frame at byte 29472";
-    for (command, flags, json) in [
-        ("plan", ["--size-gb", "0.01"], "plan.json"),
-        ("sweep", ["--l1-size-gb", "0.01,0.1"], "sweep.json"),
-    ] {
-        let json = dir.path().join(json);
-        let mut args = vec![command.to_owned()];
-        if command == "sweep" {
-            args.push("replay".into());
-        }
+    // `command` of `trace` exits 0 and says `cut` once on stderr and once among its JSON's
+    // `warnings` (beside which the plan and the sweep may say that LMCache's controller
+    // never ran at their smallest sizes: the trace spans less than a second).
+    let says_once = |command: &[&str], trace: &str, cut: &str| {
+        let json = dir.path().join("report.json");
+        let mut args: Vec<String> = command.iter().map(|a| a.to_string()).collect();
         args.extend([
-            trace.clone(),
+            trace.to_owned(),
             "-q".into(),
             format!("--json={}", path(&json)),
         ]);
-        args.extend(flags.iter().map(|f| f.to_string()));
         let out = kvtrace(&args);
         let err = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(0), "{command}: {err}");
-        assert_eq!(err.matches(cut).count(), 1, "{command}: {err}");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert_eq!(err.matches(cut).count(), 1, "{args:?}: {err}");
         let report: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("JSON");
-        // Beside the cut, the plan and the sweep may say that LMCache's controller never
-        // ran at their smallest sizes: the trace spans less than a second.
-        let warnings = report["warnings"].as_array().expect("warnings");
-        let cuts = warnings
+        let said = report["warnings"].as_array().expect("warnings");
+        let cuts = said
             .iter()
             .filter(|w| w.as_str().expect("text").starts_with(cut))
             .count();
-        assert_eq!(cuts, 1, "{command}: {warnings:?}");
+        assert_eq!(cuts, 1, "{args:?}: {said:?}");
+    };
+    let trace = path(&sample("basic_lru.truncated"));
+    for command in [
+        vec!["plan", "--size-gb", "0.01"],
+        vec!["sweep", "replay", "--l1-size-gb", "0.01,0.1"],
+    ] {
+        says_once(&command, &trace, "truncated frame at byte 29472");
     }
     // A whole trace has no such warning.
     let json = dir.path().join("whole.json");
@@ -118,34 +117,12 @@ fn a_plan_a_sweep_and_an_events_replay_of_a_truncated_trace_say_so_once() {
     let events = std::fs::read(shared.join("lmcache/events_churn.lct")).expect("events trace");
     let cut = dir.path().join("events_cut.lct");
     std::fs::write(&cut, &events[..events.len() * 2 / 3]).expect("write");
-    for args in [
+    for command in [
         vec!["replay", "--no-csv"],
         vec!["plan", "--size-gb", "0.01"],
         vec!["sweep", "replay", "--l1-size-gb", "0.01,0.1"],
     ] {
-        let json = dir.path().join("events.json");
-        let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        args.extend([path(&cut), "-q".into(), format!("--json={}", path(&json))]);
-        let out = kvtrace(&args);
-        let err = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
-        assert_eq!(
-            err.matches("truncated frame at byte").count(),
-            1,
-            "{args:?}: {err}"
-        );
-        let report: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("JSON");
-        let said = report["warnings"].as_array().expect("warnings");
-        let cuts = said
-            .iter()
-            .filter(|w| {
-                w.as_str()
-                    .expect("text")
-                    .starts_with("truncated frame at byte")
-            })
-            .count();
-        assert_eq!(cuts, 1, "{args:?}: {said:?}");
+        says_once(&command, &path(&cut), "truncated frame at byte");
     }
 }
 

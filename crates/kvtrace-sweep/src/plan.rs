@@ -25,7 +25,7 @@ use std::sync::Arc;
 use serde_json::{json, Value as Json};
 
 use super::optimal::Uses;
-use super::replay::{controller_idle, Figures, CONTROLLER_IDLE, LOAD_BUDGET_BYTES};
+use super::replay::{said_once, Figures, LOAD_BUDGET_BYTES};
 use super::run_points;
 use super::stack::{lru_curve, lru_curve_of, objects_in, LruCurve};
 use crate::error::{Error, Result};
@@ -116,13 +116,10 @@ pub struct SizeRun {
     /// A sample's mean hit rate over [`SAMPLE_PHASES`] phases of the controller, where it
     /// evicted: what the sample's rate is read as (`Estimate`).
     pub hit_rate_over_phases: Option<f64>,
-    /// The trace's warnings (a truncated or undecodable record, a header the reader doubts),
-    /// not those of the replay at this size.
+    /// What the plan says once, whatever the size ([`said_once`]): the trace's warnings (a
+    /// truncated or undecodable record, a header the reader doubts) and LMCache's
+    /// controller left idle, not the rest of the replay's at this size.
     pub warnings: Vec<String>,
-    /// LMCache's periodic controller ran at most one pass while the L1 refused writes: the
-    /// trace is shorter than a pass interval, and this size's rate is that of an L1 that
-    /// fills and refuses (see [`CONTROLLER_IDLE`]).
-    pub controller_idle: bool,
 }
 
 impl SizeRun {
@@ -137,8 +134,7 @@ impl SizeRun {
                     .is_some_and(|p| p.eq_ignore_ascii_case("LRU")),
             periodic: report.eviction_phase.is_some(),
             hit_rate_over_phases: None,
-            warnings: report.trace_warnings.clone(),
-            controller_idle: controller_idle(report),
+            warnings: said_once(report),
             figures: Figures::of(report),
             hit_tokens: report.hits.hit_tokens,
             requested_tokens: report.hits.requested_tokens,
@@ -158,7 +154,6 @@ impl SizeRun {
             periodic: false,
             hit_rate_over_phases: None,
             warnings: report.warnings.clone(),
-            controller_idle: false,
             figures: Figures::of_events(report),
             hit_tokens: 0,
             requested_tokens: 0,
@@ -265,7 +260,8 @@ pub struct CapacityPlan {
     pub optimal_unavailable: Option<String>,
     pub surface: Option<Surface>,
     /// The trace's warnings, each once: a truncated or undecodable record, and the like,
-    /// and [`CONTROLLER_IDLE`] where a size's replay left LMCache's controller idle.
+    /// and [`CONTROLLER_IDLE`](super::replay::CONTROLLER_IDLE) where a size's replay left
+    /// LMCache's controller idle.
     pub warnings: Vec<String>,
 }
 
@@ -512,10 +508,7 @@ fn search(
     }
     let run = |gib: f64| -> Result<(SizePoint, Vec<String>)> {
         let mut run = at(gib, None)?;
-        let mut warnings = std::mem::take(&mut run.warnings);
-        if run.controller_idle {
-            warnings.push(CONTROLLER_IDLE.to_owned());
-        }
+        let warnings = std::mem::take(&mut run.warnings);
         Ok((estimate.point(gib, run), warnings))
     };
     // The trace's warnings (every replay gives the same) and the controller's idleness,
@@ -1342,7 +1335,6 @@ mod tests {
             periodic: true,
             hit_rate_over_phases: None,
             warnings: Vec::new(),
-            controller_idle: false,
         };
         let mut filling = evicting.clone();
         filling.figures.evictions = 0;

@@ -24,20 +24,25 @@ use kvtrace_replay::report::ReplayReport;
 use kvtrace_report::units::fraction;
 use kvtrace_report::Report;
 
-/// What a plan or a sweep says once where a replay left LMCache's controller idle while its
-/// L1 refused writes ([`controller_idle`]), as a replay says it of itself: a trace written
-/// through the recorder API, its records microseconds apart, spans less than one pass, so
-/// the rates there are not those of an L1 that evicts.
+/// What a plan or a sweep says once where a replay ran LMCache's periodic controller at most
+/// once while its L1 refused writes, as a replay says it of itself: a trace written through
+/// the recorder API, its records microseconds apart, spans less than one pass, so the rates
+/// there are not those of an L1 that evicts.
 pub const CONTROLLER_IDLE: &str = "LMCache's eviction controller ran at most one pass while the L1 refused writes at some sizes: \
      the trace spans less than a pass interval (written through the recorder API?), so their hit rates are those of an L1 that fills \
      and refuses; replay with immediate eviction timing for one that evicts as allocations need room";
 
-/// Whether `report`'s replay ran LMCache's periodic controller at most once while its L1
-/// refused writes.
-pub fn controller_idle(report: &ReplayReport) -> bool {
-    report.eviction_phase.is_some()
+/// What a plan or a sweep says once of `report`'s replay, whatever the size: the trace's own
+/// warnings, and [`CONTROLLER_IDLE`] where the replay left LMCache's controller idle.
+pub fn said_once(report: &ReplayReport) -> Vec<String> {
+    let mut said = report.trace_warnings.clone();
+    let idle = report.eviction_phase.is_some()
         && report.calls.eviction_passes <= 1
-        && report.calls.out_of_memory_calls > 0
+        && report.calls.out_of_memory_calls > 0;
+    if idle {
+        said.push(CONTROLLER_IDLE.to_owned());
+    }
+    said
 }
 
 /// What one configuration did.
@@ -356,11 +361,7 @@ pub fn sweep(
             figures: Figures::of(report),
             replay_s: start.elapsed().as_secs_f64(),
         };
-        let mut said = report.trace_warnings.clone();
-        if controller_idle(report) {
-            said.push(CONTROLLER_IDLE.to_owned());
-        }
-        Ok((replayed, said))
+        Ok((replayed, said_once(report)))
     };
     // The idealised curve of a loaded trace runs beside the points (it reads only the
     // records), so that it costs a share of the cores rather than a pass of its own after
