@@ -274,7 +274,12 @@ fn plan_flags_are_checked_in_one_line() {
         (vec!["--size-gb", "1", "--sample-seed", "3"], "--sample"),
         (
             vec!["--size-gb", "1", "--sample", "0.000001"],
-            "sample more",
+            "a sample of 1e-6 kept none",
+        ),
+        // Not a share written out to 300 digits.
+        (
+            vec!["--size-gb", "1", "--sample", "1e-300"],
+            "a sample of 1e-300 kept none",
         ),
     ] {
         let mut argv = vec!["plan", trace.as_str()];

@@ -2,7 +2,7 @@
 # Differential run of `kvtrace simulate` against AISimulate's own engine (crate aisimulate-core
 # 0.13.0, through tools/aisim-harness) over the configurations of testdata/aisimulate/cases.json:
 # prints, for each, every report key the two share whose values differ (1e-9 relative), and
-# the keys one of them lacks. Timing keys (wall time and what divides by it) are skipped. Every
+# the keys either one lacks. Timing keys (wall time and what divides by it) are skipped. Every
 # case runs kvtrace with the engine argument "engine_version": "aisimulate-0.13" (the harness
 # ignores it). In the cases' arguments {slice} is testdata/mooncake/conversation_head300.jsonl,
 # {testdata} testdata and {shared} ../shared.
@@ -121,9 +121,11 @@ for key in sorted(set(ours) & set(theirs) - live):
     elif a != b:
         differ.append(f"  {key}: kvtrace {a!r}, aisimulate {b!r}")
 only = sorted(set(ours) - set(theirs))
+unwritten = sorted(set(theirs) - set(ours))
 shared = len(set(ours) & set(theirs) - live)
 print(f"{name}: {shared - len(differ)}/{shared} shared keys equal"
       + (f"; only in kvtrace: {', '.join(only)}" if only else "")
+      + (f"; only in aisimulate: {', '.join(unwritten)}" if unwritten else "")
       + f"; whole process kvtrace {ours_ms} ms, aisimulate-core {theirs_ms} ms,"
       + f" {theirs_ms / max(ours_ms, 1):.1f}x"
       + f"; in process {ours_in:.2f} ms, {theirs_in:.2f} ms, {theirs_in / ours_in:.1f}x")

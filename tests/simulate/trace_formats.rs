@@ -154,6 +154,81 @@ fn an_agentic_request_starts_when_what_it_waits_for_ends_plus_its_delays() {
     }
 }
 
+/// AISimulate's report gives a request graph's plays (legacy rows: the parts its waits
+/// connect, whatever the sessions say) and each completed play's span, from its first arrival
+/// to its last end; Dynamo's report has no such keys.
+#[test]
+fn a_legacy_graphs_plays_are_the_parts_its_waits_connect() {
+    let dir = scratch();
+    let row = |id: &str, session: &str, t: Option<u64>, waits: &[&str]| {
+        let mut r = json!({"request_id": id, "session_id": session, "input_length": 200,
+            "output_length": 8, "hash_ids": [1, 2, 3, 4]});
+        match t {
+            Some(t) => r["timestamp"] = json!(t),
+            None => r["wait_for"] = json!(waits),
+        }
+        r
+    };
+    // Two roots joined by one request, in three sessions: one play; a root and its child:
+    // another.
+    let rows = [
+        row("r1", "s1", Some(0), &[]),
+        row("r2", "s2", Some(10), &[]),
+        row("j", "s3", None, &["r1", "r2"]),
+        row("r3", "s4", Some(5), &[]),
+        row("c3", "s4", None, &["r3"]),
+    ];
+    let file = dir.path().join("plays.jsonl");
+    write_lines(&file, &rows);
+    let run = |engine: &str| {
+        let report = dir.path().join(format!("{engine}.json"));
+        let requests = dir.path().join(format!("{engine}.jsonl"));
+        let out = kvtrace([
+            "simulate",
+            &file.display().to_string(),
+            "--trace-format",
+            "agentic_mooncake",
+            "--num-workers",
+            "2",
+            "--extra-engine-args",
+            &format!("{{\"block_size\":16,\"engine_version\":\"{engine}\"}}"),
+            "-q",
+            "--report-json",
+            &report.display().to_string(),
+            "--report-jsonl",
+            &requests.display().to_string(),
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let report: Value =
+            serde_json::from_str(&std::fs::read_to_string(report).expect("report")).expect("json");
+        (report, lines(&requests))
+    };
+    let (dynamo, _) = run("dynamo-1.4.2");
+    assert!(dynamo.get("total_trajectories").is_none());
+    assert!(dynamo.get("committed_prefill_tokens").is_none());
+    let (report, records) = run("aisimulate-0.13");
+    assert_eq!(report["total_trajectories"], json!(2));
+    assert_eq!(report["completed_trajectories"], json!(2));
+    assert_eq!(report["incomplete_trajectories"], json!(0));
+    // The requests' order: r1, r2, r3 arrive at their times, j and c3 after.
+    let end = |session: &str| {
+        records
+            .iter()
+            .filter(|r| r["session_id"] == json!(session))
+            .map(|r| f(&r["terminal_time_ms"]))
+            .fold(f64::NEG_INFINITY, f64::max)
+    };
+    let joined = end("s3") - 0.0;
+    let alone = end("s4") - 5.0;
+    let (low, high) = (joined.min(alone), joined.max(alone));
+    assert!((f(&report["min_trajectory_e2e_latency_ms"]) - low).abs() < 1e-9);
+    assert!((f(&report["max_trajectory_e2e_latency_ms"]) - high).abs() < 1e-9);
+    assert!((f(&report["mean_trajectory_e2e_latency_ms"]) - (low + high) / 2.0).abs() < 1e-9);
+    assert_eq!(report["kv_eviction_policy"], json!("lru"));
+    assert_eq!(report["power_w"], Value::Null);
+    assert_eq!(report["num_e2e_latency_samples"], json!(5));
+}
+
 #[test]
 fn version_2_reads_as_its_legacy_rows_and_spawns_on_dispatch() {
     let dir = scratch();

@@ -441,9 +441,19 @@ fn build(mut nodes: Vec<Node>, versioned: bool, by_id: bool) -> Result<Workload>
         waits.push(resolved);
     }
     check_acyclic(&nodes, &waits)?;
-    if versioned {
+    let plays = if versioned {
         check_plays(&nodes, &waits)?;
-    }
+        let mut ids: HashMap<&str, u32> = HashMap::new();
+        nodes
+            .iter()
+            .map(|n| {
+                let next = ids.len() as u32;
+                *ids.entry(n.play_id.as_str()).or_insert(next)
+            })
+            .collect()
+    } else {
+        components(&waits)
+    };
     // Time 0 is the earliest `not_before_ms` of all requests (AISimulate's normalisation),
     // or the first legacy request that waits for nothing (Dynamo 1.4.2's).
     let origin = nodes
@@ -462,9 +472,36 @@ fn build(mut nodes: Vec<Node>, versioned: bool, by_id: bool) -> Result<Workload>
         .collect();
     Ok(Workload {
         sessions,
-        graph: Some(Graph { waits }),
+        graph: Some(Graph { waits, plays }),
         planned_outputs: true,
     })
+}
+
+/// The connected parts of the graph `waits` draws (union-find), numbered from 0 in the order
+/// of their first request.
+fn components(waits: &[Vec<Wait>]) -> Vec<u32> {
+    fn find(parent: &mut [usize], mut i: usize) -> usize {
+        while parent[i] != i {
+            parent[i] = parent[parent[i]];
+            i = parent[i];
+        }
+        i
+    }
+    let mut parent: Vec<usize> = (0..waits.len()).collect();
+    for (i, list) in waits.iter().enumerate() {
+        for w in list {
+            let (a, b) = (find(&mut parent, i), find(&mut parent, w.on as usize));
+            parent[a.max(b)] = a.min(b);
+        }
+    }
+    let mut numbers: HashMap<usize, u32> = HashMap::new();
+    (0..waits.len())
+        .map(|i| {
+            let root = find(&mut parent, i);
+            let next = numbers.len() as u32;
+            *numbers.entry(root).or_insert(next)
+        })
+        .collect()
 }
 
 /// Kahn's algorithm: every request must become ready once the ones it waits for are.

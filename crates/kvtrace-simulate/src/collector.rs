@@ -3,8 +3,10 @@
 //! rounded-rank percentiles and population deviation per request; pooled per-token gaps in a
 //! sketch), plus kvtrace's per-request averages and SLA goodput.
 
+use std::collections::BTreeMap;
+
 use super::sketch::Sketch;
-use super::summary::{Figures, Goodput, PerRequest, Summary};
+use super::summary::{AisimulateFigures, Figures, Goodput, PerRequest, Summary, Trajectories};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use serde::Serialize;
 
@@ -21,10 +23,11 @@ pub enum Status {
 pub struct RequestRecord {
     pub session_id: String,
     pub turn_index: u32,
-    /// A request of a request graph (agentic, weka), whose sessions are not turns: its
-    /// line lists no turn index, as AISimulate's does.
+    /// A request of a request graph (agentic, weka), whose sessions are not turns: its play
+    /// (see [`crate::workload::Graph::plays`]). Its line lists no turn index, as
+    /// AISimulate's does.
     #[serde(skip)]
-    pub graph: bool,
+    pub play: Option<u32>,
     pub uuid: u32,
     pub arrival_time_ms: f64,
     pub first_admit_ms: Option<f64>,
@@ -119,6 +122,8 @@ impl Sla {
 #[derive(Default)]
 pub struct Collector {
     pub records: Vec<RequestRecord>,
+    /// Prompt tokens the engines' completed passes computed ([`crate::engine::PassOutput::prefill_tokens`]).
+    pub prefill_tokens: u64,
     gaps: Gaps,
     /// Whether a folding thread may fold the gaps ([`Collector::beside`]).
     beside: bool,
@@ -301,7 +306,7 @@ impl Collector {
         self.records.push(RequestRecord {
             session_id,
             turn_index: turn,
-            graph: false,
+            play: None,
             uuid,
             arrival_time_ms: arrival_ms,
             first_admit_ms: None,
@@ -583,7 +588,57 @@ impl Collector {
             per_request: None,
             interrupted: false,
             offload: None,
+            aisimulate: None,
         }
+    }
+
+    /// The keys AISimulate's report adds: the prefill work the passes executed, and how many
+    /// completed requests each latency distribution is over (a request of one output token
+    /// has no TPOT).
+    pub fn aisimulate_figures(&self) -> AisimulateFigures {
+        let done = self
+            .records
+            .iter()
+            .filter(|r| r.terminal_status == Status::Completed);
+        let count = |f: fn(&RequestRecord) -> Option<f64>| {
+            done.clone().filter(|r| f(r).is_some()).count() as u64
+        };
+        AisimulateFigures {
+            committed_prefill_tokens: self.prefill_tokens,
+            num_ttft_samples: count(RequestRecord::ttft),
+            num_tpot_samples: count(RequestRecord::tpot),
+            num_e2e_latency_samples: count(RequestRecord::e2e),
+            trajectories: self.trajectories(),
+        }
+    }
+
+    /// The plays of a request graph, or `None` for a trace of conversations. A play
+    /// completed when every request of it did.
+    fn trajectories(&self) -> Option<Trajectories> {
+        // Per play: its first arrival, its last end, whether every request completed.
+        let mut plays: BTreeMap<u32, (f64, f64, bool)> = BTreeMap::new();
+        for r in &self.records {
+            let Some(play) = r.play else { continue };
+            let play = plays
+                .entry(play)
+                .or_insert((f64::INFINITY, f64::NEG_INFINITY, true));
+            play.0 = play.0.min(r.arrival_time_ms);
+            play.1 = play.1.max(r.terminal_time_ms.unwrap_or(f64::NEG_INFINITY));
+            play.2 &= r.terminal_status == Status::Completed;
+        }
+        if plays.is_empty() {
+            return None;
+        }
+        let spans: Vec<f64> = plays
+            .values()
+            .filter(|p| p.2)
+            .map(|&(first, last, _)| last - first)
+            .collect();
+        Some(Trajectories {
+            total: plays.len() as u64,
+            completed: spans.len() as u64,
+            e2e_latency_ms: Exact::new(spans).figures(),
+        })
     }
 
     /// kvtrace's per-request views beside the pooled ones: the distribution of each request's

@@ -93,6 +93,10 @@ pub struct PassOutput {
     pub load_ms: f64,
     pub prefill_ms: f64,
     pub decode_ms: f64,
+    /// Prompt tokens the pass's prefill chunks computed, recomputation after a preemption
+    /// included: the executed work AISimulate reports as `committed_prefill_tokens`, which
+    /// the hits alone do not give once requests are preempted.
+    pub prefill_tokens: u64,
     /// Requests admitted this pass with the prompt tokens their prefix hit covered.
     pub admitted: Vec<(RequestId, u32)>,
     /// Requests that emitted a token, and whether it was their last.
@@ -113,6 +117,7 @@ impl PassOutput {
         self.load_ms = 0.0;
         self.prefill_ms = 0.0;
         self.decode_ms = 0.0;
+        self.prefill_tokens = 0;
         self.admitted.clear();
         self.emitted.clear();
         self.held.clear();

@@ -620,7 +620,11 @@ impl Simulation<'_> {
         let id = self
             .collector
             .arrive(name, turn_index, now, turn.prompt.len, turn.output_length);
-        self.collector.records[id as usize].graph = self.workload.graph.is_some();
+        self.collector.records[id as usize].play = self
+            .workload
+            .graph
+            .as_ref()
+            .map(|g| g.plays[session as usize]);
         self.request_session.push(session);
         self.release(session, Trigger::Dispatch, now);
         if let Some(o) = self.offload.as_deref_mut() {
@@ -1042,6 +1046,7 @@ impl Simulation<'_> {
         let mut held = Vec::new();
         for &rank in &ran {
             let out = &outputs[rank];
+            self.collector.prefill_tokens += out.prefill_tokens;
             self.pools[pool]
                 .router
                 .observe(w * dp + rank, &out.kv_events);
@@ -1194,6 +1199,7 @@ mod tests {
             sessions: vec![session(&[0.0]), session(&[0.0]), session(&[0.0])],
             graph: Some(Graph {
                 waits: vec![vec![], vec![wait(30.0)], vec![wait(12.5), wait(70.0)]],
+                plays: vec![0; 3],
             }),
             ..Workload::default()
         };

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use super::args::EngineType;
+use super::args::{EngineType, EngineVersion};
 use super::collector::Sla;
 use super::event_loop::{simulate, SimConfig};
 use super::offload::{Offload, OffloadConfig};
@@ -122,6 +122,9 @@ impl Plan {
             summary.per_request = Some(result.collector.per_request());
         }
         summary.interrupted = result.interrupted;
+        if config.engine.engine_version == EngineVersion::Aisimulate013 {
+            summary.aisimulate = Some(result.collector.aisimulate_figures());
+        }
         let mut recordings = Vec::new();
         if let Some((store, bus)) = offload {
             summary.offload = Some(store.summary());

@@ -229,7 +229,7 @@ fn request_json(r: &RequestRecord) -> Json {
         if let Some(prefill) = r.prefill_reused_input_tokens {
             m.insert("reused_input_tokens".into(), prefill.into());
         }
-        if r.graph {
+        if r.play.is_some() {
             m.insert("turn_index".into(), Json::Null);
         }
     }

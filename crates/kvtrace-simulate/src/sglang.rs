@@ -961,6 +961,7 @@ impl SglangEngine {
             self.decay_ratio();
         }
         out.prefill_ms = prefill_ms;
+        out.prefill_tokens = isl - prefix;
         out.decode_ms = decode_ms;
         out.kv_events.append(&mut self.events);
         !(batch == 0

@@ -105,6 +105,33 @@ pub struct Summary {
     pub interrupted: bool,
     /// Present when the engines shared a KV store.
     pub offload: Option<OffloadSummary>,
+    /// Present when the engines follow AISimulate 0.13 (`engine_version: aisimulate-0.13`).
+    pub aisimulate: Option<AisimulateFigures>,
+}
+
+/// The keys AISimulate's engine adds to Dynamo's report: its KV eviction policy, the
+/// prefill work its passes executed and how many requests each latency figure is over (its
+/// power keys, which a polynomial timing model has no evidence for, are written as null,
+/// as AISimulate writes them then).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AisimulateFigures {
+    /// Prompt tokens the completed passes computed, recomputation included.
+    pub committed_prefill_tokens: u64,
+    pub num_ttft_samples: u64,
+    pub num_tpot_samples: u64,
+    pub num_e2e_latency_samples: u64,
+    /// Present for a request graph (agentic, weka): its plays.
+    pub trajectories: Option<Trajectories>,
+}
+
+/// A request graph's plays (*trajectories*): how many there were, how many completed every
+/// request, and the distribution of a completed one's span, from its first request's
+/// arrival to its last request's end.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Trajectories {
+    pub total: u64,
+    pub completed: u64,
+    pub e2e_latency_ms: Figures,
 }
 
 /// The report's flat keys, sorted as Dynamo writes them.
@@ -189,6 +216,24 @@ impl Summary {
         if self.interrupted {
             k.put("interrupted", true);
         }
+        if let Some(a) = &self.aisimulate {
+            // Every engine here evicts the least recently used unreferenced block or node.
+            k.put("kv_eviction_policy", "lru");
+            k.put("committed_prefill_tokens", a.committed_prefill_tokens);
+            k.put("num_ttft_samples", a.num_ttft_samples);
+            k.put("num_tpot_samples", a.num_tpot_samples);
+            k.put("num_e2e_latency_samples", a.num_e2e_latency_samples);
+            k.put("power_w", Json::Null);
+            k.put("power_coverage", Json::Null);
+            if let Some(t) = &a.trajectories {
+                k.put("total_trajectories", t.total);
+                k.put("completed_trajectories", t.completed);
+                k.put("incomplete_trajectories", t.total - t.completed);
+                k.figures("trajectory_e2e_latency", "_ms", &t.e2e_latency_ms);
+                // AISimulate writes the median under both names.
+                k.put("p50_trajectory_e2e_latency_ms", t.e2e_latency_ms.median);
+            }
+        }
         if let Some(Json::Object(offload)) = self
             .offload
             .as_ref()
@@ -244,10 +289,12 @@ mod tests {
             per_request: Some(PerRequest::default()),
             interrupted: true,
             offload: Some(OffloadSummary::default()),
+            aisimulate: Some(AisimulateFigures::default()),
             ..Summary::default()
         };
         let k = keys(&s);
-        assert_eq!(k.len(), 74 + 3 + 18 + 1 + 15);
+        assert_eq!(k.len(), 74 + 3 + 18 + 1 + 15 + 7);
+        assert_eq!(s.to_map()["power_w"], Json::Null);
         assert!(k.contains(&"offload_tiers".to_string()));
         assert!(k.contains(&"p90_per_request_itl_ms".to_string()));
     }

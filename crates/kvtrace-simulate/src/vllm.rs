@@ -118,12 +118,15 @@ impl Sequence {
 }
 
 /// The prefill chunks of a pass: how many requests computed prompt tokens, the sum of their
-/// prompt positions after and before the chunk.
+/// prompt positions after and before the chunk (what the pass's time is charged by), and
+/// every token the requests with prompt tokens computed, on any worker: a preempted
+/// request recomputes its output too, and a decode worker recomputes without a charge.
 #[derive(Clone, Copy, Default)]
 struct Prefill {
     count: u64,
     isl: u64,
     prefix: u64,
+    computed: u64,
 }
 
 impl Prefill {
@@ -397,6 +400,7 @@ impl VllmEngine {
         let speedup = self.args.speedup_ratio;
         out.load_ms = load_ms;
         out.prefill_ms = perf::quantized(prefill_ms, speedup);
+        out.prefill_tokens = prefill.computed;
         out.decode_ms = self
             .decode_time
             .quantized(decode_ms, speedup * self.args.decode_speedup_ratio);
@@ -609,8 +613,11 @@ impl VllmEngine {
         let prompt_after = after.min(prompt_len);
         let prompt_tokens = prompt_after - prompt_before;
         seq.prompt_scheduled = prompt_tokens > 0;
-        if prompt_tokens > 0 && self.args.worker_type != WorkerType::Decode {
-            prefill.add(prompt_before, prompt_after);
+        if prompt_tokens > 0 {
+            prefill.computed += u64::from(take);
+            if self.args.worker_type != WorkerType::Decode {
+                prefill.add(prompt_before, prompt_after);
+            }
         }
         *budget -= u64::from(take);
         Scheduled::Yes { tokens: take }

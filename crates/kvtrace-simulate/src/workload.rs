@@ -171,6 +171,11 @@ impl Workload {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Graph {
     pub waits: Vec<Vec<Wait>>,
+    /// Each session's play (a *trajectory*: one agent run, whose span AISimulate reports),
+    /// numbered from 0: the `play_id` a version 2 row names (a Weka session's object), or
+    /// for legacy rows the connected part of the graph its waits join it to, as AISimulate
+    /// reads them.
+    pub plays: Vec<u32>,
 }
 
 /// Session `on` must be dispatched or completed (`trigger`), then `delay_ms` pass.
