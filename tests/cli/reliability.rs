@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::{kvtrace, sample, scratch, shared, text};
+use crate::util::{kvtrace, one_line_error, repo, sample, scratch, shared, text};
 
 fn path(p: &Path) -> String {
     p.display().to_string()
@@ -164,6 +164,55 @@ fn an_output_symlink_is_replaced_not_followed() {
     assert!(!std::fs::symlink_metadata(&link).expect("m").is_symlink());
     let names: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").collect();
     assert_eq!(names.len(), 2, "no temporary file is left behind");
+}
+
+/// `--report-json /dev/stdout`, a FIFO, `/dev/null`: written into, never renamed over (which
+/// put a plain file where the device or its link was, as root in `/dev` too); `/dev/full`
+/// is an error naming the output.
+#[test]
+fn a_device_or_a_pipe_as_the_output_is_written_into_not_replaced() {
+    let dir = scratch();
+    let null = dir.path().join("null.jsonl");
+    std::os::unix::fs::symlink("/dev/null", &null).expect("link");
+    let out = kvtrace(["convert", &path(&sample("basic_lru")), &path(&null)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(std::fs::symlink_metadata(&null).expect("m").is_symlink());
+    // Standard output a pipe, as a script's `| jq` has it, through a link of the scratch
+    // directory's (`/dev/stdout` is one too) so that a regression replaces only that.
+    let stdout = dir.path().join("stdout.json");
+    std::os::unix::fs::symlink("/proc/self/fd/1", &stdout).expect("link");
+    let out = kvtrace([
+        "simulate",
+        &repo("testdata/traces/weka_sample.jsonl"),
+        "--trace-format",
+        "weka",
+        "-q",
+        "--report-json",
+        &path(&stdout),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the report");
+    assert_eq!(report["num_requests"], 17);
+    let mut links = 2;
+    if Path::new("/dev/full").exists() {
+        links += 1;
+        let full = dir.path().join("full.lct");
+        std::os::unix::fs::symlink("/dev/full", &full).expect("link");
+        let err = one_line_error(
+            &kvtrace(["convert", &path(&sample("basic_lru")), &path(&full)]),
+            1,
+        );
+        assert!(
+            err.contains("full.lct") && err.contains("No space left"),
+            "{err}"
+        );
+        assert!(std::fs::symlink_metadata(&full).expect("m").is_symlink());
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("dir").count(),
+        links,
+        "no temporary file is left behind"
+    );
 }
 
 #[test]

@@ -2,7 +2,9 @@
 //! written under a temporary name in its own directory and renamed into place when it is
 //! finished, so a crash, a full disk or an interrupt leaves the previous file (or none), a
 //! symlink at the destination is replaced rather than followed, and readers never see half a
-//! report. Inputs are told apart from outputs by device and inode, not by spelling.
+//! report. Inputs are told apart from outputs by device and inode, not by spelling. A
+//! destination that is a character device or a pipe (`/dev/stdout`, `/dev/null`, a FIFO) is
+//! written in place instead: renaming over it would put a plain file where the device was.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -17,9 +19,25 @@ use crate::error::{Error, Result};
 /// it into place, dropping it uncommitted removes it.
 pub struct OutputFile {
     file: File,
-    temp: PathBuf,
+    /// `None` where `dest` is written in place (see [`in_place`]).
+    temp: Option<PathBuf>,
     dest: PathBuf,
     committed: bool,
+}
+
+/// Whether `dest` is a character device or a pipe (through links), which an output is
+/// written into, not renamed over; an error for the other special files.
+fn in_place(dest: &Path) -> Result<bool> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = fs::metadata(dest) else {
+        return Ok(false);
+    };
+    let kind = meta.file_type();
+    if kind.is_block_device() || kind.is_socket() {
+        return Err(Error::usage("is a block device or a socket, not a file")
+            .in_file(dest.display().to_string()));
+    }
+    Ok(kind.is_char_device() || kind.is_fifo())
 }
 
 static SERIAL: AtomicU64 = AtomicU64::new(0);
@@ -125,6 +143,18 @@ impl OutputFile {
             return Err(Error::usage("is a directory, not a file").in_file(&shown));
         }
         refuse_input(dest)?;
+        if in_place(dest)? {
+            let file = OpenOptions::new()
+                .write(true)
+                .open(dest)
+                .map_err(|e| Error::io("cannot open", e).in_file(&shown))?;
+            return Ok(OutputFile {
+                file,
+                temp: None,
+                dest: dest.to_path_buf(),
+                committed: false,
+            });
+        }
         let temp = temp_path(dest);
         let file = OpenOptions::new()
             .write(true)
@@ -133,14 +163,19 @@ impl OutputFile {
             .map_err(|e| Error::io("cannot create", e).in_file(&shown))?;
         Ok(OutputFile {
             file,
-            temp,
+            temp: Some(temp),
             dest: dest.to_path_buf(),
             committed: false,
         })
     }
 
-    /// Flushes the data to disk and renames the file into place.
+    /// Flushes the data to disk and renames the file into place (a device or a pipe has
+    /// had every byte already).
     pub fn commit(mut self) -> io::Result<()> {
+        let Some(temp) = &self.temp else {
+            self.committed = true;
+            return self.file.flush();
+        };
         self.file.sync_all()?;
         if refuse_input(&self.dest).is_err() {
             return Err(io::Error::new(
@@ -148,7 +183,7 @@ impl OutputFile {
                 "it is one of this run's inputs; refusing to overwrite it",
             ));
         }
-        fs::rename(&self.temp, &self.dest)?;
+        fs::rename(temp, &self.dest)?;
         self.committed = true;
         Ok(())
     }
@@ -156,8 +191,8 @@ impl OutputFile {
 
 impl Drop for OutputFile {
     fn drop(&mut self) {
-        if !self.committed {
-            let _ = fs::remove_file(&self.temp);
+        if let (false, Some(temp)) = (self.committed, &self.temp) {
+            let _ = fs::remove_file(temp);
         }
     }
 }
@@ -185,8 +220,12 @@ pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
         .map_err(|e| Error::io("cannot write", e).in_file(&shown))
 }
 
-/// Checks before a long run that `dest` can be written: its directory takes a new file.
+/// Checks before a long run that `dest` can be written: its directory takes a new file. A
+/// device or a pipe is not opened: a pipe's reader would see the check's close as the end.
 pub fn check_writable(dest: &Path) -> Result<()> {
+    if in_place(dest)? {
+        return refuse_input(dest);
+    }
     OutputFile::create(dest).map(drop)
 }
 
@@ -378,6 +417,52 @@ mod tests {
         write_atomic(&link, b"report").expect("write");
         assert_eq!(fs::read(&target).expect("target"), b"keep");
         assert!(!fs::symlink_metadata(&link).expect("m").is_symlink());
+    }
+
+    fn fifo(path: &Path) {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("c");
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    }
+
+    /// Renamed over, a FIFO (or `/dev/null` behind a link) would become a plain file and its
+    /// reader would see nothing.
+    #[test]
+    fn a_pipe_or_a_device_is_written_in_place_not_replaced() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().expect("tmp");
+        let pipe = dir.path().join("report.json");
+        fifo(&pipe);
+        let at = pipe.clone();
+        let reader = std::thread::spawn(move || fs::read(at));
+        check_writable(&pipe).expect("a pipe is not opened to check it");
+        write_atomic(&pipe, b"report").expect("write");
+        // Before the join: a reader of a pipe no one opened would wait for ever.
+        assert!(fs::metadata(&pipe).expect("m").file_type().is_fifo());
+        assert_eq!(reader.join().expect("reader").expect("read"), b"report");
+        let null = dir.path().join("null.json");
+        std::os::unix::fs::symlink("/dev/null", &null).expect("link");
+        write_atomic(&null, b"report").expect("write");
+        assert!(fs::symlink_metadata(&null).expect("m").is_symlink());
+        assert_eq!(
+            fs::read_dir(dir.path()).expect("dir").count(),
+            2,
+            "no temporary"
+        );
+    }
+
+    #[test]
+    fn a_full_device_is_an_error_naming_it() {
+        if !Path::new("/dev/full").exists() {
+            eprintln!("skipped: this system has no /dev/full");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tmp");
+        let full = dir.path().join("out.lct");
+        std::os::unix::fs::symlink("/dev/full", &full).expect("link");
+        let err = write_atomic(&full, &[0; 8192]).expect_err("ENOSPC");
+        assert!(err.to_string().contains("out.lct"), "{err}");
+        assert!(fs::symlink_metadata(&full).expect("m").is_symlink());
     }
 
     #[test]
