@@ -645,3 +645,64 @@ fn what_a_killed_bench_left_is_removed_by_the_next_and_a_live_ones_is_kept() {
         "{err}"
     );
 }
+
+/// A synthetic workload or a pool too large for the machine is one line before any work (it
+/// was an allocation failure's abort, or the kernel's kill, minutes in); engine arguments
+/// that can never schedule anything are refused; a run that could not serve every request
+/// says so.
+#[test]
+fn simulations_that_cannot_run_or_serve_say_so_in_one_line() {
+    let dir = scratch();
+    let report = path(&dir.path().join("r.json"));
+    let synthetic = |extra: &[&str]| {
+        let mut argv = vec![
+            "simulate",
+            "--input-tokens",
+            "1000",
+            "--output-tokens",
+            "20",
+            "--replay-concurrency",
+            "2",
+            "-q",
+            "--report-json",
+            &report,
+        ];
+        argv.extend_from_slice(extra);
+        if !argv.contains(&"--request-count") {
+            argv.extend(["--request-count", "4"]);
+        }
+        kvtrace(&argv)
+    };
+    for (extra, needle) in [
+        (
+            &["--request-count", "4294967295"][..],
+            "--request-count 4294967295",
+        ),
+        (&["--num-workers", "4294967295"], "4294967295 engines"),
+        (
+            &["--extra-engine-args", r#"{"max_num_seqs":0}"#],
+            "max_num_seqs 0",
+        ),
+        (
+            &["--extra-engine-args", r#"{"num_gpu_blocks":0}"#],
+            "num_gpu_blocks 0",
+        ),
+        (
+            &["--extra-engine-args", r#"{"max_num_batched_tokens":0}"#],
+            "max_num_batched_tokens 0",
+        ),
+    ] {
+        let err = one_line_error(&synthetic(extra), 2);
+        assert!(err.contains(needle), "{extra:?}: {err}");
+    }
+    // 1,000 tokens in 64-token blocks need 16 blocks; an engine of one holds none of them.
+    let out = synthetic(&["--extra-engine-args", r#"{"num_gpu_blocks":1}"#]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr).trim(),
+        "kvtrace: warning: 4 of 4 requests were rejected: each needs more KV blocks than an engine holds (num_gpu_blocks × block_size tokens)"
+    );
+    let out = synthetic(&[]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+}

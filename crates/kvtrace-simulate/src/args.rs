@@ -318,6 +318,20 @@ impl EngineArgs {
             (_, EngineType::Sglang) => page_size.unwrap_or(1),
             (_, EngineType::Trtllm) => 32,
         };
+        // A zero here never schedules anything: the run would end at once with every
+        // request unserved, or hold none at all.
+        for (name, value) in [
+            ("num_gpu_blocks", raw.num_gpu_blocks),
+            ("max_num_seqs", raw.max_num_seqs.flatten()),
+            (
+                "max_num_batched_tokens",
+                raw.max_num_batched_tokens.flatten(),
+            ),
+        ] {
+            if value == Some(0) {
+                return Err(format!("{name} 0: expected at least 1"));
+            }
+        }
         if let Some(n) = raw.num_gpu_blocks {
             args.num_gpu_blocks = n;
         }
@@ -475,6 +489,15 @@ mod tests {
             (r#"{"engine_type": "tgi"}"#, "engine_type \"tgi\""),
             (r#"{"worker_type": "both"}"#, "worker_type \"both\""),
             (r#"{"dp_size": 0}"#, "dp_size 0"),
+            (
+                r#"{"num_gpu_blocks": 0}"#,
+                "num_gpu_blocks 0: expected at least 1",
+            ),
+            (r#"{"max_num_seqs": 0}"#, "max_num_seqs 0"),
+            (
+                r#"{"max_num_batched_tokens": 0}"#,
+                "max_num_batched_tokens 0",
+            ),
             (r#"{"block_size": "x"}"#, "invalid type"),
             (
                 r#"{"engine_version": "dynamo-1.6"}"#,

@@ -5,7 +5,7 @@
 
 use serde_json::Value as Json;
 
-use super::collector::RequestRecord;
+use super::collector::{RequestRecord, Status};
 use super::summary::{Figures, Summary};
 use crate::error::Result;
 use kvtrace_report::{JsonStyle, Report, Table};
@@ -64,6 +64,33 @@ impl Report for SimulateReport {
 }
 
 impl SimulateReport {
+    /// What the run left unserved, a line each: requests rejected (a prompt no engine's KV
+    /// cache can hold) and, unless a signal stopped the run, requests still waiting or never
+    /// sent when the engines had nothing more they could run. `planned` is the workload's
+    /// request count. Such a report's figures cover the served requests only.
+    pub fn unserved(&self, planned: usize) -> Vec<String> {
+        let count = |status| {
+            self.requests
+                .iter()
+                .filter(|r| r.terminal_status == status)
+                .count()
+        };
+        let (rejected, pending) = (count(Status::Rejected), count(Status::Pending));
+        let unsent = planned.saturating_sub(self.requests.len());
+        let mut lines = Vec::new();
+        if rejected > 0 {
+            lines.push(format!(
+                "{rejected} of {planned} requests were rejected: each needs more KV blocks than an engine holds (num_gpu_blocks × block_size tokens)"
+            ));
+        }
+        if !self.summary.interrupted && pending + unsent > 0 {
+            lines.push(format!(
+                "{pending} of {planned} requests never finished and {unsent} were never sent: the engines stopped with nothing they could schedule"
+            ));
+        }
+        lines
+    }
+
     /// The AIPerf table drawn at most `width` columns wide, its metric names wrapped to fit as
     /// rich wraps them on a terminal that wide ([`Report::terminal`] draws it 100 wide).
     pub fn table(&self, width: usize) -> String {

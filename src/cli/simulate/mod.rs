@@ -559,6 +559,9 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
         }
     })?;
     bar.finish_and_clear();
+    for w in finished.report.unserved(total) {
+        warn_line(&w);
+    }
     if let Some(export) = &export {
         for r in &finished.report.requests {
             export.request(request_span(r, wall_start));

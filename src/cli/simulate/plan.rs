@@ -182,6 +182,15 @@ pub(crate) fn plan(o: &Options) -> Result<Plan> {
     }
     let mut warnings = Vec::new();
     let pools = pools(o, &mut warnings)?;
+    let engines = u64::from(pools.workers) * u64::from(pools.engine.dp_size)
+        + pools
+            .prefill
+            .as_ref()
+            .map_or(0, |p| u64::from(p.workers) * u64::from(p.engine.dp_size));
+    fits_in_memory(
+        &format!("{engines} engines (workers × dp_size)"),
+        engines.saturating_mul(ENGINE_FOOTPRINT_BYTES),
+    )?;
     if pools.prefill.is_some()
         && o.trace_format == TraceFormat::MooncakeDelta
         && !o.traces.is_empty()
@@ -473,7 +482,7 @@ fn workload(o: &Options, block_size: u32, engine: EngineVersion) -> Result<Workl
             "--input-tokens, --request-count and --turns-per-session must be at least 1",
         ));
     }
-    Ok(SyntheticSpec {
+    let spec = SyntheticSpec {
         input_tokens: input,
         output_tokens: output,
         count,
@@ -485,8 +494,37 @@ fn workload(o: &Options, block_size: u32, engine: EngineVersion) -> Result<Workl
         arrivals,
         seed: o.seed,
         carry_history: o.carry_history,
+    };
+    fits_in_memory(
+        &format!(
+            "--request-count {count} of --input-tokens {input} (× --turns-per-session {})",
+            spec.turns
+        ),
+        spec.footprint_bytes(),
+    )?;
+    Ok(spec.build())
+}
+
+/// About the bytes one engine (a worker's data-parallel rank) holds before its KV cache
+/// fills, measured on this build (10^5 to 10^6 workers: 1.1 to 1.2 KB each, vLLM or
+/// SGLang); its blocks are taken as they are used.
+const ENGINE_FOOTPRINT_BYTES: u64 = 1200;
+
+/// Refuses what would take more memory than the machine has free, `what` naming the flags,
+/// in place of a run that the allocator or the kernel ends without a word.
+fn fits_in_memory(what: &str, bytes: u64) -> Result<()> {
+    let Some(available) = kvtrace::machine::available_memory() else {
+        return Ok(());
+    };
+    if bytes <= available {
+        return Ok(());
     }
-    .build())
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    Err(Error::usage(format!(
+        "{what}: about {:.1} GiB to hold, more than the {:.1} GiB of memory available",
+        gib(bytes),
+        gib(available)
+    )))
 }
 
 /// Reads the trace files in their format (legacy agentic rows as `engine` reads them). Only
