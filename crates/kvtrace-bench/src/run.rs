@@ -449,16 +449,15 @@ fn user(shared: &Shared<'_>, id: u32, stream: &mut Source) {
             return;
         }
         if let Some(at) = request.at_s {
-            let due = shared.began + Duration::from_secs_f64(at);
-            if !sleep_unless_stopped(shared, due.saturating_duration_since(Instant::now())) {
+            if !sleep_unless_stopped(shared, wait_until(shared, at)) {
                 return;
             }
         }
         if shared.config.request_rate > 0.0 {
             // The n-th submission of the run waits for its slot at n / rate seconds.
             let n = shared.paced.fetch_add(1, Ordering::SeqCst);
-            let due = shared.began + Duration::from_secs_f64(n as f64 / shared.config.request_rate);
-            if !sleep_unless_stopped(shared, due.saturating_duration_since(Instant::now())) {
+            let at = n as f64 / shared.config.request_rate;
+            if !sleep_unless_stopped(shared, wait_until(shared, at)) {
                 return;
             }
         }
@@ -486,17 +485,32 @@ fn user(shared: &Shared<'_>, id: u32, stream: &mut Source) {
 }
 
 /// Sleeps in short steps; `false` when the run stopped meanwhile.
+/// The wait until `secs` after the run began; [`Duration::MAX`] for a time past what the
+/// clock holds (a `--request-rate` of 1e-300, a trace slowed as much), which the run's end
+/// comes before.
+fn wait_until(shared: &Shared<'_>, secs: f64) -> Duration {
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .and_then(|d| shared.began.checked_add(d))
+        .map_or(Duration::MAX, |due| {
+            due.saturating_duration_since(Instant::now())
+        })
+}
+
 fn sleep_unless_stopped(shared: &Shared<'_>, d: Duration) -> bool {
-    let until = Instant::now() + d;
+    let until = Instant::now().checked_add(d);
     loop {
         if shared.stop.load(Ordering::Relaxed) {
             return false;
         }
-        let now = Instant::now();
-        if now >= until {
+        let left = match until {
+            Some(until) => until.saturating_duration_since(Instant::now()),
+            None => Duration::MAX,
+        };
+        if left.is_zero() {
             return true;
         }
-        std::thread::sleep((until - now).min(Duration::from_millis(50)));
+        std::thread::sleep(left.min(Duration::from_millis(50)));
     }
 }
 
