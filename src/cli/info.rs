@@ -32,8 +32,10 @@ pub(super) struct Args {
     /// ratio, store bytes per tier
     #[arg(long)]
     fleet: bool,
-    /// Threads that decode the records (0: one per core); the figures do not depend on it
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    /// Threads that decode the records (0: one per core; at most 1024); the figures do not
+    /// depend on it
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1024))]
     threads: usize,
     #[command(flatten)]
     read: ReadArgs,

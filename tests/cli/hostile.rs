@@ -706,3 +706,13 @@ fn simulations_that_cannot_run_or_serve_say_so_in_one_line() {
     assert_eq!(out.status.code(), Some(0));
     assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
 }
+
+/// More decoding threads than a process may start was a panic at the refused spawn.
+#[test]
+fn info_refuses_more_threads_than_it_would_start() {
+    let trace = path(&sample("basic_lru"));
+    let err = one_line_error(&kvtrace(["info", &trace, "--threads", "100000"]), 2);
+    assert!(err.contains("0..=1024"), "{err}");
+    let out = kvtrace(["info", &trace, "--threads", "1024"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}

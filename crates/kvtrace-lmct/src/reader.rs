@@ -43,6 +43,11 @@ pub struct ReadOptions {
     pub stop: fn() -> bool,
 }
 
+/// The most decoding threads a read starts, whatever it is asked for: past the blocks a read
+/// has in flight more gain nothing, and thousands are more than a system lets one process
+/// start (a refused thread was a panic).
+pub const MAX_THREADS: usize = 1024;
+
 /// The [`ReadOptions::stop`] that never stops.
 fn never() -> bool {
     false
@@ -65,6 +70,7 @@ impl ReadOptions {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         }
+        .min(MAX_THREADS)
     }
 }
 
