@@ -32,8 +32,9 @@ pub(super) struct Args {
     /// Tokens per chunk
     #[arg(long, default_value_t = 256, conflicts_with = "from_mooncake")]
     chunk_tokens: i64,
-    /// Conversations in flight at once
-    #[arg(long, default_value_t = 64, conflicts_with = "from_mooncake")]
+    /// Conversations in flight at once (at most 1,000,000: each is held from the start)
+    #[arg(long, default_value_t = 64, conflicts_with = "from_mooncake",
+          value_parser = clap::value_parser!(u64).range(..=1_000_000))]
     conversations: u64,
     /// A Mooncake JSONL request trace: per request a lookup of its chunks (one 512-token
     /// chunk per hash_id), a read of the prefix the L1 holds, a write of the rest; records

@@ -707,12 +707,21 @@ fn simulations_that_cannot_run_or_serve_say_so_in_one_line() {
     assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
 }
 
-/// More decoding threads than a process may start was a panic at the refused spawn.
+/// Counts whose whole is started or allocated up front are bounded: more decoding threads
+/// than a process may start was a panic at the refused spawn, four billion conversations an
+/// allocation failure's abort.
 #[test]
-fn info_refuses_more_threads_than_it_would_start() {
+fn counts_held_from_the_start_are_bounded_in_one_line() {
+    let dir = scratch();
     let trace = path(&sample("basic_lru"));
     let err = one_line_error(&kvtrace(["info", &trace, "--threads", "100000"]), 2);
     assert!(err.contains("0..=1024"), "{err}");
     let out = kvtrace(["info", &trace, "--threads", "1024"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let generated = path(&dir.path().join("g.lct"));
+    let err = one_line_error(
+        &kvtrace(["generate", "--conversations", "4294967295", &generated]),
+        2,
+    );
+    assert!(err.contains("--conversations"), "{err}");
 }
