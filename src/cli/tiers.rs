@@ -247,10 +247,12 @@ impl TierArgs {
             (None, None) => {}
         }
         if let Some(t) = self.l1_write_ttl_seconds {
-            config.write_ttl_s = t;
+            config.write_ttl_s =
+                config::seconds("--l1-write-ttl-seconds", t).map_err(Error::usage)?;
         }
         if let Some(t) = self.l1_read_ttl_seconds {
-            config.read_ttl_s = t;
+            config.read_ttl_s =
+                config::seconds("--l1-read-ttl-seconds", t).map_err(Error::usage)?;
         }
         if self.l1_accounting_only {
             config.l1_buffers = false;

@@ -409,10 +409,26 @@ fn the_manuals_config_example_parses_as_pasted() {
             "at most the queue depth (2)",
         ),
         ("[l2_io]\nqueue = 2\n", "unknown field `queue`"),
+        (
+            "[l1]\nread_ttl_s = -5\n",
+            "l1.read_ttl_s -5: expected seconds >= 0",
+        ),
+        ("[l1]\nwrite_ttl_s = inf\n", "l1.write_ttl_s inf"),
     ] {
         let e = StorageConfig::default().apply_toml(bad).expect_err(bad);
         assert!(e.contains(says), "{bad}: {e}");
     }
+    // A header's lock TTL that is no duration keeps the default, and says so.
+    let header = r#"{"l1_manager_config": {"memory_config": {"size_in_bytes": 1048576},
+        "read_ttl_seconds": -1, "write_ttl_seconds": 7},
+        "eviction_config": {"eviction_policy": "LRU"}}"#;
+    let (config, notes) = StorageConfig::read_lmcache_json(header).expect("a header");
+    assert_eq!(config.read_ttl_s, StorageConfig::default().read_ttl_s);
+    assert_eq!(config.write_ttl_s, 7.0);
+    assert!(
+        notes.iter().any(|n| n.contains("read_ttl_seconds -1")),
+        "{notes:?}"
+    );
 }
 
 /// A plan decodes the head of a trace to infer its client and estimate its phase, then

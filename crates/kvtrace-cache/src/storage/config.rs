@@ -415,11 +415,16 @@ impl StorageConfig {
         if let Some(r) = eviction.get("eviction_ratio").and_then(Json::as_f64) {
             config.eviction.eviction_ratio = r;
         }
-        if let Some(t) = l1.get("read_ttl_seconds").and_then(Json::as_f64) {
-            config.read_ttl_s = t;
-        }
-        if let Some(t) = l1.get("write_ttl_seconds").and_then(Json::as_f64) {
-            config.write_ttl_s = t;
+        for (key, slot) in [
+            ("read_ttl_seconds", &mut config.read_ttl_s),
+            ("write_ttl_seconds", &mut config.write_ttl_s),
+        ] {
+            if let Some(t) = l1.get(key).and_then(Json::as_f64) {
+                match seconds(key, t) {
+                    Ok(t) => *slot = t,
+                    Err(e) => notes.push(format!("recorded {e}; using {slot} s")),
+                }
+            }
         }
         if v.get("store_policy").and_then(Json::as_str) == Some("skip_l1") {
             config.store_policy = StorePolicy::SkipL1;
@@ -799,6 +804,15 @@ pub fn fraction(name: &str, v: f64) -> Result<f64, String> {
     }
 }
 
+/// A duration in seconds that must be finite and not negative (the L1's lock TTLs).
+pub fn seconds(name: &str, v: f64) -> Result<f64, String> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{name} {v}: expected seconds >= 0"))
+    }
+}
+
 impl StorageConfig {
     /// Applies a TOML hierarchy description over this configuration (docs/commands/replay.md:
     /// "Configuration file"). `[[l2]]` tables, when present, replace the L2 tiers.
@@ -846,10 +860,10 @@ impl StorageConfig {
                 }
             }
             if let Some(t) = l1.write_ttl_s {
-                self.write_ttl_s = t;
+                self.write_ttl_s = seconds("l1.write_ttl_s", t)?;
             }
             if let Some(t) = l1.read_ttl_s {
-                self.read_ttl_s = t;
+                self.read_ttl_s = seconds("l1.read_ttl_s", t)?;
             }
             if let Some(a) = l1.accounting_only {
                 self.l1_buffers = !a;
