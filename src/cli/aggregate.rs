@@ -57,7 +57,7 @@ pub(super) fn run(args: Args) -> Result<i32, Error> {
         }
     }
     if let Some(first) = args.inputs.first().filter(|p| p.is_file()) {
-        let (file, doc) = read_json(first)?;
+        let (file, doc) = kvtrace::aggregate::read_report(first)?;
         if Slice::is_slice(&doc) {
             return sweep_run(args, Some((file, doc)));
         }
@@ -158,12 +158,6 @@ fn outputs(
     ])
 }
 
-/// A report of up to [`kvtrace::limits::MAX_REPORT_BYTES`]: the error names its line.
-fn read_json(path: &std::path::Path) -> Result<(String, serde_json::Value), Error> {
-    let doc = kvtrace::limits::read_json(path, kvtrace::limits::MAX_REPORT_BYTES)?;
-    Ok((path.display().to_string(), doc))
-}
-
 /// The slices of a sweep spread over ranks (`kvtrace sweep replay` under a launcher), merged
 /// into the one sweep: its JSON, tables and workbook. `first` is the first input, read.
 fn sweep_run(args: Args, mut first: Option<(String, serde_json::Value)>) -> Result<i32, Error> {
@@ -172,7 +166,7 @@ fn sweep_run(args: Args, mut first: Option<(String, serde_json::Value)>) -> Resu
     for path in &args.inputs {
         let (file, doc) = match first.take() {
             Some(read) => read,
-            None => read_json(path)?,
+            None => kvtrace::aggregate::read_report(path)?,
         };
         if !Slice::is_slice(&doc) {
             return Err(Error::usage(format!(

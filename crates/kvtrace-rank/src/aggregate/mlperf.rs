@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::Value as Json;
 
-use super::read_json;
+use super::read_report;
 use crate::error::{Error, Result};
 use crate::report::{Cell, JsonStyle, Report, Table};
 
@@ -255,7 +255,7 @@ fn summarize_option(
                 o.missing_files.push(rank_dir.display().to_string());
                 continue;
             };
-            let (shown, doc) = match read_json(&file) {
+            let (shown, doc) = match read_report(&file) {
                 Ok(read) => read,
                 Err(_) => {
                     o.missing_files.push(file.display().to_string());

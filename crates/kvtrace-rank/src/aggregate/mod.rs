@@ -73,7 +73,7 @@ pub fn aggregate(paths: &[&Path]) -> Result<Aggregated> {
     let Some(first) = paths.first() else {
         return Err(Error::usage("no rank reports given"));
     };
-    let (first_file, first_doc) = read_json(first)?;
+    let (first_file, first_doc) = read_report(first)?;
     let bench = is_bench(&first_doc);
     let mut first = Some((first_file.clone(), first_doc));
     let docs = paths.iter().map(move |p| {
@@ -85,7 +85,7 @@ pub fn aggregate(paths: &[&Path]) -> Result<Aggregated> {
         }
         let (file, doc) = match first.take() {
             Some(read) => read,
-            None => read_json(p)?,
+            None => read_report(p)?,
         };
         if is_bench(&doc) != bench {
             let (b, r) = if bench {
@@ -128,7 +128,9 @@ fn document(run: &impl Serialize) -> Result<Json> {
     serde_json::to_value(run).map_err(|e| Error::usage(format!("cannot serialise the run: {e}")))
 }
 
-fn read_json(path: &Path) -> Result<(String, Json)> {
+/// A report read back, of up to [`kvtrace_io::limits::MAX_REPORT_BYTES`] (an error names its
+/// line), with the name its errors give it.
+pub fn read_report(path: &Path) -> Result<(String, Json)> {
     let doc = kvtrace_io::limits::read_json(path, kvtrace_io::limits::MAX_REPORT_BYTES)?;
     Ok((path.display().to_string(), doc))
 }
