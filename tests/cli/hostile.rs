@@ -680,6 +680,10 @@ fn simulations_that_cannot_run_or_serve_say_so_in_one_line() {
         ),
         (&["--num-workers", "4294967295"], "4294967295 engines"),
         (
+            &["--num-workers", "50000", "--replay-mode", "online"],
+            "50000 workers, at most 4096",
+        ),
+        (
             &["--extra-engine-args", r#"{"max_num_seqs":0}"#],
             "max_num_seqs 0",
         ),

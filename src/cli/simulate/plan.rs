@@ -191,6 +191,13 @@ pub(crate) fn plan(o: &Options) -> Result<Plan> {
         &format!("{engines} engines (workers × dp_size)"),
         engines.saturating_mul(ENGINE_FOOTPRINT_BYTES),
     )?;
+    let live =
+        u64::from(pools.workers) + pools.prefill.as_ref().map_or(0, |p| u64::from(p.workers));
+    if o.online && live > MAX_LIVE_WORKERS {
+        return Err(Error::usage(format!(
+            "--replay-mode online runs a thread a worker: {live} workers, at most {MAX_LIVE_WORKERS} (offline replay takes more)"
+        )));
+    }
     if pools.prefill.is_some()
         && o.trace_format == TraceFormat::MooncakeDelta
         && !o.traces.is_empty()
@@ -504,6 +511,11 @@ fn workload(o: &Options, block_size: u32, engine: EngineVersion) -> Result<Workl
     )?;
     Ok(spec.build())
 }
+
+/// The most workers `--replay-mode online` starts, a thread each: 4,096 start in about a
+/// second here, while tens of thousands ran out of the memory a thread's guard pages take
+/// (an abort).
+const MAX_LIVE_WORKERS: u64 = 4096;
 
 /// About the bytes one engine (a worker's data-parallel rank) holds before its KV cache
 /// fills, measured on this build (10^5 to 10^6 workers: 1.1 to 1.2 KB each, vLLM or
