@@ -361,6 +361,12 @@ fn every_other_bad_bench_input_is_one_line_with_its_exit_code() {
             "--max-concurrent-allocs -1",
         ),
         (vec!["--request-rate=-5"], 2, "--request-rate -5"),
+        // Each document is listed from the start: four billion was an allocation abort.
+        (
+            vec!["--enable-rag", "--rag-num-docs", "4294967295"],
+            2,
+            "--rag-num-docs",
+        ),
         (
             vec!["--gpu-bandwidth-gbps", "0"],
             2,

@@ -205,8 +205,9 @@ pub(crate) struct Args {
     /// its top 5 chunks of a document
     #[arg(long)]
     enable_rag: bool,
-    /// Documents in the corpus
-    #[arg(long, default_value_t = 10)]
+    /// Documents in the corpus (at most 10,000,000: each is listed from the start)
+    #[arg(long, default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(..=10_000_000))]
     rag_num_docs: u32,
     /// ShareGPT JSON: its human → gpt exchanges become the requests (tokens counted with
     /// cl100k_base) instead of the personas' synthetic ones
