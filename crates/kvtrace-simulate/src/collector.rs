@@ -1,7 +1,8 @@
 //! What the simulation measures, request by request, and the summary built from it: the
 //! 74-key report with the names and definitions serving teams already compare (exact
 //! rounded-rank percentiles and population deviation per request; pooled per-token gaps in a
-//! sketch), plus kvtrace's per-request averages and SLA goodput.
+//! sketch), plus kvtrace's per-request averages and SLA goodput, and the keys AISimulate's
+//! engine adds (the prefill work executed, the sample counts, a request graph's plays).
 
 use std::collections::BTreeMap;
 

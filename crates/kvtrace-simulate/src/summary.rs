@@ -1,7 +1,8 @@
 //! The simulation's summary as a type: Dynamo's 74 figures, kvtrace's optional per-request
-//! views, SLA goodput and KV-offload counters. It serializes to the flat, sorted keys Dynamo's
-//! report has (`mean_ttft_ms`, `p99_itl_ms`, ... `offload_hit_rate`), so scripts that read
-//! Dynamo's JSON read kvtrace's unchanged; code reads the fields.
+//! views, SLA goodput, KV-offload counters and, under AISimulate's engine, its own keys. It
+//! serializes to the flat, sorted keys Dynamo's report has (`mean_ttft_ms`, `p99_itl_ms`, ...
+//! `offload_hit_rate`), so scripts that read Dynamo's JSON read kvtrace's unchanged; code
+//! reads the fields.
 
 use std::collections::BTreeMap;
 
