@@ -193,7 +193,28 @@ fn a_device_or_a_pipe_as_the_output_is_written_into_not_replaced() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the report");
     assert_eq!(report["num_requests"], 17);
-    let mut links = 2;
+    // Standard output redirected to a file (`> out.json`): a regular file behind the link,
+    // written into all the same.
+    let redirected = dir.path().join("out.json");
+    let status = Command::new(env!("CARGO_BIN_EXE_kvtrace"))
+        .args([
+            "simulate",
+            &repo("testdata/traces/weka_sample.jsonl"),
+            "--trace-format",
+            "weka",
+            "-q",
+            "--report-json",
+            &path(&stdout),
+        ])
+        .stdout(std::fs::File::create(&redirected).expect("create"))
+        .status()
+        .expect("run");
+    assert_eq!(status.code(), Some(0));
+    let text = std::fs::read_to_string(&redirected).expect("read");
+    let report: serde_json::Value = serde_json::from_str(&text).expect("the report");
+    assert_eq!(report["num_requests"], 17);
+    assert!(std::fs::symlink_metadata(&stdout).expect("m").is_symlink());
+    let mut links = 3;
     if Path::new("/dev/full").exists() {
         links += 1;
         let full = dir.path().join("full.lct");

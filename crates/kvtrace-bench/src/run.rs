@@ -484,7 +484,6 @@ fn user(shared: &Shared<'_>, id: u32, stream: &mut Source) {
     }
 }
 
-/// Sleeps in short steps; `false` when the run stopped meanwhile.
 /// The wait until `secs` after the run began; [`Duration::MAX`] for a time past what the
 /// clock holds (a `--request-rate` of 1e-300, a trace slowed as much), which the run's end
 /// comes before.
@@ -497,6 +496,7 @@ fn wait_until(shared: &Shared<'_>, secs: f64) -> Duration {
         })
 }
 
+/// Sleeps in short steps; `false` when the run stopped meanwhile.
 fn sleep_unless_stopped(shared: &Shared<'_>, d: Duration) -> bool {
     let until = Instant::now().checked_add(d);
     loop {

@@ -3,8 +3,9 @@
 //! finished, so a crash, a full disk or an interrupt leaves the previous file (or none), a
 //! symlink at the destination is replaced rather than followed, and readers never see half a
 //! report. Inputs are told apart from outputs by device and inode, not by spelling. A
-//! destination that is a character device or a pipe (`/dev/stdout`, `/dev/null`, a FIFO) is
-//! written in place instead: renaming over it would put a plain file where the device was.
+//! destination that is a character device or a pipe (`/dev/null`, a FIFO), or an open
+//! descriptor by name (`/dev/stdout`, `/dev/fd/3`), is written into instead: renaming over it
+//! would put a plain file where the device or the link was.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -25,8 +26,9 @@ pub struct OutputFile {
     committed: bool,
 }
 
-/// Whether `dest` is a character device or a pipe (through links), which an output is
-/// written into, not renamed over; an error for the other special files.
+/// Whether `dest` is a character device or a pipe (through links), or names an open
+/// descriptor, which an output is written into, not renamed over; an error for the other
+/// special files.
 fn in_place(dest: &Path) -> Result<bool> {
     use std::os::unix::fs::FileTypeExt;
     let Ok(meta) = fs::metadata(dest) else {
@@ -37,7 +39,32 @@ fn in_place(dest: &Path) -> Result<bool> {
         return Err(Error::usage("is a block device or a socket, not a file")
             .in_file(dest.display().to_string()));
     }
-    Ok(kind.is_char_device() || kind.is_fifo())
+    Ok(kind.is_char_device() || kind.is_fifo() || names_descriptor(dest))
+}
+
+/// Whether `path`, through at most eight links, is an open descriptor's name
+/// (`/dev/stdout` is a link to `/proc/self/fd/1`): standard output redirected to a file
+/// (`> out.json`) is a regular file there, and a rename would replace `/dev/stdout` itself.
+fn names_descriptor(path: &Path) -> bool {
+    let mut path = path.to_path_buf();
+    for _ in 0..8 {
+        if ["/proc/self/fd/", "/proc/thread-self/fd/", "/dev/fd/"]
+            .iter()
+            .any(|dir| path.starts_with(dir))
+        {
+            return true;
+        }
+        match fs::read_link(&path) {
+            Ok(target) => {
+                path = match path.parent() {
+                    Some(parent) if target.is_relative() => parent.join(target),
+                    _ => target,
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+    false
 }
 
 static SERIAL: AtomicU64 = AtomicU64::new(0);
@@ -144,8 +171,10 @@ impl OutputFile {
         }
         refuse_input(dest)?;
         if in_place(dest)? {
+            // Appending: a descriptor redirected to a file keeps what is there (`>>`, or
+            // this run's own lines before), as a shell's `>>` would.
             let file = OpenOptions::new()
-                .write(true)
+                .append(true)
                 .open(dest)
                 .map_err(|e| Error::io("cannot open", e).in_file(&shown))?;
             return Ok(OutputFile {
