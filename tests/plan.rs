@@ -256,6 +256,8 @@ fn plan_flags_are_checked_in_one_line() {
     for (args, needle) in [
         (vec!["--target-hit-rate", "1.5"], "--target-hit-rate 1.5"),
         (vec!["--size-gb", "0"], "--size-gb 0"),
+        // Not written out to 301 digits.
+        (vec!["--size-gb", "1e300"], "--size-gb 1e300: expected GiB"),
         (
             vec!["--target-hit-rate", "0.5", "--eviction-policy", "LRU,ARC"],
             "takes one value",

@@ -228,8 +228,19 @@ fn gib(flag: &str, v: f64) -> Result<f64, Error> {
         Ok(v)
     } else {
         Err(Error::usage(format!(
-            "{flag} {v}: expected GiB above 0 and at most 1000000"
+            "{flag} {}: expected GiB above 0 and at most 1000000",
+            shown(v)
         )))
+    }
+}
+
+/// A size as an error repeats it: in exponent form past 10^15, where the plain form of
+/// `1e300` runs to 301 digits.
+fn shown(v: f64) -> String {
+    if v.abs() >= 1e15 {
+        format!("{v:e}")
+    } else {
+        v.to_string()
     }
 }
 
@@ -287,7 +298,8 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
             for &v in &a.l2_sizes_gb {
                 if !(v.is_finite() && (0.0..=1e6).contains(&v)) {
                     return Err(Error::usage(format!(
-                        "--l2-sizes-gb {v}: expected GiB from 0 (L1 alone) to 1000000"
+                        "--l2-sizes-gb {}: expected GiB from 0 (L1 alone) to 1000000",
+                        shown(v)
                     )));
                 }
                 // -0 is 0: L1 alone.
