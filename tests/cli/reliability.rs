@@ -181,15 +181,16 @@ fn a_device_or_a_pipe_as_the_output_is_written_into_not_replaced() {
     // directory's (`/dev/stdout` is one too) so that a regression replaces only that.
     let stdout = dir.path().join("stdout.json");
     std::os::unix::fs::symlink("/proc/self/fd/1", &stdout).expect("link");
-    let out = kvtrace([
-        "simulate",
-        &repo("testdata/traces/weka_sample.jsonl"),
-        "--trace-format",
-        "weka",
-        "-q",
-        "--report-json",
-        &path(&stdout),
-    ]);
+    let simulate = [
+        "simulate".to_string(),
+        repo("testdata/traces/weka_sample.jsonl"),
+        "--trace-format".into(),
+        "weka".into(),
+        "-q".into(),
+        "--report-json".into(),
+        path(&stdout),
+    ];
+    let out = kvtrace(&simulate);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the report");
     assert_eq!(report["num_requests"], 17);
@@ -197,15 +198,7 @@ fn a_device_or_a_pipe_as_the_output_is_written_into_not_replaced() {
     // written into all the same.
     let redirected = dir.path().join("out.json");
     let status = Command::new(env!("CARGO_BIN_EXE_kvtrace"))
-        .args([
-            "simulate",
-            &repo("testdata/traces/weka_sample.jsonl"),
-            "--trace-format",
-            "weka",
-            "-q",
-            "--report-json",
-            &path(&stdout),
-        ])
+        .args(&simulate)
         .stdout(std::fs::File::create(&redirected).expect("create"))
         .status()
         .expect("run");
