@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::replay::events::fleet::{summarise, FleetStream, FleetSummary};
 use kvtrace::replay::events::{replay_events, server_config};
+use kvtrace::report::units::short;
 use kvtrace::report::Report;
 use kvtrace::simulate::mooncake::request_span_s;
 use kvtrace::sweep::plan::{
@@ -229,18 +230,8 @@ fn gib(flag: &str, v: f64) -> Result<f64, Error> {
     } else {
         Err(Error::usage(format!(
             "{flag} {}: expected GiB above 0 and at most 1000000",
-            shown(v)
+            short(v)
         )))
-    }
-}
-
-/// A size as an error repeats it: in exponent form past 10^15, where the plain form of
-/// `1e300` runs to 301 digits.
-fn shown(v: f64) -> String {
-    if v.abs() >= 1e15 {
-        format!("{v:e}")
-    } else {
-        v.to_string()
     }
 }
 
@@ -299,7 +290,7 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
                 if !(v.is_finite() && (0.0..=1e6).contains(&v)) {
                     return Err(Error::usage(format!(
                         "--l2-sizes-gb {}: expected GiB from 0 (L1 alone) to 1000000",
-                        shown(v)
+                        short(v)
                     )));
                 }
                 // -0 is 0: L1 alone.
@@ -435,7 +426,7 @@ pub(super) fn run(a: Args) -> Result<i32, Error> {
         let shown = a.file.display().to_string();
         warn(
             &shown,
-            &format!("--sample {}: {thin}: sample more", s.counts.rate),
+            &format!("--sample {}: {thin}: sample more", short(s.counts.rate)),
         );
     }
     if generated.is_some() {

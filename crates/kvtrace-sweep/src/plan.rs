@@ -352,15 +352,10 @@ pub fn plan(
         Some((rate, seed)) => {
             let sample = Loaded::load_sample(trace, read, rate, seed)?;
             if sample.counts.trees_kept == 0 {
-                // In exponent form where the plain one would run to hundreds of digits.
-                let shown = if rate < 1e-4 {
-                    format!("{rate:e}")
-                } else {
-                    rate.to_string()
-                };
                 return Err(Error::usage(format!(
-                    "{}: a sample of {shown} kept none of the trace's {} prefix trees: sample more",
+                    "{}: a sample of {} kept none of the trace's {} prefix trees: sample more",
                     trace.display(),
+                    kvtrace_report::units::short(rate),
                     sample.counts.trees
                 )));
             }
