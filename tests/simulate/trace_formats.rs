@@ -26,6 +26,11 @@ fn write_lines(path: &Path, rows: &[Value]) {
 /// Runs `simulate` on `args` (two round-robin workers of 16-token blocks) and returns its
 /// report and per-request records.
 fn simulate(dir: &Path, name: &str, args: &[&str]) -> (Value, Vec<Value>) {
+    simulate_on(dir, name, "{\"block_size\":16}", args)
+}
+
+/// [`simulate`] with the engine arguments `engine`.
+fn simulate_on(dir: &Path, name: &str, engine: &str, args: &[&str]) -> (Value, Vec<Value>) {
     let report = dir.join(format!("{name}.json"));
     let requests = dir.join(format!("{name}.jsonl"));
     let mut all: Vec<String> = vec!["simulate".into()];
@@ -35,7 +40,7 @@ fn simulate(dir: &Path, name: &str, args: &[&str]) -> (Value, Vec<Value>) {
             "--num-workers",
             "2",
             "--extra-engine-args",
-            "{\"block_size\":16}",
+            engine,
             "-q",
             "--report-json",
             &report.display().to_string(),
@@ -180,28 +185,15 @@ fn a_legacy_graphs_plays_are_the_parts_its_waits_connect() {
     ];
     let file = dir.path().join("plays.jsonl");
     write_lines(&file, &rows);
+    let file = file.display().to_string();
     let run = |engine: &str| {
-        let report = dir.path().join(format!("{engine}.json"));
-        let requests = dir.path().join(format!("{engine}.jsonl"));
-        let out = kvtrace([
-            "simulate",
-            &file.display().to_string(),
-            "--trace-format",
-            "agentic_mooncake",
-            "--num-workers",
-            "2",
-            "--extra-engine-args",
-            &format!("{{\"block_size\":16,\"engine_version\":\"{engine}\"}}"),
-            "-q",
-            "--report-json",
-            &report.display().to_string(),
-            "--report-jsonl",
-            &requests.display().to_string(),
-        ]);
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-        let report: Value =
-            serde_json::from_str(&std::fs::read_to_string(report).expect("report")).expect("json");
-        (report, lines(&requests))
+        let args = format!("{{\"block_size\":16,\"engine_version\":\"{engine}\"}}");
+        simulate_on(
+            dir.path(),
+            engine,
+            &args,
+            &[&file, "--trace-format", "agentic_mooncake"],
+        )
     };
     let (dynamo, _) = run("dynamo-1.4.2");
     assert!(dynamo.get("total_trajectories").is_none());
