@@ -35,7 +35,8 @@ pub(super) struct Args {
     /// Threads that decode the records (0: one per core; at most 1024); the figures do not
     /// depend on it
     #[arg(long, value_name = "N", default_value_t = 0,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1024))]
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(0..=kvtrace::lmct::reader::MAX_THREADS as u64))]
     threads: usize,
     #[command(flatten)]
     read: ReadArgs,
