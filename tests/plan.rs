@@ -259,6 +259,10 @@ fn plan_flags_are_checked_in_one_line() {
         // Not written out to 301 digits.
         (vec!["--size-gb", "1e300"], "--size-gb 1e300: expected GiB"),
         (
+            vec!["--size-gb", "1", "--l2-sizes-gb", "1e300"],
+            "--l2-sizes-gb 1e300: expected GiB",
+        ),
+        (
             vec!["--target-hit-rate", "0.5", "--eviction-policy", "LRU,ARC"],
             "takes one value",
         ),

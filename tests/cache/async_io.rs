@@ -204,6 +204,15 @@ fn io_flags_are_checked_in_one_line() {
         ),
         (vec!["--l2-io-depth", "0"], "queue depth 0"),
         (vec!["--l2-io-workers", "300"], "workers"),
+        // The L1's lock TTLs are durations (a negative or NaN one was taken as it came).
+        (
+            vec!["--l1-read-ttl-seconds=-5"],
+            "--l1-read-ttl-seconds -5: expected seconds >= 0",
+        ),
+        (
+            vec!["--l1-write-ttl-seconds", "NaN"],
+            "--l1-write-ttl-seconds NaN",
+        ),
     ] {
         let mut args = vec!["replay", &trace, "-q", "--output-dir", out];
         args.extend_from_slice(&flags);
