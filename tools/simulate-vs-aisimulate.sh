@@ -74,7 +74,8 @@ for name in "${matrix[@]}"; do
         [ -z "$best_a" ] || [ "$a" -lt "$best_a" ] && best_a=$a
     done
     [ "${REFERENCE:-0}" = 1 ] && cp "$work/$name.aisim.${RUNS:-3}.json" "testdata/aisimulate/$name.report.json"
-    "$kvtrace" simulate "${args[@]}" --router-mode round_robin -q --report-jsonl "$work/$name.kvtrace.jsonl"
+    "$kvtrace" simulate "${args[@]}" --router-mode round_robin -q --report-json "$work/$name.kvtrace.lines.json" \
+        --report-jsonl "$work/$name.kvtrace.jsonl"
     "$harness" "${args[@]}" --report-json "$work/$name.aisim.lines.json" --requests-jsonl "$work/$name.aisim.jsonl"
     python3 - "$name" "$work/$name" "$cases" "${REFERENCE:-0}" <<'PY' || status=1
 import json, sys

@@ -44,8 +44,7 @@ pub(super) fn completions(args: CompletionsArgs) -> Result<i32, Error> {
 
 pub(super) fn man(args: ManArgs) -> Result<i32, Error> {
     let shown = args.dir.display().to_string();
-    std::fs::create_dir_all(&args.dir)
-        .map_err(|e| Error::io("cannot create", e).in_file(&shown))?;
+    kvtrace::output::create_dir(&args.dir)?;
     clap_mangen::generate_to(Cli::command(), &args.dir)
         .map_err(|e| Error::io("cannot write the man pages", e).in_file(&shown))?;
     eprintln!("kvtrace: wrote the man pages to {shown}");

@@ -657,8 +657,6 @@ fn simulations_that_cannot_run_or_serve_say_so_in_one_line() {
     let synthetic = |extra: &[&str]| {
         let mut argv = vec![
             "simulate",
-            "--input-tokens",
-            "1000",
             "--output-tokens",
             "20",
             "--replay-concurrency",
@@ -668,8 +666,10 @@ fn simulations_that_cannot_run_or_serve_say_so_in_one_line() {
             &report,
         ];
         argv.extend_from_slice(extra);
-        if !argv.contains(&"--request-count") {
-            argv.extend(["--request-count", "4"]);
+        for (flag, default) in [("--request-count", "4"), ("--input-tokens", "1000")] {
+            if !argv.contains(&flag) {
+                argv.extend([flag, default]);
+            }
         }
         kvtrace(&argv)
     };
@@ -699,12 +699,39 @@ fn simulations_that_cannot_run_or_serve_say_so_in_one_line() {
         let err = one_line_error(&synthetic(extra), 2);
         assert!(err.contains(needle), "{extra:?}: {err}");
     }
-    // 1,000 tokens in 64-token blocks need 16 blocks; an engine of one holds none of them.
-    let out = synthetic(&["--extra-engine-args", r#"{"num_gpu_blocks":1}"#]);
+    // 1,000 tokens in 64-token blocks need 16 blocks; an engine of one holds none of them, so
+    // no synthetic request (all of one length) could be served. With four billion tokens
+    // that took minutes and 15 GB of prompts before the run rejected them all.
+    for tokens in ["1000", "4000000000"] {
+        let mut argv = vec!["--extra-engine-args", r#"{"num_gpu_blocks":1}"#];
+        argv.extend(["--input-tokens", tokens]);
+        let err = one_line_error(&synthetic(&argv), 2);
+        let needle = format!("--input-tokens {tokens}: more than the 64 tokens of KV cache");
+        assert!(err.contains(&needle), "{err}");
+    }
+    // In a trace, a prompt of 40 blocks is rejected by engines of 20, the one of 2 is served.
+    let trace = dir.path().join("two.jsonl");
+    let row = |t: u32, blocks: u64| {
+        let ids: Vec<u64> = (0..blocks).collect();
+        format!(
+            r#"{{"timestamp": {t}, "input_length": {}, "output_length": 4, "hash_ids": {ids:?}}}"#,
+            blocks * 512
+        )
+    };
+    std::fs::write(&trace, format!("{}\n{}\n", row(0, 40), row(10, 2))).unwrap();
+    let out = kvtrace(&[
+        "simulate",
+        &path(&trace),
+        "--extra-engine-args",
+        r#"{"num_gpu_blocks":20}"#,
+        "-q",
+        "--report-json",
+        &report,
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stderr).trim(),
-        "kvtrace: warning: 4 of 4 requests were rejected: each needs more KV blocks than an engine holds (num_gpu_blocks × block_size tokens)"
+        "kvtrace: warning: 1 of 2 requests were rejected: each needs more KV blocks than an engine holds (num_gpu_blocks × block_size tokens)"
     );
     let out = synthetic(&[]);
     assert_eq!(out.status.code(), Some(0));

@@ -229,6 +229,34 @@ fn a_device_or_a_pipe_as_the_output_is_written_into_not_replaced() {
     );
 }
 
+/// An output directory that is a file or a device is one line that says so, and the file is
+/// left as it was (the system's answer was "File exists").
+#[test]
+fn an_output_directory_that_is_a_file_says_so() {
+    let dir = scratch();
+    let file = dir.path().join("notes.txt");
+    std::fs::write(&file, "kept").expect("write");
+    let null = dir.path().join("null");
+    std::os::unix::fs::symlink("/dev/null", &null).expect("link");
+    let trace = path(&sample("basic_lru"));
+    for target in [&file, &null] {
+        let shown = path(target);
+        for argv in [
+            vec!["replay", trace.as_str(), "--output-dir", &shown, "-q"],
+            vec!["man", &shown],
+        ] {
+            let err = one_line_error(&kvtrace(&argv), 1);
+            assert_eq!(
+                err,
+                format!("kvtrace: error: {shown}: cannot create: not a directory\n"),
+                "{argv:?}"
+            );
+        }
+    }
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), "kept");
+    assert!(std::fs::symlink_metadata(&null).expect("m").is_symlink());
+}
+
 #[test]
 fn absurd_record_times_neither_hang_nor_pass_silently() {
     let dir = scratch();

@@ -321,7 +321,7 @@ fn cache_parent(setup: &Setup) -> Result<PathBuf> {
             "{s}: not a directory (the storage tier's files go in one)"
         )));
     }
-    std::fs::create_dir_all(&parent).map_err(|e| Error::io("cannot create", e).in_file(&s))?;
+    kvtrace_io::output::create_dir(&parent)?;
     Ok(parent)
 }
 

@@ -11,7 +11,7 @@ use super::report::BenchReport;
 use super::run::{DecodeReads, MultiTurn};
 use super::tiers::TierKind;
 use kvtrace_cache::clock::local_stamp;
-use kvtrace_io::error::{Error, Result};
+use kvtrace_io::error::Result;
 use kvtrace_io::machine::available_memory;
 
 /// A scenario: a name, what it shows, and how it changes the base run.
@@ -89,8 +89,7 @@ impl Suite {
             .output
             .clone()
             .unwrap_or_else(|| PathBuf::from(format!("kvtrace_suite_{}", local_stamp())));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
+        kvtrace_io::output::create_dir(&dir)?;
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let memory_gib = available_memory().unwrap_or(8 << 30) as f64 / (1u64 << 30) as f64;
         let users = setup

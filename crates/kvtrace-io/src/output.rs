@@ -284,6 +284,19 @@ impl Drop for DirLock {
     }
 }
 
+/// Creates the directory `dir` and those it lacks above it. Where `dir` is a file or a
+/// device, the error says "not a directory", not the "File exists" the system answers.
+pub fn create_dir(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).map_err(|e| {
+        let e = if e.kind() == io::ErrorKind::AlreadyExists && !dir.is_dir() {
+            io::Error::from(io::ErrorKind::NotADirectory)
+        } else {
+            e
+        };
+        Error::io("cannot create", e).in_file(dir.display())
+    })
+}
+
 impl DirLock {
     /// Takes the lock, or fails at once with one line when another run holds it.
     pub fn acquire(dir: &Path) -> Result<DirLock> {
@@ -294,7 +307,7 @@ impl DirLock {
             .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
             .map(Path::to_path_buf)
             .collect();
-        fs::create_dir_all(dir).map_err(|e| Error::io("cannot create", e).in_file(&shown))?;
+        create_dir(dir)?;
         let path = dir.join(".kvtrace.lock");
         loop {
             let file = OpenOptions::new()

@@ -24,7 +24,7 @@ use serde_json::Value as Json;
 
 pub use chart::{Chart, HeatMap, Series};
 use kvtrace_io::error::{Error, Result};
-use kvtrace_io::output::{check_writable, write_atomic};
+use kvtrace_io::output::{check_writable, create_dir, write_atomic};
 pub use table::{Cell, Table, Unit};
 
 /// How a report's JSON document is written: each command keeps the form its users' scripts
@@ -97,8 +97,7 @@ impl Target {
         match self {
             Target::File(path) => check_writable(path),
             Target::Dir(dir) => {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
+                create_dir(dir)?;
                 check_writable(&dir.join(".kvtrace-check"))
             }
         }

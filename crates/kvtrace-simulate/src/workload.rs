@@ -265,15 +265,24 @@ pub struct SyntheticSpec {
 }
 
 impl SyntheticSpec {
-    /// About how many bytes the built workload and a run's records of it take: 600 a request
-    /// (its turn, its record, its arrival) and 32 a block of a turn's own input (its id,
-    /// interned), measured on this build (a million one-block requests 622 MB; four prompts
-    /// of 1.6 M blocks 248 MB). For refusing, before [`SyntheticSpec::build`] allocates, a
-    /// workload that cannot fit in memory.
-    pub fn footprint_bytes(&self) -> u64 {
+    /// About how many bytes the built workload, a run's records of it and the engines' KV
+    /// blocks take, when the engines hold at most `engine_blocks` blocks in all: 600 a
+    /// request (its turn, its record, its arrival), 64 a block of a turn's own input (its id
+    /// and its entry in the interning table, which peaks at that while the table grows) and
+    /// 96 a block an engine holds (its hash, its place in the pool's maps and lists).
+    /// Measured on this build: a million one-block requests 622 MB; four prompts of 6.25 M
+    /// blocks, all rejected, 966 MB, and of 62.5 M blocks 15 GB; four of 1.56 M blocks, all
+    /// held, 792 MB. For refusing, before [`SyntheticSpec::build`] allocates, a workload that
+    /// cannot fit in memory.
+    pub fn footprint_bytes(&self, engine_blocks: u64) -> u64 {
         let requests = u64::from(self.count) * u64::from(self.turns.max(1));
         let blocks = u64::from(self.input_tokens.div_ceil(self.block_size.max(1)));
-        requests.saturating_mul(blocks.saturating_mul(32).saturating_add(600))
+        let input_blocks = requests.saturating_mul(blocks);
+        let held = input_blocks.min(engine_blocks);
+        requests
+            .saturating_mul(600)
+            .saturating_add(input_blocks.saturating_mul(64))
+            .saturating_add(held.saturating_mul(96))
     }
 
     /// Draws the workload as Dynamo 1.4.2's `SyntheticTraceSpec` does — one prefix group per

@@ -160,8 +160,7 @@ pub(super) fn run(args: &Args, given: &[String], option: &str) -> Result<i32, Er
         let setup = o.apply(&base, keep);
         for trial in 1..=trials {
             let dir = rank_dir(&results, o.number, trial, base.rank.as_ref());
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| Error::io("cannot create", e).in_file(dir.display()))?;
+            kvtrace::output::create_dir(&dir)?;
             eprintln!(
                 "kvtrace: MLPerf Storage v3.0 {} Option {} ({}), trial {trial} of {trials}: {} users of {} for {:.0} s",
                 match division {

@@ -464,8 +464,7 @@ fn prepare_output_dir(dir: &std::path::Path, overwrite: bool) -> Result<(), Erro
             }
             Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir_all(dir)
-            .map_err(|e| Error::io("cannot create the output directory", e).in_file(&shown)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => kvtrace::output::create_dir(dir),
         Err(e) => Err(Error::io("cannot read the output directory", e).in_file(&shown)),
     }
 }

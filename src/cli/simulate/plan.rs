@@ -165,6 +165,39 @@ struct Pools {
     queue: Option<QueuePolicy>,
 }
 
+impl Pools {
+    /// Each pool's engine arguments with how many engines (workers × data-parallel ranks)
+    /// it runs: the decode or aggregated pool, then the prefill pool.
+    fn each(&self) -> impl Iterator<Item = (&EngineArgs, u64)> {
+        let engines = |workers: u32, e: &EngineArgs| u64::from(workers) * u64::from(e.dp_size);
+        std::iter::once((&self.engine, engines(self.workers, &self.engine))).chain(
+            self.prefill
+                .as_ref()
+                .map(|p| (&p.engine, engines(p.workers, &p.engine))),
+        )
+    }
+
+    /// How many engines serve, in all.
+    fn engines(&self) -> u64 {
+        self.each().map(|(_, n)| n).sum()
+    }
+
+    /// How many KV blocks the engines hold at most, all of them together.
+    fn engine_blocks(&self) -> u64 {
+        self.each()
+            .map(|(e, n)| n.saturating_mul(e.num_gpu_blocks))
+            .fold(0, u64::saturating_add)
+    }
+
+    /// The most KV cache, in tokens, that any one engine holds.
+    fn largest_kv_tokens(&self) -> u64 {
+        self.each()
+            .map(|(e, _)| e.num_gpu_blocks.saturating_mul(u64::from(e.block_size)))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// The simulation `o` asks for, every flag checked.
 pub(crate) fn plan(o: &Options) -> Result<Plan> {
     if o.online && (o.storage.is_some() || o.record.is_some()) {
@@ -182,11 +215,7 @@ pub(crate) fn plan(o: &Options) -> Result<Plan> {
     }
     let mut warnings = Vec::new();
     let pools = pools(o, &mut warnings)?;
-    let engines = u64::from(pools.workers) * u64::from(pools.engine.dp_size)
-        + pools
-            .prefill
-            .as_ref()
-            .map_or(0, |p| u64::from(p.workers) * u64::from(p.engine.dp_size));
+    let engines = pools.engines();
     fits_in_memory(
         &format!("{engines} engines (workers × dp_size)"),
         engines.saturating_mul(ENGINE_FOOTPRINT_BYTES),
@@ -207,7 +236,7 @@ pub(crate) fn plan(o: &Options) -> Result<Plan> {
         ));
     }
     let router = router_mode(o, pools.queue)?;
-    let workload = workload(o, pools.engine.block_size, pools.engine.engine_version)?;
+    let workload = workload(o, &pools)?;
     let sla = Sla {
         ttft_ms: o
             .sla_ttft_ms
@@ -407,7 +436,11 @@ fn positive(flag: &str, v: f64) -> Result<f64> {
     }
 }
 
-fn workload(o: &Options, block_size: u32, engine: EngineVersion) -> Result<Workload> {
+/// The workload `o` names for `pools` to serve: its trace files, or the synthetic requests
+/// its flags describe.
+fn workload(o: &Options, pools: &Pools) -> Result<Workload> {
+    let engine = &pools.engine;
+    let block_size = engine.block_size;
     let synthetic = [
         o.input_tokens.is_some(),
         o.output_tokens.is_some(),
@@ -433,7 +466,7 @@ fn workload(o: &Options, block_size: u32, engine: EngineVersion) -> Result<Workl
                 "{flag} applies to synthetic workloads only, not to a trace file"
             )));
         }
-        let mut w = read_traces(o, engine)?;
+        let mut w = read_traces(o, engine.engine_version)?;
         if w.graph.is_some() && o.replay_concurrency.is_some() {
             return Err(Error::usage(
                 "--replay-concurrency: an agentic trace's requests start when what they wait for ends, not when a slot frees; replay it by its timestamps",
@@ -489,6 +522,15 @@ fn workload(o: &Options, block_size: u32, engine: EngineVersion) -> Result<Workl
             "--input-tokens, --request-count and --turns-per-session must be at least 1",
         ));
     }
+    // Every synthetic prompt is `input` tokens long, so one that no engine's KV cache can hold
+    // would leave every request rejected or waiting, after building prompts that may be
+    // billions of tokens (minutes and gigabytes for nothing).
+    let largest_kv = pools.largest_kv_tokens();
+    if u64::from(input) > largest_kv {
+        return Err(Error::usage(format!(
+            "--input-tokens {input}: more than the {largest_kv} tokens of KV cache any engine holds (num_gpu_blocks × block_size), so no request could be served"
+        )));
+    }
     let spec = SyntheticSpec {
         input_tokens: input,
         output_tokens: output,
@@ -507,7 +549,7 @@ fn workload(o: &Options, block_size: u32, engine: EngineVersion) -> Result<Workl
             "--request-count {count} of --input-tokens {input} (× --turns-per-session {})",
             spec.turns
         ),
-        spec.footprint_bytes(),
+        spec.footprint_bytes(pools.engine_blocks()),
     )?;
     Ok(spec.build())
 }
