@@ -3,10 +3,10 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use kvtrace::error::short;
 use kvtrace::error::{Error, EXIT_OK};
 use kvtrace::replay::events::fleet::{summarise, FleetStream, FleetSummary};
 use kvtrace::replay::events::{replay_events, server_config};
-use kvtrace::report::units::short;
 use kvtrace::report::Report;
 use kvtrace::simulate::mooncake::request_span_s;
 use kvtrace::sweep::plan::{
@@ -219,7 +219,8 @@ fn share(flag: &str, v: f64) -> Result<f64, Error> {
         Ok(v)
     } else {
         Err(Error::usage(format!(
-            "{flag} {v}: expected a share above 0 and at most 1 (0.6 for 60 %)"
+            "{flag} {}: expected a share above 0 and at most 1 (0.6 for 60 %)",
+            short(v)
         )))
     }
 }

@@ -4,7 +4,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvtrace::error::Error;
+use kvtrace::error::{short, Error};
 use kvtrace::metrics::{Endpoint, Live};
 use kvtrace::otel::{SpanSink, SpanTee};
 use kvtrace::rank::Rank;
@@ -63,7 +63,7 @@ impl PrometheusArgs {
         let hold = Duration::try_from_secs_f64(self.prometheus_hold).map_err(|_| {
             Error::usage(format!(
                 "--prometheus-hold {}: expected seconds, 0 or more",
-                self.prometheus_hold
+                short(self.prometheus_hold)
             ))
         })?;
         let port = match (port, rank) {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::ValueEnum;
-use kvtrace::error::{Error, EXIT_DATA, EXIT_OK};
+use kvtrace::error::{short, Error, EXIT_DATA, EXIT_OK};
 use kvtrace::rank::Rank;
 use kvtrace::replay::client::{ClientChoice, Shape};
 use kvtrace::replay::dispatch::Outcome;
@@ -209,9 +209,10 @@ fn pacing(args: &Args) -> Result<Pacing, Error> {
         (Some(Pace::Afap), Some(_)) => {
             Err(Error::usage("--speedup needs --pace realtime, not afap"))
         }
-        (_, Some(s)) if !positive(s) => {
-            Err(Error::usage(format!("--speedup {s}: must be positive")))
-        }
+        (_, Some(s)) if !positive(s) => Err(Error::usage(format!(
+            "--speedup {}: must be positive",
+            short(s)
+        ))),
         (_, Some(s)) => Ok(Pacing::Timed { speedup: s }),
         (Some(Pace::Realtime), None) => Ok(Pacing::Timed { speedup: 1.0 }),
         (Some(Pace::Afap) | None, None) => Ok(Pacing::AsFastAsPossible),

@@ -28,7 +28,7 @@ use kvtrace_cache::storage::config::{
     BackendConfig, EvictionConfig, EvictionTiming, L2Config, L2Io, Placement, S3Location,
     StorageConfig,
 };
-use kvtrace_io::error::{Error, Result};
+use kvtrace_io::error::{short, Error, Result};
 use kvtrace_io::machine::{available_memory, free_bytes};
 use kvtrace_io::output::{remove_dead_leftovers, Leftover};
 use kvtrace_otel::SpanSink;
@@ -456,7 +456,7 @@ impl Plan {
             if let Some(room) = room.filter(|&r| cpu_bytes > r) {
                 warnings.push(format!(
                     "the CPU tier's {} GiB: {} has room for {:.1} GiB; the CPU tier will fail its writes past that",
-                    o.cpu_mem_gb,
+                    short(o.cpu_mem_gb),
                     o.cpu_tier_dir.display(),
                     room as f64 / GIB
                 ));

@@ -123,3 +123,30 @@ pub fn json_reason(e: &serde_json::Error) -> String {
         None => message,
     }
 }
+
+/// A number as a message repeats it: plain, or in exponent form where the plain one runs
+/// long — from 10^15 up, or below 10^-4 but not 0 — since `1e300` and `1e-300` are each some
+/// 300 digits written out: `0.5`, `2000000`, `1e-6`, `1e300`.
+pub fn short(v: f64) -> String {
+    let magnitude = v.abs();
+    if magnitude >= 1e15 || (magnitude > 0.0 && magnitude < 1e-4) {
+        format!("{v:e}")
+    } else {
+        v.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short;
+
+    #[test]
+    fn short_numbers_stay_plain_and_long_ones_take_an_exponent() {
+        assert_eq!(short(0.5), "0.5");
+        assert_eq!(short(2e6), "2000000");
+        assert_eq!(short(0.0), "0");
+        assert_eq!(short(1e-6), "1e-6");
+        assert_eq!(short(-1e300), "-1e300");
+        assert_eq!(short(f64::NAN), "NaN");
+    }
+}

@@ -626,9 +626,10 @@ fn time_compressed(
         return None;
     }
     Some(format!(
-        "the trace spans {:.3} s of trace time, so LMCache's eviction controller (one pass every {interval_s} s) ran {} time(s) while {} reservation(s) failed with OUT_OF_MEMORY; \
+        "the trace spans {:.3} s of trace time, so LMCache's eviction controller (one pass every {} s) ran {} time(s) while {} reservation(s) failed with OUT_OF_MEMORY; \
          its records are closer together than a serving server's (written through the recorder API?): replay with immediate eviction timing to evict as allocations need room",
         span.max(0.0),
+        error::short(interval_s),
         calls.eviction_passes,
         calls.out_of_memory_calls
     ))

@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use crate::error::json_reason;
+use crate::error::{json_reason, short};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineType {
@@ -114,7 +114,8 @@ impl SglangArgs {
         if let Some(c) = raw.schedule_conservativeness {
             if !(c.is_finite() && c > 0.0) {
                 return Err(format!(
-                    "sglang.schedule_conservativeness {c}: expected a positive number"
+                    "sglang.schedule_conservativeness {}: expected a positive number",
+                    short(c)
                 ));
             }
             s.schedule_conservativeness = c;
@@ -358,7 +359,7 @@ impl EngineArgs {
         ] {
             if let Some(v) = value {
                 if !v.is_finite() {
-                    return Err(format!("{name} {v}: expected a finite number"));
+                    return Err(format!("{name} {}: expected a finite number", short(v)));
                 }
                 *slot = v;
             }

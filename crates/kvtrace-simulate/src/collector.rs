@@ -136,6 +136,11 @@ pub struct Collector {
     /// per request was a tenth of a simulation, in reallocation and copying.
     spare_times: Vec<Vec<f64>>,
     completed: usize,
+    /// The run's duration (and so its throughputs) ends at the last completed request, as
+    /// AISimulate's report has it, not at the last request that ended (a rejection
+    /// included), as Dynamo 1.4.2's. The workers' provisioned time runs to the latter in
+    /// both.
+    pub duration_of_completed: bool,
 }
 
 /// The pooled per-token distributions: every completed request's token gaps, and the output
@@ -508,11 +513,18 @@ impl Collector {
             .iter()
             .filter(|r| r.terminal_status == Status::Completed)
             .collect();
-        let duration_ms = self
-            .records
-            .iter()
-            .filter_map(|r| r.terminal_time_ms)
-            .fold(0.0, f64::max);
+        let last_end = |records: &mut dyn Iterator<Item = &RequestRecord>| {
+            records
+                .filter_map(|r| r.terminal_time_ms)
+                .fold(0.0, f64::max)
+        };
+        // The workers are provisioned until the last request ended, whatever its end.
+        let end_ms = last_end(&mut self.records.iter());
+        let duration_ms = if self.duration_of_completed {
+            last_end(&mut done.iter().copied())
+        } else {
+            end_ms
+        };
         let duration_s = duration_ms / 1e3;
         let per_s = |x: f64| {
             if duration_s > 0.0 {
@@ -542,8 +554,8 @@ impl Collector {
                 0.0
             }
         };
-        let prefill_worker_s = duration_s * provision.prefill_workers as f64;
-        let decode_worker_s = duration_s * provision.decode_workers as f64;
+        let prefill_worker_s = end_ms / 1e3 * provision.prefill_workers as f64;
+        let decode_worker_s = end_ms / 1e3 * provision.decode_workers as f64;
         let of = |f: fn(&RequestRecord) -> Option<f64>| {
             Exact::new(done.iter().filter_map(|r| f(r)).collect()).figures()
         };
@@ -588,6 +600,7 @@ impl Collector {
             goodput,
             per_request: None,
             interrupted: false,
+            skipped: 0,
             offload: None,
             aisimulate: None,
         }

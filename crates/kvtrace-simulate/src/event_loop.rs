@@ -68,6 +68,8 @@ pub struct SimResult {
     pub passes: u64,
     /// A signal stopped the run early: the requests not yet ended stay pending.
     pub interrupted: bool,
+    /// Requests of a request graph never sent because one they wait for was rejected.
+    pub skipped: u64,
 }
 
 /// A point on the virtual clock, ordered totally.
@@ -213,10 +215,21 @@ struct Dependents {
     remaining: Vec<usize>,
     /// The earliest a session may start: its own arrival, then each fired wait's time.
     ready_after: Vec<f64>,
+    /// Whether a rejected request ends its play, AISimulate's driver's rule: every request
+    /// of the play not yet sent is skipped, those already sent run on. Otherwise a
+    /// rejection releases what waits for it as a completion does.
+    skip_after_rejection: bool,
+    /// Each play's sessions ([`crate::workload::Graph::plays`]), and whether one failed.
+    plays: Vec<Vec<u32>>,
+    play_failed: Vec<bool>,
+    sent: Vec<bool>,
+    /// Sessions that will never be sent, as a request of their play was rejected.
+    skipped: Vec<bool>,
+    skipped_count: u64,
 }
 
 impl Dependents {
-    fn new(workload: &Workload) -> Option<Dependents> {
+    fn new(workload: &Workload, skip_after_rejection: bool) -> Option<Dependents> {
         let graph = workload.graph.as_ref()?;
         let n = workload.sessions.len();
         let mut d = Dependents {
@@ -224,7 +237,21 @@ impl Dependents {
             on_completion: vec![Vec::new(); n],
             remaining: vec![0; n],
             ready_after: workload.sessions.iter().map(|s| s.start_ms).collect(),
+            skip_after_rejection,
+            plays: Vec::new(),
+            play_failed: Vec::new(),
+            sent: vec![false; n],
+            skipped: vec![false; n],
+            skipped_count: 0,
         };
+        for (session, &play) in graph.plays.iter().enumerate().take(n) {
+            let play = play as usize;
+            if d.plays.len() <= play {
+                d.plays.resize(play + 1, Vec::new());
+            }
+            d.plays[play].push(session as u32);
+        }
+        d.play_failed = vec![false; d.plays.len()];
         for (i, waits) in graph.waits.iter().enumerate().take(n) {
             d.remaining[i] = waits.len();
             for w in waits {
@@ -236,6 +263,21 @@ impl Dependents {
             }
         }
         Some(d)
+    }
+
+    /// A request of `play` was rejected: the play's first failure skips every request of it
+    /// not yet sent, whether still waiting or due later.
+    fn fail(&mut self, play: u32) {
+        let play = play as usize;
+        if std::mem::replace(&mut self.play_failed[play], true) {
+            return;
+        }
+        for &s in &self.plays[play] {
+            let s = s as usize;
+            if !self.sent[s] && !std::mem::replace(&mut self.skipped[s], true) {
+                self.skipped_count += 1;
+            }
+        }
     }
 }
 
@@ -312,6 +354,7 @@ pub fn simulate(
     // With a second core, the pooled token gaps are folded beside the simulation.
     let mut collector = Collector::beside();
     collector.records.reserve_exact(turns);
+    collector.duration_of_completed = config.engine.engine_version == EngineVersion::Aisimulate013;
     // A request the router queues is released when another worker's pass ends, and a
     // handoff's or an offload store's work runs between passes: any of them could reach a
     // worker in the middle of its step.
@@ -352,7 +395,10 @@ pub fn simulate(
             _ => HandoffOrder::SourceFirst,
         },
         skip: Vec::new(),
-        dependents: Dependents::new(workload),
+        dependents: Dependents::new(
+            workload,
+            config.engine.engine_version == EngineVersion::Aisimulate013,
+        ),
         coasting,
     };
     for (i, s) in workload.sessions.iter().enumerate() {
@@ -395,6 +441,7 @@ pub fn simulate(
         wall_ms: began.elapsed().as_secs_f64() * 1e3,
         passes: sim.passes,
         interrupted: sim.interrupted,
+        skipped: sim.dependents.as_ref().map_or(0, |d| d.skipped_count),
     })
 }
 
@@ -613,6 +660,12 @@ impl Simulation<'_> {
     /// The next turn of `session` arrives: record it, then route it (or queue it) — or,
     /// disaggregated, start its handoff.
     fn arrive(&mut self, session: u32, now: f64) {
+        if let Some(d) = self.dependents.as_mut() {
+            if d.skipped[session as usize] {
+                return;
+            }
+            d.sent[session as usize] = true;
+        }
         let s = &self.workload.sessions[session as usize];
         let turn_index = self.next_turn[session as usize];
         let turn = &s.turns[turn_index as usize];
@@ -1091,7 +1144,8 @@ impl Simulation<'_> {
     }
 
     /// A request ended: its session's next turn follows after its delay, or, when the
-    /// session is over, a closed loop releases the next session.
+    /// session is over, what waits for it is released (or, for a rejected request under
+    /// AISimulate's engine, skipped) and a closed loop releases the next session.
     fn end_request(&mut self, pool: usize, id: RequestId, now: f64, status: Status) {
         self.collector.finish(id, now, status);
         if let (Some(observer), Some(record)) = (
@@ -1113,7 +1167,13 @@ impl Simulation<'_> {
             self.schedule_arrival(at, session);
             return;
         }
-        self.release(session, Trigger::Completion, now);
+        let play = self.collector.records[id as usize].play;
+        match (self.dependents.as_mut(), play) {
+            (Some(d), Some(play)) if status == Status::Rejected && d.skip_after_rejection => {
+                d.fail(play)
+            }
+            _ => self.release(session, Trigger::Completion, now),
+        }
         if let Some(s) = self.waiting_sessions.pop_front() {
             self.schedule_arrival(now, s);
         }

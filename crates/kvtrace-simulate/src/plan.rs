@@ -122,6 +122,7 @@ impl Plan {
             summary.per_request = Some(result.collector.per_request());
         }
         summary.interrupted = result.interrupted;
+        summary.skipped = result.skipped;
         if config.engine.engine_version == EngineVersion::Aisimulate013 {
             summary.aisimulate = Some(result.collector.aisimulate_figures());
         }

@@ -65,7 +65,7 @@ impl Report for SimulateReport {
 
 impl SimulateReport {
     /// What the run left unserved, a line each: requests rejected (a prompt no engine's KV
-    /// cache can hold) and, unless a signal stopped the run, requests still waiting or never
+    /// cache can hold), requests skipped as they wait for a rejected one and, unless a signal stopped the run, requests still waiting or never
     /// sent when the engines had nothing more they could run. `planned` is the workload's
     /// request count. Such a report's figures cover the served requests only.
     pub fn unserved(&self, planned: usize) -> Vec<String> {
@@ -76,11 +76,17 @@ impl SimulateReport {
                 .count()
         };
         let (rejected, pending) = (count(Status::Rejected), count(Status::Pending));
-        let unsent = planned.saturating_sub(self.requests.len());
+        let skipped = self.summary.skipped as usize;
+        let unsent = planned.saturating_sub(self.requests.len() + skipped);
         let mut lines = Vec::new();
         if rejected > 0 {
             lines.push(format!(
                 "{rejected} of {planned} requests were rejected: each needs more KV blocks than an engine holds (num_gpu_blocks × block_size tokens)"
+            ));
+        }
+        if skipped > 0 {
+            lines.push(format!(
+                "{skipped} of {planned} requests were skipped: each waits for a rejected request, and AISimulate ends a play at its first failure"
             ));
         }
         if !self.summary.interrupted && pending + unsent > 0 {

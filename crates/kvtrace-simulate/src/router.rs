@@ -9,7 +9,7 @@ use serde_json::Value as Json;
 use super::blocks::KvEvent;
 use super::engine::RequestId;
 use super::{BlockMap, BlockSet};
-use crate::error::json_reason;
+use crate::error::{json_reason, short};
 use crate::rng::SplitMix64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,7 +151,10 @@ impl KvRouterConfig {
         for (name, value, slot) in numbers {
             if let Some(v) = value {
                 if !(v.is_finite() && v >= 0.0) {
-                    return Err(format!("{name} {v}: expected a non-negative number"));
+                    return Err(format!(
+                        "{name} {}: expected a non-negative number",
+                        short(v)
+                    ));
                 }
                 *slot = v;
             }
@@ -168,7 +171,8 @@ impl KvRouterConfig {
         if let Some(t) = raw.router_queue_threshold {
             if !(t.is_finite() && t >= 0.0) {
                 return Err(format!(
-                    "router_queue_threshold {t}: expected a number >= 0"
+                    "router_queue_threshold {}: expected a number >= 0",
+                    short(t)
                 ));
             }
             c.router_queue_threshold = Some(t);

@@ -104,6 +104,9 @@ pub struct Summary {
     pub per_request: Option<PerRequest>,
     /// A signal stopped the simulation; the figures cover what ran.
     pub interrupted: bool,
+    /// Requests of a request graph never sent because one they wait for was rejected
+    /// (under AISimulate's engine, which skips them).
+    pub skipped: u64,
     /// Present when the engines shared a KV store.
     pub offload: Option<OffloadSummary>,
     /// Present when the engines follow AISimulate 0.13 (`engine_version: aisimulate-0.13`).

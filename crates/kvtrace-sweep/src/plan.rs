@@ -355,7 +355,7 @@ pub fn plan(
                 return Err(Error::usage(format!(
                     "{}: a sample of {} kept none of the trace's {} prefix trees: sample more",
                     trace.display(),
-                    kvtrace_report::units::short(rate),
+                    kvtrace_io::error::short(rate),
                     sample.counts.trees
                 )));
             }

@@ -12,7 +12,7 @@ use kvtrace::bench::plan::{Generation, Setup, StorageTier};
 use kvtrace::bench::report::Profile as ProfileKind;
 use kvtrace::bench::run::{DecodeReads, MultiTurn};
 use kvtrace::bench::users::PersonaSet;
-use kvtrace::error::Error;
+use kvtrace::error::{short, Error};
 use kvtrace::rank::launcher_run_id;
 use kvtrace::storage::config::L2Io;
 
@@ -336,7 +336,7 @@ impl Args {
         if !(positive(self.duration) && self.duration <= 86_400.0) {
             return Err(Error::usage(format!(
                 "--duration {}: expected seconds between 0 and 86400",
-                self.duration
+                short(self.duration)
             )));
         }
         let num_gpus = count("--num-gpus", self.num_gpus, 1, 65_536)?;
@@ -390,7 +390,7 @@ impl Args {
             if !(0.0..=1.0).contains(&self.target_saturation) {
                 return Err(Error::usage(format!(
                     "--target-saturation {}: expected 0 to 1",
-                    self.target_saturation
+                    short(self.target_saturation)
                 )));
             }
             if !positive(self.autoscale_interval) {
@@ -498,7 +498,10 @@ fn not_negative(flag: &str, v: f64, what: &str) -> Result<f64, Error> {
     if v.is_finite() && v >= 0.0 {
         Ok(v)
     } else {
-        Err(Error::usage(format!("{flag} {v}: expected {what} >= 0")))
+        Err(Error::usage(format!(
+            "{flag} {}: expected {what} >= 0",
+            short(v)
+        )))
     }
 }
 

@@ -10,7 +10,7 @@ use kvtrace::bench::mlperf::{
     CLOSED_TRIALS, OPTIONS,
 };
 use kvtrace::clock::local_stamp;
-use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::error::{short, Error, EXIT_OK};
 use kvtrace::report::{json::Json, Target};
 
 use super::{exit_status, print_stdout, run_once, Args};
@@ -89,7 +89,7 @@ fn check(args: &Args, given: &[String]) -> Result<Division, Error> {
     {
         return Err(Error::usage(format!(
             "--inter-option-delay {}: expected seconds from 0 to 86400",
-            args.inter_option_delay
+            short(args.inter_option_delay)
         )));
     }
     Ok(Division::Open)

@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use kvtrace::clock::local_stamp;
-use kvtrace::error::{Error, Result};
+use kvtrace::error::{short, Error, Result};
 use kvtrace::report::{csv::Csv, json::Json, jsonl::Jsonl, xlsx::Xlsx, Target};
 use kvtrace::simulate::agentic::read_agentic_mooncake;
 use kvtrace::simulate::args::{EngineArgs, EngineType, EngineVersion, WorkerType};
@@ -431,7 +431,8 @@ fn positive(flag: &str, v: f64) -> Result<f64> {
         Ok(v)
     } else {
         Err(Error::usage(format!(
-            "{flag} {v}: expected a positive number"
+            "{flag} {}: expected a positive number",
+            short(v)
         )))
     }
 }
@@ -500,7 +501,8 @@ fn workload(o: &Options, pools: &Pools) -> Result<Workload> {
         (_, Some(ms)) if ms.is_finite() && ms >= 0.0 => SyntheticArrivals::Interval { ms },
         (_, Some(ms)) => {
             return Err(Error::usage(format!(
-                "--arrival-interval-ms {ms}: expected a number >= 0"
+                "--arrival-interval-ms {}: expected a number >= 0",
+                short(ms)
             )))
         }
         _ => SyntheticArrivals::Burst,
@@ -508,13 +510,15 @@ fn workload(o: &Options, pools: &Pools) -> Result<Workload> {
     let ratio = o.shared_prefix_ratio.unwrap_or(0.0);
     if !(0.0..=1.0).contains(&ratio) {
         return Err(Error::usage(format!(
-            "--shared-prefix-ratio {ratio}: expected a fraction between 0 and 1"
+            "--shared-prefix-ratio {}: expected a fraction between 0 and 1",
+            short(ratio)
         )));
     }
     let delay = o.inter_turn_delay_ms.unwrap_or(0.0);
     if !(delay.is_finite() && delay >= 0.0) {
         return Err(Error::usage(format!(
-            "--inter-turn-delay-ms {delay}: expected a number >= 0"
+            "--inter-turn-delay-ms {}: expected a number >= 0",
+            short(delay)
         )));
     }
     if input == 0 || count == 0 || o.turns_per_session == Some(0) {

@@ -2,6 +2,7 @@
 //! shape LMCache 0.5.6 records, so that a replay with the recording's flags reports a digest
 //! `match` instead of LMCache's perpetual MISMATCH.
 
+use kvtrace_io::error::short;
 use serde_json::{json, Value as Json};
 
 use super::eviction::PolicyKind;
@@ -670,7 +671,7 @@ pub fn gib_to_bytes(gb: f64) -> Result<u64, String> {
     if gb.is_finite() && gb >= 0.0 {
         Ok((gb * (1u64 << 30) as f64) as u64)
     } else {
-        Err(format!("{gb}: expected a non-negative size"))
+        Err(format!("{}: expected a non-negative size", short(gb)))
     }
 }
 
@@ -800,7 +801,10 @@ pub fn fraction(name: &str, v: f64) -> Result<f64, String> {
     if (0.0..=1.0).contains(&v) {
         Ok(v)
     } else {
-        Err(format!("{name} {v}: expected a fraction between 0 and 1"))
+        Err(format!(
+            "{name} {}: expected a fraction between 0 and 1",
+            short(v)
+        ))
     }
 }
 
@@ -809,7 +813,7 @@ pub fn seconds(name: &str, v: f64) -> Result<f64, String> {
     if v.is_finite() && v >= 0.0 {
         Ok(v)
     } else {
-        Err(format!("{name} {v}: expected seconds >= 0"))
+        Err(format!("{name} {}: expected seconds >= 0", short(v)))
     }
 }
 
