@@ -719,7 +719,7 @@ fn simulations_that_cannot_run_or_serve_say_so_in_one_line() {
         )
     };
     std::fs::write(&trace, format!("{}\n{}\n", row(0, 40), row(10, 2))).unwrap();
-    let out = kvtrace(&[
+    let out = kvtrace([
         "simulate",
         &path(&trace),
         "--extra-engine-args",
