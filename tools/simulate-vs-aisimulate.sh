@@ -114,12 +114,17 @@ ours_in = min(r["wall_time_ms"] for r in ours_all)
 theirs_in = min(r["wall_time_ms"] for r in theirs_all)
 live = {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"}
 differ = []
+def same(a, b):
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b or abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b
 for key in sorted(set(ours) & set(theirs) - live):
     a, b = ours[key], theirs[key]
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        if a != b and abs(a - b) > 1e-9 * max(abs(a), abs(b)):
-            differ.append(f"  {key}: kvtrace {a}, aisimulate {b}")
-    elif a != b:
+    if not same(a, b):
         differ.append(f"  {key}: kvtrace {a!r}, aisimulate {b!r}")
 only = sorted(set(ours) - set(theirs))
 unwritten = sorted(set(theirs) - set(ours))

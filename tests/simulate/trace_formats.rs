@@ -219,6 +219,55 @@ fn a_legacy_graphs_plays_are_the_parts_its_waits_connect() {
     assert_eq!(report["kv_eviction_policy"], json!("lru"));
     assert_eq!(report["power_w"], Value::Null);
     assert_eq!(report["num_e2e_latency_samples"], json!(5));
+    // Each play is named for its earliest root and listed by name; a completed play's
+    // outcome ends when its last request did.
+    let outcome = |play: &str, at: f64| {
+        json!({"play_id": play, "status": "completed", "causal_terminal_ms": at,
+               "settled_at_ms": at})
+    };
+    assert_eq!(
+        report["agentic_play_outcomes"],
+        json!([
+            outcome("legacy-play:r1", end("s1").max(end("s2")).max(end("s3"))),
+            outcome("legacy-play:r3", end("s4")),
+        ])
+    );
+    assert!(dynamo.get("agentic_play_outcomes").is_none());
+}
+
+/// A play whose request can never be scheduled (SGLang keeps a prompt larger than its
+/// cache waiting) is incomplete: its outcome ends at its last request that ended, and it
+/// never settles.
+#[test]
+fn a_play_left_waiting_is_incomplete_and_never_settles() {
+    let dir = scratch();
+    let v2 = repo("testdata/traces/agentic_v2.jsonl");
+    let engine = r#"{"engine_type":"sglang","block_size":16,"num_gpu_blocks":30,"engine_version":"aisimulate-0.13"}"#;
+    let (report, records) = simulate_on(
+        dir.path(),
+        "stall",
+        engine,
+        &[&v2, "--trace-format", "agentic_mooncake"],
+    );
+    let outcomes = report["agentic_play_outcomes"]
+        .as_array()
+        .expect("outcomes");
+    assert_eq!(outcomes.len(), 3);
+    for (o, session) in outcomes.iter().zip(["a0", "a1", "a2"]) {
+        assert_eq!(o["status"], json!("incomplete"), "{o}");
+        assert!(o.get("settled_at_ms").is_none(), "{o}");
+        // The play's sessions: its own and its sub-agent's (`a0-sub`).
+        let last = records
+            .iter()
+            .filter(|r| {
+                r["session_id"]
+                    .as_str()
+                    .is_some_and(|s| s.split('-').next() == Some(session))
+            })
+            .filter_map(|r| r["terminal_time_ms"].as_f64())
+            .fold(f64::NEG_INFINITY, f64::max);
+        assert_eq!(f(&o["causal_terminal_ms"]), last, "{o}");
+    }
 }
 
 #[test]

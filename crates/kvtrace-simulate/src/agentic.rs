@@ -441,18 +441,37 @@ fn build(mut nodes: Vec<Node>, versioned: bool, by_id: bool) -> Result<Workload>
         waits.push(resolved);
     }
     check_acyclic(&nodes, &waits)?;
-    let plays = if versioned {
+    let (plays, play_names) = if versioned {
         check_plays(&nodes, &waits)?;
-        let mut ids: HashMap<&str, u32> = HashMap::new();
-        nodes
-            .iter()
-            .map(|n| {
-                let next = ids.len() as u32;
-                *ids.entry(n.play_id.as_str()).or_insert(next)
-            })
-            .collect()
+        number_plays(nodes.iter().map(|n| (n.play_id.clone(), n.play_ordinal)))
     } else {
-        components(&waits)
+        // A legacy play is a connected part of the graph, named for its earliest request
+        // that waits for nothing (then the least id), as AISimulate names it.
+        let parts = components(&waits);
+        let mut first_root: HashMap<u32, usize> = HashMap::new();
+        for (i, w) in waits.iter().enumerate() {
+            if !w.is_empty() {
+                continue;
+            }
+            let key = |j: usize| (nodes[j].not_before_ms, &nodes[j].request_id);
+            first_root
+                .entry(parts[i])
+                .and_modify(|r| {
+                    if key(i)
+                        .0
+                        .total_cmp(&key(*r).0)
+                        .then(key(i).1.cmp(key(*r).1))
+                        .is_lt()
+                    {
+                        *r = i;
+                    }
+                })
+                .or_insert(i);
+        }
+        number_plays((0..nodes.len()).map(|i| {
+            let root = first_root.get(&parts[i]).map_or(i, |&r| r);
+            (format!("legacy-play:{}", nodes[root].request_id), None)
+        }))
     };
     // Time 0 is the earliest `not_before_ms` of all requests (AISimulate's normalisation),
     // or the first legacy request that waits for nothing (Dynamo 1.4.2's).
@@ -472,9 +491,44 @@ fn build(mut nodes: Vec<Node>, versioned: bool, by_id: bool) -> Result<Workload>
         .collect();
     Ok(Workload {
         sessions,
-        graph: Some(Graph { waits, plays }),
+        graph: Some(Graph {
+            waits,
+            plays,
+            play_names,
+        }),
         planned_outputs: true,
     })
+}
+
+/// Numbers the plays of the requests, each given as its play's name and ordinal, in the
+/// order AISimulate lists them: by ordinal when every play has one, else by name. Gives each
+/// request's play number and the names in number order.
+fn number_plays(
+    of_requests: impl Iterator<Item = (String, Option<u64>)>,
+) -> (Vec<u32>, Vec<String>) {
+    let named: Vec<(String, Option<u64>)> = of_requests.collect();
+    let mut order: Vec<(Option<u64>, &str)> = named
+        .iter()
+        .map(|(name, ordinal)| (*ordinal, name.as_str()))
+        .collect();
+    let by_ordinal = order.iter().all(|(ordinal, _)| ordinal.is_some());
+    if by_ordinal {
+        order.sort();
+    } else {
+        order.sort_by(|a, b| a.1.cmp(b.1));
+    }
+    order.dedup_by(|a, b| a.1 == b.1);
+    let numbers: HashMap<&str, u32> = order
+        .iter()
+        .enumerate()
+        .map(|(i, (_, name))| (*name, i as u32))
+        .collect();
+    let plays = named
+        .iter()
+        .map(|(name, _)| numbers[name.as_str()])
+        .collect();
+    let names = order.iter().map(|(_, name)| (*name).to_owned()).collect();
+    (plays, names)
 }
 
 /// The connected parts of the graph `waits` draws (union-find), numbered from 0 in the order

@@ -623,6 +623,7 @@ impl Collector {
             num_tpot_samples: count(RequestRecord::tpot),
             num_e2e_latency_samples: count(RequestRecord::e2e),
             trajectories: self.trajectories(),
+            plays: Vec::new(),
         }
     }
 

@@ -25,6 +25,7 @@ use super::handoff::{Action, ActionQueue, Handoff, HandoffOrder};
 use super::live::{Done, LiveWorker};
 use super::offload::Offload;
 use super::router::{KvRouterConfig, QueuePolicy, Router, RouterMode};
+use super::summary::{PlayEnd, PlayStatus};
 use super::workload::{Run, Trigger, Workload};
 
 /// A pool of prefill workers in front of the decode workers.
@@ -70,6 +71,8 @@ pub struct SimResult {
     pub interrupted: bool,
     /// Requests of a request graph never sent because one they wait for was rejected.
     pub skipped: u64,
+    /// How each play of a request graph ended, by play number; empty for conversations.
+    pub plays: Vec<PlayEnd>,
 }
 
 /// A point on the virtual clock, ordered totally.
@@ -426,6 +429,7 @@ pub fn simulate(
         sim.run(progress);
     }
     sim.collector.settle();
+    let plays = sim.play_ends();
     let (prefill_workers, prefill_gpus_per_worker) = match &config.prefill {
         Some(p) => (u64::from(p.workers.max(1)), p.engine.gpus_per_worker()),
         None => (0, 0),
@@ -442,6 +446,7 @@ pub fn simulate(
         passes: sim.passes,
         interrupted: sim.interrupted,
         skipped: sim.dependents.as_ref().map_or(0, |d| d.skipped_count),
+        plays,
     })
 }
 
@@ -655,6 +660,50 @@ impl Simulation<'_> {
                 .fold(0.0, f64::max),
             self.collector.completed(),
         );
+    }
+
+    /// How each play of a request graph ended; none for conversations.
+    fn play_ends(&self) -> Vec<PlayEnd> {
+        let Some(d) = &self.dependents else {
+            return Vec::new();
+        };
+        let mut record_of = vec![None; d.sent.len()];
+        for (id, &session) in self.request_session.iter().enumerate() {
+            record_of[session as usize] = Some(&self.collector.records[id]);
+        }
+        d.plays
+            .iter()
+            .map(|sessions| {
+                let (mut last, mut failure, mut open) = (None::<f64>, None::<(f64, u32)>, false);
+                for &s in sessions {
+                    let Some(r) = record_of[s as usize] else {
+                        open |= !d.skipped[s as usize];
+                        continue;
+                    };
+                    let Some(at) = r.terminal_time_ms else {
+                        open = true;
+                        continue;
+                    };
+                    last = Some(last.map_or(at, |l| l.max(at)));
+                    if r.terminal_status == Status::Rejected
+                        && failure.is_none_or(|(first, _)| at < first)
+                    {
+                        failure = Some((at, s));
+                    }
+                }
+                let status = match (open, failure) {
+                    (true, _) => PlayStatus::Incomplete,
+                    (false, Some(_)) => PlayStatus::Failed,
+                    (false, None) => PlayStatus::Completed,
+                };
+                PlayEnd {
+                    status,
+                    causal_terminal_ms: failure.map(|(at, _)| at).or(last),
+                    settled_at_ms: if open { None } else { last },
+                    failure: failure.map(|(_, s)| s),
+                }
+            })
+            .collect()
     }
 
     /// The next turn of `session` arrives: record it, then route it (or queue it) — or,
@@ -1260,6 +1309,7 @@ mod tests {
             graph: Some(Graph {
                 waits: vec![vec![], vec![wait(30.0)], vec![wait(12.5), wait(70.0)]],
                 plays: vec![0; 3],
+                play_names: vec!["p".into()],
             }),
             ..Workload::default()
         };

@@ -10,6 +10,7 @@ use super::collector::Sla;
 use super::event_loop::{simulate, SimConfig};
 use super::offload::{Offload, OffloadConfig};
 use super::report::SimulateReport;
+use super::summary::PlayOutcome;
 use super::workload::Workload;
 use crate::bus::recorder::start_recording;
 use crate::bus::{EventBus, SubscriberReport, Tracer};
@@ -124,7 +125,19 @@ impl Plan {
         summary.interrupted = result.interrupted;
         summary.skipped = result.skipped;
         if config.engine.engine_version == EngineVersion::Aisimulate013 {
-            summary.aisimulate = Some(result.collector.aisimulate_figures());
+            let mut figures = result.collector.aisimulate_figures();
+            if let Some(graph) = &workload.graph {
+                figures.plays = (result.plays.iter().zip(&graph.play_names))
+                    .map(|(&end, name)| PlayOutcome {
+                        play_id: name.clone(),
+                        end,
+                        failure_request_id: end.failure.and_then(|s| {
+                            workload.sessions[s as usize].turns[0].request_id.clone()
+                        }),
+                    })
+                    .collect();
+            }
+            summary.aisimulate = Some(figures);
         }
         let mut recordings = Vec::new();
         if let Some((store, bus)) = offload {

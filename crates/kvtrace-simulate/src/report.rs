@@ -6,7 +6,7 @@
 use serde_json::Value as Json;
 
 use super::collector::{RequestRecord, Status};
-use super::summary::{Figures, Summary};
+use super::summary::{Figures, PlayOutcome, Summary};
 use crate::error::Result;
 use kvtrace_report::{JsonStyle, Report, Table};
 
@@ -26,8 +26,9 @@ impl Report for SimulateReport {
         JsonStyle::Python
     }
 
-    /// Summary (every scalar key), Requests (one row per request, the JSONL's fields) and,
-    /// with KV offload, Tiers.
+    /// Summary (every scalar key), Requests (one row per request, the JSONL's fields), for
+    /// a request graph under AISimulate's engine Plays (each play's outcome) and, with KV
+    /// offload, Tiers.
     fn tables(&self) -> Vec<Table> {
         let requests = self.records();
         let summary = self.summary.to_map();
@@ -39,6 +40,19 @@ impl Report for SimulateReport {
                 .sheet("Requests")
                 .csv("simulate_requests.csv"),
         ];
+        if let Some(a) = self
+            .summary
+            .aisimulate
+            .as_ref()
+            .filter(|a| !a.plays.is_empty())
+        {
+            let plays: Vec<Json> = a.plays.iter().map(PlayOutcome::to_row).collect();
+            out.push(
+                Table::from_objects(&plays)
+                    .sheet("Plays")
+                    .csv("simulate_plays.csv"),
+            );
+        }
         if let Some(offload) = &self.summary.offload {
             let tiers: Vec<Json> = offload
                 .tiers

@@ -117,7 +117,7 @@ pub struct Summary {
 /// prefill work its passes executed and how many requests each latency figure is over (its
 /// power keys, which a polynomial timing model has no evidence for, are written as null,
 /// as AISimulate writes them then).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct AisimulateFigures {
     /// Prompt tokens the completed passes computed, recomputation included.
     pub committed_prefill_tokens: u64,
@@ -126,6 +126,96 @@ pub struct AisimulateFigures {
     pub num_e2e_latency_samples: u64,
     /// Present for a request graph (agentic, weka): its plays.
     pub trajectories: Option<Trajectories>,
+    /// For a request graph, how each play ended, in AISimulate's order of plays.
+    pub plays: Vec<PlayOutcome>,
+}
+
+/// How one play of a request graph ended, as AISimulate's driver settles it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PlayEnd {
+    pub status: PlayStatus,
+    /// When its first rejection came, else when its last request ended (none ended: `None`).
+    pub causal_terminal_ms: Option<f64>,
+    /// When its last request sent ended, once no request of it is waiting or running.
+    pub settled_at_ms: Option<f64>,
+    /// The session whose request's rejection failed the play: the earliest, then the first.
+    pub failure: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlayStatus {
+    /// Every request completed.
+    Completed,
+    /// A request was rejected, and no request of the play is left running.
+    Failed,
+    /// A request is still waiting or running, or was never sent (the run was stopped, or
+    /// the engines could schedule nothing more).
+    Incomplete,
+}
+
+impl PlayStatus {
+    fn name(self) -> &'static str {
+        match self {
+            PlayStatus::Completed => "completed",
+            PlayStatus::Failed => "failed",
+            PlayStatus::Incomplete => "incomplete",
+        }
+    }
+}
+
+/// One play's end under its name, an entry of AISimulate's `agentic_play_outcomes`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlayOutcome {
+    /// Its `play_id` ([`crate::workload::Graph::play_names`]).
+    pub play_id: String,
+    pub end: PlayEnd,
+    /// The `request_id` of the request whose rejection failed the play.
+    pub failure_request_id: Option<String>,
+}
+
+impl PlayOutcome {
+    /// The entry as AISimulate writes it: the times and the failure only where known.
+    fn to_json(&self) -> Json {
+        let mut m = Map::new();
+        m.insert("play_id".into(), self.play_id.clone().into());
+        m.insert("status".into(), self.end.status.name().into());
+        let times = [
+            ("causal_terminal_ms", self.end.causal_terminal_ms),
+            ("settled_at_ms", self.end.settled_at_ms),
+        ];
+        for (key, at) in times {
+            if let Some(at) = at {
+                m.insert(key.into(), at.into());
+            }
+        }
+        if let Some(id) = &self.failure_request_id {
+            m.insert("failure_request_id".into(), id.clone().into());
+        }
+        if self.end.failure.is_some() {
+            // A rejection is the one way a request fails here.
+            m.insert("failure_status".into(), "rejected".into());
+        }
+        Json::Object(m)
+    }
+
+    /// The entry as a table's row: every column, in the JSON's order, empty where the JSON
+    /// leaves a key out.
+    pub(crate) fn to_row(&self) -> Json {
+        let entry = self.to_json();
+        let columns = [
+            "play_id",
+            "status",
+            "causal_terminal_ms",
+            "settled_at_ms",
+            "failure_request_id",
+            "failure_status",
+        ];
+        let row: Map<String, Json> = columns
+            .iter()
+            .map(|&c| (c.to_owned(), entry.get(c).cloned().unwrap_or(Json::Null)))
+            .collect();
+        Json::Object(row)
+    }
 }
 
 /// A request graph's plays (*trajectories*): how many there were, how many completed every
@@ -236,6 +326,10 @@ impl Summary {
                 k.figures("trajectory_e2e_latency", "_ms", &t.e2e_latency_ms);
                 // AISimulate writes the median under both names.
                 k.put("p50_trajectory_e2e_latency_ms", t.e2e_latency_ms.median);
+            }
+            if !a.plays.is_empty() {
+                let plays = a.plays.iter().map(PlayOutcome::to_json).collect();
+                k.put("agentic_play_outcomes", Json::Array(plays));
             }
         }
         if let Some(Json::Object(offload)) = self

@@ -172,10 +172,14 @@ impl Workload {
 pub struct Graph {
     pub waits: Vec<Vec<Wait>>,
     /// Each session's play (a *trajectory*: one agent run, whose span AISimulate reports),
-    /// numbered from 0: the `play_id` a version 2 row names (a Weka session's object), or
-    /// for legacy rows the connected part of the graph its waits join it to, as AISimulate
-    /// reads them.
+    /// numbered from 0 (see `play_names`): the `play_id` a version 2 row names (a Weka
+    /// session's object), or for legacy rows the connected part of the graph its waits join
+    /// it to, as AISimulate reads them.
     pub plays: Vec<u32>,
+    /// Each play's name, by number: its `play_id`, or `legacy-play:` and the id of its
+    /// earliest request that waits for nothing. Plays are numbered in AISimulate's order:
+    /// by `source_play_ordinal` when every play has one, else by name.
+    pub play_names: Vec<String>,
 }
 
 /// Session `on` must be dispatched or completed (`trigger`), then `delay_ms` pass.
