@@ -624,6 +624,7 @@ impl Collector {
             num_e2e_latency_samples: count(RequestRecord::e2e),
             trajectories: self.trajectories(),
             plays: Vec::new(),
+            lifecycle: None,
         }
     }
 

@@ -22,6 +22,7 @@ use super::args::{EngineArgs, EngineType, EngineVersion, TransferTiming};
 use super::collector::{Collector, Provision, RequestRecord, Status};
 use super::engine::{Engine, KvConnector, PassOutput, Request, RequestId, Reserved};
 use super::handoff::{Action, ActionQueue, Handoff, HandoffOrder};
+use super::lifecycle;
 use super::live::{Done, LiveWorker};
 use super::offload::Offload;
 use super::router::{KvRouterConfig, QueuePolicy, Router, RouterMode};
@@ -73,6 +74,9 @@ pub struct SimResult {
     pub skipped: u64,
     /// How each play of a request graph ended, by play number; empty for conversations.
     pub plays: Vec<PlayEnd>,
+    /// A request graph's lifecycle transcript as AISimulate's driver records it, under its
+    /// engine; empty otherwise.
+    pub lifecycle: Vec<lifecycle::Event>,
 }
 
 /// A point on the virtual clock, ordered totally.
@@ -430,6 +434,7 @@ pub fn simulate(
     }
     sim.collector.settle();
     let plays = sim.play_ends();
+    let lifecycle = sim.lifecycle();
     let (prefill_workers, prefill_gpus_per_worker) = match &config.prefill {
         Some(p) => (u64::from(p.workers.max(1)), p.engine.gpus_per_worker()),
         None => (0, 0),
@@ -447,6 +452,7 @@ pub fn simulate(
         interrupted: sim.interrupted,
         skipped: sim.dependents.as_ref().map_or(0, |d| d.skipped_count),
         plays,
+        lifecycle,
     })
 }
 
@@ -660,6 +666,26 @@ impl Simulation<'_> {
                 .fold(0.0, f64::max),
             self.collector.completed(),
         );
+    }
+
+    /// A request graph's lifecycle transcript, under AISimulate's engine.
+    fn lifecycle(&self) -> Vec<lifecycle::Event> {
+        let Some(d) = self.dependents.as_ref().filter(|d| d.skip_after_rejection) else {
+            return Vec::new();
+        };
+        let mut nodes: Vec<lifecycle::Node> = (0..d.sent.len())
+            .map(|s| lifecycle::Node {
+                play: self.workload.graph.as_ref().map_or(0, |g| g.plays[s]),
+                sent: None,
+                skipped: d.skipped[s],
+            })
+            .collect();
+        for (id, &session) in self.request_session.iter().enumerate() {
+            let r = &self.collector.records[id];
+            let end = r.terminal_time_ms.map(|at| (at, r.terminal_status));
+            nodes[session as usize].sent = Some((r.arrival_time_ms, end));
+        }
+        lifecycle::events(&nodes, d.plays.len())
     }
 
     /// How each play of a request graph ended; none for conversations.

@@ -19,6 +19,7 @@ pub mod dynamo_trace;
 pub mod engine;
 pub mod event_loop;
 pub mod handoff;
+pub mod lifecycle;
 pub mod live;
 pub mod mooncake;
 pub mod offload;

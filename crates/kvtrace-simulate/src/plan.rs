@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use super::args::{EngineType, EngineVersion};
 use super::collector::Sla;
 use super::event_loop::{simulate, SimConfig};
+use super::lifecycle;
 use super::offload::{Offload, OffloadConfig};
 use super::report::SimulateReport;
 use super::summary::PlayOutcome;
@@ -132,10 +133,28 @@ impl Plan {
                         play_id: name.clone(),
                         end,
                         failure_request_id: end.failure.and_then(|s| {
-                            workload.sessions[s as usize].turns[0].request_id.clone()
+                            workload.sessions[s as usize]
+                                .turns
+                                .first()?
+                                .request_id
+                                .clone()
                         }),
                     })
                     .collect();
+                let ids: Vec<&str> = workload
+                    .sessions
+                    .iter()
+                    .map(|s| {
+                        s.turns
+                            .first()
+                            .and_then(|t| t.request_id.as_deref())
+                            .unwrap_or("")
+                    })
+                    .collect();
+                figures.lifecycle = Some((
+                    result.lifecycle.len() as u64,
+                    lifecycle::digest(&result.lifecycle, &graph.play_names, &ids),
+                ));
             }
             summary.aisimulate = Some(figures);
         }

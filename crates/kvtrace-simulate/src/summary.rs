@@ -128,6 +128,9 @@ pub struct AisimulateFigures {
     pub trajectories: Option<Trajectories>,
     /// For a request graph, how each play ended, in AISimulate's order of plays.
     pub plays: Vec<PlayOutcome>,
+    /// For a request graph, its lifecycle transcript's length and digest
+    /// ([`crate::lifecycle`]).
+    pub lifecycle: Option<(u64, String)>,
 }
 
 /// How one play of a request graph ended, as AISimulate's driver settles it.
@@ -326,6 +329,10 @@ impl Summary {
                 k.figures("trajectory_e2e_latency", "_ms", &t.e2e_latency_ms);
                 // AISimulate writes the median under both names.
                 k.put("p50_trajectory_e2e_latency_ms", t.e2e_latency_ms.median);
+            }
+            if let Some((events, digest)) = &a.lifecycle {
+                k.put("agentic_lifecycle_event_count", *events);
+                k.put("agentic_lifecycle_digest", digest.as_str());
             }
             if !a.plays.is_empty() {
                 let plays = a.plays.iter().map(PlayOutcome::to_json).collect();

@@ -6,6 +6,7 @@
 //!
 //! usage: aisim-harness TRACE... --trace-format F [--trace-block-size N] [--num-workers N]
 //!        [--extra-engine-args JSON] --report-json OUT [--requests-jsonl OUT]
+//!        [--lifecycle-jsonl OUT]
 //!        [--num-prefill-workers N --num-decode-workers N
 //!         --prefill-engine-args JSON --decode-engine-args JSON]
 //!
@@ -13,7 +14,9 @@
 //! own arguments (their `worker_type` is the pool's), requests are placed round robin in both.
 //!
 //! `--requests-jsonl` also writes AISimulate's per-request records, one JSON line each, to set
-//! beside `kvtrace simulate --report-jsonl` where two runs part.
+//! beside `kvtrace simulate --report-jsonl` where two runs part. `--lifecycle-jsonl` writes a
+//! request graph's lifecycle transcript, the lines whose digest is the report's
+//! `agentic_lifecycle_digest`.
 
 use std::path::PathBuf;
 
@@ -37,6 +40,7 @@ struct Args {
     pools: Option<[(usize, Map<String, Value>); 2]>,
     report: PathBuf,
     requests: Option<PathBuf>,
+    lifecycle: Option<PathBuf>,
 }
 
 fn object(flag: &str, text: &str) -> Result<Map<String, Value>> {
@@ -57,6 +61,7 @@ fn parse() -> Result<Args> {
         pools: None,
         report: PathBuf::new(),
         requests: None,
+        lifecycle: None,
     };
     let mut prefill = (0, Map::new());
     let mut decode = (0, Map::new());
@@ -73,6 +78,7 @@ fn parse() -> Result<Args> {
             "--decode-engine-args" => decode.1 = object(&arg, &value()?)?,
             "--report-json" => a.report = value()?.into(),
             "--requests-jsonl" => a.requests = Some(value()?.into()),
+            "--lifecycle-jsonl" => a.lifecycle = Some(value()?.into()),
             "--router-mode" => {
                 let mode = value()?;
                 if mode != "round_robin" {
@@ -214,6 +220,10 @@ fn main() -> Result<()> {
         .run()?;
     std::fs::write(&a.report, serde_json::to_string_pretty(&report)? + "\n")
         .with_context(|| format!("writing {}", a.report.display()))?;
+    if let (Some(path), Some(lifecycle)) = (&a.lifecycle, &report.agentic_lifecycle) {
+        std::fs::write(path, lifecycle.to_jsonl()?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     if let Some(path) = &a.requests {
         let mut lines = String::new();
         for record in &report.per_request {
