@@ -352,7 +352,8 @@ fn request_trace_formats_and_simulation() {
     // Each target reads its samples unmutated, so that a reader refusing everything
     // cannot pass for one that survives everything.
     let delta = |bytes: &[u8]| read_mooncake_delta(Cursor::new(bytes), 64);
-    let agentic = |bytes: &[u8], engine| read_agentic_mooncake(Cursor::new(bytes), None, engine);
+    let agentic =
+        |bytes: &[u8], engine| read_agentic_mooncake(Cursor::new(bytes), None, engine, "fuzz");
     let weka = |bytes: &[u8]| {
         std::fs::write(&weka, bytes).expect("write");
         read_weka(&weka, None, NestedTimestamps::Auto)

@@ -28,6 +28,7 @@ use std::io::BufRead;
 
 use serde_json::Value as Json;
 
+use crate::agentic_identity::{canonical_legacy, canonical_v2, graph_digest, GraphIdentity};
 use crate::args::EngineVersion;
 use crate::error::{Error, Result};
 use crate::mooncake::{for_each_object, Interner, Row};
@@ -49,17 +50,23 @@ struct Node {
     turn: Turn,
     /// `(request id, trigger, delay)`, in the row's order.
     waits: Vec<(String, Trigger, f64)>,
+    /// The row as AISimulate's canonical record, when the graph's identity is wanted.
+    canonical: Option<Json>,
 }
 
 /// Reads an `agentic_mooncake` trace: version 2, whose header's block size is authoritative
 /// (`block_size`, when given, must equal it), or legacy rows, whose hash ids stand for
 /// `block_size` tokens (512 when not given), ordered and timed as `engine` reads them.
+/// Under AISimulate's engine the graph carries its identity, a legacy file's provenance
+/// being `name` (the file as given) and its row count.
 pub fn read_agentic_mooncake(
     src: impl BufRead,
     block_size: Option<u32>,
     engine: EngineVersion,
+    name: &str,
 ) -> Result<Workload> {
-    let mut rows = Rows::new(block_size);
+    let identity = (engine == EngineVersion::Aisimulate013).then(|| name.to_owned());
+    let mut rows = Rows::new(block_size, identity);
     for_each_object(src, |line, json| rows.add(line, json))?;
     rows.finish(engine)
 }
@@ -72,17 +79,22 @@ pub(crate) struct Rows {
     /// `None` before the first object; then the header's block size, or `None` for legacy
     /// rows.
     header: Option<Option<u32>>,
+    /// The source's format and digest as the graph's identity gives them, when it is
+    /// wanted: a header's `source`; for legacy rows, at first, the name of their file.
+    identity: Option<(String, String)>,
     ids: Interner,
     nodes: Vec<Node>,
 }
 
 impl Rows {
     /// Rows whose hash ids stand for `block_size` tokens: the header's, which must then equal
-    /// it, or legacy rows' (512 when not given).
-    pub(crate) fn new(block_size: Option<u32>) -> Rows {
+    /// it, or legacy rows' (512 when not given). With `identity` (legacy rows' file name)
+    /// the graph carries its identity ([`crate::agentic_identity`]).
+    pub(crate) fn new(block_size: Option<u32>, identity: Option<String>) -> Rows {
         Rows {
             block_size,
             header: None,
+            identity: identity.map(|name| ("legacy_agentic_mooncake".to_owned(), name)),
             ids: Interner::default(),
             nodes: Vec::new(),
         }
@@ -104,6 +116,13 @@ impl Rows {
                         ));
                     }
                     self.header = Some(Some(own));
+                    if let Some(source) = &mut self.identity {
+                        let text = |name: &str| json["source"][name].as_str().map(str::to_owned);
+                        *source = (
+                            text("format").unwrap_or_default(),
+                            text("digest").unwrap_or_default(),
+                        );
+                    }
                     return Ok(());
                 }
                 self.header = Some(None);
@@ -112,10 +131,16 @@ impl Rows {
             Some(Some(block)) => block,
             Some(None) => legacy_block_size,
         };
-        let node = match self.header {
+        let mut node = match self.header {
             Some(Some(_)) => v2_node(&json, line, block, &mut self.ids)?,
             _ => legacy_node(&json, line, block, &mut self.ids)?,
         };
+        if self.identity.is_some() {
+            node.canonical = Some(match self.header {
+                Some(Some(_)) => canonical_v2(&json),
+                _ => canonical_legacy(&json, u64::from(node.turn.prompt.len)),
+            });
+        }
         self.nodes.push(node);
         Ok(())
     }
@@ -126,11 +151,39 @@ impl Rows {
             return Err(Error::line(1, "request_id", "the trace holds no request"));
         }
         let versioned = matches!(self.header, Some(Some(_)));
-        build(
+        let block = match self.header {
+            Some(Some(block)) => block,
+            _ => self.block_size.unwrap_or(DEFAULT_TRACE_BLOCK_SIZE),
+        };
+        let rows = self.nodes.len();
+        let (mut workload, records) = build(
             self.nodes,
             versioned,
             versioned || engine == EngineVersion::Aisimulate013,
-        )
+        )?;
+        if let (Some(graph), Some(records), Some((format, mut digest))) =
+            (workload.graph.as_mut(), records, self.identity)
+        {
+            if !versioned {
+                digest = format!("{digest}:{rows}");
+            }
+            let mut models: Vec<String> = records
+                .iter()
+                .filter_map(|r| r["model"].as_str().map(str::to_owned))
+                .collect();
+            models.sort();
+            models.dedup();
+            graph.identity = Some(GraphIdentity {
+                format,
+                digest,
+                graph_digest: graph_digest(u64::from(block), records),
+                block_size: u64::from(block),
+                node_count: rows as u64,
+                play_count: graph.play_names.len() as u64,
+                source_models: models,
+            });
+        }
+        Ok(workload)
     }
 }
 
@@ -256,6 +309,7 @@ fn legacy_node(json: &Json, line: u64, block: u32, ids: &mut Interner) -> Result
         },
         request_id,
         waits,
+        canonical: None,
     })
 }
 
@@ -317,6 +371,7 @@ fn v2_node(json: &Json, line: u64, block: u32, ids: &mut Interner) -> Result<Nod
         },
         request_id,
         waits,
+        canonical: None,
     })
 }
 
@@ -378,7 +433,11 @@ fn dependency(d: &Json, line: u64) -> Result<(String, Trigger, f64)> {
 
 /// Orders the requests (by id when `by_id`, else in file order), resolves and checks their
 /// dependencies, and makes each one a session of one turn.
-fn build(mut nodes: Vec<Node>, versioned: bool, by_id: bool) -> Result<Workload> {
+fn build(
+    mut nodes: Vec<Node>,
+    versioned: bool,
+    by_id: bool,
+) -> Result<(Workload, Option<Vec<Json>>)> {
     let mut seen: HashMap<&str, u64> = HashMap::new();
     for n in &nodes {
         if let Some(first) = seen.insert(&n.request_id, n.line) {
@@ -448,25 +507,18 @@ fn build(mut nodes: Vec<Node>, versioned: bool, by_id: bool) -> Result<Workload>
         // A legacy play is a connected part of the graph, named for its earliest request
         // that waits for nothing (then the least id), as AISimulate names it.
         let parts = components(&waits);
+        let earlier = |i: usize, j: usize| {
+            let (a, b) = (&nodes[i], &nodes[j]);
+            (a.not_before_ms.total_cmp(&b.not_before_ms))
+                .then_with(|| a.request_id.cmp(&b.request_id))
+                .is_lt()
+        };
         let mut first_root: HashMap<u32, usize> = HashMap::new();
-        for (i, w) in waits.iter().enumerate() {
-            if !w.is_empty() {
-                continue;
+        for i in (0..nodes.len()).filter(|&i| waits[i].is_empty()) {
+            let root = first_root.entry(parts[i]).or_insert(i);
+            if earlier(i, *root) {
+                *root = i;
             }
-            let key = |j: usize| (nodes[j].not_before_ms, &nodes[j].request_id);
-            first_root
-                .entry(parts[i])
-                .and_modify(|r| {
-                    if key(i)
-                        .0
-                        .total_cmp(&key(*r).0)
-                        .then(key(i).1.cmp(key(*r).1))
-                        .is_lt()
-                    {
-                        *r = i;
-                    }
-                })
-                .or_insert(i);
         }
         number_plays((0..nodes.len()).map(|i| {
             let root = first_root.get(&parts[i]).map_or(i, |&r| r);
@@ -481,6 +533,17 @@ fn build(mut nodes: Vec<Node>, versioned: bool, by_id: bool) -> Result<Workload>
         .filter(|(_, w)| by_id || w.is_empty())
         .map(|(n, _)| n.not_before_ms)
         .fold(f64::INFINITY, f64::min);
+    // The canonical records, their plays named, in request-id order.
+    let mut records: Option<Vec<Json>> = nodes.iter().map(|n| n.canonical.clone()).collect();
+    if let Some(records) = &mut records {
+        for (r, &play) in records.iter_mut().zip(&plays) {
+            if r["play_id"].is_null() {
+                r["play_id"] = Json::from(play_names[play as usize].as_str());
+            }
+        }
+        let id = |r: &Json| r["request_id"].as_str().unwrap_or_default().to_owned();
+        records.sort_by_key(id);
+    }
     let sessions = nodes
         .into_iter()
         .map(|n| Session {
@@ -489,15 +552,17 @@ fn build(mut nodes: Vec<Node>, versioned: bool, by_id: bool) -> Result<Workload>
             turns: vec![n.turn],
         })
         .collect();
-    Ok(Workload {
+    let workload = Workload {
         sessions,
         graph: Some(Graph {
             waits,
             plays,
             play_names,
+            identity: None,
         }),
         planned_outputs: true,
-    })
+    };
+    Ok((workload, records))
 }
 
 /// Numbers the plays of the requests, each given as its play's name and ordinal, in the

@@ -513,15 +513,16 @@ impl Collector {
             .iter()
             .filter(|r| r.terminal_status == Status::Completed)
             .collect();
-        let last_end = |records: &mut dyn Iterator<Item = &RequestRecord>| {
-            records
+        // The workers are provisioned until the last request ended, whatever its end.
+        let end_ms = self
+            .records
+            .iter()
+            .filter_map(|r| r.terminal_time_ms)
+            .fold(0.0, f64::max);
+        let duration_ms = if self.duration_of_completed {
+            done.iter()
                 .filter_map(|r| r.terminal_time_ms)
                 .fold(0.0, f64::max)
-        };
-        // The workers are provisioned until the last request ended, whatever its end.
-        let end_ms = last_end(&mut self.records.iter());
-        let duration_ms = if self.duration_of_completed {
-            last_end(&mut done.iter().copied())
         } else {
             end_ms
         };
@@ -625,6 +626,7 @@ impl Collector {
             trajectories: self.trajectories(),
             plays: Vec::new(),
             lifecycle: None,
+            graph: None,
         }
     }
 

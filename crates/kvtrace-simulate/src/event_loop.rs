@@ -668,22 +668,38 @@ impl Simulation<'_> {
         );
     }
 
+    /// Each session's request record, `None` for one never sent (a request graph's session
+    /// holds one request).
+    fn record_of_session(&self, sessions: usize) -> Vec<Option<&RequestRecord>> {
+        let mut record_of = vec![None; sessions];
+        for (id, &session) in self.request_session.iter().enumerate() {
+            record_of[session as usize] = self.collector.records.get(id);
+        }
+        record_of
+    }
+
     /// A request graph's lifecycle transcript, under AISimulate's engine.
     fn lifecycle(&self) -> Vec<lifecycle::Event> {
         let Some(d) = self.dependents.as_ref().filter(|d| d.skip_after_rejection) else {
             return Vec::new();
         };
-        let mut nodes: Vec<lifecycle::Node> = (0..d.sent.len())
-            .map(|s| lifecycle::Node {
-                play: self.workload.graph.as_ref().map_or(0, |g| g.plays[s]),
-                sent: None,
-                skipped: d.skipped[s],
+        let mut nodes: Vec<lifecycle::Node> = self
+            .record_of_session(d.sent.len())
+            .into_iter()
+            .zip(&d.skipped)
+            .map(|(r, &skipped)| lifecycle::Node {
+                play: 0,
+                sent: r.map(|r| {
+                    let end = r.terminal_time_ms.map(|at| (at, r.terminal_status));
+                    (r.arrival_time_ms, end)
+                }),
+                skipped,
             })
             .collect();
-        for (id, &session) in self.request_session.iter().enumerate() {
-            let r = &self.collector.records[id];
-            let end = r.terminal_time_ms.map(|at| (at, r.terminal_status));
-            nodes[session as usize].sent = Some((r.arrival_time_ms, end));
+        for (play, sessions) in d.plays.iter().enumerate() {
+            for &s in sessions {
+                nodes[s as usize].play = play as u32;
+            }
         }
         lifecycle::events(&nodes, d.plays.len())
     }
@@ -693,10 +709,7 @@ impl Simulation<'_> {
         let Some(d) = &self.dependents else {
             return Vec::new();
         };
-        let mut record_of = vec![None; d.sent.len()];
-        for (id, &session) in self.request_session.iter().enumerate() {
-            record_of[session as usize] = Some(&self.collector.records[id]);
-        }
+        let record_of = self.record_of_session(d.sent.len());
         d.plays
             .iter()
             .map(|sessions| {
@@ -1336,6 +1349,7 @@ mod tests {
                 waits: vec![vec![], vec![wait(30.0)], vec![wait(12.5), wait(70.0)]],
                 plays: vec![0; 3],
                 play_names: vec!["p".into()],
+                identity: None,
             }),
             ..Workload::default()
         };

@@ -12,6 +12,7 @@
 #![warn(unreachable_pub)]
 
 pub mod agentic;
+pub mod agentic_identity;
 pub mod args;
 pub mod blocks;
 pub mod collector;

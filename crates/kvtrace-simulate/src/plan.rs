@@ -128,7 +128,10 @@ impl Plan {
         if config.engine.engine_version == EngineVersion::Aisimulate013 {
             let mut figures = result.collector.aisimulate_figures();
             if let Some(graph) = &workload.graph {
-                figures.plays = (result.plays.iter().zip(&graph.play_names))
+                figures.plays = result
+                    .plays
+                    .iter()
+                    .zip(&graph.play_names)
                     .map(|(&end, name)| PlayOutcome {
                         play_id: name.clone(),
                         end,
@@ -151,6 +154,7 @@ impl Plan {
                             .unwrap_or("")
                     })
                     .collect();
+                figures.graph = graph.identity.clone();
                 figures.lifecycle = Some((
                     result.lifecycle.len() as u64,
                     lifecycle::digest(&result.lifecycle, &graph.play_names, &ids),

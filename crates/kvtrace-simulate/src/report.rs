@@ -79,9 +79,10 @@ impl Report for SimulateReport {
 
 impl SimulateReport {
     /// What the run left unserved, a line each: requests rejected (a prompt no engine's KV
-    /// cache can hold), requests skipped as they wait for a rejected one and, unless a signal stopped the run, requests still waiting or never
-    /// sent when the engines had nothing more they could run. `planned` is the workload's
-    /// request count. Such a report's figures cover the served requests only.
+    /// cache can hold), requests skipped as their play had failed and, unless a signal
+    /// stopped the run, requests still waiting or never sent when the engines had nothing
+    /// more they could run. `planned` is the workload's request count. Such a report's
+    /// figures cover the served requests only.
     pub fn unserved(&self, planned: usize) -> Vec<String> {
         let count = |status| {
             self.requests

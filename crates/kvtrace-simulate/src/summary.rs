@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value as Json};
 
+use crate::agentic_identity::GraphIdentity;
 use crate::storage::TierStats;
 use crate::tier_link::LinkSummary;
 
@@ -131,6 +132,8 @@ pub struct AisimulateFigures {
     /// For a request graph, its lifecycle transcript's length and digest
     /// ([`crate::lifecycle`]).
     pub lifecycle: Option<(u64, String)>,
+    /// For a request graph, its provenance and digest.
+    pub graph: Option<GraphIdentity>,
 }
 
 /// How one play of a request graph ended, as AISimulate's driver settles it.
@@ -329,6 +332,9 @@ impl Summary {
                 k.figures("trajectory_e2e_latency", "_ms", &t.e2e_latency_ms);
                 // AISimulate writes the median under both names.
                 k.put("p50_trajectory_e2e_latency_ms", t.e2e_latency_ms.median);
+            }
+            if let Some(graph) = &a.graph {
+                k.put("agentic_graph", graph.to_json());
             }
             if let Some((events, digest)) = &a.lifecycle {
                 k.put("agentic_lifecycle_event_count", *events);

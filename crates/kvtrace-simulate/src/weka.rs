@@ -153,17 +153,25 @@ pub fn read_weka(
 ) -> Result<Workload> {
     let shown = path.display().to_string();
     let mut plays = Vec::new();
+    // The corpus's digest, as AISimulate takes it: each file's name and length, then its
+    // bytes, after a domain tag.
+    let mut corpus = blake3::Hasher::new();
+    corpus.update(b"aisimulate-weka-corpus-v1\0");
     for (file, name) in source_files(path)? {
-        read_file(&file, &name, &mut plays)?;
+        read_file(&file, &name, &mut plays, &mut corpus)?;
     }
     if plays.is_empty() {
         return Err(Error::bad_input("the Weka source holds no trace object").in_file(&shown));
     }
     let mut block = None;
-    let mut relative_evidence = false;
+    let (mut relative_evidence, mut nested) = (false, false);
     for play in &plays {
         validate(play)?;
         relative_evidence |= inner_before_marker(&play.trace);
+        nested |= play.trace.requests.iter().any(|entry| match entry {
+            Entry::Subagent(s) => !s.requests.is_empty(),
+            Entry::Call(_) => false,
+        });
         match block {
             Some(b) if b != play.trace.block_size => {
                 return Err(play.error(
@@ -189,19 +197,34 @@ pub fn read_weka(
         NestedTimestamps::Relative => true,
         NestedTimestamps::Auto => relative_evidence,
     };
+    // The graph's provenance: the corpus's digest with the basis its nested times were read
+    // in, as AISimulate names it.
+    let basis_name = match basis {
+        NestedTimestamps::Auto if !nested => "not_applicable",
+        _ if relative => "relative",
+        _ => "absolute",
+    };
+    let raw = corpus.finalize().to_hex().to_string();
+    let mut semantic = blake3::Hasher::new();
+    semantic.update(b"aisimulate-weka-corpus-semantics-v2\0");
+    for part in [raw.as_str(), basis_name] {
+        semantic.update(&(part.len() as u64).to_le_bytes());
+        semantic.update(part.as_bytes());
+    }
+    let digest = semantic.finalize().to_hex().to_string();
     // The rows are version 2, which every engine version reads alike; each is numbered as
     // the line it would take in an agentic_mooncake file, the header first. A play's rows
     // are read as it is lowered, so no more than one play's are held at a time.
     let graph = |e: Error| {
         Error::bad_input(format!("the graph its calls imply is not valid: {e}")).in_file(&shown)
     };
-    let mut rows = Rows::new(None);
+    let mut rows = Rows::new(None, Some(shown.clone()));
     let header = json!({
         "schema": SCHEMA,
         "version": VERSION,
         "block_size": block,
         "hash_id_scope": "local",
-        "source": {"format": "weka", "digest": shown},
+        "source": {"format": "weka", "digest": digest},
     });
     rows.add(1, header).map_err(graph)?;
     let (mut hashes, mut line) = (HashMap::new(), 1);
@@ -281,10 +304,19 @@ fn is_weka(path: &Path) -> bool {
 }
 
 /// Parses a file's trace objects: one in a `.json` file, any number in a `.jsonl` one.
-fn read_file(path: &Path, name: &str, plays: &mut Vec<Play>) -> Result<()> {
+fn read_file(
+    path: &Path,
+    name: &str,
+    plays: &mut Vec<Play>,
+    corpus: &mut blake3::Hasher,
+) -> Result<()> {
     let shown = path.display().to_string();
     let bytes = read_bytes(path, MAX_DATASET_BYTES)
         .map_err(|e| Error::io("cannot read", e).in_file(&shown))?;
+    corpus.update(&(name.len() as u64).to_le_bytes());
+    corpus.update(name.as_bytes());
+    corpus.update(&(bytes.len() as u64).to_le_bytes());
+    corpus.update(&bytes);
     let jsonl = path
         .extension()
         .and_then(|x| x.to_str())
@@ -835,7 +867,7 @@ fn lower(
     play: &Play,
     ordinal: usize,
     relative: bool,
-    hashes: &mut HashMap<(bool, String), u64>,
+    hashes: &mut HashMap<u64, String>,
 ) -> Result<Vec<Json>> {
     let trace = &play.trace;
     let namespace = format!(
@@ -1136,18 +1168,38 @@ fn subagent_end(play: &Play, at: &str, s: &Subagent, relative: bool) -> Result<f
 
 /// One hash id per block of the prompt: a full block is its recorded hash within this source
 /// (private to the call when the prompt outruns its hash ids); a partial last block is
-/// private to the call. Ids are numbered in order of first appearance.
+/// private to the call. An id is the first 8 bytes of the BLAKE3 hash of its kind, its
+/// identity and a nonce, the nonce counting up past a value another identity holds: the
+/// ids AISimulate gives, which its graph's digest covers.
 fn block_hashes(
     source: &str,
     request_id: &str,
     c: &Call,
     block: u64,
-    hashes: &mut HashMap<(bool, String), u64>,
+    hashes: &mut HashMap<u64, String>,
 ) -> Vec<u64> {
     let full = c.input / block;
     let mut id = |partial: bool, identity: String| {
-        let next = hashes.len() as u64 + 1;
-        *hashes.entry((partial, identity)).or_insert(next)
+        let kind = if partial {
+            "weka-partial-tail"
+        } else {
+            "weka-full-block"
+        };
+        let mut nonce = 0u64;
+        loop {
+            let digest = blake3::hash(format!("{kind}\0{identity}\0{nonce}").as_bytes());
+            let mut first = [0u8; 8];
+            first.copy_from_slice(&digest.as_bytes()[..8]);
+            let value = u64::from_le_bytes(first);
+            match hashes.get(&value) {
+                Some(held) if *held != identity => nonce += 1,
+                Some(_) => return value,
+                None => {
+                    hashes.insert(value, identity);
+                    return value;
+                }
+            }
+        }
     };
     let mut out = Vec::with_capacity((full + 1) as usize);
     for i in 0..full {

@@ -180,6 +180,8 @@ pub struct Graph {
     /// earliest request that waits for nothing. Plays are numbered in AISimulate's order:
     /// by `source_play_ordinal` when every play has one, else by name.
     pub play_names: Vec<String>,
+    /// Its identity as AISimulate's report gives it, when read for AISimulate's engine.
+    pub identity: Option<crate::agentic_identity::GraphIdentity>,
 }
 
 /// Session `on` must be dispatched or completed (`trigger`), then `delay_ms` pass.

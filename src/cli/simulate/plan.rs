@@ -618,7 +618,9 @@ fn read_traces(o: &Options, engine: EngineVersion) -> Result<Workload> {
     let read = match o.trace_format {
         TraceFormat::Mooncake => read_mooncake(reader, block),
         TraceFormat::MooncakeDelta => read_mooncake_delta(reader, block),
-        TraceFormat::AgenticMooncake => read_agentic_mooncake(reader, o.trace_block_size, engine),
+        TraceFormat::AgenticMooncake => {
+            read_agentic_mooncake(reader, o.trace_block_size, engine, &shown)
+        }
         TraceFormat::Dynamo | TraceFormat::Weka => unreachable!("read above"),
     };
     read.map_err(|mut e| {

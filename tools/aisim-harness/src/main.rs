@@ -6,7 +6,7 @@
 //!
 //! usage: aisim-harness TRACE... --trace-format F [--trace-block-size N] [--num-workers N]
 //!        [--extra-engine-args JSON] --report-json OUT [--requests-jsonl OUT]
-//!        [--lifecycle-jsonl OUT]
+//!        [--lifecycle-jsonl OUT] [--graph-json OUT]
 //!        [--num-prefill-workers N --num-decode-workers N
 //!         --prefill-engine-args JSON --decode-engine-args JSON]
 //!
@@ -16,7 +16,8 @@
 //! `--requests-jsonl` also writes AISimulate's per-request records, one JSON line each, to set
 //! beside `kvtrace simulate --report-jsonl` where two runs part. `--lifecycle-jsonl` writes a
 //! request graph's lifecycle transcript, the lines whose digest is the report's
-//! `agentic_lifecycle_digest`.
+//! `agentic_lifecycle_digest`; `--graph-json` a Weka corpus's graph as AISimulate's records,
+//! in the order and form its `agentic_graph` digest covers.
 
 use std::path::PathBuf;
 
@@ -41,6 +42,7 @@ struct Args {
     report: PathBuf,
     requests: Option<PathBuf>,
     lifecycle: Option<PathBuf>,
+    graph: Option<PathBuf>,
 }
 
 fn object(flag: &str, text: &str) -> Result<Map<String, Value>> {
@@ -62,6 +64,7 @@ fn parse() -> Result<Args> {
         report: PathBuf::new(),
         requests: None,
         lifecycle: None,
+        graph: None,
     };
     let mut prefill = (0, Map::new());
     let mut decode = (0, Map::new());
@@ -79,6 +82,7 @@ fn parse() -> Result<Args> {
             "--report-json" => a.report = value()?.into(),
             "--requests-jsonl" => a.requests = Some(value()?.into()),
             "--lifecycle-jsonl" => a.lifecycle = Some(value()?.into()),
+            "--graph-json" => a.graph = Some(value()?.into()),
             "--router-mode" => {
                 let mode = value()?;
                 if mode != "round_robin" {
@@ -175,9 +179,15 @@ fn driver(a: &Args, engine_block_size: usize) -> Result<WorkloadDriver> {
         "agentic_mooncake" => load_agentic_mooncake(one()?, block)?
             .normalize_starts()
             .into_trace_driver_with_options(engine_block_size, true, None),
-        "weka" => load_weka_agentic_graph(one()?, a.trace_block_size)?
-            .normalize_starts()
-            .into_trace_driver_with_options(engine_block_size, true, None),
+        "weka" => {
+            let graph = load_weka_agentic_graph(one()?, a.trace_block_size)?.normalize_starts();
+            if let Some(path) = &a.graph {
+                let nodes = serde_json::to_string_pretty(graph.nodes())?;
+                std::fs::write(path, nodes + "\n")
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            graph.into_trace_driver_with_options(engine_block_size, true, None)
+        }
         "dynamo" => {
             match DynamoRequestTrace::from_request_trace_files(&a.traces, a.trace_block_size)? {
                 DynamoRequestTrace::Standard(trace) => trace
