@@ -534,7 +534,7 @@ fn build(
         .map(|(n, _)| n.not_before_ms)
         .fold(f64::INFINITY, f64::min);
     // The canonical records, their plays named, in request-id order.
-    let mut records: Option<Vec<Json>> = nodes.iter().map(|n| n.canonical.clone()).collect();
+    let mut records: Option<Vec<Json>> = nodes.iter_mut().map(|n| n.canonical.take()).collect();
     if let Some(records) = &mut records {
         for (r, &play) in records.iter_mut().zip(&plays) {
             if r["play_id"].is_null() {

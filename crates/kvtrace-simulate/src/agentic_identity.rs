@@ -240,3 +240,61 @@ impl std::io::Write for HashWriter<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The digest covers the compact JSON of the records with times from the earliest and
+    /// each record's dependencies ordered by id, trigger, relation and delay: written out
+    /// here by hand.
+    #[test]
+    fn the_graph_digest_is_blake3_of_the_canonical_text() {
+        let row = json!({"request_id": "b", "play_id": "p", "session_id": "s",
+            "model": "m", "input_length": 3, "output_length": 2, "hash_ids": [7],
+            "not_before_ms": 250, "dependencies": [
+                {"request_id": "a", "trigger": "completion", "delay_ms": 5, "relation": "join"},
+                {"request_id": "a", "trigger": "dispatch", "delay_ms": 1, "relation": "spawn"}]});
+        let root = json!({"request_id": "a", "play_id": "p", "session_id": "s",
+            "model": "m", "input_length": 1, "output_length": 1, "hash_ids": [9],
+            "not_before_ms": 200.5, "priority": 3});
+        let records = vec![canonical_v2(&root), canonical_v2(&row)];
+        let text = concat!(
+            r#"{"block_size":4,"nodes":["#,
+            r#"{"request_id":"a","play_id":"p","session_id":"s","model":"m","input_length":1,"#,
+            r#""max_output_tokens":1,"output_token_ids":null,"replay_key":null,"hash_ids":[9],"#,
+            r#""not_before_ms":0.0,"priority":3,"strict_priority":0,"policy_class":null,"#,
+            r#""dependencies":[]},"#,
+            r#"{"request_id":"b","play_id":"p","session_id":"s","model":"m","input_length":3,"#,
+            r#""max_output_tokens":2,"output_token_ids":null,"replay_key":null,"hash_ids":[7],"#,
+            r#""not_before_ms":49.5,"priority":0,"strict_priority":0,"policy_class":null,"#,
+            r#""dependencies":[{"request_id":"a","trigger":"dispatch","delay_ms":1.0,"#,
+            r#""relation":"spawn"},{"request_id":"a","trigger":"completion","delay_ms":5.0,"#,
+            r#""relation":"join"}]}]}"#
+        );
+        assert_eq!(
+            graph_digest(4, records),
+            blake3::hash(text.as_bytes()).to_hex().to_string()
+        );
+    }
+
+    /// A legacy row becomes a record of model `unknown` whose waits are completion
+    /// dependencies after its delay and tool wait, a join when there are several.
+    #[test]
+    fn a_legacy_row_is_lowered_as_aisimulate_lowers_it() {
+        let row = json!({"request_id": "j", "output_length": 4, "hash_ids": [1, 2],
+            "wait_for": ["x", "y"], "delay": 10, "tool_wait_ms": 2.5, "timestamp": 99});
+        let record = canonical_legacy(&row, 700);
+        assert_eq!(record["model"], "unknown");
+        assert_eq!(record["session_id"], "agentic-session");
+        assert_eq!(record["input_length"], 700);
+        assert_eq!(record["not_before_ms"], json!(0.0));
+        assert_eq!(
+            record["dependencies"],
+            json!([
+                {"request_id": "x", "trigger": "completion", "delay_ms": 12.5, "relation": "join"},
+                {"request_id": "y", "trigger": "completion", "delay_ms": 12.5, "relation": "join"}
+            ])
+        );
+    }
+}

@@ -218,7 +218,8 @@ pub fn read_weka(
     let graph = |e: Error| {
         Error::bad_input(format!("the graph its calls imply is not valid: {e}")).in_file(&shown)
     };
-    let mut rows = Rows::new(None, Some(shown.clone()));
+    // The graph's identity is wanted; its source is the header's.
+    let mut rows = Rows::new(None, Some(String::new()));
     let header = json!({
         "schema": SCHEMA,
         "version": VERSION,
