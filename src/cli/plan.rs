@@ -3,8 +3,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use kvtrace::error::short;
-use kvtrace::error::{Error, EXIT_OK};
+use kvtrace::error::{short, Error, EXIT_OK};
 use kvtrace::replay::events::fleet::{summarise, FleetStream, FleetSummary};
 use kvtrace::replay::events::{replay_events, server_config};
 use kvtrace::report::Report;

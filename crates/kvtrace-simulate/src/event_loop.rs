@@ -72,7 +72,8 @@ pub struct SimResult {
     pub interrupted: bool,
     /// Requests of a request graph never sent because one they wait for was rejected.
     pub skipped: u64,
-    /// How each play of a request graph ended, by play number; empty for conversations.
+    /// How each play of a request graph ended, by play number, under AISimulate's engine;
+    /// empty otherwise.
     pub plays: Vec<PlayEnd>,
     /// A request graph's lifecycle transcript as AISimulate's driver records it, under its
     /// engine; empty otherwise.
@@ -232,7 +233,6 @@ struct Dependents {
     sent: Vec<bool>,
     /// Sessions that will never be sent, as a request of their play was rejected.
     skipped: Vec<bool>,
-    skipped_count: u64,
 }
 
 impl Dependents {
@@ -249,7 +249,6 @@ impl Dependents {
             play_failed: Vec::new(),
             sent: vec![false; n],
             skipped: vec![false; n],
-            skipped_count: 0,
         };
         for (session, &play) in graph.plays.iter().enumerate().take(n) {
             let play = play as usize;
@@ -281,9 +280,7 @@ impl Dependents {
         }
         for &s in &self.plays[play] {
             let s = s as usize;
-            if !self.sent[s] && !std::mem::replace(&mut self.skipped[s], true) {
-                self.skipped_count += 1;
-            }
+            self.skipped[s] |= !self.sent[s];
         }
     }
 }
@@ -450,7 +447,10 @@ pub fn simulate(
         wall_ms: began.elapsed().as_secs_f64() * 1e3,
         passes: sim.passes,
         interrupted: sim.interrupted,
-        skipped: sim.dependents.as_ref().map_or(0, |d| d.skipped_count),
+        skipped: sim
+            .dependents
+            .as_ref()
+            .map_or(0, |d| d.skipped.iter().filter(|&&s| s).count() as u64),
         plays,
         lifecycle,
     })
@@ -704,9 +704,9 @@ impl Simulation<'_> {
         lifecycle::events(&nodes, d.plays.len())
     }
 
-    /// How each play of a request graph ended; none for conversations.
+    /// How each play of a request graph ended, under AISimulate's engine.
     fn play_ends(&self) -> Vec<PlayEnd> {
-        let Some(d) = &self.dependents else {
+        let Some(d) = self.dependents.as_ref().filter(|d| d.skip_after_rejection) else {
             return Vec::new();
         };
         let record_of = self.record_of_session(d.sent.len());
