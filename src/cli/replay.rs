@@ -15,7 +15,7 @@ use kvtrace::replay::loaded::Loaded;
 use kvtrace::replay::phase::PhaseChoice;
 use kvtrace::replay::plan::{no_recorded_config, Options, Plan, Storage, NO_RECORDED_CONFIG};
 use kvtrace::replay::shard::ShardMode;
-use kvtrace::replay::{Pacing, ReplayOptions};
+use kvtrace::replay::{Pacing, ReplayOptions, MIN_SPEEDUP};
 use kvtrace::report::{csv::Csv, json::Json, xlsx::Xlsx, Exporter, Report, Target};
 use kvtrace::storage::config::{BackendConfig, StorageConfig, NAME_L2};
 
@@ -211,6 +211,11 @@ fn pacing(args: &Args) -> Result<Pacing, Error> {
         }
         (_, Some(s)) if !positive(s) => Err(Error::usage(format!(
             "--speedup {}: must be positive",
+            short(s)
+        ))),
+        (_, Some(s)) if s < MIN_SPEEDUP => Err(Error::usage(format!(
+            "--speedup {}: below {MIN_SPEEDUP:e}, the slowest pacing (a trace millisecond \
+             then takes 11.6 days)",
             short(s)
         ))),
         (_, Some(s)) => Ok(Pacing::Timed { speedup: s }),

@@ -551,8 +551,9 @@ fn replay_paces_in_real_time_with_a_speedup() {
 
 #[test]
 fn replay_refuses_what_cannot_mean_anything() {
-    let cases: [&[&str]; 5] = [
+    let cases: [&[&str]; 6] = [
         &["--speedup", "0"],
+        &["--speedup", "1e-300"],
         &["--pace", "afap", "--speedup", "2"],
         &["--l2-adapter", "{\"type\":\"s3\"}"],
         &["--eviction-ratio", "1.5"],

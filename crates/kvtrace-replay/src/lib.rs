@@ -57,6 +57,10 @@ use session::{Closed, Position, SessionModel, Sessions};
 use shard::{ShardMode, Sharder};
 use spans::RequestSpans;
 
+/// The slowest timed pacing: a millisecond of the trace takes 11.6 days. Slower is no
+/// replay anyone waits for, and a record's wait would no longer fit the clock's range.
+pub const MIN_SPEEDUP: f64 = 1e-9;
+
 /// How records are spaced in time.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Pacing {
@@ -372,7 +376,7 @@ fn replay_records(
             }
         };
         if let Pacing::Timed { speedup } = options.pacing {
-            let due = ((record.t_mono - base).max(0.0) / speedup.max(1e-9)).min(1e9);
+            let due = ((record.t_mono - base).max(0.0) / speedup.max(MIN_SPEEDUP)).min(1e9);
             // In slices, so that a signal is noticed within one.
             while let Some(wait) = Duration::from_secs_f64(due).checked_sub(start.elapsed()) {
                 if crate::interrupt::requested().is_some() {
