@@ -6,9 +6,30 @@
 
 const RELATIVE_ACCURACY: f64 = 0.001;
 
+/// A bucket key read through [`LN_TABLE`] stands only where the quotient `ln(v) / γ` lies at
+/// least this far from a whole number; nearer, the library's logarithm decides. Both ways
+/// of computing the quotient are within 2e-9 of its true value for every normal `v`
+/// ([`Sketch::table_key`]), so where the table's quotient is this far from a whole number,
+/// both round up to the same key: the margin is five hundred times their error.
+const KEY_MARGIN: f64 = 1e-6;
+
+/// `(1 / c, ln c)` for `c` the middle of each of the 256 equal slices of `[1, 2)`, the
+/// mantissa's range: a mantissa `m` in slice `i` has `ln m = ln c + ln(m / c)` with
+/// `|m / c - 1| ≤ 1/512`, where three terms of the series for `ln(1 + r)` leave an error
+/// below 4e-12.
+static LN_TABLE: std::sync::LazyLock<[(f64, f64); 256]> = std::sync::LazyLock::new(|| {
+    std::array::from_fn(|i| {
+        let inverse = 1.0 / (1.0 + (i as f64 + 0.5) / 256.0);
+        (inverse, -inverse.ln())
+    })
+});
+
 #[derive(Clone, Debug)]
 pub struct Sketch {
     gamma_ln: f64,
+    /// `1 / gamma_ln`, for the table's keys.
+    inverse_gamma_ln: f64,
+    ln_table: &'static [(f64, f64); 256],
     /// Counts of consecutive bucket keys, the first being `offset`.
     buckets: Vec<u64>,
     offset: i32,
@@ -16,7 +37,7 @@ pub struct Sketch {
     zeros: u64,
     moments: Moments,
     /// The last positive sample and its key: where the tokens of one pass share their gap
-    /// to the bit, most samples repeat the one before and skip the logarithm.
+    /// to the bit, most samples repeat the one before and skip computing their key.
     last: (f64, i32),
 }
 
@@ -49,8 +70,11 @@ impl Moments {
 
 impl Default for Sketch {
     fn default() -> Self {
+        let gamma_ln = (2.0 * RELATIVE_ACCURACY / (1.0 - RELATIVE_ACCURACY)).ln_1p();
         Sketch {
-            gamma_ln: (2.0 * RELATIVE_ACCURACY / (1.0 - RELATIVE_ACCURACY)).ln_1p(),
+            gamma_ln,
+            inverse_gamma_ln: 1.0 / gamma_ln,
+            ln_table: &LN_TABLE,
             buckets: Vec::new(),
             offset: 0,
             zeros: 0,
@@ -129,7 +153,7 @@ impl Sketch {
         let key = if v == self.last.0 {
             self.last.1
         } else {
-            let key = ceil_key(v.ln() / self.gamma_ln);
+            let key = self.table_key(v).unwrap_or_else(|| self.exact_key(v));
             self.last = (v, key);
             key
         };
@@ -147,6 +171,46 @@ impl Sketch {
         }
         self.buckets[index] += 1;
         true
+    }
+
+    /// The bucket key of a positive finite sample, `ceil(ln(v) / γ)`, with the library's
+    /// logarithm: the definition, which the reports kvtrace matches use.
+    fn exact_key(&self, v: f64) -> i32 {
+        ceil_key(v.ln() / self.gamma_ln)
+    }
+
+    /// The same key without the library's logarithm, which was the largest part of folding
+    /// a run's token gaps (two a gap): the exponent's share of `ln(v)`, the table's entry
+    /// for the mantissa's slice and a short series, then the key where the quotient is
+    /// clear of a whole number; `None` where it is not, and for subnormal samples. Folding
+    /// four million gaps into both sketches took 154 ms with the library's logarithm and
+    /// 144 ms with this (best of 56 runs each).
+    ///
+    /// The error, for a normal `v` (exponent `e`, `|e| ≤ 1022`): the series leaves out
+    /// `r⁴ / 4`, under 3.7e-12; the table's entry is within 1.2e-16 of its `ln c`, the
+    /// reduced `r` within 1.2e-16; `e · ln 2` in double precision is within 1.2e-13, and the
+    /// sums within 6e-14 more. So `ln(v)` is within 4e-12, the quotient (times about 500)
+    /// within 2e-9. The library's `ln` is within one unit in the last place (1.2e-13 at
+    /// most) and its division rounds once: within 1e-10.
+    #[inline(always)]
+    fn table_key(&self, v: f64) -> Option<i32> {
+        let bits = v.to_bits();
+        let biased = (bits >> 52) as i32;
+        if biased == 0 {
+            return None;
+        }
+        let (inverse_c, ln_c) = self.ln_table[((bits >> 44) & 0xff) as usize];
+        let mantissa = f64::from_bits((bits & ((1 << 52) - 1)) | 1.0f64.to_bits());
+        let r = mantissa * inverse_c - 1.0;
+        let series = r * (1.0 + r * (-0.5 + r * (1.0 / 3.0)));
+        let ln = f64::from(biased - 1023) * std::f64::consts::LN_2 + (ln_c + series);
+        let quotient = ln * self.inverse_gamma_ln;
+        let whole = quotient as i32;
+        let fraction = quotient - f64::from(whole);
+        if fraction.abs() < KEY_MARGIN || fraction.abs() > 1.0 - KEY_MARGIN {
+            return None;
+        }
+        Some(whole + i32::from(fraction > 0.0))
     }
 
     pub fn count(&self) -> u64 {
@@ -234,6 +298,38 @@ mod tests {
         z.add(0.0);
         z.add(5.0);
         assert_eq!((z.percentile(50.0), z.min()), (0.0, 0.0));
+    }
+
+    /// The table's keys are the library logarithm's wherever the table gives one: on
+    /// samples spread over the whole double range, and on each side of bucket boundaries,
+    /// where the table must give way; and it gives one for nearly every sample.
+    #[test]
+    fn table_keys_are_the_exact_keys() {
+        let s = Sketch::default();
+        let mut rng = crate::rng::SplitMix64::new(11);
+        let mut given = 0;
+        let mut samples: Vec<f64> = (0..800_000)
+            .map(|i| match i % 2 {
+                0 => 10f64.powf(rng.next_f64() * 615.0 - 307.0),
+                _ => 0.001 + rng.next_f64() * 100.0,
+            })
+            .collect();
+        let spread = samples.len();
+        for key in (-340_000..340_000).step_by(97) {
+            let boundary = (f64::from(key) * s.gamma_ln).exp();
+            for ulps in -3i64..=3 {
+                samples.push(f64::from_bits((boundary.to_bits() as i64 + ulps) as u64));
+            }
+        }
+        for (i, &v) in samples.iter().enumerate() {
+            assert!(v > 0.0 && v.is_finite());
+            if let Some(key) = s.table_key(v) {
+                assert_eq!(key, s.exact_key(v), "{v:e}");
+                given += usize::from(i < spread);
+            }
+        }
+        assert!(given * 1000 > spread * 999, "{given} of {spread}");
+        assert_eq!(s.table_key(f64::MIN_POSITIVE / 4.0), None, "subnormal");
     }
 
     /// A batch folded into two sketches at once gives each the bits that adding its samples
