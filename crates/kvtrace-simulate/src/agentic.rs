@@ -60,7 +60,7 @@ struct Node {
 /// Under AISimulate's engine the graph carries its identity, a legacy file's provenance
 /// being `name` (the file as given) and its row count.
 pub fn read_agentic_mooncake(
-    src: impl BufRead,
+    src: impl BufRead + Send,
     block_size: Option<u32>,
     engine: EngineVersion,
     name: &str,

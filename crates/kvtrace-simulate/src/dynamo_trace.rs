@@ -34,7 +34,7 @@ struct Entry {
 
 /// Reads the records of every source (a name for errors, and its text) as one trace. The
 /// block size is the records' own; `block_size`, when given, must equal it.
-pub fn read_dynamo_request_trace<R: BufRead>(
+pub fn read_dynamo_request_trace<R: BufRead + Send>(
     sources: Vec<(String, R)>,
     block_size: Option<u32>,
 ) -> Result<Workload> {

@@ -21,7 +21,7 @@ pub const GIVE_BLOCK_SIZE: &str = "give the trace's block size (tokens per hash 
 
 /// Reads a Mooncake-style JSONL trace: every row holds its turn's whole prompt. Hash ids are
 /// interned in first-seen order; the first arrival becomes time 0.
-pub fn read_mooncake(src: impl BufRead, trace_block_size: u32) -> Result<Workload> {
+pub fn read_mooncake(src: impl BufRead + Send, trace_block_size: u32) -> Result<Workload> {
     read_sessions(src, trace_block_size, false)
 }
 
@@ -29,11 +29,11 @@ pub fn read_mooncake(src: impl BufRead, trace_block_size: u32) -> Result<Workloa
 /// input the turn adds. Each turn's prompt is rebuilt as the session's previous prompt, that
 /// turn's generated output (content no other request has) and the new input, as Dynamo's
 /// loader accumulates them.
-pub fn read_mooncake_delta(src: impl BufRead, trace_block_size: u32) -> Result<Workload> {
+pub fn read_mooncake_delta(src: impl BufRead + Send, trace_block_size: u32) -> Result<Workload> {
     read_sessions(src, trace_block_size, true)
 }
 
-fn read_sessions(src: impl BufRead, trace_block_size: u32, delta: bool) -> Result<Workload> {
+fn read_sessions(src: impl BufRead + Send, trace_block_size: u32, delta: bool) -> Result<Workload> {
     let mut ids = Interner::default();
     let mut sessions: Vec<Session> = Vec::new();
     let mut by_id: HashMap<String, (usize, f64)> = HashMap::new();
@@ -151,7 +151,7 @@ impl Interner {
 
 /// Reads only the hash ids of a Mooncake-style JSONL trace's rows, in file order, each row
 /// checked as [`read_mooncake`] checks it.
-pub fn read_mooncake_hash_ids(src: impl BufRead) -> Result<Vec<Vec<u64>>> {
+pub fn read_mooncake_hash_ids(src: impl BufRead + Send) -> Result<Vec<Vec<u64>>> {
     let mut requests = Vec::new();
     for_each_row(src, |_, row| {
         requests.push(row.hash_ids);
@@ -162,7 +162,7 @@ pub fn read_mooncake_hash_ids(src: impl BufRead) -> Result<Vec<Vec<u64>>> {
 
 /// Seconds from the first to the last timestamp of a Mooncake-style JSONL trace's rows (their
 /// `timestamp`s are milliseconds); 0 when fewer than two rows carry one.
-pub fn request_span_s(src: impl BufRead) -> Result<f64> {
+pub fn request_span_s(src: impl BufRead + Send) -> Result<f64> {
     let mut span: Option<(f64, f64)> = None;
     for_each_row(src, |_, row| {
         if let Some(t) = row.timestamp {
@@ -175,45 +175,154 @@ pub fn request_span_s(src: impl BufRead) -> Result<f64> {
 
 /// Parses every non-blank line into a [`Row`] and hands it on with its line number.
 pub(crate) fn for_each_row(
-    src: impl BufRead,
-    mut f: impl FnMut(u64, Row) -> Result<()>,
+    src: impl BufRead + Send,
+    f: impl FnMut(u64, Row) -> Result<()>,
 ) -> Result<()> {
-    for_each_line(src, |number, line| {
-        let row = match Row::typed(line) {
-            Some(row) => row,
-            None => Row::parse(&object(line, number)?, number)?,
-        };
-        f(number, row)
-    })
+    for_each_parsed(
+        src,
+        |line, number| match Row::typed(line) {
+            Some(row) => Ok(row),
+            None => Row::parse(&object(line, number)?, number),
+        },
+        f,
+    )
 }
 
 /// Hands on every non-blank line as a JSON value with its line number, each line bounded
 /// before it is parsed.
 pub(crate) fn for_each_object(
-    src: impl BufRead,
-    mut f: impl FnMut(u64, Json) -> Result<()>,
+    src: impl BufRead + Send,
+    f: impl FnMut(u64, Json) -> Result<()>,
 ) -> Result<()> {
-    for_each_line(src, |number, line| f(number, object(line, number)?))
+    for_each_parsed(src, object, f)
 }
 
-/// Hands on every non-blank line with its line number, each bounded before it is read, in
-/// one buffer.
-fn for_each_line(src: impl BufRead, mut f: impl FnMut(u64, &str) -> Result<()>) -> Result<()> {
-    let mut src = std::io::BufReader::new(LineLimit::new(src, MAX_LINE_BYTES));
-    let mut line = String::new();
-    for number in 1u64.. {
-        line.clear();
-        let read = src
-            .read_line(&mut line)
-            .map_err(|e| Error::io(format!("read failed at line {number}"), e))?;
-        if read == 0 {
-            break;
-        }
-        if !line.trim().is_empty() {
-            f(number, &line)?;
+/// Lines read on this thread before a second one takes over the reading and parsing: a
+/// trace this short is read before a thread would have started.
+const LINES_BEFORE_A_THREAD: u64 = 2048;
+
+/// Parsed lines handed over at a time.
+const PARSED_BATCH: usize = 256;
+
+/// Parses every non-blank line and hands each on with its number, in order. Past the first
+/// [`LINES_BEFORE_A_THREAD`] lines, where there is a second core, a thread reads and parses
+/// the lines while this one hands them on: reading and parsing the lines were more than
+/// half of reading a Mooncake trace, `f` (interning, sessions) the rest. The first error
+/// in line order is the one returned either way: the thread stops at its first, after the
+/// lines before it, and stops reading when `f` fails.
+fn for_each_parsed<T: Send>(
+    src: impl BufRead + Send,
+    parse: impl Fn(&str, u64) -> Result<T> + Sync,
+    mut f: impl FnMut(u64, T) -> Result<()>,
+) -> Result<()> {
+    let mut lines = Lines::new(src);
+    while lines.number < LINES_BEFORE_A_THREAD {
+        let Some((number, value)) = lines.parsed(&parse)? else {
+            return Ok(());
+        };
+        f(number, value)?;
+    }
+    let two_cores = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    let threaded = two_cores
+        .then(|| {
+            std::thread::scope(|scope| {
+                let (to, parsed) = crossbeam_channel::bounded::<Result<Vec<(u64, T)>>>(4);
+                let (lines, parse) = (&mut lines, &parse);
+                // A system that refuses the thread leaves the reading to this one.
+                std::thread::Builder::new()
+                    .name("row parser".into())
+                    .spawn_scoped(scope, move || parse_ahead(lines, parse, &to))
+                    .ok()?;
+                Some(hand_on(parsed, &mut f))
+            })
+        })
+        .flatten();
+    if let Some(result) = threaded {
+        return result;
+    }
+    while let Some((number, value)) = lines.parsed(&parse)? {
+        f(number, value)?;
+    }
+    Ok(())
+}
+
+/// Hands each parsed line on, in order, up to the first error. Returning drops `parsed`,
+/// so a thread still reading stops at its next send.
+fn hand_on<T>(
+    parsed: crossbeam_channel::Receiver<Result<Vec<(u64, T)>>>,
+    f: &mut impl FnMut(u64, T) -> Result<()>,
+) -> Result<()> {
+    for batch in parsed {
+        for (number, value) in batch? {
+            f(number, value)?;
         }
     }
     Ok(())
+}
+
+/// The reading thread of [`for_each_parsed`]: the lines left, parsed, in batches, then the
+/// first error, if one came; it stops when the batches are no longer taken.
+fn parse_ahead<R: BufRead, T>(
+    lines: &mut Lines<R>,
+    parse: &impl Fn(&str, u64) -> Result<T>,
+    to: &crossbeam_channel::Sender<Result<Vec<(u64, T)>>>,
+) {
+    let mut batch = Vec::with_capacity(PARSED_BATCH);
+    let end = loop {
+        match lines.parsed(parse) {
+            Ok(Some(numbered)) => batch.push(numbered),
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+        if batch.len() == PARSED_BATCH {
+            let full = std::mem::replace(&mut batch, Vec::with_capacity(PARSED_BATCH));
+            if to.send(Ok(full)).is_err() {
+                return;
+            }
+        }
+    };
+    if !batch.is_empty() && to.send(Ok(batch)).is_err() {
+        return;
+    }
+    if let Err(e) = end {
+        let _ = to.send(Err(e));
+    }
+}
+
+/// A text input's lines, each bounded before it is read, in one buffer.
+struct Lines<R> {
+    src: std::io::BufReader<LineLimit<R>>,
+    line: String,
+    /// The 1-based number of the line last read.
+    number: u64,
+}
+
+impl<R: BufRead> Lines<R> {
+    fn new(src: R) -> Lines<R> {
+        Lines {
+            src: std::io::BufReader::new(LineLimit::new(src, MAX_LINE_BYTES)),
+            line: String::new(),
+            number: 0,
+        }
+    }
+
+    /// The next line that is not blank, parsed, with its number; `None` at the end.
+    fn parsed<T>(&mut self, parse: &impl Fn(&str, u64) -> Result<T>) -> Result<Option<(u64, T)>> {
+        loop {
+            self.line.clear();
+            self.number += 1;
+            let read = self
+                .src
+                .read_line(&mut self.line)
+                .map_err(|e| Error::io(format!("read failed at line {}", self.number), e))?;
+            if read == 0 {
+                return Ok(None);
+            }
+            if !self.line.trim().is_empty() {
+                return Ok(Some((self.number, parse(&self.line, self.number)?)));
+            }
+        }
+    }
 }
 
 fn object(line: &str, number: u64) -> Result<Json> {
@@ -633,6 +742,55 @@ mod tests {
             }
         }
         assert!(straight > 5_000 && refused > 10_000, "{straight} {refused}");
+    }
+
+    /// Lines parsed on a second thread reach `f` in order with their numbers, blank lines
+    /// skipped; the error returned is the first in line order, whether `f` or the parser
+    /// found it.
+    #[test]
+    fn lines_parsed_ahead_keep_their_order_and_first_error() {
+        let mut text = String::new();
+        for i in 1..=10_000u64 {
+            text += &if i % 7 == 0 {
+                "  \n".to_owned()
+            } else {
+                format!("{i}\n")
+            };
+        }
+        let parse = |line: &str, number: u64| -> Result<u64> {
+            let value: u64 = line
+                .trim()
+                .parse()
+                .map_err(|_| Error::line(number, "n", "not a number"))?;
+            assert_eq!(value, number, "each line holds its own number");
+            Ok(value)
+        };
+        let mut seen = Vec::new();
+        for_each_parsed(text.as_bytes(), parse, |n, v| {
+            seen.push((n, v));
+            Ok(())
+        })
+        .expect("read");
+        let expected: Vec<(u64, u64)> = (1..=10_000)
+            .filter(|i| i % 7 != 0)
+            .map(|i| (i, i))
+            .collect();
+        assert_eq!(seen, expected);
+
+        let bad = text.replace("\n6000\n", "\nx\n");
+        let fail_at = |stop: u64| {
+            for_each_parsed(bad.as_bytes(), parse, |n, _| {
+                if n == stop {
+                    return Err(Error::line(n, "f", "refused"));
+                }
+                Ok(())
+            })
+            .expect_err("an error")
+            .to_string()
+        };
+        assert!(fail_at(3000).contains("line 3000: f"), "{}", fail_at(3000));
+        assert!(fail_at(9000).contains("line 6000: n"), "{}", fail_at(9000));
+        assert!(fail_at(100).contains("line 100: f"), "{}", fail_at(100));
     }
 
     #[test]

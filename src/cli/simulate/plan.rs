@@ -592,10 +592,10 @@ fn read_traces(o: &Options, engine: EngineVersion) -> Result<Workload> {
         return Err(Error::usage("--trace-block-size must be at least 1"));
     }
     let block = o.trace_block_size.unwrap_or(DEFAULT_TRACE_BLOCK_SIZE);
-    let open = |path: &PathBuf| -> Result<(String, Box<dyn BufRead>)> {
+    let open = |path: &PathBuf| -> Result<(String, Box<dyn BufRead + Send>)> {
         let shown = path.display().to_string();
         let file = File::open(path).map_err(|e| Error::io("cannot open", e).in_file(&shown))?;
-        let reader: Box<dyn BufRead> = if path.extension().is_some_and(|x| x == "gz") {
+        let reader: Box<dyn BufRead + Send> = if path.extension().is_some_and(|x| x == "gz") {
             Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(file)))
         } else {
             Box::new(BufReader::new(file))
