@@ -201,8 +201,12 @@ pub(crate) fn for_each_object(
 /// trace this short is read before a thread would have started.
 const LINES_BEFORE_A_THREAD: u64 = 2048;
 
-/// Parsed lines handed over at a time.
+/// Parsed lines handed over at a time: this many, or fewer whose text reached
+/// [`PARSED_BATCH_BYTES`]. Four batches wait at most, so what the thread reads ahead is
+/// bounded however long a trace's rows are (a row holds at most 8 bytes of ids for each 2
+/// bytes of its text).
 const PARSED_BATCH: usize = 256;
+const PARSED_BATCH_BYTES: usize = 1 << 20;
 
 /// Parses every non-blank line and hands each on with its number, in order. Past the first
 /// [`LINES_BEFORE_A_THREAD`] lines, where there is a second core, a thread reads and parses
@@ -268,14 +272,17 @@ fn parse_ahead<R: BufRead, T>(
     to: &crossbeam_channel::Sender<Result<Vec<(u64, T)>>>,
 ) {
     let mut batch = Vec::with_capacity(PARSED_BATCH);
+    let mut bytes = 0;
     let end = loop {
         match lines.parsed(parse) {
             Ok(Some(numbered)) => batch.push(numbered),
             Ok(None) => break Ok(()),
             Err(e) => break Err(e),
         }
-        if batch.len() == PARSED_BATCH {
+        bytes += lines.line.len();
+        if batch.len() == PARSED_BATCH || bytes >= PARSED_BATCH_BYTES {
             let full = std::mem::replace(&mut batch, Vec::with_capacity(PARSED_BATCH));
+            bytes = 0;
             if to.send(Ok(full)).is_err() {
                 return;
             }
@@ -745,16 +752,17 @@ mod tests {
     }
 
     /// Lines parsed on a second thread reach `f` in order with their numbers, blank lines
-    /// skipped; the error returned is the first in line order, whether `f` or the parser
-    /// found it.
+    /// skipped, batches ended by count or by size; the error returned is the first in line
+    /// order, whether `f` or the parser found it.
     #[test]
     fn lines_parsed_ahead_keep_their_order_and_first_error() {
         let mut text = String::new();
         for i in 1..=10_000u64 {
-            text += &if i % 7 == 0 {
-                "  \n".to_owned()
-            } else {
-                format!("{i}\n")
+            text += &match i {
+                _ if i % 7 == 0 => "  \n".to_owned(),
+                // Long lines end their batches by size.
+                _ if i % 100 == 1 => format!("{i}{}\n", " ".repeat(300_000)),
+                _ => format!("{i}\n"),
             };
         }
         let parse = |line: &str, number: u64| -> Result<u64> {
