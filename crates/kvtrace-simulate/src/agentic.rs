@@ -100,37 +100,40 @@ impl Rows {
         }
     }
 
+    /// The tokens a hash id stands for: the header's block size, or legacy rows' (512 when
+    /// not given).
+    fn block(&self) -> u32 {
+        match self.header {
+            Some(Some(block)) => block,
+            _ => self.block_size.unwrap_or(DEFAULT_TRACE_BLOCK_SIZE),
+        }
+    }
+
     /// The object on `line`.
     pub(crate) fn add(&mut self, line: u64, json: Json) -> Result<()> {
-        let legacy_block_size = self.block_size.unwrap_or(DEFAULT_TRACE_BLOCK_SIZE);
-        let block = match self.header {
-            None => {
-                let versioned = json.get("schema").is_some();
-                if versioned {
-                    let own = parse_header(&json, line)?;
-                    if let Some(given) = self.block_size.filter(|&b| b != own) {
-                        return Err(Error::line(
-                            line,
-                            "block_size",
-                            format!("{own}, but the trace block size given is {given}"),
-                        ));
-                    }
-                    self.header = Some(Some(own));
-                    if let Some(source) = &mut self.identity {
-                        let text = |name: &str| json["source"][name].as_str().map(str::to_owned);
-                        *source = (
-                            text("format").unwrap_or_default(),
-                            text("digest").unwrap_or_default(),
-                        );
-                    }
-                    return Ok(());
+        if self.header.is_none() {
+            if json.get("schema").is_some() {
+                let own = parse_header(&json, line)?;
+                if let Some(given) = self.block_size.filter(|&b| b != own) {
+                    return Err(Error::line(
+                        line,
+                        "block_size",
+                        format!("{own}, but the trace block size given is {given}"),
+                    ));
                 }
-                self.header = Some(None);
-                legacy_block_size
+                self.header = Some(Some(own));
+                if let Some(source) = &mut self.identity {
+                    let text = |name: &str| json["source"][name].as_str().map(str::to_owned);
+                    *source = (
+                        text("format").unwrap_or_default(),
+                        text("digest").unwrap_or_default(),
+                    );
+                }
+                return Ok(());
             }
-            Some(Some(block)) => block,
-            Some(None) => legacy_block_size,
-        };
+            self.header = Some(None);
+        }
+        let block = self.block();
         let mut node = match self.header {
             Some(Some(_)) => v2_node(&json, line, block, &mut self.ids)?,
             _ => legacy_node(&json, line, block, &mut self.ids)?,
@@ -151,10 +154,7 @@ impl Rows {
             return Err(Error::line(1, "request_id", "the trace holds no request"));
         }
         let versioned = matches!(self.header, Some(Some(_)));
-        let block = match self.header {
-            Some(Some(block)) => block,
-            _ => self.block_size.unwrap_or(DEFAULT_TRACE_BLOCK_SIZE),
-        };
+        let block = self.block();
         let rows = self.nodes.len();
         let (mut workload, records) = build(
             self.nodes,

@@ -71,12 +71,9 @@ fn outputs(row: &Json, request_id: &Json) -> (Json, Json) {
     }
 }
 
-fn field(row: &Json, names: &[&str]) -> Json {
-    names
-        .iter()
-        .find_map(|n| row.get(*n).filter(|v| !v.is_null()))
-        .cloned()
-        .unwrap_or(Json::Null)
+/// The first of `names` `row` holds, not null, as the readers take it; null when none.
+fn field(row: &Json, names: &[&'static str]) -> Json {
+    crate::mooncake::field(row, names).map_or(Json::Null, |(_, v)| v.clone())
 }
 
 /// A checked version 2 row as AISimulate's canonical record.
@@ -124,7 +121,7 @@ pub(crate) fn canonical_v2(row: &Json) -> Json {
 
 /// `priority`, `strict_priority` (0 when absent) and `policy_class`.
 fn policy(row: &Json) -> [(&'static str, Json); 3] {
-    let zero = |name: &str| match field(row, &[name]) {
+    let zero = |name: &'static str| match field(row, &[name]) {
         Json::Null => Json::from(0),
         v => v,
     };

@@ -500,6 +500,14 @@ impl Distribution for Sketch {
     }
 }
 
+/// When the last of `records` ended; 0 when none did.
+fn last_end<'a>(records: impl IntoIterator<Item = &'a RequestRecord>) -> f64 {
+    records
+        .into_iter()
+        .filter_map(|r| r.terminal_time_ms)
+        .fold(0.0, f64::max)
+}
+
 impl Collector {
     /// The summary: Dynamo's 74 figures, plus goodput when an SLA is given.
     /// `wall_ms` is the simulation's real time.
@@ -514,15 +522,9 @@ impl Collector {
             .filter(|r| r.terminal_status == Status::Completed)
             .collect();
         // The workers are provisioned until the last request ended, whatever its end.
-        let end_ms = self
-            .records
-            .iter()
-            .filter_map(|r| r.terminal_time_ms)
-            .fold(0.0, f64::max);
+        let end_ms = last_end(&self.records);
         let duration_ms = if self.duration_of_completed {
-            done.iter()
-                .filter_map(|r| r.terminal_time_ms)
-                .fold(0.0, f64::max)
+            last_end(done.iter().copied())
         } else {
             end_ms
         };

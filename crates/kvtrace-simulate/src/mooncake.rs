@@ -470,7 +470,8 @@ pub(crate) struct Row {
     pub(crate) strict_priority: u64,
 }
 
-fn field<'a>(row: &'a Json, names: &[&'static str]) -> Option<(&'static str, &'a Json)> {
+/// The first of `names` whose value `row` holds and is not null, with that value.
+pub(crate) fn field<'a>(row: &'a Json, names: &[&'static str]) -> Option<(&'static str, &'a Json)> {
     names
         .iter()
         .find_map(|&n| row.get(n).filter(|v| !v.is_null()).map(|v| (n, v)))

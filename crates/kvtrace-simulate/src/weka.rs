@@ -208,8 +208,7 @@ pub fn read_weka(
     let mut semantic = blake3::Hasher::new();
     semantic.update(b"aisimulate-weka-corpus-semantics-v2\0");
     for part in [raw.as_str(), basis_name] {
-        semantic.update(&(part.len() as u64).to_le_bytes());
-        semantic.update(part.as_bytes());
+        framed(&mut semantic, part.as_bytes());
     }
     let digest = semantic.finalize().to_hex().to_string();
     // The rows are version 2, which every engine version reads alike; each is numbered as
@@ -304,6 +303,13 @@ fn is_weka(path: &Path) -> bool {
         .is_some_and(|x| x.eq_ignore_ascii_case("json") || x.eq_ignore_ascii_case("jsonl"))
 }
 
+/// Feeds `bytes` to a digest after their length (8 bytes, little-endian), as AISimulate
+/// frames each part of its corpus digests.
+fn framed(hasher: &mut blake3::Hasher, bytes: &[u8]) {
+    hasher.update(&(bytes.len() as u64).to_le_bytes());
+    hasher.update(bytes);
+}
+
 /// Parses a file's trace objects: one in a `.json` file, any number in a `.jsonl` one.
 fn read_file(
     path: &Path,
@@ -314,10 +320,8 @@ fn read_file(
     let shown = path.display().to_string();
     let bytes = read_bytes(path, MAX_DATASET_BYTES)
         .map_err(|e| Error::io("cannot read", e).in_file(&shown))?;
-    corpus.update(&(name.len() as u64).to_le_bytes());
-    corpus.update(name.as_bytes());
-    corpus.update(&(bytes.len() as u64).to_le_bytes());
-    corpus.update(&bytes);
+    framed(corpus, name.as_bytes());
+    framed(corpus, &bytes);
     let jsonl = path
         .extension()
         .and_then(|x| x.to_str())
