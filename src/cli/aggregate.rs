@@ -8,12 +8,6 @@ use kvtrace::sweep::ranks::{merge, Slice};
 
 use super::{print_stdout, OutputArg};
 
-/// Merge the per-rank reports of one run (replay or bench in rank mode) into one: summed
-/// counts, throughput over the common window, percentiles from the ranks' merged
-/// histograms, the spread over ranks, each operation's worst rank P95, and for bench results
-/// MLPerf Storage v3.0's aggregate of a trial (§6.3.4: storage bandwidths and throughput
-/// summed over ranks, device P95s the worst rank's); or the slices of a sweep spread over
-/// ranks into the one sweep
 #[derive(clap::Args)]
 #[command(after_help = super::examples(&[
     "mpirun -np 4 kvtrace replay trace.lct --json --output-dir run1 --l2-adapter '{\"type\":\"resp-cluster\",\"nodes\":[\"redis://10.0.0.5:7000\"]}'",

@@ -8,8 +8,6 @@ use kvtrace::trace::convert::{convert, ConvertOptions, Kind};
 use super::progress::Progress;
 use super::{warn, ReadArgs};
 
-/// Convert between .lct, .lct.zst and lossless .jsonl, optionally rewriting later schemas
-/// into LMCache 0.5.6's schema 1, or into a Parquet or Arrow table (a row per record or key)
 #[derive(clap::Args)]
 #[command(
     after_help = super::examples(&[

@@ -9,10 +9,6 @@ use kvtrace::replay::diff::{
 
 use super::print_stdout;
 
-/// Compare two replay summaries (trace_replay_summary.json), two simulate or two bench reports and fail
-/// when a watched figure moved the wrong way by more than the threshold: by default the
-/// deterministic ones (hits per tier, OUT_OF_MEMORY, evictions, failed calls and reads,
-/// fidelity; a simulate report's figures), a replay's latencies only with --latency
 #[derive(clap::Args)]
 #[command(
     after_help = super::examples(&[

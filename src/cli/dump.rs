@@ -19,7 +19,6 @@ enum Format {
     Json,
 }
 
-/// Print every frame as JSON: codec tags decoded, bin as hex; the header first
 #[derive(clap::Args)]
 #[command(
     after_help = super::examples(&[

@@ -8,9 +8,6 @@ use kvtrace::trace::synth::{write_file, SynthOptions};
 
 use super::progress::Progress;
 
-/// Write a storage trace as an LMCache server records it: a realistic synthetic one
-/// (multi-turn conversations over shared system prompts), or the one a Mooncake request
-/// trace gives through an LRU L1 (--from-mooncake); same input and options, same bytes
 #[derive(clap::Args)]
 #[command(
     after_help = super::examples(&[

@@ -10,8 +10,6 @@ use kvtrace::trace::inspect::inspect;
 use super::progress::Progress;
 use super::{print_stdout, report, warn, ReadArgs};
 
-/// Summarise traces: LMCache's `trace info` fields plus schema variant, start-up gap,
-/// distinct keys, implied payload bytes, completeness and the recorder trailer
 #[derive(clap::Args)]
 #[command(
     after_help = super::examples(&[

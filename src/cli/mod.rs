@@ -49,24 +49,63 @@ struct Cli {
     command: Command,
 }
 
+/// The commands. Their arguments are built only for the command a run names (`defer`): the
+/// whole tree of every command's flags took 2.8 M instructions, 40 % of a small `simulate`.
+/// Each command's description is therefore on its variant here, where the list of commands
+/// reads it, and not on its `Args`, which is built only with its flags.
 #[derive(Subcommand)]
+#[command(defer = true)]
 enum Command {
+    /// Summarise traces: LMCache's `trace info` fields plus schema variant, start-up gap,
+    /// distinct keys, implied payload bytes, completeness and the recorder trailer
     Info(info::Args),
+    /// Print every frame as JSON: codec tags decoded, bin as hex; the header first
     Dump(dump::Args),
+    /// Convert between .lct, .lct.zst and lossless .jsonl, optionally rewriting later schemas
+    /// into LMCache 0.5.6's schema 1, or into a Parquet or Arrow table (a row per record or key)
     Convert(convert::Args),
+    /// Write a storage trace as an LMCache server records it: a realistic synthetic one
+    /// (multi-turn conversations over shared system prompts), or the one a Mooncake request
+    /// trace gives through an LRU L1 (--from-mooncake); same input and options, same bytes
     Generate(generate::Args),
+    /// Re-issue every recorded StorageManager call against a fresh StorageManager and report what
+    /// the cache did: hits per request and tier, OUT_OF_MEMORY, evictions, bytes, call latencies
     Replay(Box<replay::Args>),
+    /// Compare two replay summaries (trace_replay_summary.json), two simulate or two bench reports and fail
+    /// when a watched figure moved the wrong way by more than the threshold: by default the
+    /// deterministic ones (hits per tier, OUT_OF_MEMORY, evictions, failed calls and reads,
+    /// fidelity; a simulate report's figures), a replay's latencies only with --latency
     Diff(diff::Args),
+    /// Simulate serving a request trace (Mooncake JSONL) or a synthetic workload on mock engines
+    /// and report latency and throughput — the flags and report of `python -m dynamo.replay`
     Simulate(Box<simulate::Args>),
+    /// A KV-cache storage benchmark with MLPerf Storage kv-cache.py's flags and outputs:
+    /// simulated users write and re-read whole KV entries through GPU, CPU and storage tiers
+    /// with real I/O, and the run reports throughput, latency percentiles, hit rates and QoS
     Bench(Box<bench::Args>),
-    Sweep(Box<sweep::Args>),
+    /// Run one trace under many configurations: every flag of `replay` or `simulate` takes a
+    /// comma-separated list, and every combination runs, in parallel
+    #[command(subcommand)]
+    Sweep(Box<sweep::Kind>),
+    /// Find the L1 a trace needs for a hit rate, or the hit rate a size gives: full replays with
+    /// LMCache's eviction controller and the recorded client's model, the curve around the
+    /// answer, its knee, and what each extra GiB buys
     Plan(Box<plan::Args>),
+    /// Merge the per-rank reports of one run (replay or bench in rank mode) into one: summed
+    /// counts, throughput over the common window, percentiles from the ranks' merged
+    /// histograms, the spread over ranks, each operation's worst rank P95, and for bench results
+    /// MLPerf Storage v3.0's aggregate of a trial (§6.3.4: storage bandwidths and throughput
+    /// summed over ranks, device P95s the worst rank's); or the slices of a sweep spread over
+    /// ranks into the one sweep
     Aggregate(aggregate::Args),
+    /// Print a shell completion script
     Completions(docs::CompletionsArgs),
+    /// Write the man pages: kvtrace.1 and one kvtrace-COMMAND.1 per command
     Man(docs::ManArgs),
 }
 
-/// Options every trace-reading command shares.
+// Options every trace-reading command shares. (A plain comment: a doc comment here would
+// become the about of every command that flattens these options.)
 #[derive(clap::Args, Clone, Copy)]
 struct ReadArgs {
     /// Refuse frames longer than this many bytes (protects against corrupt length prefixes)
@@ -347,12 +386,15 @@ fn one_line(message: &str) -> String {
 /// The ids of the arguments the user gave `subcommand` (on the command line or through an
 /// environment variable), as opposed to those left at their defaults.
 fn given(matches: &clap::ArgMatches, subcommand: &str) -> Vec<String> {
+    let mut cli = Cli::command();
     let (Some(m), Some(command)) = (
         matches.subcommand_matches(subcommand),
-        Cli::command().find_subcommand(subcommand).cloned(),
+        cli.find_subcommand_mut(subcommand),
     ) else {
         return Vec::new();
     };
+    // A deferred command (see [`Command`]) has its arguments only once it is built.
+    command.build();
     // Groups (one per flattened struct) have ids too; only arguments are asked about.
     let arguments: Vec<String> = command
         .get_arguments()
@@ -405,7 +447,7 @@ pub(crate) fn run() -> i32 {
         Command::Diff(args) => diff::run(args),
         Command::Simulate(args) => simulate::run(*args),
         Command::Bench(args) => bench::run(*args, &given(&matches, "bench")),
-        Command::Sweep(args) => sweep::run(*args),
+        Command::Sweep(kind) => sweep::run(*kind),
         Command::Plan(args) => plan::run(*args),
         Command::Aggregate(args) => aggregate::run(args),
         Command::Completions(args) => docs::completions(args),
@@ -431,7 +473,41 @@ pub(crate) fn run() -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::paint;
+    use clap::CommandFactory;
+
+    use super::{paint, Cli};
+
+    /// The list of commands shows each command's description before its flags are built
+    /// (`defer`); its own help, after. A doc comment on an `Args` struct, or on one that a
+    /// command flattens, would replace the description there and not in the list: both must
+    /// be the variant's.
+    #[test]
+    fn each_command_is_described_alike_in_the_list_and_its_own_help() {
+        fn check(listed: &clap::Command, built: &clap::Command, path: &str) {
+            for sub in listed.get_subcommands() {
+                let name = format!("{path} {}", sub.get_name());
+                let about = sub.get_about().map(|a| a.to_string()).unwrap_or_default();
+                assert!(!about.is_empty(), "{name} has no description in the list");
+                let own = built
+                    .find_subcommand(sub.get_name())
+                    .unwrap_or_else(|| panic!("{name} is not in the built commands"));
+                let shown = own.get_about().map(|a| a.to_string()).unwrap_or_default();
+                assert_eq!(about, shown, "{name}: the list and its help differ");
+                check(sub, own, &name);
+            }
+        }
+        let mut built = Cli::command();
+        built.build();
+        let listed = Cli::command();
+        assert!(listed.get_subcommands().count() >= 13);
+        check(&listed, &built, "kvtrace");
+        let sweep = built.find_subcommand("sweep").expect("sweep");
+        assert_eq!(
+            sweep.get_subcommands().count(),
+            3,
+            "replay, simulate and help"
+        );
+    }
 
     #[test]
     fn verdicts_are_painted_and_other_words_left_alone() {

@@ -18,9 +18,6 @@ use super::progress::Progress;
 use super::sweep::{jobs, parse_point, point_argv, Asked, Lists, OneReplay, PlanFlags};
 use super::{print_stdout, replay, warn, OutputArg};
 
-/// Find the L1 a trace needs for a hit rate, or the hit rate a size gives: full replays with
-/// LMCache's eviction controller and the recorded client's model, the curve around the
-/// answer, its knee, and what each extra GiB buys
 #[derive(clap::Args)]
 #[command(after_help = super::examples(&[
     "kvtrace plan trace.lct --target-hit-rate 0.6",

@@ -34,8 +34,6 @@ enum Pace {
     Afap,
 }
 
-/// Re-issue every recorded StorageManager call against a fresh StorageManager and report what
-/// the cache did: hits per request and tier, OUT_OF_MEMORY, evictions, bytes, call latencies
 #[derive(clap::Args)]
 #[command(
     after_help = super::examples(&[

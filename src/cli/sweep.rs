@@ -17,21 +17,20 @@ use kvtrace::sweep::{self, Axis, Point};
 use super::progress::Progress;
 use super::{one_line, print_stdout, replay, simulate, warn, warn_line, OutputArg};
 
-/// Run one trace under many configurations: every flag of `replay` or `simulate` takes a
-/// comma-separated list, and every combination runs, in parallel
-#[derive(clap::Args)]
-pub(super) struct Args {
-    #[command(subcommand)]
-    command: Kind,
-}
-
+/// A sweep of `replay` or of `simulate`. Registered by name in the commands' list, its flags
+/// built only when a run names it (as `super::Command`'s are); each variant's description is
+/// therefore on the variant.
 #[derive(Subcommand)]
-enum Kind {
+#[command(defer = true)]
+pub(super) enum Kind {
+    /// Replay one storage trace under every combination of the listed replay flags
     Replay(ReplaySweep),
+    /// Simulate serving one request trace under every combination of the listed simulate flags
     Simulate(SimulateSweep),
 }
 
-/// What a sweep writes, and how it runs.
+// What a sweep writes, and how it runs. (A plain comment: a doc comment here would become
+// the about of both sweeps, which flatten it.)
 #[derive(clap::Args)]
 #[command(next_help_heading = "Sweep")]
 struct SweepArgs {
@@ -70,7 +69,6 @@ struct SweepArgs {
     quiet: bool,
 }
 
-/// Replay one storage trace under every combination of the listed replay flags
 #[derive(clap::Args)]
 #[command(after_help = super::examples(&[
     "kvtrace sweep replay trace.lct --l1-size-gb 0.5,1,2,4,8 --eviction-policy LRU,ARC,LFU,FIFO --xlsx=sweep.xlsx --plot curve.svg",
@@ -79,7 +77,7 @@ struct SweepArgs {
 ]) + "\nEvery `kvtrace replay` flag but its outputs takes a list; a switch takes true,false; a \
 repeatable flag takes none for not given. Points keep L1 sizes only (the counters are those of real \
 buffers) unless --l1-buffers is given. Exit status 1 if any point's calls failed.")]
-struct ReplaySweep {
+pub(super) struct ReplaySweep {
     /// Storage trace (.lct or .lct.zst; a file, as it is read once per point)
     #[arg(value_name = "FILE")]
     file: PathBuf,
@@ -100,14 +98,13 @@ struct ReplaySweep {
     lists: Lists<ReplayFlags>,
 }
 
-/// Simulate serving one request trace under every combination of the listed simulate flags
 #[derive(clap::Args)]
 #[command(after_help = super::examples(&[
     "kvtrace sweep simulate trace.jsonl --num-workers 2,4,8 --router-mode round_robin,kv_router --sla ttft_p90_ms=500,itl_p90_ms=30 --xlsx=sweep.xlsx",
     "kvtrace sweep simulate --input-tokens 4000 --output-tokens 200 --request-count 200 --request-rate 5,10,20",
 ]) + "\nEvery `kvtrace simulate` flag but its outputs, --replay-mode and --record takes a list; \
 points run offline (virtual time, deterministic).")]
-struct SimulateSweep {
+pub(super) struct SimulateSweep {
     /// Mooncake-style JSONL request trace (or give the synthetic workload flags)
     trace: Option<PathBuf>,
     /// Which points meet a service-level target: metric=limit pairs, a latency (…_ms) at
@@ -713,8 +710,8 @@ fn run_simulate(a: SimulateSweep) -> Result<i32, Error> {
     Ok(kvtrace::interrupt::exit_status().unwrap_or(EXIT_OK))
 }
 
-pub(super) fn run(args: Args) -> Result<i32, Error> {
-    match args.command {
+pub(super) fn run(kind: Kind) -> Result<i32, Error> {
+    match kind {
         Kind::Replay(a) => run_replay(a),
         Kind::Simulate(a) => run_simulate(a),
     }

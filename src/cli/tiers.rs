@@ -62,7 +62,8 @@ fn policies() -> impl TypedValueParser<Value = PolicyKind> {
     .try_map(|name| name.parse::<PolicyKind>())
 }
 
-/// Tier flags; each one given overrides the configuration it is applied to.
+// Tier flags; each one given overrides the configuration it is applied to. (A plain comment:
+// a doc comment here would become the about of every command that flattens these flags.)
 #[derive(clap::Args)]
 #[command(next_help_heading = "Storage tiers")]
 pub(super) struct TierArgs {

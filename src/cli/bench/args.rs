@@ -80,9 +80,6 @@ enum Personas {
     January2026,
 }
 
-/// A KV-cache storage benchmark with MLPerf Storage kv-cache.py's flags and outputs:
-/// simulated users write and re-read whole KV entries through GPU, CPU and storage tiers
-/// with real I/O, and the run reports throughput, latency percentiles, hit rates and QoS
 #[derive(clap::Args, Clone)]
 #[command(after_help = crate::cli::examples(&[
     "kvtrace bench --model llama3.1-8b --num-users 20 --duration 30 --cpu-mem-gb 4 --cache-dir /mnt/nvme",

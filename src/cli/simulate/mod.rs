@@ -60,8 +60,6 @@ enum NestedBasisArg {
     Relative,
 }
 
-/// Simulate serving a request trace (Mooncake JSONL) or a synthetic workload on mock engines
-/// and report latency and throughput — the flags and report of `python -m dynamo.replay`
 #[derive(clap::Args)]
 #[command(after_help = super::examples(&[
     "kvtrace simulate trace.jsonl --num-workers 4 --router-mode kv_router --extra-engine-args '{\"block_size\":512}'",
