@@ -136,11 +136,6 @@ pub struct Collector {
     /// per request was a tenth of a simulation, in reallocation and copying.
     spare_times: Vec<Vec<f64>>,
     completed: usize,
-    /// The run's duration (and so its throughputs) ends at the last completed request, as
-    /// AISimulate's report has it, not at the last request that ended (a rejection
-    /// included), as Dynamo 1.4.2's. The workers' provisioned time runs to the latter in
-    /// both.
-    pub duration_of_completed: bool,
 }
 
 /// The pooled per-token distributions: every completed request's token gaps, and the output
@@ -408,6 +403,12 @@ pub struct Provision {
     pub decode_workers: u64,
     pub prefill_gpus_per_worker: u64,
     pub decode_gpus_per_worker: u64,
+    /// Whether each worker is provisioned for the run's duration (at least a nanosecond), as
+    /// Dynamo 1.4.2 reports a run with no clock of its own to integrate: one aggregated
+    /// worker of one rank offline, and every online run. Otherwise, as its other runs and
+    /// AISimulate's integrate their clock, until the last request ended, a rejection
+    /// included.
+    pub by_duration: bool,
 }
 
 /// Exact distribution figures over per-request values.
@@ -521,13 +522,10 @@ impl Collector {
             .iter()
             .filter(|r| r.terminal_status == Status::Completed)
             .collect();
-        // The workers are provisioned until the last request ended, whatever its end.
-        let end_ms = last_end(&self.records);
-        let duration_ms = if self.duration_of_completed {
-            last_end(done.iter().copied())
-        } else {
-            end_ms
-        };
+        // The run's duration (and so its throughputs) ends at the last completed request, in
+        // Dynamo 1.4.2's report and AISimulate's alike: a request rejected later does not
+        // lengthen it.
+        let duration_ms = last_end(done.iter().copied());
         let duration_s = duration_ms / 1e3;
         let per_s = |x: f64| {
             if duration_s > 0.0 {
@@ -557,8 +555,14 @@ impl Collector {
                 0.0
             }
         };
-        let prefill_worker_s = end_ms / 1e3 * provision.prefill_workers as f64;
-        let decode_worker_s = end_ms / 1e3 * provision.decode_workers as f64;
+        let worker_s = if provision.by_duration {
+            (duration_ms / 1e3).max(1e-9)
+        } else {
+            // The workers are provisioned until the last request ended, whatever its end.
+            last_end(&self.records) / 1e3
+        };
+        let prefill_worker_s = worker_s * provision.prefill_workers as f64;
+        let decode_worker_s = worker_s * provision.decode_workers as f64;
         let of = |f: fn(&RequestRecord) -> Option<f64>| {
             Exact::new(done.iter().filter_map(|r| f(r)).collect()).figures()
         };

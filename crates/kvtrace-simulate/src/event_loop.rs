@@ -358,7 +358,6 @@ pub fn simulate(
     // With a second core, the pooled token gaps are folded beside the simulation.
     let mut collector = Collector::beside();
     collector.records.reserve_exact(turns);
-    collector.duration_of_completed = config.engine.engine_version == EngineVersion::Aisimulate013;
     // A request the router queues is released when another worker's pass ends, and a
     // handoff's or an offload store's work runs between passes: any of them could reach a
     // worker in the middle of its step.
@@ -443,6 +442,11 @@ pub fn simulate(
             decode_workers: u64::from(config.workers.max(1)),
             prefill_gpus_per_worker,
             decode_gpus_per_worker: config.engine.gpus_per_worker(),
+            by_duration: config.engine.engine_version == EngineVersion::Dynamo142
+                && (config.online
+                    || (config.prefill.is_none()
+                        && config.workers <= 1
+                        && config.engine.dp_size <= 1)),
         },
         wall_ms: began.elapsed().as_secs_f64() * 1e3,
         passes: sim.passes,
