@@ -82,7 +82,8 @@ import json, sys
 # The fields compared request by request (and kept in a case's reference lines).
 REQUEST_FIELDS = ["turn_index", "arrival_time_ms", "input_length", "output_length",
                   "first_admit_ms", "first_token_ms", "last_token_ms", "reused_input_tokens",
-                  "decode_reused_input_tokens", "prefill_worker_idx", "decode_worker_idx"]
+                  "decode_reused_input_tokens", "prefill_worker_idx", "decode_worker_idx",
+                  "terminal_status"]
 name, stem, cases, reference = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
 def rows(path):
     return [{f: json.loads(line).get(f) for f in REQUEST_FIELDS} for line in open(path)]

@@ -731,7 +731,7 @@ fn simulations_that_cannot_run_or_serve_say_so_in_one_line() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stderr).trim(),
-        "kvtrace: warning: 1 of 2 requests were rejected: each needs more KV blocks than an engine holds (num_gpu_blocks × block_size tokens)"
+        "kvtrace: warning: 1 of 2 requests were rejected: each needs more KV blocks than an engine holds (num_gpu_blocks × block_size tokens) or has a prompt of max_model_len tokens or more"
     );
     let out = synthetic(&[]);
     assert_eq!(out.status.code(), Some(0));

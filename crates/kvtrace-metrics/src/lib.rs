@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use kvtrace_cache::storage::{CallStats, TierStats};
 use kvtrace_io::error::{Error, Result};
 use kvtrace_otel::{Attr, RequestSpan, SpanSink};
-use kvtrace_simulate::collector::{RequestRecord, Status};
+use kvtrace_simulate::collector::RequestRecord;
 use kvtrace_simulate::event_loop::RequestObserver;
 use prometheus_client::encoding::{text::encode, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
@@ -404,11 +404,7 @@ impl Live {
 impl RequestObserver for Live {
     fn ended(&self, r: &RequestRecord) {
         self.requests.inc();
-        let status = match r.terminal_status {
-            Status::Completed => "completed",
-            Status::Rejected => "rejected",
-            Status::Pending => "pending",
-        };
+        let status = r.terminal_status.name();
         self.requests_by_status
             .get_or_create(&StatusLabel {
                 status: status.to_owned(),

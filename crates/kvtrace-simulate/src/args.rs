@@ -397,6 +397,17 @@ impl EngineArgs {
                 ))
             }
         };
+        // Dynamo 1.4.2 refuses the limit for the engines whose schedulers it does not reach;
+        // AISimulate's schedulers all keep it.
+        if args.engine_version == EngineVersion::Dynamo142
+            && args.engine_type != EngineType::Vllm
+            && args.max_model_len.is_some()
+        {
+            return Err(
+                "max_model_len: Dynamo 1.4.2's engine takes it for engine_type vllm only (\"engine_version\": \"aisimulate-0.13\" takes it for every engine)"
+                    .into(),
+            );
+        }
         args.kv_bytes_per_token = raw.kv_bytes_per_token;
         args.kv_transfer_bandwidth = raw.kv_transfer_bandwidth;
         args.kv_transfer_timing = match raw.kv_transfer_timing_mode.as_deref() {

@@ -17,6 +17,21 @@ pub enum Status {
     Pending,
     Completed,
     Rejected,
+    /// A disaggregated request whose decode worker refused its prompt (more than its KV
+    /// cache holds, or `max_model_len` tokens or more), as AISimulate's handoff fails it.
+    Failed,
+}
+
+impl Status {
+    /// Its name in the reports, the lines and the metrics' labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Completed => "completed",
+            Status::Rejected => "rejected",
+            Status::Failed => "failed",
+        }
+    }
 }
 
 /// One request's life.

@@ -717,7 +717,8 @@ impl Simulation<'_> {
         d.plays
             .iter()
             .map(|sessions| {
-                let (mut last, mut failure, mut open) = (None::<f64>, None::<(f64, u32)>, false);
+                let (mut last, mut failure, mut open) =
+                    (None::<f64>, None::<(f64, u32, Status)>, false);
                 for &s in sessions {
                     let Some(r) = record_of[s as usize] else {
                         open |= !d.skipped[s as usize];
@@ -728,10 +729,10 @@ impl Simulation<'_> {
                         continue;
                     };
                     last = Some(last.map_or(at, |l| l.max(at)));
-                    if r.terminal_status == Status::Rejected
-                        && failure.is_none_or(|(first, _)| at < first)
+                    if matches!(r.terminal_status, Status::Rejected | Status::Failed)
+                        && failure.is_none_or(|(first, ..)| at < first)
                     {
-                        failure = Some((at, s));
+                        failure = Some((at, s, r.terminal_status));
                     }
                 }
                 let status = match (open, failure) {
@@ -741,9 +742,9 @@ impl Simulation<'_> {
                 };
                 PlayEnd {
                     status,
-                    causal_terminal_ms: failure.map(|(at, _)| at).or(last),
+                    causal_terminal_ms: failure.map(|(at, ..)| at).or(last),
                     settled_at_ms: if open { None } else { last },
-                    failure: failure.map(|(_, s)| s),
+                    failure: failure.map(|(_, s, status)| (s, status)),
                 }
             })
             .collect()
@@ -1030,7 +1031,12 @@ impl Simulation<'_> {
         match reserved {
             Ok(Some(r)) => self.reserved(r, now),
             Ok(None) => {}
-            Err(_) => self.abandon(id, now),
+            Err(_) => {
+                // The worker refused it: the request was never that worker's (AISimulate
+                // names no decode worker for it).
+                self.collector.records[id as usize].decode_worker_idx = None;
+                self.abandon(id, now);
+            }
         }
     }
 
@@ -1049,8 +1055,9 @@ impl Simulation<'_> {
         self.actions.push(id, next);
     }
 
-    /// A prompt that no decode worker can ever hold: the request is rejected and its
-    /// prefill copy, if any, released.
+    /// A prompt that no decode worker can ever hold: the request ends (rejected, as Dynamo
+    /// 1.4.2 has it; failed, as AISimulate's handoff has it) and its prefill copy, if any,
+    /// is released.
     fn abandon(&mut self, id: RequestId, now: f64) {
         if let Some(f) = self.in_flight.get_mut(id as usize).and_then(Option::take) {
             if let Some((w, rank)) = f.prefill_at.filter(|_| f.handoff.is_held()) {
@@ -1061,7 +1068,11 @@ impl Simulation<'_> {
                 }
             }
         }
-        self.end_request(DECODE, id, now, Status::Rejected);
+        let status = match self.config.engine.engine_version {
+            EngineVersion::Dynamo142 => Status::Rejected,
+            EngineVersion::Aisimulate013 => Status::Failed,
+        };
+        self.end_request(DECODE, id, now, status);
     }
 
     fn turn_of(&self, id: RequestId) -> &super::workload::Turn {
@@ -1261,7 +1272,10 @@ impl Simulation<'_> {
         }
         let play = self.collector.records[id as usize].play;
         match (self.dependents.as_mut(), play) {
-            (Some(d), Some(play)) if status == Status::Rejected && d.skip_after_rejection => {
+            (Some(d), Some(play))
+                if matches!(status, Status::Rejected | Status::Failed)
+                    && d.skip_after_rejection =>
+            {
                 d.fail(play)
             }
             _ => self.release(session, Trigger::Completion, now),

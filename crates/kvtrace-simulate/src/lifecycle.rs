@@ -174,11 +174,7 @@ pub fn digest(events: &[Event], play_names: &[String], request_ids: &[&str]) -> 
             play_id: play_names.get(e.play as usize).map_or("", String::as_str),
             request_id: e.node.and_then(|n| request_ids.get(n as usize).copied()),
             event: e.kind,
-            status: e.status.map(|s| match s {
-                Status::Completed => "completed",
-                Status::Rejected => "rejected",
-                Status::Pending => "pending",
-            }),
+            status: e.status.map(Status::name),
         };
         serde_json::to_writer(&mut line, &record).expect("a line of plain fields");
         line.push(b'\n');

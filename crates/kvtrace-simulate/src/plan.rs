@@ -135,7 +135,7 @@ impl Plan {
                     .map(|(&end, name)| PlayOutcome {
                         play_id: name.clone(),
                         end,
-                        failure_request_id: end.failure.and_then(|s| {
+                        failure_request_id: end.failure.and_then(|(s, _)| {
                             workload.sessions[s as usize]
                                 .turns
                                 .first()?

@@ -90,13 +90,22 @@ impl SimulateReport {
                 .filter(|r| r.terminal_status == status)
                 .count()
         };
-        let (rejected, pending) = (count(Status::Rejected), count(Status::Pending));
+        let (rejected, failed, pending) = (
+            count(Status::Rejected),
+            count(Status::Failed),
+            count(Status::Pending),
+        );
         let skipped = self.summary.skipped as usize;
         let unsent = planned.saturating_sub(self.requests.len() + skipped);
         let mut lines = Vec::new();
         if rejected > 0 {
             lines.push(format!(
-                "{rejected} of {planned} requests were rejected: each needs more KV blocks than an engine holds (num_gpu_blocks × block_size tokens)"
+                "{rejected} of {planned} requests were rejected: each needs more KV blocks than an engine holds (num_gpu_blocks × block_size tokens) or has a prompt of max_model_len tokens or more"
+            ));
+        }
+        if failed > 0 {
+            lines.push(format!(
+                "{failed} of {planned} requests failed: the decode worker each was handed to refused its prompt (more than its KV cache holds, or max_model_len tokens or more)"
             ));
         }
         if skipped > 0 {

@@ -161,11 +161,23 @@ impl SglangEngine {
         }
     }
 
+    /// A new request, its output cut to what `max_model_len` leaves after its prompt, where
+    /// AISimulate's SGLang scheduler stops generating (a prompt at or past the limit is
+    /// rejected by the next pass: [`SglangEngine::reject_too_long`]).
     fn request(&self, r: Request) -> Req {
+        let output_len = match self.args.max_model_len {
+            Some(limit) => {
+                let room = limit.saturating_sub(u64::from(r.prompt_len));
+                r.output_len
+                    .min(u32::try_from(room).unwrap_or(u32::MAX))
+                    .max(1)
+            }
+            None => r.output_len,
+        };
         Req {
             id: r.id,
             prompt_len: r.prompt_len,
-            output_len: r.output_len,
+            output_len,
             generated: 0,
             prompt_pages: r.hashes.len(),
             keys: r.hashes.to_vec(),
@@ -421,6 +433,27 @@ impl SglangEngine {
         self.cache.unlock(node);
         req.lease = Lease::default();
         improved
+    }
+
+    /// Rejects every waiting request whose prompt is `max_model_len` tokens or longer,
+    /// wherever it waits, as AISimulate's SGLang scheduler does before each pass; the others
+    /// keep their order.
+    fn reject_too_long(&mut self, out: &mut PassOutput) {
+        let Some(limit) = self.args.max_model_len else {
+            return;
+        };
+        if self.waiting.iter().all(|r| u64::from(r.prompt_len) < limit) {
+            return;
+        }
+        let waiting = std::mem::take(&mut self.waiting);
+        for req in waiting {
+            if u64::from(req.prompt_len) < limit {
+                self.waiting.push_back(req);
+            } else {
+                out.rejected.push(req.id);
+            }
+        }
+        self.ordered_for = None;
     }
 
     fn order_waiting(&mut self) {
@@ -727,7 +760,14 @@ impl SglangEngine {
         r: Request,
         now: bool,
     ) -> Result<Option<Reserved>, RequestId> {
-        if u64::from(self.ceil_page(r.prompt_len)) > self.cache.total_tokens() {
+        // A prompt the pool cannot hold, or at or past `max_model_len`, is refused here, as
+        // AISimulate's destination refuses it.
+        if u64::from(self.ceil_page(r.prompt_len)) > self.cache.total_tokens()
+            || self
+                .args
+                .max_model_len
+                .is_some_and(|limit| u64::from(r.prompt_len) >= limit)
+        {
             return Err(r.id);
         }
         let req = self.request(r);
@@ -891,6 +931,7 @@ impl SglangEngine {
             out.admitted.push((req.id, 0));
             self.running.push(req);
         }
+        self.reject_too_long(out);
         self.order_waiting();
         let (can_run, isl, prefix, oom) =
             if self.prebuilt.is_empty() && self.destinations.is_empty() {
@@ -965,6 +1006,7 @@ impl SglangEngine {
         out.decode_ms = decode_ms;
         out.kv_events.append(&mut self.events);
         !(batch == 0
+            && out.rejected.is_empty()
             && out.admitted.is_empty()
             && out.emitted.is_empty()
             && out.preempted.is_empty()

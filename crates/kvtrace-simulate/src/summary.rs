@@ -10,6 +10,7 @@ use serde::{Serialize, Serializer};
 use serde_json::{Map, Value as Json};
 
 use crate::agentic_identity::GraphIdentity;
+use crate::collector::Status;
 use crate::storage::TierStats;
 use crate::tier_link::LinkSummary;
 
@@ -140,19 +141,22 @@ pub struct AisimulateFigures {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PlayEnd {
     pub status: PlayStatus,
-    /// When its first rejection came, else when its last request ended (none ended: `None`).
+    /// When its first rejection (or failure) came, else when its last request ended (none
+    /// ended: `None`).
     pub causal_terminal_ms: Option<f64>,
     /// When its last request sent ended, once no request of it is waiting or running.
     pub settled_at_ms: Option<f64>,
-    /// The session whose request's rejection failed the play: the earliest, then the first.
-    pub failure: Option<u32>,
+    /// The session whose request's end failed the play (rejected, or failed at its
+    /// handoff), and that end: the earliest, then the first.
+    pub failure: Option<(u32, Status)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PlayStatus {
     /// Every request completed.
     Completed,
-    /// A request was rejected, and no request of the play is left running.
+    /// A request was rejected (or failed at its handoff), and no request of the play is
+    /// left running.
     Failed,
     /// A request is still waiting or running, or was never sent (the run was stopped, or
     /// the engines could schedule nothing more).
@@ -175,7 +179,7 @@ pub struct PlayOutcome {
     /// Its `play_id` ([`crate::workload::Graph::play_names`]).
     pub play_id: String,
     pub end: PlayEnd,
-    /// The `request_id` of the request whose rejection failed the play.
+    /// The `request_id` of the request whose end failed the play.
     pub failure_request_id: Option<String>,
 }
 
@@ -197,9 +201,8 @@ impl PlayOutcome {
         if let Some(id) = &self.failure_request_id {
             m.insert("failure_request_id".into(), id.clone().into());
         }
-        if self.end.failure.is_some() {
-            // A rejection is the one way a request fails here.
-            m.insert("failure_status".into(), "rejected".into());
+        if let Some((_, status)) = self.end.failure {
+            m.insert("failure_status".into(), status.name().into());
         }
         Json::Object(m)
     }

@@ -212,9 +212,24 @@ impl VllmEngine {
     }
 
     pub fn enqueue(&mut self, r: Request) {
-        let mut seq = Sequence::new(r);
-        self.prepare(&mut seq);
+        let seq = self.sequence(r);
         self.waiting.push_back(seq);
+    }
+
+    /// A new sequence, its output cut to what `max_model_len` leaves after its prompt: the
+    /// scheduler stops generating there, in Dynamo 1.4.2's mocker and AISimulate's alike (a
+    /// prompt at or past the limit is rejected when it comes up for admission).
+    fn sequence(&mut self, r: Request) -> Sequence {
+        let mut seq = Sequence::new(r);
+        if let Some(limit) = self.args.max_model_len {
+            let room = limit.saturating_sub(u64::from(seq.prompt_len));
+            seq.output_len = seq
+                .output_len
+                .min(u32::try_from(room).unwrap_or(u32::MAX))
+                .max(1);
+        }
+        self.prepare(&mut seq);
+        seq
     }
 
     /// Fixes a new sequence's block layout at this engine's block size.
@@ -243,8 +258,7 @@ impl VllmEngine {
         if self.blocks_for(r.prompt_len) as u64 > self.pool.capacity() {
             return Err(r.id);
         }
-        let mut seq = Sequence::new(r);
-        self.prepare(&mut seq);
+        let seq = self.sequence(r);
         self.destinations.push_back(seq);
         Ok(if now { self.retry_destinations() } else { None })
     }
@@ -787,11 +801,10 @@ impl VllmEngine {
                 break;
             };
             let seq = &self.waiting[at];
-            let too_long = self.args.engine_type != EngineType::Trtllm
-                && self
-                    .args
-                    .max_model_len
-                    .is_some_and(|m| u64::from(seq.prompt_len) >= m);
+            let too_long = self
+                .args
+                .max_model_len
+                .is_some_and(|m| u64::from(seq.prompt_len) >= m);
             if too_long {
                 let seq = self.waiting.remove(at).expect("present");
                 out.rejected.push(seq.id);

@@ -139,6 +139,7 @@ fn rank(args: &Map<String, Value>) -> Result<Value> {
             "engine_type" => "backend",
             "block_size"
             | "num_gpu_blocks"
+            | "max_model_len"
             | "max_num_seqs"
             | "max_num_batched_tokens"
             | "enable_prefix_caching"
