@@ -132,7 +132,8 @@ impl Pool {
         prefill_only: bool,
     ) -> Pool {
         let dp = args.dp_size.max(1) as usize;
-        let router = Router::new(router, workers.max(1) as usize * dp, args.block_size, seed);
+        let router =
+            Router::new(router, workers.max(1) as usize * dp, args.block_size, seed).with_ranks(dp);
         let track = router.uses_kv_events();
         Pool {
             workers: (0..workers.max(1))

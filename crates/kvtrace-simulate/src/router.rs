@@ -212,6 +212,8 @@ struct Routed {
 pub struct Router {
     mode: RouterMode,
     block_size: u32,
+    /// The DP ranks of each worker: candidate `w · ranks + r` is rank `r` of worker `w`.
+    ranks: usize,
     next: usize,
     rng: SplitMix64,
     loads: Vec<Load>,
@@ -233,12 +235,19 @@ impl Router {
         Router {
             mode,
             block_size: block_size.max(1),
+            ranks: 1,
             next: 0,
             rng: SplitMix64::new(seed),
             loads: (0..candidates).map(|_| Load::default()).collect(),
             index: (0..candidates).map(|_| BlockSet::default()).collect(),
             routed: Vec::new(),
         }
+    }
+
+    /// The candidates are `ranks` DP ranks of each worker (see [`Router::route`]).
+    pub fn with_ranks(mut self, ranks: usize) -> Router {
+        self.ranks = ranks.max(1);
+        self
     }
 
     pub fn mode(&self) -> &RouterMode {
@@ -289,8 +298,12 @@ impl Router {
         let tail = blocks - hashes.len() as u64;
         let (candidate, overlap) = match &self.mode {
             RouterMode::RoundRobin => {
-                let c = self.next % n;
+                // Worker by worker, then the next rank of each, as Dynamo 1.4.2 cycles:
+                // with two ranks, rank 0 of every worker before rank 1 of the first.
+                let k = self.next % n;
                 self.next = (self.next + 1) % n;
+                let workers = (n / self.ranks).max(1);
+                let c = (k % workers) * self.ranks + k / workers;
                 (c, self.overlap(c, &hashes))
             }
             RouterMode::KvRouter(config) => {
