@@ -44,6 +44,10 @@ const FOREIGN_FLAGS: &[(&[&str], &str)] = &[
         "engine settings are Dynamo's MockEngineArgs fields in JSON: kvtrace simulate --extra-engine-args '{\"block_size\": 512, \"num_gpu_blocks\": 16384}'",
     ),
     (
+        &["--trace-shared-prefix-ratio", "--trace-num-prefix-groups"],
+        "Dynamo 1.4.2 applies these to applied_compute_agentic traces only, a format kvtrace simulate does not read (see docs/commands/simulate.md)",
+    ),
+    (
         &["--max-sim-time-seconds"],
         "kvtrace simulate runs every request to completion; bound the input instead (a shorter trace, or --request-count for a synthetic workload)",
     ),
@@ -147,6 +151,10 @@ mod tests {
         for (args, hint) in [
             (vec!["x", "--block-size", "16"], Some("--block-size")),
             (vec!["x", "--trace-file=t.lct"], Some("--trace-file")),
+            (
+                vec!["x", "--trace-num-prefix-groups", "4"],
+                Some("--trace-num-prefix-groups"),
+            ),
             (vec!["x", "--config", "bench.yaml"], Some("--config")),
             (vec!["x", "--no-such-flag"], None),
         ] {
