@@ -762,3 +762,44 @@ fn the_sglang_and_trtllm_engines_serve_a_trace() {
         );
     }
 }
+
+/// Online, Dynamo 1.4.2 has no clock of its own to integrate: each worker is provisioned for
+/// the run's duration, which ends at the last completed request, not at a rejection after it
+/// (offline, `testdata/dynamo/rejected-last-*-rr` hold both rules to Dynamo's own reports).
+/// Checked against Dynamo 1.4.2 by hand on 2026-12-07 (`--replay-mode online`, one and two
+/// workers: 0.449 s and 2 × 0.427 s worker-seconds, with the rejection at 5 s).
+#[test]
+fn an_online_run_is_provisioned_for_its_duration() {
+    let dir = scratch();
+    for workers in ["1", "2"] {
+        let report = simulate(
+            dir.path(),
+            &[
+                "testdata/traces/mooncake_rejected.jsonl",
+                "--replay-mode",
+                "online",
+                "--arrival-speedup-ratio",
+                "10",
+                "--num-workers",
+                workers,
+                "--extra-engine-args",
+                "{\"block_size\": 16, \"num_gpu_blocks\": 64, \"speedup_ratio\": 20}",
+            ],
+        );
+        assert_eq!(report["completed_requests"], 2);
+        let get = |k: &str| report[k].as_f64().expect(k);
+        let duration_s = get("duration_ms") / 1e3;
+        // The rejected request arrives at 5 s / 10 = 500 ms, long after both completions
+        // (about 450 ms of modelled time, run 20 times faster).
+        assert!(
+            duration_s < 0.5,
+            "{duration_s} s: the rejection does not end the run"
+        );
+        let expected = duration_s * workers.parse::<f64>().unwrap();
+        assert!(
+            (get("decode_worker_seconds") - expected).abs() <= 1e-12 * expected,
+            "{} worker-seconds for {workers} workers over {duration_s} s",
+            get("decode_worker_seconds")
+        );
+    }
+}
