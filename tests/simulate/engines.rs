@@ -335,6 +335,14 @@ fn meaningless_combinations_are_one_line_usage_errors() {
             "engine_type \"tgi\"",
         ),
         (
+            vec![
+                &trace,
+                "--extra-engine-args",
+                "{\"engine_type\": \"sglang\", \"max_model_len\": 4000}",
+            ],
+            "max_model_len: Dynamo 1.4.2's engine takes it for engine_type vllm only",
+        ),
+        (
             vec![&trace, "--router-config", "{\"x\": 1}"],
             "--router-config configures",
         ),

@@ -458,6 +458,27 @@ impl EngineArgs {
         })
     }
 
+    /// Whether `max_model_len` rules a prompt of `prompt_len` tokens out: at or past the
+    /// limit, the schedulers of Dynamo 1.4.2 and AISimulate reject it.
+    pub fn refuses_prompt(&self, prompt_len: u32) -> bool {
+        self.max_model_len
+            .is_some_and(|limit| u64::from(prompt_len) >= limit)
+    }
+
+    /// The output a request generates: `output_len`, cut to what `max_model_len` leaves after
+    /// its prompt (at least one token), where both schedulers stop generating.
+    pub fn output_within_model_len(&self, prompt_len: u32, output_len: u32) -> u32 {
+        match self.max_model_len {
+            Some(limit) => {
+                let room = limit.saturating_sub(u64::from(prompt_len));
+                output_len
+                    .min(u32::try_from(room).unwrap_or(u32::MAX))
+                    .max(1)
+            }
+            None => output_len,
+        }
+    }
+
     /// KV capacity in tokens.
     pub fn kv_tokens(&self) -> u64 {
         self.num_gpu_blocks * u64::from(self.block_size)

@@ -23,6 +23,12 @@ pub enum Status {
 }
 
 impl Status {
+    /// Whether the request ended without being served (rejected, or failed at its handoff),
+    /// which ends its play under AISimulate's driver.
+    pub fn is_failure(self) -> bool {
+        matches!(self, Status::Rejected | Status::Failed)
+    }
+
     /// Its name in the reports, the lines and the metrics' labels.
     pub fn name(self) -> &'static str {
         match self {

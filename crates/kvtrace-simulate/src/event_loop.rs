@@ -730,7 +730,7 @@ impl Simulation<'_> {
                         continue;
                     };
                     last = Some(last.map_or(at, |l| l.max(at)));
-                    if matches!(r.terminal_status, Status::Rejected | Status::Failed)
+                    if r.terminal_status.is_failure()
                         && failure.is_none_or(|(first, ..)| at < first)
                     {
                         failure = Some((at, s, r.terminal_status));
@@ -1273,12 +1273,7 @@ impl Simulation<'_> {
         }
         let play = self.collector.records[id as usize].play;
         match (self.dependents.as_mut(), play) {
-            (Some(d), Some(play))
-                if matches!(status, Status::Rejected | Status::Failed)
-                    && d.skip_after_rejection =>
-            {
-                d.fail(play)
-            }
+            (Some(d), Some(play)) if status.is_failure() && d.skip_after_rejection => d.fail(play),
             _ => self.release(session, Trigger::Completion, now),
         }
         if let Some(s) = self.waiting_sessions.pop_front() {

@@ -165,15 +165,9 @@ impl SglangEngine {
     /// AISimulate's SGLang scheduler stops generating (a prompt at or past the limit is
     /// rejected by the next pass: [`SglangEngine::reject_too_long`]).
     fn request(&self, r: Request) -> Req {
-        let output_len = match self.args.max_model_len {
-            Some(limit) => {
-                let room = limit.saturating_sub(u64::from(r.prompt_len));
-                r.output_len
-                    .min(u32::try_from(room).unwrap_or(u32::MAX))
-                    .max(1)
-            }
-            None => r.output_len,
-        };
+        let output_len = self
+            .args
+            .output_within_model_len(r.prompt_len, r.output_len);
         Req {
             id: r.id,
             prompt_len: r.prompt_len,
@@ -439,21 +433,18 @@ impl SglangEngine {
     /// wherever it waits, as AISimulate's SGLang scheduler does before each pass; the others
     /// keep their order.
     fn reject_too_long(&mut self, out: &mut PassOutput) {
-        let Some(limit) = self.args.max_model_len else {
-            return;
-        };
-        if self.waiting.iter().all(|r| u64::from(r.prompt_len) < limit) {
-            return;
-        }
-        let waiting = std::mem::take(&mut self.waiting);
-        for req in waiting {
-            if u64::from(req.prompt_len) < limit {
-                self.waiting.push_back(req);
-            } else {
-                out.rejected.push(req.id);
+        let before = self.waiting.len();
+        let args = &self.args;
+        self.waiting.retain(|r| {
+            let refused = args.refuses_prompt(r.prompt_len);
+            if refused {
+                out.rejected.push(r.id);
             }
+            !refused
+        });
+        if self.waiting.len() < before {
+            self.ordered_for = None;
         }
-        self.ordered_for = None;
     }
 
     fn order_waiting(&mut self) {
@@ -763,10 +754,7 @@ impl SglangEngine {
         // A prompt the pool cannot hold, or at or past `max_model_len`, is refused here, as
         // AISimulate's destination refuses it.
         if u64::from(self.ceil_page(r.prompt_len)) > self.cache.total_tokens()
-            || self
-                .args
-                .max_model_len
-                .is_some_and(|limit| u64::from(r.prompt_len) >= limit)
+            || self.args.refuses_prompt(r.prompt_len)
         {
             return Err(r.id);
         }

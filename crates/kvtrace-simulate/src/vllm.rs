@@ -221,13 +221,9 @@ impl VllmEngine {
     /// prompt at or past the limit is rejected when it comes up for admission).
     fn sequence(&mut self, r: Request) -> Sequence {
         let mut seq = Sequence::new(r);
-        if let Some(limit) = self.args.max_model_len {
-            let room = limit.saturating_sub(u64::from(seq.prompt_len));
-            seq.output_len = seq
-                .output_len
-                .min(u32::try_from(room).unwrap_or(u32::MAX))
-                .max(1);
-        }
+        seq.output_len = self
+            .args
+            .output_within_model_len(seq.prompt_len, seq.output_len);
         self.prepare(&mut seq);
         seq
     }
@@ -801,11 +797,7 @@ impl VllmEngine {
                 break;
             };
             let seq = &self.waiting[at];
-            let too_long = self
-                .args
-                .max_model_len
-                .is_some_and(|m| u64::from(seq.prompt_len) >= m);
-            if too_long {
+            if self.args.refuses_prompt(seq.prompt_len) {
                 let seq = self.waiting.remove(at).expect("present");
                 out.rejected.push(seq.id);
                 continue;
