@@ -353,10 +353,10 @@ fn request_trace_formats_and_simulation() {
     // cannot pass for one that survives everything.
     let delta = |bytes: &[u8]| read_mooncake_delta(Cursor::new(bytes), 64);
     let agentic =
-        |bytes: &[u8], engine| read_agentic_mooncake(Cursor::new(bytes), None, engine, "fuzz");
+        |bytes: &[u8], engine| read_agentic_mooncake(Cursor::new(bytes), None, engine, "fuzz", 1.0);
     let weka = |bytes: &[u8]| {
         std::fs::write(&weka, bytes).expect("write");
-        read_weka(&weka, None, NestedTimestamps::Auto)
+        read_weka(&weka, None, NestedTimestamps::Auto, 1.0)
     };
     let dynamo = |bytes: &[u8]| {
         read_dynamo_request_trace(vec![("part0".to_owned(), Cursor::new(bytes))], None)

@@ -58,17 +58,19 @@ struct Node {
 /// (`block_size`, when given, must equal it), or legacy rows, whose hash ids stand for
 /// `block_size` tokens (512 when not given), ordered and timed as `engine` reads them.
 /// Under AISimulate's engine the graph carries its identity, a legacy file's provenance
-/// being `name` (the file as given) and its row count.
+/// being `name` (the file as given) and its row count. Its times and delays are divided by
+/// `speedup` (see [`Workload::speed_up_arrivals`]), which the graph's digest covers.
 pub fn read_agentic_mooncake(
     src: impl BufRead + Send,
     block_size: Option<u32>,
     engine: EngineVersion,
     name: &str,
+    speedup: f64,
 ) -> Result<Workload> {
     let identity = (engine == EngineVersion::Aisimulate013).then(|| name.to_owned());
     let mut rows = Rows::new(block_size, identity);
     for_each_object(src, |line, json| rows.add(line, json))?;
-    rows.finish(engine)
+    rows.finish(engine, speedup)
 }
 
 /// An `agentic_mooncake` trace's objects as they are read, one per line: its header (the
@@ -148,8 +150,9 @@ impl Rows {
         Ok(())
     }
 
-    /// The request graph of the rows, ordered and timed as `engine` reads them.
-    pub(crate) fn finish(self, engine: EngineVersion) -> Result<Workload> {
+    /// The request graph of the rows, ordered and timed as `engine` reads them, its times
+    /// and delays divided by `speedup`.
+    pub(crate) fn finish(self, engine: EngineVersion, speedup: f64) -> Result<Workload> {
         if self.nodes.is_empty() {
             return Err(Error::line(1, "request_id", "the trace holds no request"));
         }
@@ -176,13 +179,14 @@ impl Rows {
             graph.identity = Some(GraphIdentity {
                 format,
                 digest,
-                graph_digest: graph_digest(u64::from(block), records),
+                graph_digest: graph_digest(u64::from(block), records, speedup),
                 block_size: u64::from(block),
                 node_count: rows as u64,
                 play_count: graph.play_names.len() as u64,
                 source_models: models,
             });
         }
+        workload.speed_up_arrivals(speedup);
         Ok(workload)
     }
 }

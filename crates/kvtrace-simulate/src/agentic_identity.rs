@@ -186,9 +186,10 @@ pub(crate) fn canonical_legacy(row: &Json, input_length: u64) -> Json {
 }
 
 /// The digest of `records` (in request-id order, their plays filled in) at `block_size`:
-/// times taken from the earliest, each record's dependencies ordered by request id, then
-/// trigger, relation and delay.
-pub(crate) fn graph_digest(block_size: u64, mut records: Vec<Json>) -> String {
+/// times taken from the earliest and then divided by `speedup` (the arrival speed-up, which
+/// AISimulate applies to the graph before its digest), each record's dependencies ordered by
+/// request id, then trigger, relation and delay.
+pub(crate) fn graph_digest(block_size: u64, mut records: Vec<Json>, speedup: f64) -> String {
     let at = |r: &Json| r["not_before_ms"].as_f64().unwrap_or(0.0);
     let origin = records.iter().map(at).fold(f64::INFINITY, f64::min);
     let rank = |v: &Json, order: &[&str]| {
@@ -196,9 +197,14 @@ pub(crate) fn graph_digest(block_size: u64, mut records: Vec<Json>) -> String {
         order.iter().position(|o| *o == name).unwrap_or(order.len())
     };
     for r in &mut records {
-        let shifted = at(r) - origin;
+        let shifted = (at(r) - origin) / speedup;
         r["not_before_ms"] = Json::from(shifted);
         if let Some(Json::Array(deps)) = r.get_mut("dependencies") {
+            for d in deps.iter_mut() {
+                if let Some(delay) = d["delay_ms"].as_f64() {
+                    d["delay_ms"] = Json::from(delay / speedup);
+                }
+            }
             deps.sort_by(|a, b| {
                 let key = |d: &Json| {
                     (
@@ -270,8 +276,17 @@ mod tests {
             r#""relation":"join"}]}]}"#
         );
         assert_eq!(
-            graph_digest(4, records),
+            graph_digest(4, records.clone(), 1.0),
             blake3::hash(text.as_bytes()).to_hex().to_string()
+        );
+        // Sped up twice: every time from the earliest and every delay halved.
+        let fast = text
+            .replace(r#""not_before_ms":49.5"#, r#""not_before_ms":24.75"#)
+            .replace(r#""delay_ms":1.0"#, r#""delay_ms":0.5"#)
+            .replace(r#""delay_ms":5.0"#, r#""delay_ms":2.5"#);
+        assert_eq!(
+            graph_digest(4, records, 2.0),
+            blake3::hash(fast.as_bytes()).to_hex().to_string()
         );
     }
 

@@ -397,6 +397,23 @@ impl EngineArgs {
                 ))
             }
         };
+        // AISimulate's SGLang ranks are attention-DP ranks, each given its share of the
+        // chunked-prefill budget and a more eager admission, as SGLang itself sets them up at
+        // launch; Dynamo 1.4.2 gives every rank the worker's settings.
+        if args.engine_version == EngineVersion::Aisimulate013
+            && args.engine_type == EngineType::Sglang
+            && args.dp_size > 1
+        {
+            let whole = args.sglang.chunked_prefill_size;
+            args.sglang.chunked_prefill_size = whole / u64::from(args.dp_size);
+            if args.sglang.chunked_prefill_size == 0 {
+                return Err(format!(
+                    "dp_size {}: SGLang's attention DP gives each rank chunked_prefill_size / dp_size tokens, and {whole} / {} is none",
+                    args.dp_size, args.dp_size
+                ));
+            }
+            args.sglang.schedule_conservativeness *= 0.3;
+        }
         // Dynamo 1.4.2 refuses the limit for the engines whose schedulers it does not reach;
         // AISimulate's schedulers all keep it.
         if args.engine_version == EngineVersion::Dynamo142
@@ -509,6 +526,35 @@ mod tests {
         .expect("nulls");
         assert_eq!(unbounded.args.max_num_seqs, None);
         assert_eq!(unbounded.args.worker_type, WorkerType::Decode);
+    }
+
+    /// Under AISimulate's engine SGLang's DP ranks are attention-DP ranks: 8192 / 3 = 2730
+    /// tokens a chunk each and 0.3 of the conservativeness; Dynamo 1.4.2's and vLLM's keep
+    /// the worker's settings.
+    #[test]
+    fn sglang_attention_dp_ranks_share_the_chunk_under_aisimulate() {
+        let parse = |json: &str| EngineArgs::from_json(json).map(|p| p.args);
+        let dp = parse(
+            r#"{"engine_type": "sglang", "dp_size": 3, "sglang": {"schedule_conservativeness": 0.5}, "engine_version": "aisimulate-0.13"}"#,
+        )
+        .expect("aisimulate");
+        assert_eq!(dp.sglang.chunked_prefill_size, 2730);
+        assert_eq!(dp.sglang.schedule_conservativeness, 0.5 * 0.3);
+        for json in [
+            r#"{"engine_type": "sglang", "dp_size": 3}"#,
+            r#"{"engine_type": "sglang", "engine_version": "aisimulate-0.13"}"#,
+        ] {
+            assert_eq!(
+                parse(json).expect(json).sglang,
+                SglangArgs::default(),
+                "{json}"
+            );
+        }
+        let e = parse(
+            r#"{"engine_type": "sglang", "dp_size": 3, "sglang": {"chunked_prefill_size": 2}, "engine_version": "aisimulate-0.13"}"#,
+        )
+        .expect_err("no chunk left");
+        assert!(e.starts_with("dp_size 3: "), "{e}");
     }
 
     #[test]

@@ -121,19 +121,30 @@ struct Pool {
     budget: u64,
     /// Prompts run here and move on to the decode pool.
     prefill_only: bool,
+    /// A pass that does nothing still ends, retrying the destinations (AISimulate's engine).
+    empty_pass_retries: bool,
 }
 
 impl Pool {
+    /// A pool of `workers` workers, each of the engine's `dp_size` ranks. An aggregated pool's
+    /// round robin visits rank 0 of every worker first, as both peers do; a disaggregated
+    /// pool's (`disaggregated`) takes the ranks in order, each worker's in turn, as
+    /// AISimulate's pool placement does (Dynamo 1.4.2 refuses DP ranks there).
     fn new(
         args: &EngineArgs,
         workers: u32,
         router: RouterMode,
         seed: u64,
         prefill_only: bool,
+        disaggregated: bool,
     ) -> Pool {
         let dp = args.dp_size.max(1) as usize;
-        let router =
-            Router::new(router, workers.max(1) as usize * dp, args.block_size, seed).with_ranks(dp);
+        let router = Router::new(router, workers.max(1) as usize * dp, args.block_size, seed);
+        let router = if disaggregated {
+            router
+        } else {
+            router.with_ranks(dp)
+        };
         let track = router.uses_kv_events();
         Pool {
             workers: (0..workers.max(1))
@@ -153,6 +164,7 @@ impl Pool {
             capacity_blocks: args.num_gpu_blocks,
             budget: args.max_num_batched_tokens.unwrap_or(u64::MAX),
             prefill_only,
+            empty_pass_retries: args.engine_version == EngineVersion::Aisimulate013,
         }
     }
 }
@@ -325,7 +337,14 @@ pub fn simulate(
         if let RouterMode::KvRouter(c) = &mut router {
             c.router_track_active_blocks = false;
         }
-        pools.push(Pool::new(&p.engine, p.workers, router, config.seed, true));
+        pools.push(Pool::new(
+            &p.engine,
+            p.workers,
+            router,
+            config.seed,
+            true,
+            true,
+        ));
         let decode_router = match &config.router {
             RouterMode::KvRouter(c) => RouterMode::KvRouter(KvRouterConfig {
                 overlap_score_credit: 0.0,
@@ -341,6 +360,7 @@ pub fn simulate(
             decode_router,
             config.seed.wrapping_add(1),
             false,
+            true,
         ));
     } else {
         pools.push(Pool::new(
@@ -348,6 +368,7 @@ pub fn simulate(
             config.workers,
             config.router.clone(),
             config.seed,
+            false,
             false,
         ));
     }
@@ -565,6 +586,24 @@ impl Simulation<'_> {
                 Some(_) => {
                     self.finish_pass(pool, w, now);
                     changed = true;
+                }
+                None if self.pools[pool].empty_pass_retries => {
+                    // AISimulate's engine completes a pass that did nothing too, and its end
+                    // retries the worker's waiting destinations: each one reserved lets the
+                    // worker pass again at the same instant.
+                    let worker = &mut self.pools[pool].workers[w];
+                    let retried: Vec<Reserved> = worker
+                        .ranks
+                        .iter_mut()
+                        .filter_map(Engine::retry_destinations)
+                        .collect();
+                    if retried.is_empty() {
+                        skip.push(w);
+                    }
+                    for r in retried {
+                        self.reserved(r, now);
+                        changed = true;
+                    }
                 }
                 None => skip.push(w),
             }
@@ -899,11 +938,12 @@ impl Simulation<'_> {
         let (worker, rank) = (route.candidate / p.dp, route.candidate % p.dp);
         let prefill_only = p.prefill_only;
         let record = &mut self.collector.records[id as usize];
+        // A record names the rank (worker × dp_size + rank), as AISimulate's does.
         if prefill_only {
-            record.prefill_worker_idx = Some(worker as u32);
+            record.prefill_worker_idx = Some(route.candidate as u32);
             record.prefill_route_overlap_tokens = Some(route.overlap_tokens);
         } else {
-            record.decode_worker_idx = Some(worker as u32);
+            record.decode_worker_idx = Some(route.candidate as u32);
         }
         if let Some(f) = self.in_flight.get_mut(id as usize).and_then(Option::as_mut) {
             f.prefill_at = Some((worker, rank));
@@ -1024,7 +1064,7 @@ impl Simulation<'_> {
             }
         };
         let record = &mut self.collector.records[id as usize];
-        record.decode_worker_idx = Some(w as u32);
+        record.decode_worker_idx = Some(route.candidate as u32);
         record.decode_route_overlap_tokens = Some(route.overlap_tokens);
         if let Some(f) = self.flight(id) {
             f.decode_at = Some((w, rank));

@@ -145,11 +145,14 @@ impl Play {
 }
 
 /// Reads a Weka corpus (a `.json` or `.jsonl` file, or a directory of them) as an agentic
-/// request graph. `block_size`, when given, must equal the corpus's own.
+/// request graph, its times and delays divided by `speedup` (see
+/// [`Workload::speed_up_arrivals`]), which the graph's digest covers. `block_size`, when
+/// given, must equal the corpus's own.
 pub fn read_weka(
     path: &Path,
     block_size: Option<u32>,
     basis: NestedTimestamps,
+    speedup: f64,
 ) -> Result<Workload> {
     let shown = path.display().to_string();
     let mut plays = Vec::new();
@@ -234,7 +237,8 @@ pub fn read_weka(
             rows.add(line, row).map_err(graph)?;
         }
     }
-    rows.finish(EngineVersion::Aisimulate013).map_err(graph)
+    rows.finish(EngineVersion::Aisimulate013, speedup)
+        .map_err(graph)
 }
 
 /// The source's files with their names below the corpus root, in path order; symbolic

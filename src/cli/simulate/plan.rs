@@ -467,13 +467,12 @@ fn workload(o: &Options, pools: &Pools) -> Result<Workload> {
                 "{flag} applies to synthetic workloads only, not to a trace file"
             )));
         }
-        let mut w = read_traces(o, engine.engine_version)?;
+        let w = read_traces(o, engine.engine_version)?;
         if w.graph.is_some() && o.replay_concurrency.is_some() {
             return Err(Error::usage(
                 "--replay-concurrency: an agentic trace's requests start when what they wait for ends, not when a slot frees; replay it by its timestamps",
             ));
         }
-        w.speed_up_arrivals(o.arrival_speedup_ratio);
         return Ok(w);
     }
     let (Some(input), Some(output), Some(count)) =
@@ -585,8 +584,8 @@ fn fits_in_memory(what: &str, bytes: u64) -> Result<()> {
     )))
 }
 
-/// Reads the trace files in their format (legacy agentic rows as `engine` reads them). Only
-/// the dynamo format is split into shards.
+/// Reads the trace files in their format (legacy agentic rows as `engine` reads them), their
+/// arrivals sped up by `--arrival-speedup-ratio`. Only the dynamo format is split into shards.
 fn read_traces(o: &Options, engine: EngineVersion) -> Result<Workload> {
     if o.trace_block_size == Some(0) {
         return Err(Error::usage("--trace-block-size must be at least 1"));
@@ -602,9 +601,12 @@ fn read_traces(o: &Options, engine: EngineVersion) -> Result<Workload> {
         };
         Ok((shown, reader))
     };
+    let speedup = o.arrival_speedup_ratio;
     if o.trace_format == TraceFormat::Dynamo {
         let sources = o.traces.iter().map(open).collect::<Result<Vec<_>>>()?;
-        return read_dynamo_request_trace(sources, o.trace_block_size);
+        let mut w = read_dynamo_request_trace(sources, o.trace_block_size)?;
+        w.speed_up_arrivals(speedup);
+        return Ok(w);
     }
     if o.traces.len() > 1 {
         return Err(Error::usage(
@@ -612,23 +614,32 @@ fn read_traces(o: &Options, engine: EngineVersion) -> Result<Workload> {
         ));
     }
     if o.trace_format == TraceFormat::Weka {
-        return read_weka(&o.traces[0], o.trace_block_size, o.nested_timestamps);
+        return read_weka(
+            &o.traces[0],
+            o.trace_block_size,
+            o.nested_timestamps,
+            speedup,
+        );
     }
     let (shown, reader) = open(&o.traces[0])?;
     let read = match o.trace_format {
         TraceFormat::Mooncake => read_mooncake(reader, block),
         TraceFormat::MooncakeDelta => read_mooncake_delta(reader, block),
         TraceFormat::AgenticMooncake => {
-            read_agentic_mooncake(reader, o.trace_block_size, engine, &shown)
+            read_agentic_mooncake(reader, o.trace_block_size, engine, &shown, speedup)
         }
         TraceFormat::Dynamo | TraceFormat::Weka => unreachable!("read above"),
     };
-    read.map_err(|mut e| {
+    let mut w = read.map_err(|mut e| {
         if e.message.ends_with(GIVE_BLOCK_SIZE) {
             e.message += " with --trace-block-size";
         }
         e.in_file(&shown)
-    })
+    })?;
+    if o.trace_format != TraceFormat::AgenticMooncake {
+        w.speed_up_arrivals(speedup);
+    }
+    Ok(w)
 }
 
 fn router_mode(o: &Options, queue_override: Option<QueuePolicy>) -> Result<RouterMode> {

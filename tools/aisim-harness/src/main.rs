@@ -5,10 +5,16 @@
 //! polynomial timing); only the flags below are understood.
 //!
 //! usage: aisim-harness TRACE... --trace-format F [--trace-block-size N] [--num-workers N]
-//!        [--extra-engine-args JSON] --report-json OUT [--requests-jsonl OUT]
+//!        [--extra-engine-args JSON] [--replay-concurrency N] [--arrival-speedup-ratio R]
+//!        --report-json OUT [--requests-jsonl OUT]
 //!        [--lifecycle-jsonl OUT] [--graph-json OUT]
 //!        [--num-prefill-workers N --num-decode-workers N
 //!         --prefill-engine-args JSON --decode-engine-args JSON]
+//!
+//! `--replay-concurrency N` is AISimulate's `concurrency` load (N sessions in flight, the
+//! spec's `max_in_flight`), `--arrival-speedup-ratio R` its `trace_timestamps` load's
+//! `speedup` (arrivals and delays divided by R after the starts are normalised), and the
+//! engine argument `dp_size` its attention-DP ranks per worker.
 //!
 //! With prefill and decode workers the replay is disaggregated: each pool's engine takes its
 //! own arguments (their `worker_type` is the pool's), requests are placed round robin in both.
@@ -22,7 +28,8 @@
 use std::path::PathBuf;
 
 use aisimulate_core::replay::loadgen::{
-    load_agentic_mooncake, load_weka_agentic_graph, DynamoRequestTrace, Trace, WorkloadDriver,
+    load_agentic_mooncake, load_weka_agentic_graph, DynamoRequestTrace, Trace,
+    ValidatedAgenticGraph, WorkloadDriver,
 };
 use aisimulate_core::replay::{
     ReplayEngineConfig, ReplayEngineFactory, ReplayRuntimeInput, ReplaySpec, ReplayTopology,
@@ -36,6 +43,10 @@ struct Args {
     format: String,
     trace_block_size: Option<usize>,
     workers: usize,
+    /// Closed loop: this many sessions in flight.
+    concurrency: Option<usize>,
+    /// Arrival times and delays divided by this.
+    speedup: f64,
     engine_args: Map<String, Value>,
     /// Disaggregated: the prefill and decode pools' sizes and engine arguments.
     pools: Option<[(usize, Map<String, Value>); 2]>,
@@ -59,6 +70,8 @@ fn parse() -> Result<Args> {
         format: "mooncake".into(),
         trace_block_size: None,
         workers: 1,
+        concurrency: None,
+        speedup: 1.0,
         engine_args: Map::new(),
         pools: None,
         report: PathBuf::new(),
@@ -74,6 +87,8 @@ fn parse() -> Result<Args> {
             "--trace-format" => a.format = value()?,
             "--trace-block-size" => a.trace_block_size = Some(value()?.parse()?),
             "--num-workers" => a.workers = value()?.parse()?,
+            "--replay-concurrency" => a.concurrency = Some(value()?.parse()?),
+            "--arrival-speedup-ratio" => a.speedup = value()?.parse()?,
             "--extra-engine-args" => a.engine_args = object(&arg, &value()?)?,
             "--num-prefill-workers" => prefill.0 = value()?.parse()?,
             "--num-decode-workers" => decode.0 = value()?.parse()?,
@@ -106,22 +121,24 @@ fn parse() -> Result<Args> {
 
 /// The engine settings, Dynamo's engine-argument names mapped onto AISimulate's rank, with
 /// Dynamo's mocker defaults where the arguments are silent (the defaults kvtrace uses); a
-/// disaggregated replay's pools each get their own.
+/// disaggregated replay's pools each get their own. `dp_size` is the role's, not the rank's.
 fn engine(a: &Args) -> Result<ReplayEngineConfig> {
     let Some([(_, prefill), (_, decode)]) = &a.pools else {
+        let (rank, dp_size) = rank(&a.engine_args)?;
         return Ok(serde_json::from_value(
-            json!({ "rank": rank(&a.engine_args)? }),
+            json!({ "rank": rank, "dp_size": dp_size }),
         )?);
     };
-    let (prefill, decode) = (rank(prefill)?, rank(decode)?);
+    let ((prefill, prefill_dp), (decode, decode_dp)) = (rank(prefill)?, rank(decode)?);
     Ok(serde_json::from_value(json!({
         "rank": prefill,
-        "prefill": { "rank": prefill },
-        "decode": { "rank": decode },
+        "prefill": { "rank": prefill, "dp_size": prefill_dp },
+        "decode": { "rank": decode, "dp_size": decode_dp },
     }))?)
 }
 
-fn rank(args: &Map<String, Value>) -> Result<Value> {
+/// One role's rank settings and its attention-DP size.
+fn rank(args: &Map<String, Value>) -> Result<(Value, Value)> {
     let mut rank = json!({
         "backend": "vllm",
         "block_size": 64,
@@ -132,10 +149,15 @@ fn rank(args: &Map<String, Value>) -> Result<Value> {
         "enable_chunked_prefill": true,
         "timing_model": {"type": "polynomial"},
     });
+    let mut dp_size = json!(1);
     for (key, value) in args {
         let key = match key.as_str() {
             // kvtrace's selector of the model it follows; AISimulate is that model.
             "engine_version" => continue,
+            "dp_size" => {
+                dp_size = value.clone();
+                continue;
+            }
             "engine_type" => "backend",
             "block_size"
             | "num_gpu_blocks"
@@ -159,9 +181,11 @@ fn rank(args: &Map<String, Value>) -> Result<Value> {
     if rank["backend"] == "sglang" && args.get("block_size").is_none() {
         rank["block_size"] = json!(1);
     }
-    Ok(rank)
+    Ok((rank, dp_size))
 }
 
+/// The workload, lowered as AISimulate's runtime lowers a trace source: starts normalised,
+/// then sped up, then a timestamp or concurrency driver (a request graph takes no concurrency).
 fn driver(a: &Args, engine_block_size: usize) -> Result<WorkloadDriver> {
     let block = a.trace_block_size.unwrap_or(512);
     let one = || -> Result<&PathBuf> {
@@ -170,33 +194,46 @@ fn driver(a: &Args, engine_block_size: usize) -> Result<WorkloadDriver> {
             _ => bail!("{} takes one trace file", a.format),
         }
     };
+    let requests = |trace: Trace, delta: bool| -> Result<WorkloadDriver> {
+        let trace = trace
+            .normalize_session_starts()?
+            .speed_up_timing(a.speedup)?;
+        match (a.concurrency, delta) {
+            (Some(cap), true) => {
+                WorkloadDriver::new_concurrency_accumulating_deltas(trace, engine_block_size, cap)
+            }
+            (Some(cap), false) => WorkloadDriver::new_concurrency(trace, engine_block_size, cap),
+            (None, true) => WorkloadDriver::new_trace_accumulating_deltas(trace, engine_block_size),
+            (None, false) => WorkloadDriver::new_trace(trace, engine_block_size),
+        }
+    };
+    // A graph's starts normalised and sped up, the form its digest covers.
+    let prepare = |graph: ValidatedAgenticGraph| -> Result<ValidatedAgenticGraph> {
+        if a.concurrency.is_some() {
+            bail!("a request graph takes no --replay-concurrency");
+        }
+        graph.normalize_starts().speed_up_timing(a.speedup)
+    };
+    let graph = |graph: ValidatedAgenticGraph| {
+        WorkloadDriver::new_agentic_trace_with_options(graph, engine_block_size, true, None)
+    };
     match a.format.as_str() {
-        "mooncake" => Trace::from_mooncake(one()?, block)?
-            .normalize_session_starts()?
-            .into_trace_driver_with_block_size(engine_block_size),
-        "mooncake-delta" => Trace::from_mooncake(one()?, block)?
-            .normalize_session_starts()?
-            .into_delta_accumulating_trace_driver_with_block_size(engine_block_size),
-        "agentic_mooncake" => load_agentic_mooncake(one()?, block)?
-            .normalize_starts()
-            .into_trace_driver_with_options(engine_block_size, true, None),
+        "mooncake" => requests(Trace::from_mooncake(one()?, block)?, false),
+        "mooncake-delta" => requests(Trace::from_mooncake(one()?, block)?, true),
+        "agentic_mooncake" => graph(prepare(load_agentic_mooncake(one()?, block)?)?),
         "weka" => {
-            let graph = load_weka_agentic_graph(one()?, a.trace_block_size)?.normalize_starts();
+            let loaded = prepare(load_weka_agentic_graph(one()?, a.trace_block_size)?)?;
             if let Some(path) = &a.graph {
-                let nodes = serde_json::to_string_pretty(graph.nodes())?;
+                let nodes = serde_json::to_string_pretty(loaded.nodes())?;
                 std::fs::write(path, nodes + "\n")
                     .with_context(|| format!("writing {}", path.display()))?;
             }
-            graph.into_trace_driver_with_options(engine_block_size, true, None)
+            graph(loaded)
         }
         "dynamo" => {
             match DynamoRequestTrace::from_request_trace_files(&a.traces, a.trace_block_size)? {
-                DynamoRequestTrace::Standard(trace) => trace
-                    .normalize_session_starts()?
-                    .into_trace_driver_with_block_size(engine_block_size),
-                DynamoRequestTrace::Agentic(graph) => graph
-                    .normalize_starts()
-                    .into_trace_driver_with_options(engine_block_size, true, None),
+                DynamoRequestTrace::Standard(trace) => requests(trace, false),
+                DynamoRequestTrace::Agentic(loaded) => graph(prepare(loaded)?),
             }
         }
         other => bail!("--trace-format {other}: not run by the harness"),
@@ -221,7 +258,7 @@ fn main() -> Result<()> {
         engine: serde_json::to_value(&engine)?,
         adapters: Default::default(),
         max_sim_time_ms: None,
-        max_in_flight: None,
+        max_in_flight: a.concurrency,
         record_per_request: a.requests.is_some(),
         sla: Default::default(),
         requests: Vec::new(),
