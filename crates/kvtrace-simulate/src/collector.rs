@@ -68,6 +68,8 @@ pub struct RequestRecord {
     pub reused_input_tokens: u32,
     #[serde(skip)]
     pub first_reused_input_tokens: Option<u32>,
+    /// The ranks that ran its prefill (disaggregated) and its decode: `worker × dp_size +
+    /// rank`, as AISimulate numbers its schedulers.
     pub prefill_worker_idx: Option<u32>,
     pub decode_worker_idx: Option<u32>,
     /// Disaggregated serving: the handoff's milestones (see `simulate::handoff`).

@@ -7,6 +7,8 @@
 //! first admission is `mp.lookup_prefetch` (instantaneous on the simulated clock), and
 //! kvtrace's phases `kvtrace.queue` (arrival to admission), `kvtrace.prefill` (admission to
 //! first token) and `kvtrace.decode` (first to last token) show where the time went.
+//! `kvtrace.worker` is the rank that served it (decode's, else prefill's), numbered as the
+//! request lines number it: `worker × dp_size + rank`, the worker itself with one rank.
 
 use crate::otel::{Attr, RequestSpan, Span};
 use kvtrace_report::units::fraction;

@@ -14,7 +14,8 @@
 //! `--replay-concurrency N` is AISimulate's `concurrency` load (N sessions in flight, the
 //! spec's `max_in_flight`), `--arrival-speedup-ratio R` its `trace_timestamps` load's
 //! `speedup` (arrivals and delays divided by R after the starts are normalised), and the
-//! engine argument `dp_size` its attention-DP ranks per worker.
+//! engine argument `dp_size` its attention-DP ranks per worker (`aic_tp_size` their tensor-
+//! parallel size, which counts GPUs).
 //!
 //! With prefill and decode workers the replay is disaggregated: each pool's engine takes its
 //! own arguments (their `worker_type` is the pool's), requests are placed round robin in both.
@@ -121,24 +122,25 @@ fn parse() -> Result<Args> {
 
 /// The engine settings, Dynamo's engine-argument names mapped onto AISimulate's rank, with
 /// Dynamo's mocker defaults where the arguments are silent (the defaults kvtrace uses); a
-/// disaggregated replay's pools each get their own. `dp_size` is the role's, not the rank's.
+/// disaggregated replay's pools each get their own. `dp_size` and the tensor-parallel size
+/// (`aic_tp_size`) are the role's, not the rank's.
 fn engine(a: &Args) -> Result<ReplayEngineConfig> {
     let Some([(_, prefill), (_, decode)]) = &a.pools else {
-        let (rank, dp_size) = rank(&a.engine_args)?;
-        return Ok(serde_json::from_value(
-            json!({ "rank": rank, "dp_size": dp_size }),
-        )?);
+        let (rank, mut role) = rank(&a.engine_args)?;
+        role.insert("rank".into(), rank);
+        return Ok(serde_json::from_value(Value::Object(role))?);
     };
-    let ((prefill, prefill_dp), (decode, decode_dp)) = (rank(prefill)?, rank(decode)?);
-    Ok(serde_json::from_value(json!({
-        "rank": prefill,
-        "prefill": { "rank": prefill, "dp_size": prefill_dp },
-        "decode": { "rank": decode, "dp_size": decode_dp },
-    }))?)
+    let ((prefill_rank, mut prefill), (decode_rank, mut decode)) = (rank(prefill)?, rank(decode)?);
+    prefill.insert("rank".into(), prefill_rank.clone());
+    decode.insert("rank".into(), decode_rank);
+    let mut config = prefill.clone();
+    config.insert("prefill".into(), Value::Object(prefill));
+    config.insert("decode".into(), Value::Object(decode));
+    Ok(serde_json::from_value(Value::Object(config))?)
 }
 
-/// One role's rank settings and its attention-DP size.
-fn rank(args: &Map<String, Value>) -> Result<(Value, Value)> {
+/// One role's rank settings, and its own (`dp_size`, `tensor_parallel_size`).
+fn rank(args: &Map<String, Value>) -> Result<(Value, Map<String, Value>)> {
     let mut rank = json!({
         "backend": "vllm",
         "block_size": 64,
@@ -149,13 +151,18 @@ fn rank(args: &Map<String, Value>) -> Result<(Value, Value)> {
         "enable_chunked_prefill": true,
         "timing_model": {"type": "polynomial"},
     });
-    let mut dp_size = json!(1);
+    let mut role = Map::new();
     for (key, value) in args {
         let key = match key.as_str() {
             // kvtrace's selector of the model it follows; AISimulate is that model.
             "engine_version" => continue,
-            "dp_size" => {
-                dp_size = value.clone();
+            "dp_size" | "aic_tp_size" => {
+                let name = if key == "dp_size" {
+                    key.as_str()
+                } else {
+                    "tensor_parallel_size"
+                };
+                role.insert(name.into(), value.clone());
                 continue;
             }
             "engine_type" => "backend",
@@ -181,7 +188,7 @@ fn rank(args: &Map<String, Value>) -> Result<(Value, Value)> {
     if rank["backend"] == "sglang" && args.get("block_size").is_none() {
         rank["block_size"] = json!(1);
     }
-    Ok((rank, dp_size))
+    Ok((rank, role))
 }
 
 /// The workload, lowered as AISimulate's runtime lowers a trace source: starts normalised,
