@@ -397,6 +397,9 @@ impl EngineArgs {
                 ))
             }
         };
+        if args.engine_version == EngineVersion::Aisimulate013 {
+            aisimulate_refusal(&args)?;
+        }
         // AISimulate's SGLang ranks are attention-DP ranks, each given its share of the
         // chunked-prefill budget and a more eager admission, as SGLang itself sets them up at
         // launch; Dynamo 1.4.2 gives every rank the worker's settings.
@@ -461,6 +464,15 @@ impl EngineArgs {
                 ));
             }
         }
+        if args.engine_version == EngineVersion::Dynamo142
+            && args.engine_type == EngineType::Sglang
+            && !args.enable_prefix_caching
+        {
+            warnings.push(
+                "enable_prefix_caching false: Dynamo 1.4.2's SGLang scheduler caches prefixes regardless, and so does its engine here (\"engine_version\": \"aisimulate-0.13\" honours it)"
+                    .into(),
+            );
+        }
         if args.engine_version != EngineVersion::Dynamo142 && args.engine_type == EngineType::Trtllm
         {
             warnings.push(
@@ -505,6 +517,46 @@ impl EngineArgs {
     pub fn gpus_per_worker(&self) -> u64 {
         u64::from(self.tp_size) * u64::from(self.dp_size)
     }
+}
+
+/// The settings AISimulate's engine refuses when it validates a rank, which its model here
+/// refuses too rather than run a configuration that peer would not.
+fn aisimulate_refusal(args: &EngineArgs) -> Result<(), String> {
+    let why = " (AISimulate's engine refuses it)";
+    match args.engine_type {
+        EngineType::Sglang if !args.enable_chunked_prefill => {
+            return Err(format!(
+                "enable_chunked_prefill false: SGLang's scheduler always chunks{why}"
+            ));
+        }
+        EngineType::Sglang
+            if !args
+                .sglang
+                .chunked_prefill_size
+                .is_multiple_of(u64::from(args.block_size)) =>
+        {
+            return Err(format!(
+                "sglang.chunked_prefill_size {}: not a multiple of block_size {}{why}",
+                args.sglang.chunked_prefill_size, args.block_size
+            ));
+        }
+        EngineType::Vllm | EngineType::Trtllm if args.block_size < 2 => {
+            return Err(format!(
+                "block_size {}: vLLM and TRT-LLM blocks hold at least 2 tokens{why}",
+                args.block_size
+            ));
+        }
+        _ => {}
+    }
+    for (name, ratio) in [
+        ("speedup_ratio", args.speedup_ratio),
+        ("decode_speedup_ratio", args.decode_speedup_ratio),
+    ] {
+        if ratio < 0.0 {
+            return Err(format!("{name} {}: negative{why}", short(ratio)));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -555,6 +607,39 @@ mod tests {
         )
         .expect_err("no chunk left");
         assert!(e.starts_with("dp_size 3: "), "{e}");
+    }
+
+    /// What AISimulate's engine refuses when it validates a rank is refused under its model,
+    /// in one line naming the field; Dynamo 1.4.2's model takes the same settings.
+    #[test]
+    fn aisimulate_refusals_are_kept() {
+        for (json, field) in [
+            (
+                r#"{"engine_type": "sglang", "enable_chunked_prefill": false}"#,
+                "enable_chunked_prefill false",
+            ),
+            (
+                r#"{"engine_type": "sglang", "block_size": 64, "sglang": {"chunked_prefill_size": 100}}"#,
+                "sglang.chunked_prefill_size 100",
+            ),
+            (r#"{"block_size": 1}"#, "block_size 1"),
+            (
+                r#"{"engine_type": "trtllm", "block_size": 1}"#,
+                "block_size 1",
+            ),
+            (r#"{"decode_speedup_ratio": -2}"#, "decode_speedup_ratio -2"),
+        ] {
+            assert!(EngineArgs::from_json(json).is_ok(), "{json}");
+            let aisimulate = format!(
+                "{}, \"engine_version\": \"aisimulate-0.13\"}}",
+                json.strip_suffix('}').expect("an object")
+            );
+            let e = EngineArgs::from_json(&aisimulate)
+                .err()
+                .unwrap_or_else(|| panic!("{aisimulate}: accepted"));
+            assert!(e.starts_with(field), "{e}");
+            assert!(!e.contains('\n'));
+        }
     }
 
     #[test]

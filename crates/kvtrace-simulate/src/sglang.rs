@@ -105,6 +105,9 @@ pub struct SglangEngine {
     /// AISimulate 0.13's scheduler where it parts from Dynamo 1.4.2's (see
     /// [`EngineVersion::Aisimulate013`] and the module docs).
     aisimulate: bool,
+    /// Prompts share the tree's pages: `enable_prefix_caching`, which only AISimulate's
+    /// SGLang scheduler honours (Dynamo 1.4.2's caches regardless).
+    prefix_caching: bool,
     page: u32,
     max_running: usize,
     cache: RadixCache,
@@ -138,10 +141,15 @@ impl SglangEngine {
         let ratio_min = ratio_init * 0.14;
         SglangEngine {
             aisimulate: args.engine_version == EngineVersion::Aisimulate013,
+            prefix_caching: args.enable_prefix_caching
+                || args.engine_version == EngineVersion::Dynamo142,
             page,
             max_running: args.max_num_seqs.map_or(usize::MAX, |m| m as usize),
             cache: RadixCache::new(args.num_gpu_blocks.saturating_mul(u64::from(page)), page),
-            published: track_events.then(PublishedPages::default),
+            // Without prefix caching nothing enters the tree, so the router hears of nothing.
+            published: (track_events
+                && (args.enable_prefix_caching || args.engine_version == EngineVersion::Dynamo142))
+                .then(PublishedPages::default),
             events: Vec::new(),
             waiting: VecDeque::new(),
             ordered_for: None,
@@ -205,6 +213,16 @@ impl SglangEngine {
         tokens.div_ceil(self.page) * self.page
     }
 
+    /// The pages of `keys` the tree holds, touched, and the node where they end: none
+    /// without prefix caching, when requests share nothing.
+    fn match_prefix(&mut self, keys: &[u64]) -> (usize, NodeId) {
+        if self.prefix_caching {
+            self.cache.match_prefix(keys)
+        } else {
+            (0, self.cache.root())
+        }
+    }
+
     /// Makes `req.keys` hold the hashes of (at least) the first `pages` full pages of its
     /// sequence.
     fn extend_keys(next_unique: &mut u64, req: &mut Req, pages: usize) {
@@ -265,7 +283,7 @@ impl SglangEngine {
         Self::extend_keys(&mut self.next_unique, req, full);
         let keys = &req.keys[..full];
         let matchable = (cap.min(end) / self.page) as usize;
-        let (matched, node) = self.cache.match_prefix(&keys[..matchable]);
+        let (matched, node) = self.match_prefix(&keys[..matchable]);
         let prefix = matched as u32 * self.page;
         let required = u64::from(self.ceil_page(end - prefix));
         let fresh = self.lock_and_allocate(node, required)?;
@@ -329,7 +347,7 @@ impl SglangEngine {
     /// they end; pages the tree already held replace the request's copies, which are freed.
     fn cache_computed(&mut self, req: &mut Req) {
         let aligned = req.materialized / self.page * self.page;
-        if aligned == 0 || aligned <= req.lease.cached {
+        if aligned == 0 || aligned <= req.lease.cached || !self.prefix_caching {
             return;
         }
         let node = req.lease.node.expect("a computed request holds KV");
@@ -385,11 +403,18 @@ impl SglangEngine {
         duplicates
     }
 
-    /// A finished request leaves its complete pages in the tree (unlocked) and frees the rest.
+    /// A finished request leaves its complete pages in the tree (unlocked) and frees the rest
+    /// (all of them without prefix caching).
     fn finish(&mut self, req: &mut Req) {
         let Some(node) = req.lease.node.take() else {
             return;
         };
+        if !self.prefix_caching {
+            let pages = std::mem::take(&mut req.lease.pages);
+            self.free_pages(&pages);
+            self.cache.unlock(node);
+            return;
+        }
         let complete = (req.len() / self.page * self.page).min(req.lease.tokens);
         let complete = complete / self.page * self.page;
         let full = (complete / self.page) as usize;
@@ -449,6 +474,7 @@ impl SglangEngine {
 
     fn order_waiting(&mut self) {
         if self.args.sglang.schedule_policy != SglangPolicy::Lpm
+            || !self.prefix_caching
             || self.waiting.len() > LPM_FALLBACK
             || self.ordered_for == Some(self.cache.generation())
         {
@@ -785,7 +811,7 @@ impl SglangEngine {
         let full = (req.prompt_len / self.page) as usize;
         Self::extend_keys(&mut self.next_unique, req, full);
         let keys = &req.keys[..full];
-        let (matched, node) = self.cache.match_prefix(keys);
+        let (matched, node) = self.match_prefix(keys);
         let prefix_tokens = matched as u32 * self.page;
         let mut prefix_pages = self.cache.path_pages(node);
         prefix_pages.truncate(matched);
