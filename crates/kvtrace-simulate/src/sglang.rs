@@ -139,17 +139,16 @@ impl SglangEngine {
         let page = args.block_size.max(1);
         let ratio_init = 0.7 * args.sglang.schedule_conservativeness;
         let ratio_min = ratio_init * 0.14;
+        let prefix_caching =
+            args.enable_prefix_caching || args.engine_version == EngineVersion::Dynamo142;
         SglangEngine {
             aisimulate: args.engine_version == EngineVersion::Aisimulate013,
-            prefix_caching: args.enable_prefix_caching
-                || args.engine_version == EngineVersion::Dynamo142,
+            prefix_caching,
             page,
             max_running: args.max_num_seqs.map_or(usize::MAX, |m| m as usize),
             cache: RadixCache::new(args.num_gpu_blocks.saturating_mul(u64::from(page)), page),
             // Without prefix caching nothing enters the tree, so the router hears of nothing.
-            published: (track_events
-                && (args.enable_prefix_caching || args.engine_version == EngineVersion::Dynamo142))
-                .then(PublishedPages::default),
+            published: (track_events && prefix_caching).then(PublishedPages::default),
             events: Vec::new(),
             waiting: VecDeque::new(),
             ordered_for: None,
