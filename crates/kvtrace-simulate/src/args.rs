@@ -473,13 +473,6 @@ impl EngineArgs {
                     .into(),
             );
         }
-        if args.engine_version != EngineVersion::Dynamo142 && args.engine_type == EngineType::Trtllm
-        {
-            warnings.push(
-                "engine_version aisimulate-0.13 with trtllm: the vLLM scheduler with AISimulate's vLLM pass timing; AISimulate's own TRT-LLM scheduler is not modelled"
-                    .into(),
-            );
-        }
         Ok(Parsed {
             args,
             warnings,

@@ -218,12 +218,28 @@ impl VllmEngine {
 
     /// A new sequence, its output cut to what `max_model_len` leaves after its prompt: the
     /// scheduler stops generating there, in Dynamo 1.4.2's mocker and AISimulate's alike (a
-    /// prompt at or past the limit is rejected when it comes up for admission).
+    /// prompt at or past the limit is rejected when it comes up for admission). AISimulate's
+    /// TRT-LLM scheduler also cuts it to what the pool holds after the prompt, since a
+    /// request reserves its KV to completion; Dynamo 1.4.2's rejects such a request instead.
     fn sequence(&mut self, r: Request) -> Sequence {
         let mut seq = Sequence::new(r);
         seq.output_len = self
             .args
             .output_within_model_len(seq.prompt_len, seq.output_len);
+        if self.args.engine_type == EngineType::Trtllm
+            && self.args.engine_version == EngineVersion::Aisimulate013
+        {
+            let pool = self
+                .args
+                .num_gpu_blocks
+                .saturating_mul(u64::from(self.args.block_size));
+            if let Some(room) = pool
+                .checked_sub(u64::from(seq.prompt_len))
+                .filter(|&r| r > 0)
+            {
+                seq.output_len = seq.output_len.min(u32::try_from(room).unwrap_or(u32::MAX));
+            }
+        }
         self.prepare(&mut seq);
         seq
     }

@@ -404,7 +404,7 @@ fn pools(o: &Options, warnings: &mut Vec<String>) -> Result<Pools> {
     }
     if prefill.engine_type == EngineType::Trtllm {
         return Err(Error::usage(
-            "disaggregated serving is modelled for vllm and sglang engines, not trtllm (as in Dynamo)",
+            "disaggregated serving is modelled for vllm and sglang engines, not trtllm (Dynamo 1.4.2 refuses it; AISimulate's TRT-LLM handoff is not modelled)",
         ));
     }
     if prefill.block_size != decode.block_size {

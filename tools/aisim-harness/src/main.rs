@@ -185,8 +185,13 @@ fn rank(args: &Map<String, Value>) -> Result<(Value, Map<String, Value>)> {
         };
         rank[key] = value.clone();
     }
-    if rank["backend"] == "sglang" && args.get("block_size").is_none() {
-        rank["block_size"] = json!(1);
+    // Each backend's own block size where none is given, as AISimulate and kvtrace default.
+    if args.get("block_size").is_none() {
+        match rank["backend"].as_str() {
+            Some("sglang") => rank["block_size"] = json!(1),
+            Some("trtllm") => rank["block_size"] = json!(32),
+            _ => {}
+        }
     }
     Ok((rank, role))
 }
