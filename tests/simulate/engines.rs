@@ -438,6 +438,20 @@ fn meaningless_combinations_are_one_line_usage_errors() {
         ),
         (
             vec![
+                "testdata/traces/mooncake_delta.jsonl",
+                "--trace-format",
+                "mooncake-delta",
+                "--trace-block-size",
+                "64",
+                "--prefill-engine-args",
+                "{}",
+                "--decode-engine-args",
+                "{\"engine_version\": \"aisimulate-0.13\"}",
+            ],
+            "aggregated workers only under Dynamo 1.4.2's engine",
+        ),
+        (
+            vec![
                 &trace,
                 "--prefill-engine-args",
                 "{\"kv_transfer_timing_mode\": \"eager\"}",

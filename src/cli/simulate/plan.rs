@@ -227,12 +227,19 @@ pub(crate) fn plan(o: &Options) -> Result<Plan> {
             "--replay-mode online runs a thread a worker: {live} workers, at most {MAX_LIVE_WORKERS} (offline replay takes more)"
         )));
     }
-    if pools.prefill.is_some()
+    // Dynamo 1.4.2's prefill worker generates a delta turn's output unseen, so the next
+    // prompt would repeat what no decode worker wrote; AISimulate's hands every output token
+    // to the decode worker, and replays it.
+    let dynamo_pool = |e: &EngineArgs| e.engine_version == EngineVersion::Dynamo142;
+    if pools
+        .prefill
+        .as_ref()
+        .is_some_and(|p| dynamo_pool(&p.engine) || dynamo_pool(&pools.engine))
         && o.trace_format == TraceFormat::MooncakeDelta
         && !o.traces.is_empty()
     {
         return Err(Error::usage(
-            "--trace-format mooncake-delta replays on aggregated workers only (as Dynamo and AISimulate do): a delta turn's prompt holds the previous turn's output, which a prefill worker never generates",
+            "--trace-format mooncake-delta replays on aggregated workers only under Dynamo 1.4.2's engine, as Dynamo does (\"engine_version\": \"aisimulate-0.13\" replays it disaggregated)",
         ));
     }
     let router = router_mode(o, pools.queue)?;
