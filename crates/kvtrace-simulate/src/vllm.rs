@@ -63,6 +63,9 @@ struct Sequence {
     prefilled: bool,
     /// Preempted at least once (a fresh request is checked against the pool's size).
     preempted: bool,
+    /// When this engine first heard of it (queued, or asked to hold its transferred
+    /// prompt): a transferred prompt joins the queue at this place once it arrives.
+    order: u64,
 }
 
 impl Sequence {
@@ -85,6 +88,7 @@ impl Sequence {
             stored: false,
             prefilled: r.prefilled,
             preempted: false,
+            order: 0,
         }
     }
 
@@ -165,6 +169,8 @@ pub struct VllmEngine {
     reserved: Vec<(Sequence, Reservation)>,
     /// Counts changes that may have freed room or a running slot.
     capacity_generation: u64,
+    /// The next [`Sequence::order`].
+    next_order: u64,
     /// Seeds [`Engine::unique_hash`]: unique per engine and block.
     next_decode_block: u64,
     /// The decode step's time, as the last pass asked it.
@@ -204,6 +210,7 @@ impl VllmEngine {
             destinations: DestinationQueue::default(),
             reserved: Vec::new(),
             capacity_generation: 0,
+            next_order: 0,
             next_decode_block: 0,
             decode_time: perf::Quantizer::default(),
             coast_ends: Vec::new(),
@@ -223,6 +230,8 @@ impl VllmEngine {
     /// request reserves its KV to completion; Dynamo 1.4.2's rejects such a request instead.
     fn sequence(&mut self, r: Request) -> Sequence {
         let mut seq = Sequence::new(r);
+        seq.order = self.next_order;
+        self.next_order += 1;
         seq.output_len = self
             .args
             .output_within_model_len(seq.prompt_len, seq.output_len);
@@ -323,7 +332,18 @@ impl VllmEngine {
         seq.computed = prompt_len;
         self.finalize(i, 0, prompt_len);
         let seq = self.running.pop().expect("just pushed");
-        self.waiting.push_back(seq);
+        // Where it would stand had it waited here since it was handed over, as AISimulate
+        // restores it: ahead of everything queued after it asked for room. Dynamo 1.4.2's
+        // queues it behind everything.
+        let at = match self.args.engine_version {
+            EngineVersion::Aisimulate013 => self
+                .waiting
+                .iter()
+                .position(|w| w.order > seq.order)
+                .unwrap_or(self.waiting.len()),
+            EngineVersion::Dynamo142 => self.waiting.len(),
+        };
+        self.waiting.insert(at, seq);
         self.retry_destinations()
     }
 

@@ -414,9 +414,12 @@ fn pools(o: &Options, warnings: &mut Vec<String>) -> Result<Pools> {
             "disaggregated serving is modelled for vllm and sglang engines, not trtllm (Dynamo 1.4.2 refuses it; AISimulate's TRT-LLM handoff is not modelled)",
         ));
     }
-    if prefill.block_size != decode.block_size {
+    if prefill.block_size != decode.block_size
+        && (prefill.engine_version == EngineVersion::Dynamo142
+            || decode.engine_version == EngineVersion::Dynamo142)
+    {
         return Err(Error::usage(format!(
-            "prefill and decode block sizes differ ({} and {}): the KV handoff needs one block size",
+            "prefill and decode block sizes differ ({} and {}): Dynamo 1.4.2's KV handoff needs one block size (\"engine_version\": \"aisimulate-0.13\" on both pools takes two)",
             prefill.block_size, decode.block_size
         )));
     }
