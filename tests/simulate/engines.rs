@@ -500,6 +500,22 @@ fn meaningless_combinations_are_one_line_usage_errors() {
             vec![
                 &trace,
                 "--extra-engine-args",
+                "{\"engine_type\": \"sglang\", \"enable_chunked_prefill\": false, \"engine_version\": \"aisimulate-0.13\"}",
+            ],
+            "--extra-engine-args: enable_chunked_prefill false: SGLang's scheduler always chunks (AISimulate's engine refuses it)",
+        ),
+        (
+            vec![
+                &trace,
+                "--extra-engine-args",
+                "{\"engine_type\": \"sglang\", \"dp_size\": 3, \"sglang\": {\"chunked_prefill_size\": 2}, \"engine_version\": \"aisimulate-0.13\"}",
+            ],
+            "--extra-engine-args: dp_size 3: SGLang's attention DP gives each rank",
+        ),
+        (
+            vec![
+                &trace,
+                "--extra-engine-args",
                 "{\"worker_type\": \"prefill\"}",
             ],
             "worker_type prefill/decode",

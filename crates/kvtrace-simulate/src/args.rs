@@ -503,7 +503,8 @@ impl EngineArgs {
 
     /// KV capacity in tokens.
     pub fn kv_tokens(&self) -> u64 {
-        self.num_gpu_blocks * u64::from(self.block_size)
+        self.num_gpu_blocks
+            .saturating_mul(u64::from(self.block_size))
     }
 
     /// GPUs one worker stands for in the gpu-hours figures.

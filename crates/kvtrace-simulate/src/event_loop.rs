@@ -110,6 +110,17 @@ struct Worker {
     busy: bool,
 }
 
+impl Worker {
+    /// Each rank tries its first waiting destination once more, as a pass's end does; the
+    /// reservations made.
+    fn retry_destinations(&mut self) -> Vec<Reserved> {
+        self.ranks
+            .iter_mut()
+            .filter_map(Engine::retry_destinations)
+            .collect()
+    }
+}
+
 /// Workers of one kind and the router that places requests on them.
 struct Pool {
     workers: Vec<Worker>,
@@ -591,12 +602,7 @@ impl Simulation<'_> {
                     // AISimulate's engine completes a pass that did nothing too, and its end
                     // retries the worker's waiting destinations: each one reserved lets the
                     // worker pass again at the same instant.
-                    let worker = &mut self.pools[pool].workers[w];
-                    let retried: Vec<Reserved> = worker
-                        .ranks
-                        .iter_mut()
-                        .filter_map(Engine::retry_destinations)
-                        .collect();
+                    let retried = self.pools[pool].workers[w].retry_destinations();
                     if retried.is_empty() {
                         skip.push(w);
                     }
@@ -1232,11 +1238,7 @@ impl Simulation<'_> {
         let (dp, prefill_only) = (p.dp, p.prefill_only);
         let worker = &mut p.workers[w];
         worker.busy = false;
-        let retried: Vec<Reserved> = worker
-            .ranks
-            .iter_mut()
-            .filter_map(Engine::retry_destinations)
-            .collect();
+        let retried = worker.retry_destinations();
         let mut ran = std::mem::take(&mut worker.ran);
         let outputs = std::mem::take(&mut worker.outputs);
         self.actions.wake(pool, w);

@@ -238,11 +238,9 @@ impl VllmEngine {
         if self.args.engine_type == EngineType::Trtllm
             && self.args.engine_version == EngineVersion::Aisimulate013
         {
-            let pool = self
+            if let Some(room) = self
                 .args
-                .num_gpu_blocks
-                .saturating_mul(u64::from(self.args.block_size));
-            if let Some(room) = pool
+                .kv_tokens()
                 .checked_sub(u64::from(seq.prompt_len))
                 .filter(|&r| r > 0)
             {

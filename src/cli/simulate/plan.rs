@@ -191,10 +191,7 @@ impl Pools {
 
     /// The most KV cache, in tokens, that any one engine holds.
     fn largest_kv_tokens(&self) -> u64 {
-        self.each()
-            .map(|(e, _)| e.num_gpu_blocks.saturating_mul(u64::from(e.block_size)))
-            .max()
-            .unwrap_or(0)
+        self.each().map(|(e, _)| e.kv_tokens()).max().unwrap_or(0)
     }
 }
 
@@ -226,21 +223,6 @@ pub(crate) fn plan(o: &Options) -> Result<Plan> {
         return Err(Error::usage(format!(
             "--replay-mode online runs a thread a worker: {live} workers, at most {MAX_LIVE_WORKERS} (offline replay takes more)"
         )));
-    }
-    // Dynamo 1.4.2's prefill worker generates a delta turn's output unseen, so the next
-    // prompt would repeat what no decode worker wrote; AISimulate's hands every output token
-    // to the decode worker, and replays it.
-    let dynamo_pool = |e: &EngineArgs| e.engine_version == EngineVersion::Dynamo142;
-    if pools
-        .prefill
-        .as_ref()
-        .is_some_and(|p| dynamo_pool(&p.engine) || dynamo_pool(&pools.engine))
-        && o.trace_format == TraceFormat::MooncakeDelta
-        && !o.traces.is_empty()
-    {
-        return Err(Error::usage(
-            "--trace-format mooncake-delta replays on aggregated workers only under Dynamo 1.4.2's engine, as Dynamo does (\"engine_version\": \"aisimulate-0.13\" replays it disaggregated)",
-        ));
     }
     let router = router_mode(o, pools.queue)?;
     let workload = workload(o, &pools)?;
@@ -414,14 +396,23 @@ fn pools(o: &Options, warnings: &mut Vec<String>) -> Result<Pools> {
             "disaggregated serving is modelled for vllm and sglang engines, not trtllm (Dynamo 1.4.2 refuses it; AISimulate's TRT-LLM handoff is not modelled)",
         ));
     }
-    if prefill.block_size != decode.block_size
-        && (prefill.engine_version == EngineVersion::Dynamo142
-            || decode.engine_version == EngineVersion::Dynamo142)
-    {
+    // What Dynamo 1.4.2's handoff refuses and AISimulate's takes, when either pool follows
+    // Dynamo 1.4.2.
+    let dynamo = prefill.engine_version == EngineVersion::Dynamo142
+        || decode.engine_version == EngineVersion::Dynamo142;
+    if dynamo && prefill.block_size != decode.block_size {
         return Err(Error::usage(format!(
             "prefill and decode block sizes differ ({} and {}): Dynamo 1.4.2's KV handoff needs one block size (\"engine_version\": \"aisimulate-0.13\" on both pools takes two)",
             prefill.block_size, decode.block_size
         )));
+    }
+    // Its prefill worker generates a delta turn's output unseen, so the next prompt would
+    // repeat what no decode worker wrote; AISimulate's hands every output token to the
+    // decode worker.
+    if dynamo && o.trace_format == TraceFormat::MooncakeDelta && !o.traces.is_empty() {
+        return Err(Error::usage(
+            "--trace-format mooncake-delta replays on aggregated workers only under Dynamo 1.4.2's engine, as Dynamo does (\"engine_version\": \"aisimulate-0.13\" replays it disaggregated)",
+        ));
     }
     let pool = PrefillPool {
         engine: prefill,
