@@ -434,7 +434,7 @@ fn meaningless_combinations_are_one_line_usage_errors() {
                 "--decode-engine-args",
                 "{\"engine_type\": \"trtllm\"}",
             ],
-            "not trtllm",
+            "disaggregated trtllm: Dynamo 1.4.2 refuses it",
         ),
         (
             vec![

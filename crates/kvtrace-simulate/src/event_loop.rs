@@ -1048,7 +1048,12 @@ impl Simulation<'_> {
             return;
         };
         let pool = &mut self.pools[DECODE];
-        if u64::from(request.prompt_len.div_ceil(pool.block_size)) > pool.capacity_blocks {
+        let too_big =
+            u64::from(request.prompt_len.div_ceil(pool.block_size)) > pool.capacity_blocks;
+        // Dynamo 1.4.2 refuses such a prompt before it picks a worker; AISimulate's router
+        // places it (a round robin moves on) and the worker refuses it.
+        let routed_first = self.config.engine.engine_version == EngineVersion::Aisimulate013;
+        if too_big && !routed_first {
             self.abandon(id, now);
             return;
         }
@@ -1057,6 +1062,10 @@ impl Simulation<'_> {
             .route(id, request.hashes.clone(), request.prompt_len);
         // Its prompt arrives computed: only its decode load counts.
         pool.router.prefill_done(id);
+        if too_big {
+            self.abandon(id, now);
+            return;
+        }
         let (w, rank) = (route.candidate / pool.dp, route.candidate % pool.dp);
         let worker = &mut pool.workers[w];
         let reserved = match worker.live.as_mut() {

@@ -278,15 +278,26 @@ impl VllmEngine {
             return Err(r.id);
         }
         let seq = self.sequence(r);
+        // TRT-LLM holds a transferred prompt to completion: one that could never fit so
+        // is refused, as AISimulate refuses it.
+        if self.args.engine_type == EngineType::Trtllm && self.to_end(&seq) > self.pool.capacity() {
+            return Err(seq.id);
+        }
         self.destinations.push_back(seq);
         Ok(if now { self.retry_destinations() } else { None })
     }
 
     /// Tries the first waiting destination once more, if room or a running slot may have
-    /// appeared since its last attempt: it reuses the prompt blocks this pool already
-    /// caches and sets aside fresh ones for the rest.
+    /// appeared since its last attempt: vLLM reuses the prompt blocks this pool already
+    /// caches and sets aside fresh ones for the rest. AISimulate's TRT-LLM takes it only
+    /// with room to complete beside every running request and every handoff already
+    /// promised room, and sets aside fresh blocks for the whole prompt: no prefix found
+    /// here is credited.
     pub fn retry_destinations(&mut self) -> Option<Reserved> {
         let seq = self.destinations.front_due(self.capacity_generation)?;
+        let (hashes, unique) = (Arc::clone(&seq.hashes), seq.unique_len());
+        let total = seq.prompt_len.saturating_add(seq.output_len);
+        let to_end = self.blocks_for(total) as u64;
         if self
             .args
             .max_num_seqs
@@ -294,9 +305,15 @@ impl VllmEngine {
         {
             return None;
         }
-        let (hit, _) = self.pool.match_prefix(&seq.hashes);
-        let prefix = seq.hashes[..hit].to_vec();
-        let fresh = seq.unique_len() - hit;
+        let (prefix, fresh) = if self.args.engine_type == EngineType::Trtllm {
+            if to_end > self.trtllm_room() {
+                return None;
+            }
+            (Vec::new(), unique)
+        } else {
+            let (hit, _) = self.pool.match_prefix(&hashes);
+            (hashes[..hit].to_vec(), unique - hit)
+        };
         let reservation = self.pool.reserve(&prefix, fresh as u32)?;
         let seq = self.destinations.pop_front().expect("front");
         let reserved = Reserved {
@@ -780,22 +797,54 @@ impl VllmEngine {
     }
 
     /// Whether a waiting request may enter: vLLM reserves its current blocks less the
-    /// cached ones others hold; TRT-LLM its blocks to completion, after every running
-    /// request's.
+    /// cached ones others hold; TRT-LLM its blocks to completion, in [`VllmEngine::trtllm_room`].
     fn fits(&self, seq: &Sequence, active_cached: u64) -> bool {
-        let free = self.pool.capacity().saturating_sub(self.pool.active());
-        let block = self.args.block_size;
         if self.args.engine_type == EngineType::Trtllm {
-            let to_end =
-                |s: &Sequence| (s.prompt_len.saturating_add(s.output_len)).div_ceil(block) as u64;
-            let reserved: u64 = self
-                .running
-                .iter()
-                .map(|s| to_end(s).saturating_sub(self.blocks_for(s.allocated) as u64))
-                .sum();
-            return to_end(seq).saturating_sub(active_cached) <= free.saturating_sub(reserved);
+            return self.to_end(seq).saturating_sub(active_cached) <= self.trtllm_room();
         }
+        let free = self.pool.capacity().saturating_sub(self.pool.active());
         (self.blocks_for(seq.len()) as u64).saturating_sub(active_cached) <= free
+    }
+
+    /// The blocks a sequence holds once it has generated its whole output.
+    fn to_end(&self, seq: &Sequence) -> u64 {
+        self.blocks_for(seq.prompt_len.saturating_add(seq.output_len)) as u64
+    }
+
+    /// The blocks a sequence still has to allocate to complete.
+    fn to_finish(&self, seq: &Sequence) -> u64 {
+        self.to_end(seq)
+            .saturating_sub(self.blocks_for(seq.allocated) as u64)
+    }
+
+    /// TRT-LLM's room for one more request to run to completion: the free blocks less what
+    /// every running request still needs to finish and, in disaggregated serving, less
+    /// what the transferred prompts not yet running were promised beyond their prompt
+    /// (the held ones' reservations hold the prompt alone; the activated ones wait with
+    /// it allocated).
+    fn trtllm_room(&self) -> u64 {
+        let free = self.pool.capacity().saturating_sub(self.pool.active());
+        let running: u64 = self.running.iter().map(|s| self.to_finish(s)).sum();
+        let held: u64 = self
+            .reserved
+            .iter()
+            .map(|(s, _)| {
+                self.to_end(s)
+                    .saturating_sub(self.blocks_for(s.prompt_len) as u64)
+            })
+            .sum();
+        // Only a decode worker queues prompts that arrived with their KV.
+        let activated: u64 = match self.args.worker_type {
+            WorkerType::Decode => self
+                .waiting
+                .iter()
+                .filter(|s| s.prefilled)
+                .map(|s| self.to_finish(s))
+                .sum(),
+            _ => 0,
+        };
+        free.saturating_sub(running)
+            .saturating_sub(held.saturating_add(activated))
     }
 
     /// Admits waiting requests in order while the budget, the sequence limit and the pool
@@ -992,6 +1041,43 @@ mod tests {
         let (tokens, rejected) = drain(&mut engine, 2);
         assert_eq!(rejected, [0]);
         assert_eq!(tokens, [0, 5]);
+    }
+
+    #[test]
+    fn a_trtllm_destination_waits_for_room_to_complete_and_is_credited_no_prefix() {
+        let args = EngineArgs {
+            engine_type: EngineType::Trtllm,
+            engine_version: EngineVersion::Aisimulate013,
+            worker_type: WorkerType::Decode,
+            block_size: 10,
+            num_gpu_blocks: 20,
+            ..EngineArgs::default()
+        };
+        let prompt = |first: u64| -> Arc<[u64]> { (first..first + 5).collect() };
+        let mut engine = VllmEngine::new(args.clone(), false, false);
+        // 5 prompt blocks, 10 to completion, in an empty pool of 20: room for all of it.
+        let a = engine.reserve_destination(Request::prefilled(0, 50, 50, prompt(1)), true);
+        assert_eq!(
+            a.map(|r| r.map(|r| (r.id, r.missing_tokens))),
+            Ok(Some((0, 50)))
+        );
+        // 11 to completion: 15 blocks are free, but the first was promised 5 beyond its
+        // prompt, which leaves 10 (vLLM would take its 5 prompt blocks now).
+        let b = engine.reserve_destination(Request::prefilled(1, 50, 60, prompt(6)), true);
+        assert!(matches!(b, Ok(None)));
+        // Activated, the first still waits with its tail promised: the second still waits.
+        engine.activate(0);
+        assert!(engine.retry_destinations().is_none());
+        assert_eq!(engine.trtllm_room(), 10);
+
+        // The same prompt again, cached here, still comes over whole.
+        let mut engine = VllmEngine::new(args, false, false);
+        engine
+            .reserve_destination(Request::prefilled(0, 50, 1, prompt(1)), true)
+            .expect("fits");
+        engine.activate(0);
+        let again = engine.reserve_destination(Request::prefilled(1, 50, 1, prompt(1)), true);
+        assert_eq!(again.map(|r| r.map(|r| r.missing_tokens)), Ok(Some(50)));
     }
 
     #[test]

@@ -391,15 +391,15 @@ fn pools(o: &Options, warnings: &mut Vec<String>) -> Result<Pools> {
             "prefill and decode engine_type differ: the KV handoff needs one engine on both sides",
         ));
     }
-    if prefill.engine_type == EngineType::Trtllm {
-        return Err(Error::usage(
-            "disaggregated serving is modelled for vllm and sglang engines, not trtllm (Dynamo 1.4.2 refuses it; AISimulate's TRT-LLM handoff is not modelled)",
-        ));
-    }
     // What Dynamo 1.4.2's handoff refuses and AISimulate's takes, when either pool follows
     // Dynamo 1.4.2.
     let dynamo = prefill.engine_version == EngineVersion::Dynamo142
         || decode.engine_version == EngineVersion::Dynamo142;
+    if dynamo && prefill.engine_type == EngineType::Trtllm {
+        return Err(Error::usage(
+            "disaggregated trtllm: Dynamo 1.4.2 refuses it (\"engine_version\": \"aisimulate-0.13\" on both pools models AISimulate's)",
+        ));
+    }
     if dynamo && prefill.block_size != decode.block_size {
         return Err(Error::usage(format!(
             "prefill and decode block sizes differ ({} and {}): Dynamo 1.4.2's KV handoff needs one block size (\"engine_version\": \"aisimulate-0.13\" on both pools takes two)",
