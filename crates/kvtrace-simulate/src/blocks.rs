@@ -40,27 +40,15 @@ pub struct Reservation {
     fresh: u32,
 }
 
-/// The copies of one block hash, oldest first. Two requests computing the same block at
-/// once is rare, so the first copy sits inline and a hash costs no allocation of its own.
-#[derive(Debug)]
+/// The copies of one block hash, oldest first: the first inline, any later ones in a list
+/// of `BlockPool::later` (`NONE` when there are none). Two requests computing the same
+/// block at once is rare, and the map holds an entry per cached hash: 16 bytes with its key,
+/// where a list inline took 40, keep the map, probed for every block of every prompt, in
+/// fewer cache lines.
+#[derive(Debug, Clone, Copy)]
 struct Copies {
     first: u32,
-    more: Vec<u32>,
-}
-
-impl Copies {
-    /// Drops copy `id`; whether none is left.
-    fn remove(&mut self, id: u32) -> bool {
-        if self.first == id {
-            if self.more.is_empty() {
-                return true;
-            }
-            self.first = self.more.remove(0);
-        } else {
-            self.more.retain(|&c| c != id);
-        }
-        false
-    }
+    later: u32,
 }
 
 pub struct BlockPool {
@@ -70,6 +58,9 @@ pub struct BlockPool {
     vacant: Vec<u32>,
     live: u32,
     by_hash: BlockMap<Copies>,
+    /// Lists of later copies, by [`Copies::later`]; an emptied list's slot is reused.
+    later: Vec<Vec<u32>>,
+    vacant_later: Vec<u32>,
     head: u32,
     tail: u32,
     inactive: u32,
@@ -88,6 +79,8 @@ impl BlockPool {
             vacant: Vec::new(),
             live: 0,
             by_hash: BlockMap::default(),
+            later: Vec::new(),
+            vacant_later: Vec::new(),
             head: NONE,
             tail: NONE,
             inactive: 0,
@@ -246,12 +239,24 @@ impl BlockPool {
     pub fn cache(&mut self, id: u32, hash: u64) {
         self.copies[id as usize].hash = Some(hash);
         match self.by_hash.entry(hash) {
-            Entry::Occupied(mut copies) => copies.get_mut().more.push(id),
+            Entry::Occupied(mut copies) => {
+                let copies = copies.get_mut();
+                if copies.later == NONE {
+                    copies.later = match self.vacant_later.pop() {
+                        Some(slot) => slot,
+                        None => {
+                            self.later.push(Vec::new());
+                            self.later.len() as u32 - 1
+                        }
+                    };
+                }
+                self.later[copies.later as usize].push(id);
+            }
             Entry::Vacant(slot) => {
                 self.changes += 1;
                 slot.insert(Copies {
                     first: id,
-                    more: Vec::new(),
+                    later: NONE,
                 });
                 if let Some(e) = self.events.as_mut() {
                     e.push(KvEvent::Stored(hash));
@@ -290,11 +295,27 @@ impl BlockPool {
         let hash = self.copies[id as usize].hash.take().expect("cached");
         self.live -= 1;
         self.vacant.push(id);
-        let Entry::Occupied(mut copies) = self.by_hash.entry(hash) else {
+        let Entry::Occupied(mut entry) = self.by_hash.entry(hash) else {
             unreachable!("a cached copy is indexed");
         };
-        if copies.get_mut().remove(id) {
-            copies.remove();
+        let copies = entry.get_mut();
+        let last = if copies.later == NONE {
+            true
+        } else {
+            let later = &mut self.later[copies.later as usize];
+            if copies.first == id {
+                copies.first = later.remove(0);
+            } else {
+                later.retain(|&c| c != id);
+            }
+            if later.is_empty() {
+                self.vacant_later.push(copies.later);
+                copies.later = NONE;
+            }
+            false
+        };
+        if last {
+            entry.remove();
             if let Some(e) = self.events.as_mut() {
                 e.push(KvEvent::Removed(hash));
             }
@@ -425,6 +446,40 @@ mod tests {
 
     /// Random stores, reuses, releases and evictions over a small pool: after every step
     /// whose `changes()` stood still, every probe matches as it did before the step.
+    #[test]
+    fn the_oldest_copy_left_is_the_one_a_match_finds() {
+        let mut pool = BlockPool::new(3, true, true);
+        let [a, b, c] = [0; 3].map(|_| store(&mut pool, &[7])[0]);
+        // The middle copy is evicted: the oldest, still referenced, is the one found.
+        pool.release(b);
+        let r = pool.reserve(&[], 1).expect("b evicted");
+        pool.cancel(r);
+        assert_eq!(pool.match_prefix(&[7]), (1, 1));
+        // The oldest goes too (b's room is free): the youngest, referenced, takes its place.
+        pool.release(a);
+        let r = pool.reserve(&[], 2).expect("a evicted");
+        pool.cancel(r);
+        assert_eq!(pool.match_prefix(&[7]), (1, 1));
+        pool.release(c);
+        assert_eq!(pool.match_prefix(&[7]), (1, 0));
+        assert_eq!(events(&mut pool), [KvEvent::Stored(7)]);
+        // A second hash with two copies reuses the freed list; evicting everything removes
+        // each hash once, with its last copy.
+        let d = store(&mut pool, &[9])[0];
+        let e = store(&mut pool, &[9])[0];
+        pool.release(e);
+        pool.release(d);
+        assert_eq!(pool.match_prefix(&[9]), (1, 0));
+        let r = pool.reserve(&[], 3).expect("all evicted");
+        pool.cancel(r);
+        assert_eq!(
+            events(&mut pool),
+            [KvEvent::Stored(9), KvEvent::Removed(7), KvEvent::Removed(9)]
+        );
+        assert_eq!(pool.match_prefix(&[7]), (0, 0));
+        assert_eq!(pool.match_prefix(&[9]), (0, 0));
+    }
+
     #[test]
     fn a_match_cannot_differ_while_the_change_count_stands_still() {
         let mut rng = crate::rng::SplitMix64::new(11);
