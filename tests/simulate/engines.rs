@@ -369,6 +369,10 @@ fn meaningless_combinations_are_one_line_usage_errors() {
             "--arrival-speedup-ratio 0",
         ),
         (
+            vec![&trace, "--arrival-speedup-ratio", "1e-320"],
+            "--arrival-speedup-ratio 1e-320: the trace's times, slowed down by it, pass",
+        ),
+        (
             vec![&trace, "--trace-block-size", "0"],
             "--trace-block-size must be at least 1",
         ),

@@ -146,6 +146,21 @@ impl Workload {
         self.sessions.iter().map(|s| s.turns.len()).sum()
     }
 
+    /// Whether every start, inter-turn delay and graph wait is a finite time: a slow-down by
+    /// a tiny ratio can carry one past the largest `f64`, where no event can be scheduled.
+    pub fn times_are_finite(&self) -> bool {
+        let sessions = self
+            .sessions
+            .iter()
+            .all(|s| s.start_ms.is_finite() && s.turns.iter().all(|t| t.delay_ms.is_finite()));
+        let waits = self
+            .graph
+            .iter()
+            .flat_map(|g| g.waits.iter().flatten())
+            .all(|w| w.delay_ms.is_finite());
+        sessions && waits
+    }
+
     /// Divides arrival times and inter-turn delays by `ratio` (trace replay faster or slower
     /// than recorded).
     pub fn speed_up_arrivals(&mut self, ratio: f64) {

@@ -469,6 +469,13 @@ fn workload(o: &Options, pools: &Pools) -> Result<Workload> {
             )));
         }
         let w = read_traces(o, engine.engine_version)?;
+        // AISimulate refuses such a time too ("must be finite").
+        if !w.times_are_finite() {
+            return Err(Error::usage(format!(
+                "--arrival-speedup-ratio {}: the trace's times, slowed down by it, pass the largest time there is",
+                short(o.arrival_speedup_ratio)
+            )));
+        }
         if w.graph.is_some() && o.replay_concurrency.is_some() {
             return Err(Error::usage(
                 "--replay-concurrency: an agentic trace's requests start when what they wait for ends, not when a slot frees; replay it by its timestamps",
