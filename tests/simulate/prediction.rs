@@ -106,6 +106,59 @@ fn a_trace_prediction_is_the_same_run_as_its_flags() {
 }
 
 #[test]
+fn a_prefill_cadence_on_attention_dp_ranks_is_the_same_run_as_its_flags() {
+    let dir = scratch();
+    let slice = repo("testdata/mooncake/conversation_head300.jsonl");
+    let engine = ENGINE
+        .replace(
+            "parallelism: {replicas: 2}",
+            "parallelism: {replicas: 2, attention_data: 2}\n      scheduler: {prefill_schedule_interval: 3}",
+        )
+        .replace("blocks: 4000", "blocks: 1000");
+    let config = write(
+        dir.path(),
+        "c.yaml",
+        &format!(
+            "traffic:\n  source: {{type: trace, paths: [{slice}], block_size: 512}}\n  load: {{type: trace_timestamps}}\n{engine}"
+        ),
+    );
+    let out_dir = captured(dir.path(), &config);
+    let engine_args = |interval: u32| {
+        format!(
+            r#"{{"block_size":64,"num_gpu_blocks":1000,"dp_size":2,"prefill_schedule_interval":{interval},"engine_version":"aisimulate-0.13"}}"#
+        )
+    };
+    let (cadence, every_pass) = (engine_args(3), engine_args(1));
+    let with = same_as_flags(
+        dir.path(),
+        &out_dir,
+        &[
+            &slice,
+            "--num-workers",
+            "2",
+            "--extra-engine-args",
+            &cadence,
+        ],
+    );
+    let report = dir.path().join("every.json");
+    let out = predict(&[
+        &slice,
+        "--num-workers",
+        "2",
+        "--extra-engine-args",
+        &every_pass,
+        "--report-json",
+        &report.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_ne!(
+        with["mean_ttft_ms"],
+        read_json(&report)["mean_ttft_ms"],
+        "the cadence defers prefills"
+    );
+}
+
+#[test]
 fn a_weka_prediction_is_the_same_run_as_its_flags() {
     let dir = scratch();
     let sample = repo("testdata/traces/weka_sample.jsonl");

@@ -194,7 +194,7 @@ fn aisimulate_engine_requests_match_on_every_listed_field() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 17, "the cases with reference lines");
+    assert_eq!(checked, 18, "the cases with reference lines");
 }
 
 /// Runs the differential matrix against a live Dynamo when `KVTRACE_DYNAMO_VENV` names a venv

@@ -138,6 +138,9 @@ pub struct EngineArgs {
     pub speedup_ratio: f64,
     pub decode_speedup_ratio: f64,
     pub dp_size: u32,
+    /// AISimulate's vLLM cadence for ranks of attention DP: a rank starts prefill work
+    /// only on every this-many-th pass of its worker while it decodes (1: every pass).
+    pub prefill_schedule_interval: u32,
     pub worker_type: WorkerType,
     pub preemption: Preemption,
     /// GPUs behind one worker for the gpu-hours figures (tensor parallel size × DP size).
@@ -190,6 +193,7 @@ impl Default for EngineArgs {
             speedup_ratio: 1.0,
             decode_speedup_ratio: 1.0,
             dp_size: 1,
+            prefill_schedule_interval: 1,
             worker_type: WorkerType::Aggregated,
             preemption: Preemption::Lifo,
             tp_size: 1,
@@ -226,6 +230,7 @@ struct Raw {
     speedup_ratio: Option<f64>,
     decode_speedup_ratio: Option<f64>,
     dp_size: Option<u32>,
+    prefill_schedule_interval: Option<u32>,
     worker_type: Option<String>,
     is_prefill: Option<bool>,
     is_decode: Option<bool>,
@@ -397,6 +402,17 @@ impl EngineArgs {
                 ))
             }
         };
+        if let Some(interval) = raw.prefill_schedule_interval {
+            args.prefill_schedule_interval = interval;
+            if interval == 0 {
+                return Err("prefill_schedule_interval 0: expected at least 1".into());
+            }
+            if interval != 1 && args.engine_version == EngineVersion::Dynamo142 {
+                return Err(format!(
+                    "prefill_schedule_interval {interval}: Dynamo 1.4.2's engine has no prefill cadence (\"engine_version\": \"aisimulate-0.13\" models AISimulate's)"
+                ));
+            }
+        }
         if args.engine_version == EngineVersion::Aisimulate013 {
             aisimulate_refusal(&args)?;
         }
@@ -540,6 +556,12 @@ fn aisimulate_refusal(args: &EngineArgs) -> Result<(), String> {
                 args.block_size
             ));
         }
+        EngineType::Sglang | EngineType::Trtllm if args.prefill_schedule_interval != 1 => {
+            return Err(format!(
+                "prefill_schedule_interval {}: a cadence of vLLM's alone{why}",
+                args.prefill_schedule_interval
+            ));
+        }
         _ => {}
     }
     for (name, ratio) in [
@@ -633,6 +655,41 @@ mod tests {
                 .unwrap_or_else(|| panic!("{aisimulate}: accepted"));
             assert!(e.starts_with(field), "{e}");
             assert!(!e.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn the_prefill_cadence_is_aisimulate_s_vllm_s_alone() {
+        let aisimulate = r#""engine_version": "aisimulate-0.13""#;
+        let ok = EngineArgs::from_json(&format!(
+            r#"{{"prefill_schedule_interval": 4, "dp_size": 2, {aisimulate}}}"#
+        ))
+        .expect("vLLM under AISimulate's engine");
+        assert_eq!(ok.args.prefill_schedule_interval, 4);
+        for (json, expected) in [
+            (
+                format!(r#"{{"prefill_schedule_interval": 0, {aisimulate}}}"#),
+                "prefill_schedule_interval 0: expected at least 1",
+            ),
+            (
+                r#"{"prefill_schedule_interval": 2}"#.to_string(),
+                "prefill_schedule_interval 2: Dynamo 1.4.2's engine has no prefill cadence",
+            ),
+            (
+                format!(
+                    r#"{{"engine_type": "sglang", "prefill_schedule_interval": 2, {aisimulate}}}"#
+                ),
+                "prefill_schedule_interval 2: a cadence of vLLM's alone",
+            ),
+            (
+                format!(
+                    r#"{{"engine_type": "trtllm", "prefill_schedule_interval": 2, {aisimulate}}}"#
+                ),
+                "prefill_schedule_interval 2: a cadence of vLLM's alone",
+            ),
+        ] {
+            let e = EngineArgs::from_json(&json).err().expect("refused");
+            assert!(e.starts_with(expected), "{json}: {e}");
         }
     }
 

@@ -250,6 +250,22 @@ impl Engine {
         }
     }
 
+    /// Sets the worker's pass count since it last held no request, before a pass (vLLM's
+    /// prefill cadence on attention-DP ranks reads it).
+    pub fn set_wave_step(&mut self, step: u64) {
+        if let Engine::Vllm(e) = self {
+            e.set_wave_step(step);
+        }
+    }
+
+    /// Holds no request in any state (vLLM; SGLang's keeps no wave step, so it never asks).
+    pub fn is_drained(&self) -> bool {
+        match self {
+            Engine::Vllm(e) => e.is_drained(),
+            Engine::Sglang(e) => e.is_idle(),
+        }
+    }
+
     /// No request to schedule (held sources and destinations not yet activated wait on the
     /// handoff, not on a pass).
     pub fn is_idle(&self) -> bool {

@@ -108,9 +108,18 @@ struct Worker {
     /// Ranks whose output waits for the pass to end.
     ran: Vec<usize>,
     busy: bool,
+    /// Passes since the worker last held no request (AISimulate's wave step).
+    wave_step: u64,
 }
 
 impl Worker {
+    /// The wave starts over once the worker holds no request, as AISimulate's does.
+    fn settle_wave(&mut self) {
+        if self.ranks.iter().all(Engine::is_drained) {
+            self.wave_step = 0;
+        }
+    }
+
     /// Each rank tries its first waiting destination once more, as a pass's end does; the
     /// reservations made.
     fn retry_destinations(&mut self) -> Vec<Reserved> {
@@ -167,6 +176,7 @@ impl Pool {
                     outputs: (0..dp).map(|_| PassOutput::default()).collect(),
                     ran: Vec::new(),
                     busy: false,
+                    wave_step: 0,
                 })
                 .collect(),
             router,
@@ -1030,7 +1040,10 @@ impl Simulation<'_> {
                 }
                 match worker.live.as_mut() {
                     Some(live) => live.release_source(rank, id),
-                    None => worker.ranks[rank].release_source(id),
+                    None => {
+                        worker.ranks[rank].release_source(id);
+                        worker.settle_wave();
+                    }
                 }
                 self.collector.records[id as usize].source_released_ms = Some(now);
                 if let Some(slot) = self.in_flight.get_mut(id as usize) {
@@ -1120,7 +1133,10 @@ impl Simulation<'_> {
                 let worker = &mut self.pools[ENTRY].workers[w];
                 match worker.live.as_mut() {
                     Some(live) => live.release_source(rank, id),
-                    None => worker.ranks[rank].release_source(id),
+                    None => {
+                        worker.ranks[rank].release_source(id);
+                        worker.settle_wave();
+                    }
                 }
             }
         }
@@ -1171,6 +1187,7 @@ impl Simulation<'_> {
         let worker = &mut self.pools[pool].workers[w];
         let mut longest: Option<f64> = None;
         for (rank, engine) in worker.ranks.iter_mut().enumerate() {
+            engine.set_wave_step(worker.wave_step);
             if engine.is_idle() {
                 continue;
             }
@@ -1203,6 +1220,7 @@ impl Simulation<'_> {
             worker.ran.push(rank);
         }
         let end = longest?;
+        worker.wave_step += 1;
         self.passes += 1;
         if end > now {
             worker.busy = true;
@@ -1288,6 +1306,7 @@ impl Simulation<'_> {
         let worker = &mut self.pools[pool].workers[w];
         worker.ran = ran;
         worker.outputs = outputs;
+        worker.settle_wave();
         for id in held {
             self.collector.records[id as usize].source_held_ms = Some(now);
             let next = self.flight(id).and_then(|f| f.handoff.on_held());

@@ -50,6 +50,8 @@ fn serve(
     rx: Receiver<Command>,
     done: Sender<Done>,
 ) {
+    // Passes since the worker last held no request, as the event loop's workers count them.
+    let mut wave_step = 0u64;
     while let Ok(command) = rx.recv() {
         let mut report = Done {
             pool,
@@ -67,6 +69,7 @@ fn serve(
             Command::RunPass => {
                 let mut longest = 0.0f64;
                 for (rank, engine) in ranks.iter_mut().enumerate() {
+                    engine.set_wave_step(wave_step);
                     if let Some(out) = engine.pass(None) {
                         longest = longest.max(out.end_ms(0.0));
                         report.outputs.push((rank, out));
@@ -74,6 +77,12 @@ fn serve(
                 }
                 std::thread::sleep(Duration::from_secs_f64(longest / 1e3));
                 report.ran_pass = true;
+                if !report.outputs.is_empty() {
+                    wave_step += 1;
+                }
+                if ranks.iter().all(Engine::is_drained) {
+                    wave_step = 0;
+                }
                 report.idle = ranks.iter().all(Engine::is_idle);
                 report
                     .reserved
@@ -87,6 +96,9 @@ fn serve(
             Command::Activate(rank, id) => report.reserved.extend(ranks[rank].activate(id)),
             Command::Release(rank, id) => {
                 ranks[rank].release_source(id);
+                if ranks.iter().all(Engine::is_drained) {
+                    wave_step = 0;
+                }
                 continue;
             }
         }

@@ -119,6 +119,11 @@ impl Sequence {
     fn done(&self) -> bool {
         self.generated >= self.output_len
     }
+
+    /// Its prompt is computed and held: it decodes.
+    fn prompt_built(&self) -> bool {
+        self.computed >= self.prompt_len && self.allocated >= self.prompt_len
+    }
 }
 
 /// The prefill chunks of a pass: how many requests computed prompt tokens, the sum of their
@@ -179,6 +184,11 @@ pub struct VllmEngine {
     coast_ends: Vec<f64>,
     /// The last [`VllmEngine::prefix_cost`] asked for.
     last_cost: Cell<Option<PrefixCost>>,
+    /// The worker's passes since it last held no request; see
+    /// [`VllmEngine::defers_prefills`].
+    wave_step: u64,
+    /// The last pass that could start prefills left requests waiting.
+    prefill_capacity_bound: bool,
 }
 
 /// What [`VllmEngine::prefix_cost`] found for one waiting request, and when. Under memory
@@ -215,7 +225,37 @@ impl VllmEngine {
             decode_time: perf::Quantizer::default(),
             coast_ends: Vec::new(),
             last_cost: Cell::new(None),
+            wave_step: 0,
+            prefill_capacity_bound: false,
         }
+    }
+
+    /// The worker's pass count since it last held no request (AISimulate's wave step), set
+    /// before each of its passes.
+    pub fn set_wave_step(&mut self, step: u64) {
+        self.wave_step = step;
+    }
+
+    /// Holds no request in any state: queued, running, held for a handoff or promised room.
+    pub fn is_drained(&self) -> bool {
+        self.is_idle()
+            && self.sources.is_empty()
+            && self.destinations.is_empty()
+            && self.reserved.is_empty()
+    }
+
+    /// AISimulate's vLLM cadence on attention-DP ranks: while a rank decodes, a pass that
+    /// is not on every `prefill_schedule_interval`-th step of its worker starts no prefill
+    /// work (a prompt in progress waits, and admission stops at the first request with
+    /// more than one token to compute), unless the last pass that could left requests
+    /// waiting for room.
+    fn defers_prefills(&self) -> bool {
+        let interval = u64::from(self.args.prefill_schedule_interval);
+        self.args.dp_size > 1
+            && self.args.engine_type == EngineType::Vllm
+            && !self.wave_step.is_multiple_of(interval)
+            && !self.prefill_capacity_bound
+            && self.running.iter().any(Sequence::prompt_built)
     }
 
     pub fn enqueue(&mut self, r: Request) {
@@ -411,9 +451,14 @@ impl VllmEngine {
             seq.scheduled = false;
             seq.prompt_scheduled = false;
         }
+        let defer = self.defers_prefills();
         let mut scheduled_any = false;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
+            if defer && !self.running[i].prompt_built() {
+                i += 1;
+                continue;
+            }
             match self.schedule(i, &mut budget, &mut prefill, out, 0, false) {
                 Scheduled::Yes { tokens } => {
                     scheduled_any |= tokens > 0;
@@ -425,9 +470,12 @@ impl VllmEngine {
         }
         let mut load_ms = 0.0;
         if out.preempted.is_empty() {
-            let (admitted, ms) = self.admit(&mut budget, &mut prefill, out, &mut connector);
+            let (admitted, ms) = self.admit(&mut budget, &mut prefill, out, &mut connector, defer);
             scheduled_any |= admitted;
             load_ms = ms;
+        }
+        if !defer && out.preempted.is_empty() {
+            self.prefill_capacity_bound = !self.waiting.is_empty();
         }
         if let Some(c) = connector {
             for seq in &mut self.running {
@@ -850,14 +898,16 @@ impl VllmEngine {
     /// Admits waiting requests in order while the budget, the sequence limit and the pool
     /// allow; the first that does not fit blocks the ones behind it. While a transferred
     /// prompt still waits for room, only requests that arrived with their KV may enter
-    /// (a fresh one would take the room the transfer waits for). Returns whether any
-    /// tokens were scheduled and the time spent loading from the connector.
+    /// (a fresh one would take the room the transfer waits for); while prefills are
+    /// deferred (`defer`), none with more than one token to compute does. Returns whether
+    /// any tokens were scheduled and the time spent loading from the connector.
     fn admit(
         &mut self,
         budget: &mut u64,
         prefill: &mut Prefill,
         out: &mut PassOutput,
         connector: &mut Option<&mut dyn KvConnector>,
+        defer: bool,
     ) -> (bool, f64) {
         let block = self.args.block_size;
         let mut load_ms = 0.0;
@@ -914,7 +964,7 @@ impl VllmEngine {
             }
             let (id, len) = (seq.id, seq.len());
             let (cached, active_cached) = self.prefix_cost(seq);
-            if !self.fits(seq, active_cached) {
+            if !self.fits(seq, active_cached) || defer && len - cached.min(len) > 1 {
                 break;
             }
             // The store may extend the GPU hit.

@@ -922,16 +922,6 @@ impl Role {
                 "worker start-up is not modelled; use 0",
             ));
         }
-        if self
-            .scheduler
-            .prefill_schedule_interval
-            .is_some_and(|i| i != 1)
-        {
-            return Err(refuse_at(
-                "scheduler.prefill_schedule_interval",
-                "vLLM's attention-DP prefill cadence is not modelled; use 1",
-            ));
-        }
         let kv = &self.kv_cache;
         // AISimulate's G2/G3 tiers are vLLM's native offload on fixed bandwidths; kvtrace's
         // offload is LMCache's connector on a StorageManager with measured tier costs, which
@@ -975,6 +965,9 @@ impl Role {
         args.insert("dp_size".into(), p.attention_data.into());
         if let Some(v) = self.scheduler.max_batched_tokens {
             args.insert("max_num_batched_tokens".into(), v.into());
+        }
+        if let Some(v) = self.scheduler.prefill_schedule_interval {
+            args.insert("prefill_schedule_interval".into(), v.into());
         }
         if let Some(v) = self.scheduler.max_sequences {
             args.insert("max_num_seqs".into(), v.into());

@@ -180,7 +180,8 @@ fn rank(args: &Map<String, Value>) -> Result<(Value, Map<String, Value>)> {
             | "worker_type"
             | "kv_bytes_per_token"
             | "kv_transfer_bandwidth"
-            | "kv_transfer_timing_mode" => key.as_str(),
+            | "kv_transfer_timing_mode"
+            | "prefill_schedule_interval" => key.as_str(),
             other => bail!("engine argument {other}: not mapped by the harness"),
         };
         rank[key] = value.clone();
