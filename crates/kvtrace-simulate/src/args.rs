@@ -231,6 +231,9 @@ struct Raw {
     decode_speedup_ratio: Option<f64>,
     dp_size: Option<u32>,
     prefill_schedule_interval: Option<u32>,
+    /// AISimulate's SGLang rounds without prefill after a synchronized prefill; only 0
+    /// (none) is modelled.
+    prefill_decode_interval: Option<u64>,
     worker_type: Option<String>,
     is_prefill: Option<bool>,
     is_decode: Option<bool>,
@@ -412,6 +415,11 @@ impl EngineArgs {
                     "prefill_schedule_interval {interval}: Dynamo 1.4.2's engine has no prefill cadence (\"engine_version\": \"aisimulate-0.13\" models AISimulate's)"
                 ));
             }
+        }
+        if let Some(rounds) = raw.prefill_decode_interval.filter(|&r| r != 0) {
+            return Err(format!(
+                "prefill_decode_interval {rounds}: SGLang's rounds without prefill are not modelled (they count idle rounds at one instant); use 0"
+            ));
         }
         if args.engine_version == EngineVersion::Aisimulate013 {
             aisimulate_refusal(&args)?;
@@ -659,7 +667,7 @@ mod tests {
     }
 
     #[test]
-    fn the_prefill_cadence_is_aisimulate_s_vllm_s_alone() {
+    fn prefill_cadences_are_taken_for_vllm_under_aisimulate_alone() {
         let aisimulate = r#""engine_version": "aisimulate-0.13""#;
         let ok = EngineArgs::from_json(&format!(
             r#"{{"prefill_schedule_interval": 4, "dp_size": 2, {aisimulate}}}"#
@@ -674,6 +682,12 @@ mod tests {
             (
                 r#"{"prefill_schedule_interval": 2}"#.to_string(),
                 "prefill_schedule_interval 2: Dynamo 1.4.2's engine has no prefill cadence",
+            ),
+            (
+                format!(
+                    r#"{{"engine_type": "sglang", "prefill_decode_interval": 3, {aisimulate}}}"#
+                ),
+                "prefill_decode_interval 3: SGLang's rounds without prefill are not modelled",
             ),
             (
                 format!(
