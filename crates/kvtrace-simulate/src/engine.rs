@@ -266,6 +266,28 @@ impl Engine {
         }
     }
 
+    /// [`Engine::coast`] for the ranks of one worker, whose passes end with the slowest:
+    /// one rank's own, or vLLM's attention-DP ranks together
+    /// ([`VllmEngine::coast_ranks`]); SGLang's ranks run their passes one by one.
+    pub fn coast_ranks(
+        ranks: &mut [Engine],
+        start: f64,
+        before: f64,
+        tokens: &mut dyn FnMut(RequestId, &[f64]),
+    ) -> Option<(u64, f64)> {
+        if let [engine] = ranks {
+            return engine.coast(start, before, tokens);
+        }
+        let mut vllm = Vec::with_capacity(ranks.len());
+        for engine in ranks {
+            match engine {
+                Engine::Vllm(e) => vllm.push(e),
+                Engine::Sglang(_) => return None,
+            }
+        }
+        VllmEngine::coast_ranks(&mut vllm, start, before, tokens)
+    }
+
     /// No request to schedule (held sources and destinations not yet activated wait on the
     /// handoff, not on a pass).
     pub fn is_idle(&self) -> bool {
@@ -378,6 +400,98 @@ mod tests {
                 now = t;
             } else {
                 return seen;
+            }
+        }
+    }
+
+    /// [`token_times`] for a worker of several ranks, whose passes start together and end
+    /// with the slowest; arrivals go to the ranks in turn.
+    fn worker_token_times(
+        mut ranks: Vec<Engine>,
+        mut arrivals: VecDeque<(f64, Request)>,
+        coast: bool,
+    ) -> Seen {
+        let mut seen = Seen::default();
+        let (mut now, mut next_rank) = (0.0, 0);
+        let mut outs: Vec<PassOutput> = ranks.iter().map(|_| PassOutput::default()).collect();
+        loop {
+            while arrivals.front().is_some_and(|(t, _)| *t <= now) {
+                let rank = next_rank % ranks.len();
+                ranks[rank].enqueue(arrivals.pop_front().expect("front").1);
+                next_rank += 1;
+            }
+            let before = arrivals.front().map_or(f64::INFINITY, |(t, _)| *t);
+            let times = &mut seen.times;
+            let mut hear = |id, at: &[f64]| times.entry(id).or_default().extend_from_slice(at);
+            let stepped = coast.then(|| Engine::coast_ranks(&mut ranks, now, before, &mut hear));
+            if let Some((passes, end)) = stepped.flatten() {
+                seen.coasted += passes;
+                now = end;
+                continue;
+            }
+            let mut end: Option<f64> = None;
+            for (engine, out) in ranks.iter_mut().zip(&mut outs) {
+                if !engine.is_idle() && engine.pass_into(None, out) {
+                    end = Some(end.map_or(out.end_ms(now), |e: f64| e.max(out.end_ms(now))));
+                    seen.preempted += out.preempted.len();
+                } else {
+                    out.clear();
+                }
+            }
+            if let Some(end) = end {
+                for out in &outs {
+                    for &(id, _) in &out.emitted {
+                        hear(id, &[end]);
+                    }
+                }
+                now = end;
+            } else if let Some(&(t, _)) = arrivals.front() {
+                now = t;
+            } else {
+                return seen;
+            }
+        }
+    }
+
+    #[test]
+    fn attention_dp_ranks_run_their_quiet_passes_as_one_step_too() {
+        for (engine_type, block_size, num_gpu_blocks) in [
+            (EngineType::Vllm, 16, 40),
+            (EngineType::Vllm, 128, 400),
+            (EngineType::Trtllm, 16, 60),
+        ] {
+            let args = EngineArgs {
+                engine_type,
+                block_size,
+                num_gpu_blocks,
+                engine_version: EngineVersion::Aisimulate013,
+                dp_size: 3,
+                ..EngineArgs::default()
+            };
+            let arrivals: VecDeque<(f64, Request)> = (0..30u32)
+                .map(|id| {
+                    let (prompt, output) = (20 + (id * 37) % 90, 1 + (id * 53) % 150);
+                    let request = Request::new(id, prompt, output, Arc::from(Vec::new()));
+                    (f64::from(id) * 61.5, request)
+                })
+                .collect();
+            let case = format!("{engine_type:?}, blocks of {block_size}");
+            let ranks = || {
+                (0..3)
+                    .map(|_| Engine::new(args.clone(), true, false))
+                    .collect()
+            };
+            let one_by_one = worker_token_times(ranks(), arrivals.clone(), false);
+            let stepped = worker_token_times(ranks(), arrivals, true);
+            assert!(
+                stepped.coasted > 50,
+                "{case}: {} passes in steps",
+                stepped.coasted
+            );
+            assert_eq!(one_by_one.times.len(), 30, "{case}");
+            assert_eq!(one_by_one.preempted, stepped.preempted, "{case}");
+            for (id, times) in &one_by_one.times {
+                assert_eq!(Some(times), stepped.times.get(id), "{case}: request {id}");
             }
         }
     }

@@ -241,7 +241,7 @@ struct Simulation<'a> {
     skip: Vec<usize>,
     /// An agentic workload's dependencies, released as requests are sent and end.
     dependents: Option<Dependents>,
-    /// Workers may run their quiet decode passes as one step ([`Engine::coast`]) when
+    /// Workers may run their quiet decode passes as one step ([`Engine::coast_ranks`]) when
     /// nothing but an arrival brings a worker work: a worker's passes before the next
     /// arrival are then its own business. The arrivals not yet in `arrivals` are made by
     /// events at least this long before them (see [`arrival_lead`]), so none of those comes
@@ -1232,8 +1232,8 @@ impl Simulation<'_> {
     }
 
     /// Runs worker `w`'s quiet decode passes from `now` to before the next arrival (and
-    /// before `unmade`, which no arrival yet to be made precedes) as one step (a worker of
-    /// one rank; see [`Engine::coast`]), their tokens recorded at once; the step ends with
+    /// before `unmade`, which no arrival yet to be made precedes) as one step (see
+    /// [`Engine::coast_ranks`]), their tokens recorded at once; the step ends with
     /// an event that applies nothing, after which the worker's next pass starts in the
     /// loop's order. Returns when the step ends, or `None` when no pass qualifies.
     fn coast(&mut self, pool: usize, w: usize, now: f64, unmade: f64) -> Option<f64> {
@@ -1242,14 +1242,13 @@ impl Simulation<'_> {
             .peek()
             .map_or(unmade, |Reverse((t, _))| t.0.min(unmade));
         let worker = &mut self.pools[pool].workers[w];
-        let [engine] = worker.ranks.as_mut_slice() else {
-            return None;
-        };
         let collector = &mut self.collector;
-        let (passes, end) = engine.coast(now, before, &mut |id, times| {
-            collector.tokens(id, times);
-        })?;
+        let (passes, end) =
+            Engine::coast_ranks(&mut worker.ranks, now, before, &mut |id, times| {
+                collector.tokens(id, times);
+            })?;
         worker.busy = true;
+        worker.wave_step += passes;
         self.passes += passes;
         self.order += 1;
         self.completions

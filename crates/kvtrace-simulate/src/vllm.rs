@@ -191,6 +191,14 @@ pub struct VllmEngine {
     prefill_capacity_bound: bool,
 }
 
+/// The quiet passes an engine may run as one step (see [`VllmEngine::coast`]): at most
+/// `passes`, each decoding `batch` requests that hold `context` tokens before the first.
+struct Quiet {
+    passes: u32,
+    batch: u64,
+    context: u64,
+}
+
 /// What [`VllmEngine::prefix_cost`] found for one waiting request, and when. Under memory
 /// pressure the request at the head of the queue is refused pass after pass, and matching
 /// its whole prompt against the pool each time was a tenth of such a run's instructions;
@@ -545,6 +553,64 @@ impl VllmEngine {
         before: f64,
         tokens: &mut dyn FnMut(RequestId, &[f64]),
     ) -> Option<(u64, f64)> {
+        let quiet = self.quiet(start, before)?;
+        let mut ends = std::mem::take(&mut self.coast_ends);
+        ends.clear();
+        let mut at = start;
+        while (ends.len() as u32) < quiet.passes && at < before {
+            let end = self.quiet_pass_end(&quiet, ends.len() as u64, at);
+            // A pass that takes no time ends where it starts: the event loop's to apply.
+            if end <= at {
+                break;
+            }
+            ends.push(end);
+            at = end;
+        }
+        self.run_quiet(&ends, tokens);
+        let last = ends.last().copied();
+        self.coast_ends = ends;
+        Some((self.coast_ends.len() as u64, last?))
+    }
+
+    /// [`VllmEngine::coast`] for the attention-DP ranks of one worker, whose passes start
+    /// together and end with the slowest: every rank that holds a request must be quiet,
+    /// and a pass's end is the latest of theirs.
+    pub fn coast_ranks(
+        ranks: &mut [&mut VllmEngine],
+        start: f64,
+        before: f64,
+        tokens: &mut dyn FnMut(RequestId, &[f64]),
+    ) -> Option<(u64, f64)> {
+        let mut quiet = Vec::with_capacity(ranks.len());
+        for (r, engine) in ranks.iter().enumerate() {
+            if !engine.is_drained() {
+                quiet.push((r, engine.quiet(start, before)?));
+            }
+        }
+        let passes = quiet.iter().map(|(_, q)| q.passes).min()?;
+        let mut ends = Vec::new();
+        let mut at = start;
+        while (ends.len() as u32) < passes && at < before {
+            let n = ends.len() as u64;
+            let end = quiet
+                .iter()
+                .map(|(r, q)| ranks[*r].quiet_pass_end(q, n, at))
+                .fold(at, f64::max);
+            if end <= at {
+                break;
+            }
+            ends.push(end);
+            at = end;
+        }
+        for (r, _) in &quiet {
+            ranks[*r].run_quiet(&ends, tokens);
+        }
+        Some((ends.len() as u64, *ends.last()?))
+    }
+
+    /// How many quiet passes may run from `start` (see [`VllmEngine::coast`]), with the
+    /// batch and its context; `None` when the next pass would not be quiet.
+    fn quiet(&self, start: f64, before: f64) -> Option<Quiet> {
         let quiet = !self.prefill_only
             && self.waiting.is_empty()
             && self.destinations.is_empty()
@@ -575,38 +641,39 @@ impl VllmEngine {
             passes = passes.min(to_full_block).min(to_last_token);
             context += u64::from(seq.len());
         }
+        Some(Quiet {
+            passes,
+            batch,
+            context,
+        })
+    }
+
+    /// When the `n`th quiet pass from the plan, started at `at`, ends on this engine.
+    fn quiet_pass_end(&mut self, quiet: &Quiet, n: u64, at: f64) -> f64 {
         let speedup = self.args.speedup_ratio;
-        let prefill_ms = perf::quantized(0.0, speedup);
-        let divisor = speedup * self.args.decode_speedup_ratio;
-        let mut ends = std::mem::take(&mut self.coast_ends);
-        ends.clear();
-        let mut at = start;
-        while (ends.len() as u32) < passes && at < before {
-            let grown = batch * ends.len() as u64;
-            let model = self.decode_model_ms(batch, context + grown);
-            let decode_ms = self.decode_time.quantized(model, divisor);
-            let end = pass_end_ms(at, 0.0, prefill_ms, decode_ms);
-            // A pass that takes no time ends where it starts: the event loop's to apply.
-            if end <= at {
-                break;
-            }
-            ends.push(end);
-            at = end;
+        let model = self.decode_model_ms(quiet.batch, quiet.context + quiet.batch * n);
+        let decode_ms = self
+            .decode_time
+            .quantized(model, speedup * self.args.decode_speedup_ratio);
+        pass_end_ms(at, 0.0, perf::quantized(0.0, speedup), decode_ms)
+    }
+
+    /// Applies quiet passes that ended at `ends`: every running request gains a token each.
+    /// None of them left a request waiting for room (nothing waits).
+    fn run_quiet(&mut self, ends: &[f64], tokens: &mut dyn FnMut(RequestId, &[f64])) {
+        if ends.is_empty() {
+            return;
         }
         let ran = ends.len() as u32;
-        let last = ends.last().copied();
-        if last.is_some() {
-            for seq in &mut self.running {
-                seq.computed += ran;
-                seq.generated += ran;
-                seq.allocated = seq.allocated.max(seq.computed);
-                seq.scheduled = true;
-                seq.prompt_scheduled = false;
-                tokens(seq.id, &ends);
-            }
+        for seq in &mut self.running {
+            seq.computed += ran;
+            seq.generated += ran;
+            seq.allocated = seq.allocated.max(seq.computed);
+            seq.scheduled = true;
+            seq.prompt_scheduled = false;
+            tokens(seq.id, ends);
         }
-        self.coast_ends = ends;
-        Some((u64::from(ran), last?))
+        self.prefill_capacity_bound = false;
     }
 
     /// Running requests whose every token is computed: they emit this pass.
