@@ -404,6 +404,21 @@ mod tests {
         }
     }
 
+    /// The passes run as one step (more than 50 of them) gave `requests` requests the token
+    /// times, and the preemptions, the passes run one by one gave.
+    fn assert_same_times(case: &str, one_by_one: &Seen, stepped: &Seen, requests: usize) {
+        assert!(
+            stepped.coasted > 50,
+            "{case}: {} passes in steps",
+            stepped.coasted
+        );
+        assert_eq!(one_by_one.times.len(), requests, "{case}");
+        assert_eq!(one_by_one.preempted, stepped.preempted, "{case}");
+        for (id, times) in &one_by_one.times {
+            assert_eq!(Some(times), stepped.times.get(id), "{case}: request {id}");
+        }
+    }
+
     /// [`token_times`] for a worker of several ranks, whose passes start together and end
     /// with the slowest; arrivals go to the ranks in turn.
     fn worker_token_times(
@@ -483,16 +498,7 @@ mod tests {
             };
             let one_by_one = worker_token_times(ranks(), arrivals.clone(), false);
             let stepped = worker_token_times(ranks(), arrivals, true);
-            assert!(
-                stepped.coasted > 50,
-                "{case}: {} passes in steps",
-                stepped.coasted
-            );
-            assert_eq!(one_by_one.times.len(), 30, "{case}");
-            assert_eq!(one_by_one.preempted, stepped.preempted, "{case}");
-            for (id, times) in &one_by_one.times {
-                assert_eq!(Some(times), stepped.times.get(id), "{case}: request {id}");
-            }
+            assert_same_times(&case, &one_by_one, &stepped, 30);
         }
     }
 
@@ -541,17 +547,8 @@ mod tests {
             let engine = || Engine::new(args.clone(), true, false);
             let one_by_one = token_times(engine(), arrivals.clone(), false);
             let stepped = token_times(engine(), arrivals, true);
-            assert!(
-                stepped.coasted > 50,
-                "{case}: {} passes in steps",
-                stepped.coasted
-            );
             assert_eq!(one_by_one.preempted > 0, num_gpu_blocks < 100, "{case}");
-            assert_eq!(one_by_one.times.len(), 24, "{case}");
-            assert_eq!(one_by_one.preempted, stepped.preempted, "{case}");
-            for (id, times) in &one_by_one.times {
-                assert_eq!(Some(times), stepped.times.get(id), "{case}: request {id}");
-            }
+            assert_same_times(&case, &one_by_one, &stepped, 24);
         }
     }
 }
