@@ -5,7 +5,7 @@ use std::path::Path;
 
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::ValueEnum;
-use kvtrace::error::Error;
+use kvtrace::error::{short, Error};
 use kvtrace::storage::config::{
     self, gib_to_bytes, EvictionTiming, L2Config, L2Io, Placement, PrefetchPolicy, StorageConfig,
     StorePolicy,
@@ -265,10 +265,17 @@ impl TierArgs {
         if let Some(available) = kvtrace::machine::available_memory() {
             let host_buffers = config.l1_buffers && config.l1_gpu_bandwidth_gbps.is_none();
             if host_buffers && config.l1_size_bytes > available {
+                // The size as given: past 2^64 bytes the configured one is held at the most.
+                let size = match self.l1_size_gb {
+                    Some(gb) => format!("{} GiB", short(gb)),
+                    None => format!(
+                        "{:.1} GiB",
+                        config.l1_size_bytes as f64 / (1u64 << 30) as f64
+                    ),
+                };
                 return Err(Error::usage(format!(
-                    "an L1 of {:.1} GiB with real buffers exceeds the {:.1} GiB of memory available; \
+                    "an L1 of {size} with real buffers exceeds the {:.1} GiB of memory available; \
                      use --l1-accounting-only or a smaller --l1-size-gb",
-                    config.l1_size_bytes as f64 / (1u64 << 30) as f64,
                     available as f64 / (1u64 << 30) as f64
                 )));
             }

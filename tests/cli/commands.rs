@@ -864,6 +864,12 @@ fn each_bad_argument_is_a_one_line_error_with_its_exit_code() {
             2,
             "--l1-accounting-only",
         ),
+        // The size as given, not the most bytes a size can hold.
+        (
+            vec!["replay", &basic, "--l1-size-gb", "1e300", "-q", "--no-csv"],
+            2,
+            "an L1 of 1e300 GiB with real buffers",
+        ),
         (
             vec!["replay", &basic, "--client", "vllm2", "-q", "--no-csv"],
             2,
