@@ -120,6 +120,17 @@ impl Worker {
         }
     }
 
+    /// Rank `rank` frees the KV it held for request `id`'s handoff.
+    fn release_source(&mut self, rank: usize, id: RequestId) {
+        match self.live.as_mut() {
+            Some(live) => live.release_source(rank, id),
+            None => {
+                self.ranks[rank].release_source(id);
+                self.settle_wave();
+            }
+        }
+    }
+
     /// Each rank tries its first waiting destination once more, as a pass's end does; the
     /// reservations made.
     fn retry_destinations(&mut self) -> Vec<Reserved> {
@@ -1038,13 +1049,7 @@ impl Simulation<'_> {
                     self.actions.defer(ENTRY, w, id, action);
                     return false;
                 }
-                match worker.live.as_mut() {
-                    Some(live) => live.release_source(rank, id),
-                    None => {
-                        worker.ranks[rank].release_source(id);
-                        worker.settle_wave();
-                    }
-                }
+                worker.release_source(rank, id);
                 self.collector.records[id as usize].source_released_ms = Some(now);
                 if let Some(slot) = self.in_flight.get_mut(id as usize) {
                     *slot = None;
@@ -1131,13 +1136,7 @@ impl Simulation<'_> {
         if let Some(f) = self.in_flight.get_mut(id as usize).and_then(Option::take) {
             if let Some((w, rank)) = f.prefill_at.filter(|_| f.handoff.is_held()) {
                 let worker = &mut self.pools[ENTRY].workers[w];
-                match worker.live.as_mut() {
-                    Some(live) => live.release_source(rank, id),
-                    None => {
-                        worker.ranks[rank].release_source(id);
-                        worker.settle_wave();
-                    }
-                }
+                worker.release_source(rank, id);
             }
         }
         let status = match self.config.engine.engine_version {

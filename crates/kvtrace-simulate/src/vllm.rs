@@ -120,6 +120,15 @@ impl Sequence {
         self.generated >= self.output_len
     }
 
+    /// The blocks of `block` tokens it holds once it has generated its whole output.
+    fn blocks_to_end(&self, block: u32) -> u64 {
+        u64::from(
+            self.prompt_len
+                .saturating_add(self.output_len)
+                .div_ceil(block),
+        )
+    }
+
     /// Its prompt is computed and held: it decodes.
     fn prompt_built(&self) -> bool {
         self.computed >= self.prompt_len && self.allocated >= self.prompt_len
@@ -197,6 +206,28 @@ struct Quiet {
     passes: u32,
     batch: u64,
     context: u64,
+}
+
+/// Fills `ends` (emptied first) with when each of up to `passes` quiet passes from `start`
+/// ends, `end_of(n, at)` timing the `n`th started at `at`; each starts before `before`.
+fn quiet_ends(
+    ends: &mut Vec<f64>,
+    passes: u32,
+    start: f64,
+    before: f64,
+    mut end_of: impl FnMut(u64, f64) -> f64,
+) {
+    ends.clear();
+    let mut at = start;
+    while (ends.len() as u32) < passes && at < before {
+        let end = end_of(ends.len() as u64, at);
+        // A pass that takes no time ends where it starts: the event loop's to apply.
+        if end <= at {
+            break;
+        }
+        ends.push(end);
+        at = end;
+    }
 }
 
 /// What [`VllmEngine::prefix_cost`] found for one waiting request, and when. Under memory
@@ -328,7 +359,9 @@ impl VllmEngine {
         let seq = self.sequence(r);
         // TRT-LLM holds a transferred prompt to completion: one that could never fit so
         // is refused, as AISimulate refuses it.
-        if self.args.engine_type == EngineType::Trtllm && self.to_end(&seq) > self.pool.capacity() {
+        if self.args.engine_type == EngineType::Trtllm
+            && seq.blocks_to_end(self.args.block_size) > self.pool.capacity()
+        {
             return Err(seq.id);
         }
         self.destinations.push_back(seq);
@@ -344,8 +377,7 @@ impl VllmEngine {
     pub fn retry_destinations(&mut self) -> Option<Reserved> {
         let seq = self.destinations.front_due(self.capacity_generation)?;
         let (hashes, unique) = (Arc::clone(&seq.hashes), seq.unique_len());
-        let total = seq.prompt_len.saturating_add(seq.output_len);
-        let to_end = self.blocks_for(total) as u64;
+        let to_end = seq.blocks_to_end(self.args.block_size);
         if self
             .args
             .max_num_seqs
@@ -555,17 +587,9 @@ impl VllmEngine {
     ) -> Option<(u64, f64)> {
         let quiet = self.quiet(start, before)?;
         let mut ends = std::mem::take(&mut self.coast_ends);
-        ends.clear();
-        let mut at = start;
-        while (ends.len() as u32) < quiet.passes && at < before {
-            let end = self.quiet_pass_end(&quiet, ends.len() as u64, at);
-            // A pass that takes no time ends where it starts: the event loop's to apply.
-            if end <= at {
-                break;
-            }
-            ends.push(end);
-            at = end;
-        }
+        quiet_ends(&mut ends, quiet.passes, start, before, |n, at| {
+            self.quiet_pass_end(&quiet, n, at)
+        });
         self.run_quiet(&ends, tokens);
         let last = ends.last().copied();
         self.coast_ends = ends;
@@ -589,19 +613,12 @@ impl VllmEngine {
         }
         let passes = quiet.iter().map(|(_, q)| q.passes).min()?;
         let mut ends = Vec::new();
-        let mut at = start;
-        while (ends.len() as u32) < passes && at < before {
-            let n = ends.len() as u64;
-            let end = quiet
+        quiet_ends(&mut ends, passes, start, before, |n, at| {
+            quiet
                 .iter()
                 .map(|(r, q)| ranks[*r].quiet_pass_end(q, n, at))
-                .fold(at, f64::max);
-            if end <= at {
-                break;
-            }
-            ends.push(end);
-            at = end;
-        }
+                .fold(at, f64::max)
+        });
         for (r, _) in &quiet {
             ranks[*r].run_quiet(&ends, tokens);
         }
@@ -915,20 +932,18 @@ impl VllmEngine {
     /// cached ones others hold; TRT-LLM its blocks to completion, in [`VllmEngine::trtllm_room`].
     fn fits(&self, seq: &Sequence, active_cached: u64) -> bool {
         if self.args.engine_type == EngineType::Trtllm {
-            return self.to_end(seq).saturating_sub(active_cached) <= self.trtllm_room();
+            return seq
+                .blocks_to_end(self.args.block_size)
+                .saturating_sub(active_cached)
+                <= self.trtllm_room();
         }
         let free = self.pool.capacity().saturating_sub(self.pool.active());
         (self.blocks_for(seq.len()) as u64).saturating_sub(active_cached) <= free
     }
 
-    /// The blocks a sequence holds once it has generated its whole output.
-    fn to_end(&self, seq: &Sequence) -> u64 {
-        self.blocks_for(seq.prompt_len.saturating_add(seq.output_len)) as u64
-    }
-
     /// The blocks a sequence still has to allocate to complete.
     fn to_finish(&self, seq: &Sequence) -> u64 {
-        self.to_end(seq)
+        seq.blocks_to_end(self.args.block_size)
             .saturating_sub(self.blocks_for(seq.allocated) as u64)
     }
 
@@ -944,7 +959,7 @@ impl VllmEngine {
             .reserved
             .iter()
             .map(|(s, _)| {
-                self.to_end(s)
+                s.blocks_to_end(self.args.block_size)
                     .saturating_sub(self.blocks_for(s.prompt_len) as u64)
             })
             .sum();
@@ -1017,7 +1032,7 @@ impl VllmEngine {
                 }
                 continue;
             }
-            let to_end = self.blocks_for(seq.prompt_len.saturating_add(seq.output_len)) as u64;
+            let to_end = seq.blocks_to_end(self.args.block_size);
             // A sequence larger than the pool can never run again: rejected, where the
             // reference mocker checks fresh requests only and dead-ends on a preempted one.
             let too_big = match self.args.engine_type {
