@@ -23,6 +23,9 @@ pub enum KvEvent {
 
 const NONE: u32 = u32::MAX;
 
+/// The most block copies a pool is sized for when it is made.
+const PRESIZED_BLOCKS: u64 = 1 << 17;
+
 #[derive(Clone, Copy, Debug)]
 struct Copy {
     /// `None`: private.
@@ -73,9 +76,15 @@ pub struct BlockPool {
 
 impl BlockPool {
     pub fn new(capacity: u64, prefix_caching: bool, track_events: bool) -> BlockPool {
+        // The copies are sized for the pool up front (to a bound: a large pool a short run
+        // never fills would hold memory it never uses), as growing them copied every one at
+        // each doubling. Pages are touched as copies are made. Not the index: sized for a
+        // pool that a run fills little, its entries would spread over pages a small table
+        // keeps in cache.
+        let presize = capacity.min(PRESIZED_BLOCKS) as usize;
         BlockPool {
             capacity: capacity.min(u64::from(u32::MAX - 1)) as u32,
-            copies: Vec::new(),
+            copies: Vec::with_capacity(presize),
             vacant: Vec::new(),
             live: 0,
             by_hash: BlockMap::default(),
@@ -102,6 +111,17 @@ impl BlockPool {
     /// Blocks in use: every copy but the inactive cached ones, plus reserved room.
     pub fn active(&self) -> u64 {
         u64::from(self.live - self.inactive + self.reserved)
+    }
+
+    /// Reports block stores and removals (for a KV-aware router).
+    pub fn tracks_events(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// Fresh copies that reservations without a prefix could take one by one from now,
+    /// evicting as they go: the free room and every inactive copy.
+    pub fn room_for_fresh(&self) -> u64 {
+        u64::from(self.free_room() + self.inactive)
     }
 
     fn free_room(&self) -> u32 {

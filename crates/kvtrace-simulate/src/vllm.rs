@@ -191,6 +191,8 @@ pub struct VllmEngine {
     decode_time: perf::Quantizer,
     /// When each pass of the last [`VllmEngine::coast`] ended.
     coast_ends: Vec<f64>,
+    /// The (pass, request) pairs of the last coast's block work, kept for their buffer.
+    block_steps: Vec<(u32, u32)>,
     /// The last [`VllmEngine::prefix_cost`] asked for.
     last_cost: Cell<Option<PrefixCost>>,
     /// The worker's passes since it last held no request; see
@@ -206,6 +208,22 @@ struct Quiet {
     passes: u32,
     batch: u64,
     context: u64,
+    /// Where the passes may take and fill blocks, and Dynamo 1.4.2's engine times a pass by
+    /// the pool's occupancy: the blocks in use before the first, and each request's
+    /// computed tokens and blocks held (see [`Quiet::taken`]).
+    occupancy: Option<(u64, Vec<(u32, u32)>)>,
+}
+
+impl Quiet {
+    /// The blocks the first `n` passes take, for requests of `computed` tokens holding
+    /// `held` blocks each: each pass computes one more token, and a token past the last
+    /// block takes a new one.
+    fn taken(growth: &[(u32, u32)], block: u32, n: u32) -> u64 {
+        growth
+            .iter()
+            .map(|&(computed, held)| u64::from((computed + n).div_ceil(block).saturating_sub(held)))
+            .sum()
+    }
 }
 
 /// Fills `ends` (emptied first) with when each of up to `passes` quiet passes from `start`
@@ -263,6 +281,7 @@ impl VllmEngine {
             next_decode_block: 0,
             decode_time: perf::Quantizer::default(),
             coast_ends: Vec::new(),
+            block_steps: Vec::new(),
             last_cost: Cell::new(None),
             wave_step: 0,
             prefill_capacity_bound: false,
@@ -561,18 +580,24 @@ impl VllmEngine {
     /// The decode step's model milliseconds for `batch` requests holding `context` tokens in
     /// all: AISimulate's engine charges by context, Dynamo 1.4.2's by the pool's occupancy.
     fn decode_model_ms(&self, batch: u64, context: u64) -> f64 {
+        self.decode_model_ms_at(batch, context, self.pool.active())
+    }
+
+    /// [`VllmEngine::decode_model_ms`] with `active` blocks in use.
+    fn decode_model_ms_at(&self, batch: u64, context: u64, active: u64) -> f64 {
         let block = u64::from(self.args.block_size);
         let total = self.pool.capacity() * block;
         match self.args.engine_version {
             EngineVersion::Aisimulate013 => perf::decode_ms(batch, context, total),
-            EngineVersion::Dynamo142 => perf::decode_ms(batch, self.pool.active() * block, total),
+            EngineVersion::Dynamo142 => perf::decode_ms(batch, active * block, total),
         }
     }
 
-    /// Runs from `start`, as one step, the decode passes that change nothing but token
+    /// Runs from `start`, as one step, the decode passes that change little but token
     /// counts: nothing waits to be admitted and nothing arrives (each pass starts before
-    /// `before`), no request finishes, and none fills, takes or caches a block. A long
-    /// decode is mostly such passes, and each is a few additions per request: run one by one
+    /// `before`), no request finishes, and none fills, takes or caches a block unless no
+    /// router hears of it (see [`VllmEngine::quiet`]). A long decode is mostly such passes,
+    /// and each is a few additions per request: run one by one
     /// through [`VllmEngine::pass_into`] and the event loop they were most of a simulation's
     /// time. Their timing is
     /// [`VllmEngine::pass_into`]'s, pass by pass, so the state left and every token's time
@@ -627,6 +652,11 @@ impl VllmEngine {
 
     /// How many quiet passes may run from `start` (see [`VllmEngine::coast`]), with the
     /// batch and its context; `None` when the next pass would not be quiet.
+    ///
+    /// Where no router hears the pool's stores and removals, a quiet pass may fill a block
+    /// (it is cached) or take one (evicting as a pass would): both only change this pool,
+    /// in an order the step keeps. The passes then stop before the one whose block the
+    /// free room and the inactive copies could not give, where a pass would preempt.
     fn quiet(&self, start: f64, before: f64) -> Option<Quiet> {
         let quiet = !self.prefill_only
             && self.waiting.is_empty()
@@ -640,48 +670,86 @@ impl VllmEngine {
             return None;
         }
         let block = self.args.block_size;
+        let fills = !self.pool.tracks_events();
         let mut passes = u32::MAX;
         let mut context = 0u64;
+        let mut growth = Vec::new();
         for seq in &self.running {
             let c = seq.computed;
             // A request in decode has every token computed but the one it generated last.
             if seq.generated == 0 || seq.done() || c + 1 != seq.len() {
                 return None;
             }
-            let unique = seq.unique_len();
-            if self.blocks_for(c + 1).min(unique) > self.blocks_for(seq.allocated).min(unique) {
-                return None;
+            if fills {
+                growth.push((c, seq.table.len() as u32));
+            } else {
+                let unique = seq.unique_len();
+                if self.blocks_for(c + 1).min(unique) > self.blocks_for(seq.allocated).min(unique) {
+                    return None;
+                }
+                // The pass whose token fills a block caches it (and the next starts one):
+                // before it.
+                passes = passes.min((block - (c + 1) % block) % block);
             }
-            // The pass whose token fills a block caches it (and the next starts one): before it.
-            let to_full_block = (block - (c + 1) % block) % block;
             let to_last_token = seq.output_len - seq.generated - 1;
-            passes = passes.min(to_full_block).min(to_last_token);
+            passes = passes.min(to_last_token);
             context += u64::from(seq.len());
         }
+        if fills {
+            let room = self.pool.room_for_fresh();
+            if Quiet::taken(&growth, block, passes) > room {
+                // The most passes whose blocks the room gives.
+                let (mut fit, mut over) = (0, passes);
+                while over - fit > 1 {
+                    let mid = fit + (over - fit) / 2;
+                    match Quiet::taken(&growth, block, mid) <= room {
+                        true => fit = mid,
+                        false => over = mid,
+                    }
+                }
+                passes = fit;
+            }
+        }
+        let occupancy = (fills && self.args.engine_version == EngineVersion::Dynamo142)
+            .then(|| (self.pool.active(), growth));
         Some(Quiet {
             passes,
             batch,
             context,
+            occupancy,
         })
     }
 
     /// When the `n`th quiet pass from the plan, started at `at`, ends on this engine.
     fn quiet_pass_end(&mut self, quiet: &Quiet, n: u64, at: f64) -> f64 {
         let speedup = self.args.speedup_ratio;
-        let model = self.decode_model_ms(quiet.batch, quiet.context + quiet.batch * n);
+        let batch = quiet.batch;
+        let context = quiet.context + batch * n;
+        let model = match &quiet.occupancy {
+            // The pass's blocks are taken before its time is charged.
+            Some((active, growth)) => {
+                let taken = Quiet::taken(growth, self.args.block_size, n as u32 + 1);
+                self.decode_model_ms_at(batch, context, active + taken)
+            }
+            None => self.decode_model_ms(batch, context),
+        };
         let decode_ms = self
             .decode_time
             .quantized(model, speedup * self.args.decode_speedup_ratio);
         pass_end_ms(at, 0.0, perf::quantized(0.0, speedup), decode_ms)
     }
 
-    /// Applies quiet passes that ended at `ends`: every running request gains a token each.
-    /// None of them left a request waiting for room (nothing waits).
+    /// Applies quiet passes that ended at `ends`: every running request gains a token each,
+    /// and each pass's blocks are taken and filled in the order a pass takes and fills
+    /// them. None of them left a request waiting for room (nothing waits).
     fn run_quiet(&mut self, ends: &[f64], tokens: &mut dyn FnMut(RequestId, &[f64])) {
         if ends.is_empty() {
             return;
         }
         let ran = ends.len() as u32;
+        if !self.pool.tracks_events() {
+            self.run_block_steps(ran);
+        }
         for seq in &mut self.running {
             seq.computed += ran;
             seq.generated += ran;
@@ -691,6 +759,62 @@ impl VllmEngine {
             tokens(seq.id, ends);
         }
         self.prefill_capacity_bound = false;
+    }
+
+    /// The block work of `ran` quiet passes: in each pass, in running order, the requests
+    /// whose token takes a new block or fills one, as [`VllmEngine::schedule`] and
+    /// [`VllmEngine::emit`] would treat them. Leaves every request's token counts as they
+    /// were (the caller adds the passes).
+    fn run_block_steps(&mut self, ran: u32) {
+        let block = self.args.block_size;
+        let mut steps = std::mem::take(&mut self.block_steps);
+        steps.clear();
+        for (i, seq) in self.running.iter().enumerate() {
+            let c = seq.computed;
+            // Pass `k` computes token `c + k`: it takes a block where that token starts
+            // one, and fills one where the token after it would start the next.
+            let take = (block - c % block) % block;
+            let fill = (block - (c + 1) % block) % block;
+            for first in [take, fill] {
+                steps.extend((first..ran).step_by(block as usize).map(|k| (k, i as u32)));
+            }
+        }
+        if steps.is_empty() {
+            self.block_steps = steps;
+            return;
+        }
+        steps.sort_unstable();
+        steps.dedup();
+        let bases: Vec<(u32, u32)> = self
+            .running
+            .iter()
+            .map(|s| (s.computed, s.generated))
+            .collect();
+        for &(k, i) in &steps {
+            let i = i as usize;
+            let (computed, generated) = bases[i];
+            let seq = &mut self.running[i];
+            seq.computed = computed + k;
+            seq.generated = generated + k;
+            let (before, after) = (seq.computed, seq.computed + 1);
+            let taken = self.allocate(i, after, 0);
+            assert!(taken, "a quiet pass's block was counted in the room");
+            self.running[i].computed = after;
+            self.finalize(i, before, after);
+            let seq = &mut self.running[i];
+            seq.generated += 1;
+            if seq.len() % block == 1 || block == 1 {
+                if seq.partial {
+                    self.promote(i);
+                }
+                self.running[i].partial = true;
+            }
+        }
+        for (seq, &(computed, generated)) in self.running.iter_mut().zip(&bases) {
+            seq.computed = computed;
+            seq.generated = generated;
+        }
+        self.block_steps = steps;
     }
 
     /// Running requests whose every token is computed: they emit this pass.
