@@ -132,6 +132,28 @@ impl PassOutput {
     }
 }
 
+/// Fills `ends` (emptied first) with when each of up to `passes` quiet passes from `start`
+/// ends, `end_of(n, at)` timing the `n`th started at `at`; each starts before `before`.
+pub(crate) fn quiet_ends(
+    ends: &mut Vec<f64>,
+    passes: u32,
+    start: f64,
+    before: f64,
+    mut end_of: impl FnMut(u64, f64) -> f64,
+) {
+    ends.clear();
+    let mut at = start;
+    while (ends.len() as u32) < passes && at < before {
+        let end = end_of(ends.len() as u64, at);
+        // A pass that takes no time ends where it starts: the event loop's to apply.
+        if end <= at {
+            break;
+        }
+        ends.push(end);
+        at = end;
+    }
+}
+
 /// When a pass that started at `start_ms` ends: its load, prefill and decode added in that
 /// order, which the last bit of every later time depends on.
 pub(crate) fn pass_end_ms(start_ms: f64, load_ms: f64, prefill_ms: f64, decode_ms: f64) -> f64 {
@@ -258,17 +280,17 @@ impl Engine {
         }
     }
 
-    /// Holds no request in any state (vLLM; SGLang's keeps no wave step, so it never asks).
+    /// Holds no request in any state: queued, running, held for a handoff or promised room.
     pub fn is_drained(&self) -> bool {
         match self {
             Engine::Vllm(e) => e.is_drained(),
-            Engine::Sglang(e) => e.is_idle(),
+            Engine::Sglang(e) => e.is_drained(),
         }
     }
 
     /// [`Engine::coast`] for the ranks of one worker, whose passes end with the slowest:
-    /// one rank's own, or vLLM's attention-DP ranks together
-    /// ([`VllmEngine::coast_ranks`]); SGLang's ranks run their passes one by one.
+    /// one rank's own, or its attention-DP ranks together ([`VllmEngine::coast_ranks`],
+    /// [`SglangEngine::coast_ranks`]).
     pub fn coast_ranks(
         ranks: &mut [Engine],
         start: f64,
@@ -278,14 +300,19 @@ impl Engine {
         if let [engine] = ranks {
             return engine.coast(start, before, tokens);
         }
-        let mut vllm = Vec::with_capacity(ranks.len());
+        // A worker's ranks are all of one engine type.
+        let (mut vllm, mut sglang) = (Vec::new(), Vec::new());
         for engine in ranks {
             match engine {
                 Engine::Vllm(e) => vllm.push(e),
-                Engine::Sglang(_) => return None,
+                Engine::Sglang(e) => sglang.push(e),
             }
         }
-        VllmEngine::coast_ranks(&mut vllm, start, before, tokens)
+        match (vllm.is_empty(), sglang.is_empty()) {
+            (false, true) => VllmEngine::coast_ranks(&mut vllm, start, before, tokens),
+            (true, false) => SglangEngine::coast_ranks(&mut sglang, start, before, tokens),
+            _ => None,
+        }
     }
 
     /// No request to schedule (held sources and destinations not yet activated wait on the
@@ -474,6 +501,8 @@ mod tests {
             (EngineType::Vllm, 16, 40),
             (EngineType::Vllm, 128, 400),
             (EngineType::Trtllm, 16, 60),
+            (EngineType::Sglang, 16, 40),
+            (EngineType::Sglang, 128, 400),
         ] {
             let args = EngineArgs {
                 engine_type,

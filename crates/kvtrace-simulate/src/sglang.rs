@@ -36,7 +36,9 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::args::{EngineArgs, EngineVersion, SglangPolicy, WorkerType};
 use super::blocks::KvEvent;
-use super::engine::{pass_end_ms, DestinationQueue, PassOutput, Request, RequestId, Reserved};
+use super::engine::{
+    pass_end_ms, quiet_ends, DestinationQueue, PassOutput, Request, RequestId, Reserved,
+};
 use super::perf;
 use super::radix::{NodeId, PageId, PublishedPages, RadixCache};
 use super::BlockSet;
@@ -132,6 +134,16 @@ pub struct SglangEngine {
     reserved: Vec<(Req, Destination)>,
     capacity_generation: u64,
     next_unique: u64,
+    /// When each pass of the last [`SglangEngine::coast`] ended.
+    coast_ends: Vec<f64>,
+}
+
+/// The quiet passes an engine may run as one step (see [`SglangEngine::coast`]): at most
+/// `passes`, each decoding `batch` requests that hold `context` tokens before the first.
+struct Quiet {
+    passes: u32,
+    batch: u64,
+    context: u64,
 }
 
 impl SglangEngine {
@@ -164,6 +176,7 @@ impl SglangEngine {
             reserved: Vec::new(),
             capacity_generation: 0,
             next_unique: 0,
+            coast_ends: Vec::new(),
             args,
         }
     }
@@ -197,6 +210,14 @@ impl SglangEngine {
 
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.prebuilt.is_empty() && self.running.is_empty()
+    }
+
+    /// Holds no request in any state: queued, running, held for a handoff or promised room.
+    pub fn is_drained(&self) -> bool {
+        self.is_idle()
+            && self.sources.is_empty()
+            && self.destinations.is_empty()
+            && self.reserved.is_empty()
     }
 
     pub fn block_size(&self) -> u32 {
@@ -872,6 +893,49 @@ impl SglangEngine {
         before: f64,
         tokens: &mut dyn FnMut(RequestId, &[f64]),
     ) -> Option<(u64, f64)> {
+        let quiet = self.quiet(start, before)?;
+        let mut ends = std::mem::take(&mut self.coast_ends);
+        quiet_ends(&mut ends, quiet.passes, start, before, |n, at| {
+            self.quiet_pass_end(&quiet, n, at)
+        });
+        self.run_quiet(&ends, tokens);
+        let last = ends.last().copied();
+        self.coast_ends = ends;
+        Some((self.coast_ends.len() as u64, last?))
+    }
+
+    /// [`SglangEngine::coast`] for the attention-DP ranks of one worker, whose passes start
+    /// together and end with the slowest: every rank that holds a request must be quiet,
+    /// and a pass's end is the latest of theirs.
+    pub fn coast_ranks(
+        ranks: &mut [&mut SglangEngine],
+        start: f64,
+        before: f64,
+        tokens: &mut dyn FnMut(RequestId, &[f64]),
+    ) -> Option<(u64, f64)> {
+        let mut quiet = Vec::with_capacity(ranks.len());
+        for (r, engine) in ranks.iter().enumerate() {
+            if !engine.is_drained() {
+                quiet.push((r, engine.quiet(start, before)?));
+            }
+        }
+        let passes = quiet.iter().map(|(_, q)| q.passes).min()?;
+        let mut ends = Vec::new();
+        quiet_ends(&mut ends, passes, start, before, |n, at| {
+            quiet
+                .iter()
+                .map(|(r, q)| ranks[*r].quiet_pass_end(q, n, at))
+                .fold(at, f64::max)
+        });
+        for (r, _) in &quiet {
+            ranks[*r].run_quiet(&ends, tokens);
+        }
+        Some((ends.len() as u64, *ends.last()?))
+    }
+
+    /// How many quiet passes may run from `start` (see [`SglangEngine::coast`]), with the
+    /// batch and its context; `None` when the next pass would not be quiet.
+    fn quiet(&self, start: f64, before: f64) -> Option<Quiet> {
         let quiet = !self.prefill_only
             && self.waiting.is_empty()
             && self.prebuilt.is_empty()
@@ -903,30 +967,32 @@ impl SglangEngine {
                 .min(to_last_token);
             context += u64::from(req.len());
         }
-        let batch = self.running.len() as u64;
-        let mut ends = Vec::new();
-        let mut at = start;
-        while (ends.len() as u32) < passes && at < before {
-            let grown = context + batch * ends.len() as u64;
-            let end = pass_end_ms(at, 0.0, 0.0, self.decode_step_ms(batch, grown));
-            if end <= at {
-                break;
-            }
-            ends.push(end);
-            at = end;
-        }
+        Some(Quiet {
+            passes,
+            batch: self.running.len() as u64,
+            context,
+        })
+    }
+
+    /// When the `n`th quiet pass from the plan, started at `at`, ends on this engine.
+    fn quiet_pass_end(&self, quiet: &Quiet, n: u64, at: f64) -> f64 {
+        let context = quiet.context + quiet.batch * n;
+        pass_end_ms(at, 0.0, 0.0, self.decode_step_ms(quiet.batch, context))
+    }
+
+    /// Applies quiet passes that ended at `ends`: every running request gains a token each,
+    /// and the new-token ratio decays once a pass.
+    fn run_quiet(&mut self, ends: &[f64], tokens: &mut dyn FnMut(RequestId, &[f64])) {
         let ran = ends.len() as u32;
-        let last = *ends.last()?;
         for req in &mut self.running {
             req.lease.tokens += ran;
             req.generated += ran;
             req.materialized += ran;
-            tokens(req.id, &ends);
+            tokens(req.id, ends);
         }
         for _ in 0..ran {
             self.decay_ratio();
         }
-        Some((u64::from(ran), last))
     }
 
     fn decay_ratio(&mut self) {

@@ -26,7 +26,8 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use super::args::{EngineArgs, EngineType, EngineVersion, Preemption, WorkerType};
 use super::blocks::{BlockPool, Reservation};
 use super::engine::{
-    pass_end_ms, DestinationQueue, KvConnector, PassOutput, Request, RequestId, Reserved,
+    pass_end_ms, quiet_ends, DestinationQueue, KvConnector, PassOutput, Request, RequestId,
+    Reserved,
 };
 use super::perf;
 
@@ -223,28 +224,6 @@ impl Quiet {
             .iter()
             .map(|&(computed, held)| u64::from((computed + n).div_ceil(block).saturating_sub(held)))
             .sum()
-    }
-}
-
-/// Fills `ends` (emptied first) with when each of up to `passes` quiet passes from `start`
-/// ends, `end_of(n, at)` timing the `n`th started at `at`; each starts before `before`.
-fn quiet_ends(
-    ends: &mut Vec<f64>,
-    passes: u32,
-    start: f64,
-    before: f64,
-    mut end_of: impl FnMut(u64, f64) -> f64,
-) {
-    ends.clear();
-    let mut at = start;
-    while (ends.len() as u32) < passes && at < before {
-        let end = end_of(ends.len() as u64, at);
-        // A pass that takes no time ends where it starts: the event loop's to apply.
-        if end <= at {
-            break;
-        }
-        ends.push(end);
-        at = end;
     }
 }
 
