@@ -154,6 +154,78 @@ pub(crate) fn quiet_ends(
     }
 }
 
+/// An engine whose quiet decode passes can run as one step ([`coast`], [`coast_ranks`]):
+/// passes that change little but token counts, each timed as it would be on its own.
+pub(crate) trait Coast {
+    /// The plan of the quiet passes from a start.
+    type Quiet;
+    /// Holds no request in any state: queued, running, held for a handoff or promised room.
+    fn is_drained(&self) -> bool;
+    /// How many quiet passes may run from `start`, each starting before `before`; `None`
+    /// when the next pass would not be quiet.
+    fn quiet(&self, start: f64, before: f64) -> Option<Self::Quiet>;
+    /// The most passes `quiet` allows.
+    fn passes(quiet: &Self::Quiet) -> u32;
+    /// When the `n`th quiet pass of the plan, started at `at`, ends on this engine.
+    fn quiet_pass_end(&mut self, quiet: &Self::Quiet, n: u64, at: f64) -> f64;
+    /// Applies the quiet passes that ended at `ends`; `tokens(id, times)` hears each
+    /// request's tokens.
+    fn run_quiet(&mut self, ends: &[f64], tokens: &mut dyn FnMut(RequestId, &[f64]));
+    /// The buffer of the last step's pass ends, kept from step to step.
+    fn coast_ends(&mut self) -> &mut Vec<f64>;
+}
+
+/// Runs `engine`'s quiet passes from `start` as one step, each starting before `before`:
+/// the state left and every token's time are the same as had the passes run one by one.
+/// A long decode is mostly such passes, and each is a few additions per request: run one by
+/// one through the event loop they were most of a simulation's time. Returns how many
+/// passes ran and when the last ended; `None` when not even one qualifies.
+pub(crate) fn coast<E: Coast>(
+    engine: &mut E,
+    start: f64,
+    before: f64,
+    tokens: &mut dyn FnMut(RequestId, &[f64]),
+) -> Option<(u64, f64)> {
+    let quiet = engine.quiet(start, before)?;
+    let mut ends = std::mem::take(engine.coast_ends());
+    quiet_ends(&mut ends, E::passes(&quiet), start, before, |n, at| {
+        engine.quiet_pass_end(&quiet, n, at)
+    });
+    engine.run_quiet(&ends, tokens);
+    let step = Some(ends.len() as u64).zip(ends.last().copied());
+    *engine.coast_ends() = ends;
+    step
+}
+
+/// [`coast`] for the attention-DP ranks of one worker, whose passes start together and end
+/// with the slowest: every rank that holds a request must be quiet, and a pass's end is the
+/// latest of theirs.
+pub(crate) fn coast_ranks<E: Coast>(
+    ranks: &mut [&mut E],
+    start: f64,
+    before: f64,
+    tokens: &mut dyn FnMut(RequestId, &[f64]),
+) -> Option<(u64, f64)> {
+    let mut quiet = Vec::with_capacity(ranks.len());
+    for (r, engine) in ranks.iter().enumerate() {
+        if !engine.is_drained() {
+            quiet.push((r, engine.quiet(start, before)?));
+        }
+    }
+    let passes = quiet.iter().map(|(_, q)| E::passes(q)).min()?;
+    let mut ends = Vec::new();
+    quiet_ends(&mut ends, passes, start, before, |n, at| {
+        quiet
+            .iter()
+            .map(|(r, q)| ranks[*r].quiet_pass_end(q, n, at))
+            .fold(at, f64::max)
+    });
+    for (r, _) in &quiet {
+        ranks[*r].run_quiet(&ends, tokens);
+    }
+    Some((ends.len() as u64, *ends.last()?))
+}
+
 /// When a pass that started at `start_ms` ends: its load, prefill and decode added in that
 /// order, which the last bit of every later time depends on.
 pub(crate) fn pass_end_ms(start_ms: f64, load_ms: f64, prefill_ms: f64, decode_ms: f64) -> f64 {
@@ -258,8 +330,8 @@ impl Engine {
         }
     }
 
-    /// Runs the passes from `start` that would change nothing but token counts as one step
-    /// (see [`VllmEngine::coast`] and [`SglangEngine::coast`]).
+    /// Runs the passes from `start` that would change little but token counts as one step
+    /// ([`coast`]; which passes qualify: `VllmEngine::quiet`, `SglangEngine::quiet`).
     pub fn coast(
         &mut self,
         start: f64,
@@ -267,8 +339,8 @@ impl Engine {
         tokens: &mut dyn FnMut(RequestId, &[f64]),
     ) -> Option<(u64, f64)> {
         match self {
-            Engine::Vllm(e) => e.coast(start, before, tokens),
-            Engine::Sglang(e) => e.coast(start, before, tokens),
+            Engine::Vllm(e) => coast(e, start, before, tokens),
+            Engine::Sglang(e) => coast(e, start, before, tokens),
         }
     }
 
@@ -289,8 +361,7 @@ impl Engine {
     }
 
     /// [`Engine::coast`] for the ranks of one worker, whose passes end with the slowest:
-    /// one rank's own, or its attention-DP ranks together ([`VllmEngine::coast_ranks`],
-    /// [`SglangEngine::coast_ranks`]).
+    /// one rank's own, or its attention-DP ranks together ([`coast_ranks`]).
     pub fn coast_ranks(
         ranks: &mut [Engine],
         start: f64,
@@ -309,8 +380,8 @@ impl Engine {
             }
         }
         match (vllm.is_empty(), sglang.is_empty()) {
-            (false, true) => VllmEngine::coast_ranks(&mut vllm, start, before, tokens),
-            (true, false) => SglangEngine::coast_ranks(&mut sglang, start, before, tokens),
+            (false, true) => coast_ranks(&mut vllm, start, before, tokens),
+            (true, false) => coast_ranks(&mut sglang, start, before, tokens),
             _ => None,
         }
     }
@@ -545,32 +616,16 @@ mod tests {
             schedule_policy: SglangPolicy::Lpm,
             ..SglangArgs::default()
         };
+        let (dynamo, aisimulate) = (EngineVersion::Dynamo142, EngineVersion::Aisimulate013);
+        let (vllm, sglang) = (EngineType::Vllm, EngineType::Sglang);
         let cases = [
-            (EngineType::Vllm, EngineVersion::Dynamo142, 16, 40, true),
-            (EngineType::Vllm, EngineVersion::Aisimulate013, 16, 40, true),
-            (
-                EngineType::Vllm,
-                EngineVersion::Aisimulate013,
-                16,
-                40,
-                false,
-            ),
-            (EngineType::Vllm, EngineVersion::Dynamo142, 128, 400, true),
-            (EngineType::Sglang, EngineVersion::Dynamo142, 16, 40, true),
-            (
-                EngineType::Sglang,
-                EngineVersion::Aisimulate013,
-                16,
-                40,
-                true,
-            ),
-            (
-                EngineType::Sglang,
-                EngineVersion::Aisimulate013,
-                128,
-                400,
-                true,
-            ),
+            (vllm, dynamo, 16, 40, true),
+            (vllm, aisimulate, 16, 40, true),
+            (vllm, aisimulate, 16, 40, false),
+            (vllm, dynamo, 128, 400, true),
+            (sglang, dynamo, 16, 40, true),
+            (sglang, aisimulate, 16, 40, true),
+            (sglang, aisimulate, 128, 400, true),
         ];
         for (engine_type, version, block_size, num_gpu_blocks, prefix_caching) in cases {
             let args = EngineArgs {

@@ -37,7 +37,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use super::args::{EngineArgs, EngineVersion, SglangPolicy, WorkerType};
 use super::blocks::KvEvent;
 use super::engine::{
-    pass_end_ms, quiet_ends, DestinationQueue, PassOutput, Request, RequestId, Reserved,
+    pass_end_ms, Coast, DestinationQueue, PassOutput, Request, RequestId, Reserved,
 };
 use super::perf;
 use super::radix::{NodeId, PageId, PublishedPages, RadixCache};
@@ -134,16 +134,99 @@ pub struct SglangEngine {
     reserved: Vec<(Req, Destination)>,
     capacity_generation: u64,
     next_unique: u64,
-    /// When each pass of the last [`SglangEngine::coast`] ended.
+    /// When each pass of the last quiet step ended ([`Coast::coast_ends`]).
     coast_ends: Vec<f64>,
 }
 
-/// The quiet passes an engine may run as one step (see [`SglangEngine::coast`]): at most
+/// The quiet passes an engine may run as one step (see [`Coast`]): at most
 /// `passes`, each decoding `batch` requests that hold `context` tokens before the first.
-struct Quiet {
+pub(crate) struct Quiet {
     passes: u32,
     batch: u64,
     context: u64,
+}
+
+impl Coast for SglangEngine {
+    type Quiet = Quiet;
+
+    fn is_drained(&self) -> bool {
+        self.is_idle()
+            && self.sources.is_empty()
+            && self.destinations.is_empty()
+            && self.reserved.is_empty()
+    }
+
+    fn passes(quiet: &Quiet) -> u32 {
+        quiet.passes
+    }
+
+    fn coast_ends(&mut self) -> &mut Vec<f64> {
+        &mut self.coast_ends
+    }
+
+    /// How many quiet passes may run from `start` (see [`Coast`]), with the batch and its
+    /// context; `None` when the next pass would not be quiet. A quiet pass changes nothing
+    /// but token counts and the new-token ratio: nothing waits, no request finishes, and
+    /// none takes, fills or caches a page (so none can be retracted).
+    fn quiet(&self, start: f64, before: f64) -> Option<Quiet> {
+        let quiet = !self.prefill_only
+            && self.waiting.is_empty()
+            && self.prebuilt.is_empty()
+            && self.destinations.is_empty()
+            && self.reserved.is_empty()
+            && !self.running.is_empty()
+            && start < before;
+        if !quiet {
+            return None;
+        }
+        let page = self.page;
+        let mut passes = u32::MAX;
+        let mut context = 0u64;
+        for req in &self.running {
+            // The first token has effects beyond the engine (the router's prefill load).
+            if req.generated == 0 || req.lease.node.is_none() {
+                return None;
+            }
+            let into_page = req.lease.tokens % page;
+            // The pass that starts a page takes one; the one that completes a page caches it.
+            let to_new_page = if into_page == 0 { 0 } else { page - into_page };
+            let to_cached_page = (req.lease.cached + page - 1).saturating_sub(req.materialized);
+            let to_growth = req.allocated.saturating_sub(req.len());
+            let to_last_token = req.output_len.saturating_sub(req.generated + 1);
+            passes = passes
+                .min(to_new_page)
+                .min(to_cached_page)
+                .min(to_growth)
+                .min(to_last_token);
+            context += u64::from(req.len());
+        }
+        Some(Quiet {
+            passes,
+            batch: self.running.len() as u64,
+            context,
+        })
+    }
+
+    /// Timed as [`SglangEngine::pass_into`] times a decode pass.
+    fn quiet_pass_end(&mut self, quiet: &Quiet, n: u64, at: f64) -> f64 {
+        let context = quiet.context + quiet.batch * n;
+        pass_end_ms(at, 0.0, 0.0, self.decode_step_ms(quiet.batch, context))
+    }
+
+    /// Applies quiet passes that ended at `ends`: every running request gains a token each,
+    /// and the new-token ratio decays once a pass.
+    fn run_quiet(&mut self, ends: &[f64], tokens: &mut dyn FnMut(RequestId, &[f64])) {
+        let ran = ends.len() as u32;
+        for req in &mut self.running {
+            req.lease.tokens += ran;
+            req.generated += ran;
+            req.materialized += ran;
+            tokens(req.id, ends);
+        }
+        for _ in 0..ran {
+            self.decay_ratio();
+        }
+    }
 }
 
 impl SglangEngine {
@@ -210,14 +293,6 @@ impl SglangEngine {
 
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.prebuilt.is_empty() && self.running.is_empty()
-    }
-
-    /// Holds no request in any state: queued, running, held for a handoff or promised room.
-    pub fn is_drained(&self) -> bool {
-        self.is_idle()
-            && self.sources.is_empty()
-            && self.destinations.is_empty()
-            && self.reserved.is_empty()
     }
 
     pub fn block_size(&self) -> u32 {
@@ -877,121 +952,6 @@ impl SglangEngine {
             let mut req = self.sources.remove(at);
             self.finish(&mut req);
             self.capacity_generation += 1;
-        }
-    }
-
-    /// Runs from `start`, as one step, the decode passes that change nothing but token
-    /// counts and the new-token ratio: nothing waits or arrives (each pass starts before
-    /// `before`), no request finishes, and none takes, fills or caches a page (so none can
-    /// be retracted). Each pass is timed as [`SglangEngine::pass_into`] times it, so the
-    /// state left and every token's time are the same as had the passes run one by one;
-    /// `tokens(id, times)` hears each request's tokens. Returns how many passes ran and when
-    /// the last ended; `None` when not even one qualifies.
-    pub fn coast(
-        &mut self,
-        start: f64,
-        before: f64,
-        tokens: &mut dyn FnMut(RequestId, &[f64]),
-    ) -> Option<(u64, f64)> {
-        let quiet = self.quiet(start, before)?;
-        let mut ends = std::mem::take(&mut self.coast_ends);
-        quiet_ends(&mut ends, quiet.passes, start, before, |n, at| {
-            self.quiet_pass_end(&quiet, n, at)
-        });
-        self.run_quiet(&ends, tokens);
-        let last = ends.last().copied();
-        self.coast_ends = ends;
-        Some((self.coast_ends.len() as u64, last?))
-    }
-
-    /// [`SglangEngine::coast`] for the attention-DP ranks of one worker, whose passes start
-    /// together and end with the slowest: every rank that holds a request must be quiet,
-    /// and a pass's end is the latest of theirs.
-    pub fn coast_ranks(
-        ranks: &mut [&mut SglangEngine],
-        start: f64,
-        before: f64,
-        tokens: &mut dyn FnMut(RequestId, &[f64]),
-    ) -> Option<(u64, f64)> {
-        let mut quiet = Vec::with_capacity(ranks.len());
-        for (r, engine) in ranks.iter().enumerate() {
-            if !engine.is_drained() {
-                quiet.push((r, engine.quiet(start, before)?));
-            }
-        }
-        let passes = quiet.iter().map(|(_, q)| q.passes).min()?;
-        let mut ends = Vec::new();
-        quiet_ends(&mut ends, passes, start, before, |n, at| {
-            quiet
-                .iter()
-                .map(|(r, q)| ranks[*r].quiet_pass_end(q, n, at))
-                .fold(at, f64::max)
-        });
-        for (r, _) in &quiet {
-            ranks[*r].run_quiet(&ends, tokens);
-        }
-        Some((ends.len() as u64, *ends.last()?))
-    }
-
-    /// How many quiet passes may run from `start` (see [`SglangEngine::coast`]), with the
-    /// batch and its context; `None` when the next pass would not be quiet.
-    fn quiet(&self, start: f64, before: f64) -> Option<Quiet> {
-        let quiet = !self.prefill_only
-            && self.waiting.is_empty()
-            && self.prebuilt.is_empty()
-            && self.destinations.is_empty()
-            && self.reserved.is_empty()
-            && !self.running.is_empty()
-            && start < before;
-        if !quiet {
-            return None;
-        }
-        let page = self.page;
-        let mut passes = u32::MAX;
-        let mut context = 0u64;
-        for req in &self.running {
-            // The first token has effects beyond the engine (the router's prefill load).
-            if req.generated == 0 || req.lease.node.is_none() {
-                return None;
-            }
-            let into_page = req.lease.tokens % page;
-            // The pass that starts a page takes one; the one that completes a page caches it.
-            let to_new_page = if into_page == 0 { 0 } else { page - into_page };
-            let to_cached_page = (req.lease.cached + page - 1).saturating_sub(req.materialized);
-            let to_growth = req.allocated.saturating_sub(req.len());
-            let to_last_token = req.output_len.saturating_sub(req.generated + 1);
-            passes = passes
-                .min(to_new_page)
-                .min(to_cached_page)
-                .min(to_growth)
-                .min(to_last_token);
-            context += u64::from(req.len());
-        }
-        Some(Quiet {
-            passes,
-            batch: self.running.len() as u64,
-            context,
-        })
-    }
-
-    /// When the `n`th quiet pass from the plan, started at `at`, ends on this engine.
-    fn quiet_pass_end(&self, quiet: &Quiet, n: u64, at: f64) -> f64 {
-        let context = quiet.context + quiet.batch * n;
-        pass_end_ms(at, 0.0, 0.0, self.decode_step_ms(quiet.batch, context))
-    }
-
-    /// Applies quiet passes that ended at `ends`: every running request gains a token each,
-    /// and the new-token ratio decays once a pass.
-    fn run_quiet(&mut self, ends: &[f64], tokens: &mut dyn FnMut(RequestId, &[f64])) {
-        let ran = ends.len() as u32;
-        for req in &mut self.running {
-            req.lease.tokens += ran;
-            req.generated += ran;
-            req.materialized += ran;
-            tokens(req.id, ends);
-        }
-        for _ in 0..ran {
-            self.decay_ratio();
         }
     }
 

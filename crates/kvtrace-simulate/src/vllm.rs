@@ -26,8 +26,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use super::args::{EngineArgs, EngineType, EngineVersion, Preemption, WorkerType};
 use super::blocks::{BlockPool, Reservation};
 use super::engine::{
-    pass_end_ms, quiet_ends, DestinationQueue, KvConnector, PassOutput, Request, RequestId,
-    Reserved,
+    pass_end_ms, Coast, DestinationQueue, KvConnector, PassOutput, Request, RequestId, Reserved,
 };
 use super::perf;
 
@@ -190,7 +189,7 @@ pub struct VllmEngine {
     next_decode_block: u64,
     /// The decode step's time, as the last pass asked it.
     decode_time: perf::Quantizer,
-    /// When each pass of the last [`VllmEngine::coast`] ended.
+    /// When each pass of the last quiet step ended ([`Coast::coast_ends`]).
     coast_ends: Vec<f64>,
     /// The (pass, request) pairs of the last coast's block work, kept for their buffer.
     block_steps: Vec<(u32, u32)>,
@@ -203,9 +202,9 @@ pub struct VllmEngine {
     prefill_capacity_bound: bool,
 }
 
-/// The quiet passes an engine may run as one step (see [`VllmEngine::coast`]): at most
+/// The quiet passes an engine may run as one step (see [`Coast`]): at most
 /// `passes`, each decoding `batch` requests that hold `context` tokens before the first.
-struct Quiet {
+pub(crate) struct Quiet {
     passes: u32,
     batch: u64,
     context: u64,
@@ -224,6 +223,138 @@ impl Quiet {
             .iter()
             .map(|&(computed, held)| u64::from((computed + n).div_ceil(block).saturating_sub(held)))
             .sum()
+    }
+}
+
+impl Coast for VllmEngine {
+    type Quiet = Quiet;
+
+    fn is_drained(&self) -> bool {
+        self.is_idle()
+            && self.sources.is_empty()
+            && self.destinations.is_empty()
+            && self.reserved.is_empty()
+    }
+
+    fn passes(quiet: &Quiet) -> u32 {
+        quiet.passes
+    }
+
+    fn coast_ends(&mut self) -> &mut Vec<f64> {
+        &mut self.coast_ends
+    }
+
+    /// How many quiet passes may run from `start` (see [`Coast`]), with the batch and its
+    /// context; `None` when the next pass would not be quiet. A quiet pass is a decode pass
+    /// that changes little but token counts: nothing waits to be admitted, no request
+    /// finishes, and none fills, takes or caches a block, except as below.
+    ///
+    /// Where no router hears the pool's stores and removals, a quiet pass may fill a block
+    /// (it is cached) or take one (evicting as a pass would): both only change this pool,
+    /// in an order the step keeps. The passes then stop before the one whose block the
+    /// free room and the inactive copies could not give, where a pass would preempt.
+    fn quiet(&self, start: f64, before: f64) -> Option<Quiet> {
+        let quiet = !self.prefill_only
+            && self.waiting.is_empty()
+            && self.destinations.is_empty()
+            && self.reserved.is_empty()
+            && !self.running.is_empty()
+            && start < before;
+        let batch = self.running.len() as u64;
+        // A budget smaller than the batch leaves requests out of a pass.
+        if !quiet || self.args.max_num_batched_tokens.is_some_and(|b| b < batch) {
+            return None;
+        }
+        let block = self.args.block_size;
+        let fills = !self.pool.tracks_events();
+        let mut passes = u32::MAX;
+        let mut context = 0u64;
+        let mut growth = Vec::new();
+        for seq in &self.running {
+            let c = seq.computed;
+            // A request in decode has every token computed but the one it generated last.
+            if seq.generated == 0 || seq.done() || c + 1 != seq.len() {
+                return None;
+            }
+            if fills {
+                growth.push((c, seq.table.len() as u32));
+            } else {
+                let unique = seq.unique_len();
+                if self.blocks_for(c + 1).min(unique) > self.blocks_for(seq.allocated).min(unique) {
+                    return None;
+                }
+                // The pass whose token fills a block caches it (and the next starts one):
+                // before it.
+                passes = passes.min((block - (c + 1) % block) % block);
+            }
+            let to_last_token = seq.output_len - seq.generated - 1;
+            passes = passes.min(to_last_token);
+            context += u64::from(seq.len());
+        }
+        if fills {
+            let room = self.pool.room_for_fresh();
+            if Quiet::taken(&growth, block, passes) > room {
+                // The most passes whose blocks the room gives.
+                let (mut fit, mut over) = (0, passes);
+                while over - fit > 1 {
+                    let mid = fit + (over - fit) / 2;
+                    match Quiet::taken(&growth, block, mid) <= room {
+                        true => fit = mid,
+                        false => over = mid,
+                    }
+                }
+                passes = fit;
+            }
+        }
+        let occupancy = (fills && self.args.engine_version == EngineVersion::Dynamo142)
+            .then(|| (self.pool.active(), growth));
+        Some(Quiet {
+            passes,
+            batch,
+            context,
+            occupancy,
+        })
+    }
+
+    /// Timed as [`VllmEngine::pass_into`] times a decode pass.
+    fn quiet_pass_end(&mut self, quiet: &Quiet, n: u64, at: f64) -> f64 {
+        let speedup = self.args.speedup_ratio;
+        let batch = quiet.batch;
+        let context = quiet.context + batch * n;
+        let model = match &quiet.occupancy {
+            // The pass's blocks are taken before its time is charged.
+            Some((active, growth)) => {
+                let taken = Quiet::taken(growth, self.args.block_size, n as u32 + 1);
+                self.decode_model_ms_at(batch, context, active + taken)
+            }
+            None => self.decode_model_ms(batch, context),
+        };
+        let decode_ms = self
+            .decode_time
+            .quantized(model, speedup * self.args.decode_speedup_ratio);
+        pass_end_ms(at, 0.0, perf::quantized(0.0, speedup), decode_ms)
+    }
+
+    /// Applies quiet passes that ended at `ends`: every running request gains a token each,
+    /// and each pass's blocks are taken and filled in the order a pass takes and fills
+    /// them. None of them left a request waiting for room (nothing waits).
+    fn run_quiet(&mut self, ends: &[f64], tokens: &mut dyn FnMut(RequestId, &[f64])) {
+        if ends.is_empty() {
+            return;
+        }
+        let ran = ends.len() as u32;
+        if !self.pool.tracks_events() {
+            self.run_block_steps(ran);
+        }
+        for seq in &mut self.running {
+            seq.computed += ran;
+            seq.generated += ran;
+            seq.allocated = seq.allocated.max(seq.computed);
+            seq.scheduled = true;
+            seq.prompt_scheduled = false;
+            tokens(seq.id, ends);
+        }
+        self.prefill_capacity_bound = false;
     }
 }
 
@@ -271,14 +402,6 @@ impl VllmEngine {
     /// before each of its passes.
     pub fn set_wave_step(&mut self, step: u64) {
         self.wave_step = step;
-    }
-
-    /// Holds no request in any state: queued, running, held for a handoff or promised room.
-    pub fn is_drained(&self) -> bool {
-        self.is_idle()
-            && self.sources.is_empty()
-            && self.destinations.is_empty()
-            && self.reserved.is_empty()
     }
 
     /// AISimulate's vLLM cadence on attention-DP ranks: while a rank decodes, a pass that
@@ -570,174 +693,6 @@ impl VllmEngine {
             EngineVersion::Aisimulate013 => perf::decode_ms(batch, context, total),
             EngineVersion::Dynamo142 => perf::decode_ms(batch, active * block, total),
         }
-    }
-
-    /// Runs from `start`, as one step, the decode passes that change little but token
-    /// counts: nothing waits to be admitted and nothing arrives (each pass starts before
-    /// `before`), no request finishes, and none fills, takes or caches a block unless no
-    /// router hears of it (see [`VllmEngine::quiet`]). A long decode is mostly such passes,
-    /// and each is a few additions per request: run one by one
-    /// through [`VllmEngine::pass_into`] and the event loop they were most of a simulation's
-    /// time. Their timing is
-    /// [`VllmEngine::pass_into`]'s, pass by pass, so the state left and every token's time
-    /// are the same as had the passes run one by one. `tokens(id, times)` hears each
-    /// request's tokens. Returns how many passes ran and when the last ended; `None` when
-    /// not even one qualifies.
-    pub fn coast(
-        &mut self,
-        start: f64,
-        before: f64,
-        tokens: &mut dyn FnMut(RequestId, &[f64]),
-    ) -> Option<(u64, f64)> {
-        let quiet = self.quiet(start, before)?;
-        let mut ends = std::mem::take(&mut self.coast_ends);
-        quiet_ends(&mut ends, quiet.passes, start, before, |n, at| {
-            self.quiet_pass_end(&quiet, n, at)
-        });
-        self.run_quiet(&ends, tokens);
-        let last = ends.last().copied();
-        self.coast_ends = ends;
-        Some((self.coast_ends.len() as u64, last?))
-    }
-
-    /// [`VllmEngine::coast`] for the attention-DP ranks of one worker, whose passes start
-    /// together and end with the slowest: every rank that holds a request must be quiet,
-    /// and a pass's end is the latest of theirs.
-    pub fn coast_ranks(
-        ranks: &mut [&mut VllmEngine],
-        start: f64,
-        before: f64,
-        tokens: &mut dyn FnMut(RequestId, &[f64]),
-    ) -> Option<(u64, f64)> {
-        let mut quiet = Vec::with_capacity(ranks.len());
-        for (r, engine) in ranks.iter().enumerate() {
-            if !engine.is_drained() {
-                quiet.push((r, engine.quiet(start, before)?));
-            }
-        }
-        let passes = quiet.iter().map(|(_, q)| q.passes).min()?;
-        let mut ends = Vec::new();
-        quiet_ends(&mut ends, passes, start, before, |n, at| {
-            quiet
-                .iter()
-                .map(|(r, q)| ranks[*r].quiet_pass_end(q, n, at))
-                .fold(at, f64::max)
-        });
-        for (r, _) in &quiet {
-            ranks[*r].run_quiet(&ends, tokens);
-        }
-        Some((ends.len() as u64, *ends.last()?))
-    }
-
-    /// How many quiet passes may run from `start` (see [`VllmEngine::coast`]), with the
-    /// batch and its context; `None` when the next pass would not be quiet.
-    ///
-    /// Where no router hears the pool's stores and removals, a quiet pass may fill a block
-    /// (it is cached) or take one (evicting as a pass would): both only change this pool,
-    /// in an order the step keeps. The passes then stop before the one whose block the
-    /// free room and the inactive copies could not give, where a pass would preempt.
-    fn quiet(&self, start: f64, before: f64) -> Option<Quiet> {
-        let quiet = !self.prefill_only
-            && self.waiting.is_empty()
-            && self.destinations.is_empty()
-            && self.reserved.is_empty()
-            && !self.running.is_empty()
-            && start < before;
-        let batch = self.running.len() as u64;
-        // A budget smaller than the batch leaves requests out of a pass.
-        if !quiet || self.args.max_num_batched_tokens.is_some_and(|b| b < batch) {
-            return None;
-        }
-        let block = self.args.block_size;
-        let fills = !self.pool.tracks_events();
-        let mut passes = u32::MAX;
-        let mut context = 0u64;
-        let mut growth = Vec::new();
-        for seq in &self.running {
-            let c = seq.computed;
-            // A request in decode has every token computed but the one it generated last.
-            if seq.generated == 0 || seq.done() || c + 1 != seq.len() {
-                return None;
-            }
-            if fills {
-                growth.push((c, seq.table.len() as u32));
-            } else {
-                let unique = seq.unique_len();
-                if self.blocks_for(c + 1).min(unique) > self.blocks_for(seq.allocated).min(unique) {
-                    return None;
-                }
-                // The pass whose token fills a block caches it (and the next starts one):
-                // before it.
-                passes = passes.min((block - (c + 1) % block) % block);
-            }
-            let to_last_token = seq.output_len - seq.generated - 1;
-            passes = passes.min(to_last_token);
-            context += u64::from(seq.len());
-        }
-        if fills {
-            let room = self.pool.room_for_fresh();
-            if Quiet::taken(&growth, block, passes) > room {
-                // The most passes whose blocks the room gives.
-                let (mut fit, mut over) = (0, passes);
-                while over - fit > 1 {
-                    let mid = fit + (over - fit) / 2;
-                    match Quiet::taken(&growth, block, mid) <= room {
-                        true => fit = mid,
-                        false => over = mid,
-                    }
-                }
-                passes = fit;
-            }
-        }
-        let occupancy = (fills && self.args.engine_version == EngineVersion::Dynamo142)
-            .then(|| (self.pool.active(), growth));
-        Some(Quiet {
-            passes,
-            batch,
-            context,
-            occupancy,
-        })
-    }
-
-    /// When the `n`th quiet pass from the plan, started at `at`, ends on this engine.
-    fn quiet_pass_end(&mut self, quiet: &Quiet, n: u64, at: f64) -> f64 {
-        let speedup = self.args.speedup_ratio;
-        let batch = quiet.batch;
-        let context = quiet.context + batch * n;
-        let model = match &quiet.occupancy {
-            // The pass's blocks are taken before its time is charged.
-            Some((active, growth)) => {
-                let taken = Quiet::taken(growth, self.args.block_size, n as u32 + 1);
-                self.decode_model_ms_at(batch, context, active + taken)
-            }
-            None => self.decode_model_ms(batch, context),
-        };
-        let decode_ms = self
-            .decode_time
-            .quantized(model, speedup * self.args.decode_speedup_ratio);
-        pass_end_ms(at, 0.0, perf::quantized(0.0, speedup), decode_ms)
-    }
-
-    /// Applies quiet passes that ended at `ends`: every running request gains a token each,
-    /// and each pass's blocks are taken and filled in the order a pass takes and fills
-    /// them. None of them left a request waiting for room (nothing waits).
-    fn run_quiet(&mut self, ends: &[f64], tokens: &mut dyn FnMut(RequestId, &[f64])) {
-        if ends.is_empty() {
-            return;
-        }
-        let ran = ends.len() as u32;
-        if !self.pool.tracks_events() {
-            self.run_block_steps(ran);
-        }
-        for seq in &mut self.running {
-            seq.computed += ran;
-            seq.generated += ran;
-            seq.allocated = seq.allocated.max(seq.computed);
-            seq.scheduled = true;
-            seq.prompt_scheduled = false;
-            tokens(seq.id, ends);
-        }
-        self.prefill_capacity_bound = false;
     }
 
     /// The block work of `ran` quiet passes: in each pass, in running order, the requests
