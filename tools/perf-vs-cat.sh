@@ -7,6 +7,12 @@
 # LMCACHE_VENV names a virtual environment with LMCache 0.5.6 and torch: it writes the two traces
 # and runs `lmcache trace info` and `lmcache trace replay` beside kvtrace. Without it, kvtrace's
 # own twins (`kvtrace generate --from-mooncake`) stand in, and the peer rows are left out.
+# One such venv (2026-12-07; PyPI's torch wheel, as download.pytorch.org may be unreachable):
+#   python3 -m venv V && V/bin/pip install torch==2.13.0 && V/bin/pip install --no-deps lmcache==0.5.6
+#   V/bin/pip install aiofile aiofiles blake3 aiohttp cryptography fastapi httpx msgspec msgpack \
+#     'numpy<=2.2.6' numba nvtx 'opentelemetry-api<=1.40.0' opentelemetry-sdk \
+#     'prometheus_client<=0.24.1' psutil py-cpuinfo pyyaml pyzmq redis requests safetensors \
+#     'setuptools<81,>=77.0.3' sortedcontainers uvicorn httptools cachetools
 # DYNAMO_VENV names one with ai-dynamo 1.6.1 (../shared/dynamo/README.md): `simulate` runs
 # beside its replay API (../shared/dynamo/run161.py), whole process.
 # Each figure is the best of RUNS (default 3) runs, warm page cache, with peak RSS from
