@@ -360,6 +360,15 @@ impl Engine {
         }
     }
 
+    /// A worker's wave step (its passes since it last held no request, which AISimulate's
+    /// vLLM prefill cadence counts) after its `ranks` changed: it starts over once none
+    /// holds a request.
+    pub fn settle_wave(ranks: &[Engine], wave_step: &mut u64) {
+        if ranks.iter().all(Engine::is_drained) {
+            *wave_step = 0;
+        }
+    }
+
     /// [`Engine::coast`] for the ranks of one worker, whose passes end with the slowest:
     /// one rank's own, or its attention-DP ranks together ([`coast_ranks`]).
     pub fn coast_ranks(

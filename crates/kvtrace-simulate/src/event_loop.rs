@@ -115,9 +115,7 @@ struct Worker {
 impl Worker {
     /// The wave starts over once the worker holds no request, as AISimulate's does.
     fn settle_wave(&mut self) {
-        if self.ranks.iter().all(Engine::is_drained) {
-            self.wave_step = 0;
-        }
+        Engine::settle_wave(&self.ranks, &mut self.wave_step);
     }
 
     /// Rank `rank` frees the KV it held for request `id`'s handoff.

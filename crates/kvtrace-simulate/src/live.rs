@@ -80,9 +80,7 @@ fn serve(
                 if !report.outputs.is_empty() {
                     wave_step += 1;
                 }
-                if ranks.iter().all(Engine::is_drained) {
-                    wave_step = 0;
-                }
+                Engine::settle_wave(&ranks, &mut wave_step);
                 report.idle = ranks.iter().all(Engine::is_idle);
                 report
                     .reserved
@@ -96,9 +94,7 @@ fn serve(
             Command::Activate(rank, id) => report.reserved.extend(ranks[rank].activate(id)),
             Command::Release(rank, id) => {
                 ranks[rank].release_source(id);
-                if ranks.iter().all(Engine::is_drained) {
-                    wave_step = 0;
-                }
+                Engine::settle_wave(&ranks, &mut wave_step);
                 continue;
             }
         }
