@@ -628,12 +628,12 @@ mod tests {
         let (dynamo, aisimulate) = (EngineVersion::Dynamo142, EngineVersion::Aisimulate013);
         let (vllm, sglang) = (EngineType::Vllm, EngineType::Sglang);
         let cases = [
-            (vllm, dynamo, 16, 40, true),
-            (vllm, aisimulate, 16, 40, true),
-            (vllm, aisimulate, 16, 40, false),
+            (vllm, dynamo, 16, 36, true),
+            (vllm, aisimulate, 16, 36, true),
+            (vllm, aisimulate, 16, 36, false),
             (vllm, dynamo, 128, 400, true),
-            (sglang, dynamo, 16, 40, true),
-            (sglang, aisimulate, 16, 40, true),
+            (sglang, dynamo, 16, 36, true),
+            (sglang, aisimulate, 16, 36, true),
             (sglang, aisimulate, 128, 400, true),
         ];
         for (engine_type, version, block_size, num_gpu_blocks, prefix_caching) in cases {
@@ -647,18 +647,32 @@ mod tests {
                 ..EngineArgs::default()
             };
             let shared: Arc<[u64]> = Arc::from(vec![7u64, 8, 9]);
+            let lengths = |id: u32| (20 + (id * 37) % 90, 1 + (id * 53) % 150);
+            // The hashes of the first `blocks` blocks of request `id`'s prompt and output.
+            let blocks_of = |id: u32, blocks: u32| -> Arc<[u64]> {
+                (0..blocks).map(|b| u64::from(id) << 32 | u64::from(b)).collect()
+            };
             let arrivals: VecDeque<(f64, Request)> = (0..24u32)
                 .map(|id| {
-                    let prompt = 20 + (id * 37) % 90;
-                    let output = 1 + (id * 53) % 150;
-                    let hashes = match id % 3 {
-                        0 => shared.clone(),
-                        _ => Arc::from(Vec::new()),
+                    let (prompt, output) = lengths(id);
+                    let request = match id % 3 {
+                        0 => Request::new(id, prompt, output, shared.clone()),
+                        // The next request's prompt repeats this one's and the start of its
+                        // answer, as a conversation's next turn does, while this one still
+                        // decodes: it finds the blocks the decode passes cached.
+                        1 => {
+                            let whole = blocks_of(id, (prompt + output) / block_size);
+                            let own = (prompt / block_size) as usize;
+                            Request::new(id, prompt, output, Arc::from(&whole[..own]))
+                                .with_output_hashes(Arc::from(&whole[own..]))
+                        }
+                        _ => {
+                            let (before, answer) = lengths(id - 1);
+                            let prompt = before + answer.min(3 * block_size);
+                            Request::new(id, prompt, output, blocks_of(id - 1, prompt / block_size))
+                        }
                     };
-                    (
-                        f64::from(id) * 97.5,
-                        Request::new(id, prompt, output, hashes),
-                    )
+                    (f64::from(id) * 97.5, request)
                 })
                 .collect();
             let mut coasted = Vec::new();
@@ -674,13 +688,11 @@ mod tests {
                 assert_same_times(&case, &one_by_one, &stepped, 24);
                 coasted.push(stepped.coasted);
             }
-            // vLLM's steps go on through block boundaries where no router listens.
-            if engine_type == EngineType::Vllm {
-                assert!(
-                    coasted[1] > coasted[0],
-                    "{engine_type:?} {version:?}: {coasted:?}"
-                );
-            }
+            // The steps go on through block and page boundaries where no router listens.
+            assert!(
+                coasted[1] > coasted[0],
+                "{engine_type:?} {version:?}: {coasted:?}"
+            );
         }
     }
 }

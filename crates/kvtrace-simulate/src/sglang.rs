@@ -136,6 +136,9 @@ pub struct SglangEngine {
     next_unique: u64,
     /// When each pass of the last quiet step ended ([`Coast::coast_ends`]).
     coast_ends: Vec<f64>,
+    /// The (pass, running request) pairs of the last quiet step that took or cached a page
+    /// ([`SglangEngine::run_page_steps`]), kept from step to step.
+    page_steps: Vec<(u32, u32)>,
 }
 
 /// The quiet passes an engine may run as one step (see [`Coast`]): at most
@@ -144,6 +147,19 @@ pub(crate) struct Quiet {
     passes: u32,
     batch: u64,
     context: u64,
+}
+
+impl Quiet {
+    /// The pages the first `n` passes take, for requests `to_growth` tokens short of the
+    /// end of their page room each: a request's room grows by a page at the pass whose
+    /// token would pass it, and every page's worth of passes after.
+    fn grown(to_growth: &[u32], page: u32, n: u32) -> u64 {
+        to_growth
+            .iter()
+            .filter(|&&d| n > d)
+            .map(|&d| u64::from((n - 1 - d) / page + 1))
+            .sum()
+    }
 }
 
 impl Coast for SglangEngine {
@@ -165,9 +181,15 @@ impl Coast for SglangEngine {
     }
 
     /// How many quiet passes may run from `start` (see [`Coast`]), with the batch and its
-    /// context; `None` when the next pass would not be quiet. A quiet pass changes nothing
+    /// context; `None` when the next pass would not be quiet. A quiet pass changes little
     /// but token counts and the new-token ratio: nothing waits, no request finishes, and
-    /// none takes, fills or caches a page (so none can be retracted).
+    /// none takes, fills or caches a page, except as below.
+    ///
+    /// Where no router hears the tree's stores and removals, a quiet pass may take a page
+    /// from the free ones and cache the pages it completes: both only change this tree, in
+    /// an order the step keeps. The passes then stop before the one whose pages the free
+    /// ones, as the step began, could not give: a pass short of them would evict, or
+    /// retract.
     fn quiet(&self, start: f64, before: f64) -> Option<Quiet> {
         let quiet = !self.prefill_only
             && self.waiting.is_empty()
@@ -180,25 +202,43 @@ impl Coast for SglangEngine {
             return None;
         }
         let page = self.page;
+        let fills = self.published.is_none();
         let mut passes = u32::MAX;
         let mut context = 0u64;
+        let mut growth = Vec::new();
         for req in &self.running {
             // The first token has effects beyond the engine (the router's prefill load).
-            if req.generated == 0 || req.lease.node.is_none() {
+            if req.generated == 0 || req.lease.node.is_none() || req.allocated < req.len() {
                 return None;
             }
-            let into_page = req.lease.tokens % page;
-            // The pass that starts a page takes one; the one that completes a page caches it.
-            let to_new_page = if into_page == 0 { 0 } else { page - into_page };
-            let to_cached_page = (req.lease.cached + page - 1).saturating_sub(req.materialized);
-            let to_growth = req.allocated.saturating_sub(req.len());
+            let to_growth = req.allocated - req.len();
+            if fills {
+                growth.push(to_growth);
+            } else {
+                let into_page = req.lease.tokens % page;
+                // The pass that starts a page takes one; the one that completes a page
+                // caches it.
+                let to_new_page = if into_page == 0 { 0 } else { page - into_page };
+                let to_cached_page =
+                    (req.lease.cached + page - 1).saturating_sub(req.materialized);
+                passes = passes.min(to_new_page).min(to_cached_page).min(to_growth);
+            }
             let to_last_token = req.output_len.saturating_sub(req.generated + 1);
-            passes = passes
-                .min(to_new_page)
-                .min(to_cached_page)
-                .min(to_growth)
-                .min(to_last_token);
+            passes = passes.min(to_last_token);
             context += u64::from(req.len());
+        }
+        let room = u64::from(self.cache.pool.available());
+        if fills && Quiet::grown(&growth, page, passes) > room {
+            // The most passes whose pages the free ones give.
+            let (mut fit, mut over) = (0, passes);
+            while over - fit > 1 {
+                let mid = fit + (over - fit) / 2;
+                match Quiet::grown(&growth, page, mid) <= room {
+                    true => fit = mid,
+                    false => over = mid,
+                }
+            }
+            passes = fit;
         }
         Some(Quiet {
             passes,
@@ -214,9 +254,13 @@ impl Coast for SglangEngine {
     }
 
     /// Applies quiet passes that ended at `ends`: every running request gains a token each,
-    /// and the new-token ratio decays once a pass.
+    /// each pass's pages are taken and cached in the order a pass takes and caches them, and
+    /// the new-token ratio decays once a pass.
     fn run_quiet(&mut self, ends: &[f64], tokens: &mut dyn FnMut(RequestId, &[f64])) {
         let ran = ends.len() as u32;
+        if self.published.is_none() {
+            self.run_page_steps(ran);
+        }
         for req in &mut self.running {
             req.lease.tokens += ran;
             req.generated += ran;
@@ -260,6 +304,7 @@ impl SglangEngine {
             capacity_generation: 0,
             next_unique: 0,
             coast_ends: Vec::new(),
+            page_steps: Vec::new(),
             args,
         }
     }
@@ -798,17 +843,7 @@ impl SglangEngine {
         let mut running = std::mem::take(&mut self.running);
         let mut done = Vec::new();
         for (i, req) in running.iter_mut().enumerate() {
-            if req.lease.tokens % self.page == 0 {
-                req.lease
-                    .pages
-                    .push(reservation.pop().expect("the step's pages are reserved"));
-            }
-            req.lease.tokens += 1;
-            if req.len() + 1 > req.allocated {
-                req.allocated += self.page;
-            }
-            req.generated += 1;
-            req.materialized += 1;
+            self.take_token(req, &mut reservation);
             let complete = req.generated >= req.output_len;
             out.emitted.push((req.id, complete));
             if complete {
@@ -827,6 +862,94 @@ impl SglangEngine {
         self.running = running;
         self.complete(finished, out);
         true
+    }
+
+    /// Gives `req` its next token: a page from the step's `reservation` (reversed) where
+    /// the token starts one, and a page more of room where the token after it needs one.
+    fn take_token(&self, req: &mut Req, reservation: &mut Vec<PageId>) {
+        if req.lease.tokens.is_multiple_of(self.page) {
+            req.lease
+                .pages
+                .push(reservation.pop().expect("the step's pages are reserved"));
+        }
+        req.lease.tokens += 1;
+        if req.len() + 1 > req.allocated {
+            req.allocated += self.page;
+        }
+        req.generated += 1;
+        req.materialized += 1;
+    }
+
+    /// The page work of `ran` quiet passes ([`Coast::quiet`]), as [`SglangEngine::step`]
+    /// does it: pass by pass, each pass's pages reserved at once and, within the pass, taken
+    /// and cached in running order (the tree's clock, the free list's order and the unique
+    /// keys of generated pages all follow that order). Only the requests a pass takes, grows
+    /// or caches for are visited; their token counts are put back afterwards, for
+    /// [`Coast::run_quiet`] to add the passes to every request alike.
+    fn run_page_steps(&mut self, ran: u32) {
+        let page = self.page;
+        let mut steps = std::mem::take(&mut self.page_steps);
+        steps.clear();
+        for (i, req) in self.running.iter().enumerate() {
+            let (len, tokens, computed) = (req.len(), req.lease.tokens, req.materialized);
+            // Pass `k` grows the room where token `len + k + 1` passes it, takes a page where
+            // token `tokens + k` starts one, and caches from the first pass whose computed
+            // tokens reach a page past the cached prefix, then where they complete a page.
+            // A pass listed that does none of these only counts the token.
+            let grow = req.allocated - len;
+            let take = (page - tokens % page) % page;
+            let complete = (page - (computed + 1) % page) % page;
+            for first in [grow, take, complete] {
+                steps.extend((first..ran).step_by(page as usize).map(|k| (k, i as u32)));
+            }
+            let first_cached = (req.lease.cached + page - 1).saturating_sub(computed);
+            if first_cached < ran {
+                steps.push((first_cached, i as u32));
+            }
+        }
+        if steps.is_empty() {
+            self.page_steps = steps;
+            return;
+        }
+        steps.sort_unstable();
+        steps.dedup();
+        let mut running = std::mem::take(&mut self.running);
+        let bases: Vec<(u32, u32, u32)> = running
+            .iter()
+            .map(|r| (r.lease.tokens, r.generated, r.materialized))
+            .collect();
+        for pass in steps.chunk_by(|a, b| a.0 == b.0) {
+            let k = pass[0].0;
+            let mut need = 0;
+            for &(_, i) in pass {
+                let req = &mut running[i as usize];
+                let (tokens, generated, materialized) = bases[i as usize];
+                req.lease.tokens = tokens + k;
+                req.generated = generated + k;
+                req.materialized = materialized + k;
+                need += u32::from(req.len() + 1 > req.allocated);
+            }
+            let mut reservation = self
+                .cache
+                .pool
+                .allocate(need)
+                .expect("a quiet pass's pages were counted in the free ones");
+            reservation.reverse();
+            for &(_, i) in pass {
+                let req = &mut running[i as usize];
+                self.take_token(req, &mut reservation);
+                self.cache_computed(req);
+            }
+            reservation.reverse();
+            self.cache.pool.free(&reservation);
+        }
+        for (req, &(tokens, generated, materialized)) in running.iter_mut().zip(&bases) {
+            req.lease.tokens = tokens;
+            req.generated = generated;
+            req.materialized = materialized;
+        }
+        self.running = running;
+        self.page_steps = steps;
     }
 
     /// AISimulate's prefill pass gives the requests whose prompt it completed their first
