@@ -147,6 +147,25 @@ pub(crate) struct Quiet {
     passes: u32,
     batch: u64,
     context: u64,
+    /// Each running request's tokens short of the end of its page room.
+    to_growth: Vec<u32>,
+    /// Where requests wait: the head of the queue, which each pass must still refuse.
+    blocked: Option<Blocked>,
+}
+
+/// What the head of the queue asks of the memory left, and what each pass leaves it:
+/// free pages (less those earlier passes took) and evictable tokens, less what the running
+/// requests are still expected to generate at the pass's new-token ratio.
+struct Blocked {
+    /// The head's chunk rounded up to pages plus its output reserve, which the memory left
+    /// must exceed; `None` where it is refused whatever the memory (no slot for it, a
+    /// budget it exceeds, nothing to compute).
+    need: Option<f64>,
+    free_pages: u64,
+    evictable: u64,
+    /// The new-token ratio at the start of pass `next`, the next pass to be checked.
+    ratio: f64,
+    next: u64,
 }
 
 impl Quiet {
@@ -160,6 +179,15 @@ impl Quiet {
             .map(|&d| u64::from((n - 1 - d) / page + 1))
             .sum()
     }
+}
+
+/// How much of a waiting request a pass would take: from token `start` (what is computed
+/// or matched), `chunk` tokens, charged as `charged` tokens of pages plus an `output_reserve`.
+struct Chunk {
+    start: u32,
+    chunk: u32,
+    charged: f64,
+    output_reserve: u64,
 }
 
 impl Coast for SglangEngine {
@@ -182,7 +210,7 @@ impl Coast for SglangEngine {
 
     /// How many quiet passes may run from `start` (see [`Coast`]), with the batch and its
     /// context; `None` when the next pass would not be quiet. A quiet pass changes little
-    /// but token counts and the new-token ratio: nothing waits, no request finishes, and
+    /// but token counts and the new-token ratio: no request is admitted or finishes, and
     /// none takes, fills or caches a page, except as below.
     ///
     /// Where no router hears the tree's stores and removals, a quiet pass may take a page
@@ -190,9 +218,16 @@ impl Coast for SglangEngine {
     /// an order the step keeps. The passes then stop before the one whose pages the free
     /// ones, as the step began, could not give: a pass short of them would evict, or
     /// retract.
+    ///
+    /// Requests may wait, as they do under memory pressure for most passes, where the head
+    /// of the queue is refused pass after pass without a trace: it was tried before (its
+    /// keys are those an admission reads), no prompt waits to be rejected, the queue's
+    /// order stands (`lpm` sorted it for this tree, and the pages the passes cache are
+    /// generated ones no waiting prompt holds), and nothing a pass caches can free a page
+    /// (the passes stop before the first page whose key the trace gave).
+    /// [`Coast::quiet_pass_end`] then checks each pass's refusal as admission would.
     fn quiet(&self, start: f64, before: f64) -> Option<Quiet> {
         let quiet = !self.prefill_only
-            && self.waiting.is_empty()
             && self.prebuilt.is_empty()
             && self.destinations.is_empty()
             && self.reserved.is_empty()
@@ -205,52 +240,90 @@ impl Coast for SglangEngine {
         let fills = self.published.is_none();
         let mut passes = u32::MAX;
         let mut context = 0u64;
-        let mut growth = Vec::new();
+        let mut to_growth = Vec::with_capacity(self.running.len());
+        let waits = !self.waiting.is_empty();
         for req in &self.running {
             // The first token has effects beyond the engine (the router's prefill load).
             if req.generated == 0 || req.lease.node.is_none() || req.allocated < req.len() {
                 return None;
             }
-            let to_growth = req.allocated - req.len();
-            if fills {
-                growth.push(to_growth);
-            } else {
+            let growth = req.allocated - req.len();
+            to_growth.push(growth);
+            let to_cached_page = (req.lease.cached + page - 1).saturating_sub(req.materialized);
+            // A generated page a later prompt repeats (a key the trace gave) may be in the
+            // tree already: caching it frees the request's copy, and a waiting prompt may
+            // match it. While requests wait, the passes stop before the first such page.
+            let shared = req.prompt_pages + req.output_keys.len();
+            if waits && self.prefix_caching && shared > (req.lease.cached / page) as usize {
+                passes = passes.min(to_cached_page);
+            }
+            if !fills {
                 let into_page = req.lease.tokens % page;
                 // The pass that starts a page takes one; the one that completes a page
                 // caches it.
                 let to_new_page = if into_page == 0 { 0 } else { page - into_page };
-                let to_cached_page =
-                    (req.lease.cached + page - 1).saturating_sub(req.materialized);
-                passes = passes.min(to_new_page).min(to_cached_page).min(to_growth);
+                passes = passes.min(to_new_page).min(to_cached_page).min(growth);
             }
             let to_last_token = req.output_len.saturating_sub(req.generated + 1);
             passes = passes.min(to_last_token);
             context += u64::from(req.len());
         }
         let room = u64::from(self.cache.pool.available());
-        if fills && Quiet::grown(&growth, page, passes) > room {
+        if fills && Quiet::grown(&to_growth, page, passes) > room {
             // The most passes whose pages the free ones give.
             let (mut fit, mut over) = (0, passes);
             while over - fit > 1 {
                 let mid = fit + (over - fit) / 2;
-                match Quiet::grown(&growth, page, mid) <= room {
+                match Quiet::grown(&to_growth, page, mid) <= room {
                     true => fit = mid,
                     false => over = mid,
                 }
             }
             passes = fit;
         }
+        let blocked = match self.waiting.front() {
+            None => None,
+            Some(head) => Some(Blocked {
+                need: self.head_need(head)?,
+                free_pages: room,
+                evictable: self.cache.evictable,
+                ratio: self.new_token_ratio,
+                next: 0,
+            }),
+        };
         Some(Quiet {
             passes,
             batch: self.running.len() as u64,
             context,
+            to_growth,
+            blocked,
         })
     }
 
-    /// Timed as [`SglangEngine::pass_into`] times a decode pass.
-    fn quiet_pass_end(&mut self, quiet: &Quiet, n: u64, at: f64) -> f64 {
+    /// Timed as [`SglangEngine::pass_into`] times a decode pass; `None` where the pass
+    /// would admit the head of the queue.
+    fn quiet_pass_end(&mut self, quiet: &mut Quiet, n: u64, at: f64) -> Option<f64> {
+        if let Some(blocked) = quiet.blocked.as_mut() {
+            while blocked.next < n {
+                blocked.ratio = self.decayed(blocked.ratio);
+                blocked.next += 1;
+            }
+            if let Some(need) = blocked.need {
+                let taken = Quiet::grown(&quiet.to_growth, self.page, n as u32);
+                let free = blocked.free_pages.saturating_sub(taken) * u64::from(self.page);
+                // Admission refuses the head where its need reaches the memory left.
+                if need < self.memory_left(free, blocked.evictable, n as u32, blocked.ratio) {
+                    return None;
+                }
+            }
+        }
         let context = quiet.context + quiet.batch * n;
-        pass_end_ms(at, 0.0, 0.0, self.decode_step_ms(quiet.batch, context))
+        Some(pass_end_ms(
+            at,
+            0.0,
+            0.0,
+            self.decode_step_ms(quiet.batch, context),
+        ))
     }
 
     /// Applies quiet passes that ended at `ends`: every running request gains a token each,
@@ -642,16 +715,14 @@ impl SglangEngine {
     /// Admits prefill chunks from the head of the queue; see the module docs.
     fn admit(&mut self, out: &mut PassOutput) -> (Vec<Req>, u64, u64, bool) {
         let s = &self.args.sglang;
-        let (chunked_size, clip) = (s.chunked_prefill_size, s.clip_max_new_tokens);
-        let reserved: f64 = self
-            .running
-            .iter()
-            .map(|r| u64::from(r.remaining_output()).min(clip) as f64 * self.new_token_ratio)
-            .sum();
-        let mut rem_total =
-            (self.cache.available_tokens() + self.cache.evictable) as f64 - reserved;
+        let mut rem_total = self.memory_left(
+            self.cache.available_tokens(),
+            self.cache.evictable,
+            0,
+            self.new_token_ratio,
+        );
         let mut rem_input = s.max_prefill_tokens as f64;
-        let mut rem_chunk = chunked_size as f64;
+        let mut rem_chunk = s.chunked_prefill_size as f64;
         let slots = self.max_running.saturating_sub(self.running.len());
         let (mut can_run, mut isl, mut prefix_total, mut oom) = (Vec::new(), 0, 0, false);
         let mut rejected = None;
@@ -660,41 +731,19 @@ impl SglangEngine {
                 break;
             };
             let first = req.materialized == 0;
-            // AISimulate matches a fresh request against the tree once, up to its last token
-            // (which is always computed), and neither charges nor recomputes what it found;
-            // Dynamo 1.4.2 charges the whole prompt and matches at allocation.
-            let start = if self.aisimulate && first {
-                let matchable = ((req.len() - 1) / self.page) as usize;
+            if self.aisimulate && first {
+                let matchable = self.matchable(&req);
                 Self::extend_keys(&mut self.next_unique, &mut req, matchable);
-                self.cache.prefix_match_len(&req.keys[..matchable]) as u32 * self.page
-            } else {
-                req.materialized
-            };
-            let extend = req.len() - start;
-            if extend == 0 {
+            }
+            let Some(Chunk {
+                start,
+                chunk,
+                charged,
+                output_reserve,
+            }) = self.chunk_of(&req, rem_chunk)
+            else {
                 rejected = Some(req);
                 break;
-            }
-            let whole = if self.aisimulate {
-                f64::from(self.ceil_page(extend)) <= rem_chunk
-            } else {
-                u64::from(extend) <= chunked_size
-            };
-            let chunk = if whole {
-                extend
-            } else {
-                let c = (rem_chunk as u64 / u64::from(self.page) * u64::from(self.page)) as u32;
-                if c == 0 {
-                    rejected = Some(req);
-                    break;
-                }
-                c.min(extend)
-            };
-            let charged = f64::from(self.ceil_page(chunk));
-            let output_reserve = if chunk < extend {
-                0
-            } else {
-                u64::from(req.remaining_output()).min(clip)
             };
             if charged + output_reserve as f64 >= rem_total
                 || charged > rem_input
@@ -746,6 +795,103 @@ impl SglangEngine {
             self.waiting.push_front(req);
         }
         (can_run, isl, prefix_total, oom)
+    }
+
+    /// The pages of a fresh request AISimulate matches against the tree: all but the one
+    /// holding its last token, which is always computed.
+    fn matchable(&self, req: &Req) -> usize {
+        (req.len().saturating_sub(1) / self.page) as usize
+    }
+
+    /// What a pass would take of waiting request `req` with `rem_chunk` tokens of its chunk
+    /// budget left; `None` where it takes nothing (all of it computed, or no page of budget).
+    /// AISimulate matches a fresh request against the tree once, up to its last token, and
+    /// neither charges nor recomputes what it found; Dynamo 1.4.2 charges the whole prompt
+    /// and matches at allocation.
+    fn chunk_of(&self, req: &Req, rem_chunk: f64) -> Option<Chunk> {
+        let s = &self.args.sglang;
+        let start = if self.aisimulate && req.materialized == 0 {
+            let matchable = self.matchable(req);
+            self.cache.prefix_match_len(&req.keys[..matchable]) as u32 * self.page
+        } else {
+            req.materialized
+        };
+        let extend = req.len() - start;
+        if extend == 0 {
+            return None;
+        }
+        let whole = if self.aisimulate {
+            f64::from(self.ceil_page(extend)) <= rem_chunk
+        } else {
+            u64::from(extend) <= s.chunked_prefill_size
+        };
+        let chunk = if whole {
+            extend
+        } else {
+            let c = (rem_chunk as u64 / u64::from(self.page) * u64::from(self.page)) as u32;
+            if c == 0 {
+                return None;
+            }
+            c.min(extend)
+        };
+        let output_reserve = if chunk < extend {
+            0
+        } else {
+            u64::from(req.remaining_output()).min(s.clip_max_new_tokens)
+        };
+        Some(Chunk {
+            start,
+            chunk,
+            charged: f64::from(self.ceil_page(chunk)),
+            output_reserve,
+        })
+    }
+
+    /// The memory admission may give, in tokens: `free` and `evictable` tokens less what the
+    /// running requests are expected to generate, `n` passes on (each of them a token
+    /// nearer its end) at new-token ratio `ratio`, each request's part clipped.
+    fn memory_left(&self, free: u64, evictable: u64, n: u32, ratio: f64) -> f64 {
+        let clip = self.args.sglang.clip_max_new_tokens;
+        let reserved: f64 = self
+            .running
+            .iter()
+            .map(|r| {
+                u64::from(r.output_len.saturating_sub(r.generated + n)).min(clip) as f64 * ratio
+            })
+            .sum();
+        (free + evictable) as f64 - reserved
+    }
+
+    /// What the head of the queue needs of the memory left (its chunk's pages and output
+    /// reserve) for admission to refuse it, the next passes' condition for being quiet;
+    /// `Some(None)` where admission refuses it whatever the memory, and `None` where a pass
+    /// might do more than refuse it (see [`Coast::quiet`]).
+    fn head_need(&self, head: &Req) -> Option<Option<f64>> {
+        let s = &self.args.sglang;
+        let refused = |r: &Req| self.args.refuses_prompt(r.prompt_len);
+        if self.args.max_model_len.is_some() && self.waiting.iter().any(refused) {
+            return None;
+        }
+        let sorts = s.schedule_policy == SglangPolicy::Lpm
+            && self.prefix_caching
+            && self.waiting.len() <= LPM_FALLBACK;
+        if sorts && self.ordered_for != Some(self.cache.generation()) {
+            return None;
+        }
+        if self.running.len() >= self.max_running {
+            return Some(None);
+        }
+        if self.aisimulate && head.materialized == 0 && head.keys.len() < self.matchable(head) {
+            return None;
+        }
+        let rem_chunk = s.chunked_prefill_size as f64;
+        let Some(chunk) = self.chunk_of(head, rem_chunk) else {
+            return Some(None);
+        };
+        if chunk.charged > s.max_prefill_tokens as f64 || chunk.charged > rem_chunk {
+            return Some(None);
+        }
+        Some(Some(chunk.charged + chunk.output_reserve as f64))
     }
 
     /// Page room the running requests need to grow by one token each.
@@ -1079,7 +1225,12 @@ impl SglangEngine {
     }
 
     fn decay_ratio(&mut self) {
-        self.new_token_ratio = (self.new_token_ratio - self.ratio_step).max(self.ratio_min);
+        self.new_token_ratio = self.decayed(self.new_token_ratio);
+    }
+
+    /// The new-token ratio a pass leaves of `ratio`.
+    fn decayed(&self, ratio: f64) -> f64 {
+        (ratio - self.ratio_step).max(self.ratio_min)
     }
 
     /// Runs one pass into `out` (emptied first, its buffers kept); `false` when nothing

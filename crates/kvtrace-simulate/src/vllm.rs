@@ -317,7 +317,7 @@ impl Coast for VllmEngine {
     }
 
     /// Timed as [`VllmEngine::pass_into`] times a decode pass.
-    fn quiet_pass_end(&mut self, quiet: &Quiet, n: u64, at: f64) -> f64 {
+    fn quiet_pass_end(&mut self, quiet: &mut Quiet, n: u64, at: f64) -> Option<f64> {
         let speedup = self.args.speedup_ratio;
         let batch = quiet.batch;
         let context = quiet.context + batch * n;
@@ -332,7 +332,12 @@ impl Coast for VllmEngine {
         let decode_ms = self
             .decode_time
             .quantized(model, speedup * self.args.decode_speedup_ratio);
-        pass_end_ms(at, 0.0, perf::quantized(0.0, speedup), decode_ms)
+        Some(pass_end_ms(
+            at,
+            0.0,
+            perf::quantized(0.0, speedup),
+            decode_ms,
+        ))
     }
 
     /// Applies quiet passes that ended at `ends`: every running request gains a token each,
