@@ -147,8 +147,6 @@ pub(crate) struct Quiet {
     passes: u32,
     batch: u64,
     context: u64,
-    /// Each running request's tokens short of the end of its page room.
-    to_growth: Vec<u32>,
     /// Where requests wait: the head of the queue, which each pass must still refuse.
     blocked: Option<Blocked>,
 }
@@ -168,17 +166,11 @@ struct Blocked {
     next: u64,
 }
 
-impl Quiet {
-    /// The pages the first `n` passes take, for requests `to_growth` tokens short of the
-    /// end of their page room each: a request's room grows by a page at the pass whose
-    /// token would pass it, and every page's worth of passes after.
-    fn grown(to_growth: &[u32], page: u32, n: u32) -> u64 {
-        to_growth
-            .iter()
-            .filter(|&&d| n > d)
-            .map(|&d| u64::from((n - 1 - d) / page + 1))
-            .sum()
-    }
+/// The order `lpm` sorts the queue in by its scores ([`SglangEngine::lpm_scores`]): the
+/// longest prefix first, the requests whose first tokens repeat an earlier one's behind the
+/// rest.
+fn lpm_order(a: &(usize, bool), b: &(usize, bool)) -> std::cmp::Ordering {
+    a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0))
 }
 
 /// How much of a waiting request a pass would take: from token `start` (what is computed
@@ -222,7 +214,7 @@ impl Coast for SglangEngine {
     /// Requests may wait, as they do under memory pressure for most passes, where the head
     /// of the queue is refused pass after pass without a trace: it was tried before (its
     /// keys are those an admission reads), no prompt waits to be rejected, the queue's
-    /// order stands (`lpm` sorted it for this tree, and the pages the passes cache are
+    /// order stands (it is in `lpm` order for this tree, and the pages the passes cache are
     /// generated ones no waiting prompt holds), and nothing a pass caches can free a page
     /// (the passes stop before the first page whose key the trace gave).
     /// [`Coast::quiet_pass_end`] then checks each pass's refusal as admission would.
@@ -240,7 +232,6 @@ impl Coast for SglangEngine {
         let fills = self.published.is_none();
         let mut passes = u32::MAX;
         let mut context = 0u64;
-        let mut to_growth = Vec::with_capacity(self.running.len());
         let waits = !self.waiting.is_empty();
         for req in &self.running {
             // The first token has effects beyond the engine (the router's prefill load).
@@ -248,7 +239,6 @@ impl Coast for SglangEngine {
                 return None;
             }
             let growth = req.allocated - req.len();
-            to_growth.push(growth);
             let to_cached_page = (req.lease.cached + page - 1).saturating_sub(req.materialized);
             // A generated page a later prompt repeats (a key the trace gave) may be in the
             // tree already: caching it frees the request's copy, and a waiting prompt may
@@ -269,33 +259,50 @@ impl Coast for SglangEngine {
             context += u64::from(req.len());
         }
         let room = u64::from(self.cache.pool.available());
-        if fills && Quiet::grown(&to_growth, page, passes) > room {
+        if fills && self.grown(passes) > room {
             // The most passes whose pages the free ones give.
             let (mut fit, mut over) = (0, passes);
             while over - fit > 1 {
                 let mid = fit + (over - fit) / 2;
-                match Quiet::grown(&to_growth, page, mid) <= room {
+                match self.grown(mid) <= room {
                     true => fit = mid,
                     false => over = mid,
                 }
             }
             passes = fit;
         }
+        if passes == 0 {
+            return None;
+        }
         let blocked = match self.waiting.front() {
             None => None,
-            Some(head) => Some(Blocked {
-                need: self.head_need(head)?,
-                free_pages: room,
-                evictable: self.cache.evictable,
-                ratio: self.new_token_ratio,
-                next: 0,
-            }),
+            Some(head) => {
+                let need = self.head_need(head)?;
+                let (evictable, ratio) = (self.cache.evictable, self.new_token_ratio);
+                // The first pass admits it (checked before the queue's order, which costs
+                // a match of every waiting prompt).
+                let free = room * u64::from(page);
+                if need.is_some_and(|need| need < self.memory_left(free, evictable, 0, ratio)) {
+                    return None;
+                }
+                let sorted =
+                    self.ordered_for == Some(self.cache.generation()) || self.in_lpm_order();
+                if self.sorts_waiting() && !sorted {
+                    return None;
+                }
+                Some(Blocked {
+                    need,
+                    free_pages: room,
+                    evictable,
+                    ratio,
+                    next: 0,
+                })
+            }
         };
         Some(Quiet {
             passes,
             batch: self.running.len() as u64,
             context,
-            to_growth,
             blocked,
         })
     }
@@ -309,7 +316,7 @@ impl Coast for SglangEngine {
                 blocked.next += 1;
             }
             if let Some(need) = blocked.need {
-                let taken = Quiet::grown(&quiet.to_growth, self.page, n as u32);
+                let taken = self.grown(n as u32);
                 let free = blocked.free_pages.saturating_sub(taken) * u64::from(self.page);
                 // Admission refuses the head where its need reaches the memory left.
                 if need < self.memory_left(free, blocked.evictable, n as u32, blocked.ratio) {
@@ -686,30 +693,59 @@ impl SglangEngine {
     }
 
     fn order_waiting(&mut self) {
-        if self.args.sglang.schedule_policy != SglangPolicy::Lpm
-            || !self.prefix_caching
-            || self.waiting.len() > LPM_FALLBACK
-            || self.ordered_for == Some(self.cache.generation())
-        {
+        if !self.sorts_waiting() || self.ordered_for == Some(self.cache.generation()) {
             return;
         }
+        for req in &mut self.waiting {
+            let full = (req.len() / self.page) as usize;
+            Self::extend_keys(&mut self.next_unique, req, full);
+        }
+        let scores = self
+            .lpm_scores()
+            .expect("every waiting request's keys are read");
+        let mut scored: Vec<((usize, bool), Req)> =
+            scores.into_iter().zip(self.waiting.drain(..)).collect();
+        scored.sort_by(|a, b| lpm_order(&a.0, &b.0));
+        self.waiting.extend(scored.into_iter().map(|(_, r)| r));
+        self.ordered_for = Some(self.cache.generation());
+    }
+
+    /// Whether a pass puts the queue in `lpm` order.
+    fn sorts_waiting(&self) -> bool {
+        self.args.sglang.schedule_policy == SglangPolicy::Lpm
+            && self.prefix_caching
+            && self.waiting.len() <= LPM_FALLBACK
+    }
+
+    /// `lpm`'s score of each waiting request, in queue order: the tokens of its prefix the
+    /// tree holds, and whether its first tokens repeat an earlier request's (a request whose
+    /// prefix is that short goes behind the rest); `None` where a request's keys are not all
+    /// made yet.
+    fn lpm_scores(&self) -> Option<Vec<(usize, bool)>> {
         let duplicate_len = IN_BATCH_PREFIX_TOKENS.div_ceil(self.page) * self.page;
         let duplicate_pages = (duplicate_len / self.page) as usize;
         let mut seen = BlockSet::default();
-        let mut scored: Vec<(usize, bool, Req)> = Vec::with_capacity(self.waiting.len());
-        for mut req in self.waiting.drain(..) {
+        let mut scores = Vec::with_capacity(self.waiting.len());
+        for req in &self.waiting {
             let full = (req.len() / self.page) as usize;
-            Self::extend_keys(&mut self.next_unique, &mut req, full);
-            let keys = &req.keys[..full];
+            let keys = req.keys.get(..full)?;
             let prefix = self.cache.prefix_match_len(keys) * self.page as usize;
             let repeated = prefix <= IN_BATCH_PREFIX_TOKENS as usize
                 && req.len() >= duplicate_len
                 && !seen.insert(keys[duplicate_pages - 1]);
-            scored.push((prefix, repeated, req));
+            scores.push((prefix, repeated));
         }
-        scored.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)));
-        self.waiting.extend(scored.into_iter().map(|(_, _, r)| r));
-        self.ordered_for = Some(self.cache.generation());
+        Some(scores)
+    }
+
+    /// Whether the queue is in the order `lpm` would sort it in for this tree, so that the
+    /// sort would leave it as it is.
+    fn in_lpm_order(&self) -> bool {
+        self.lpm_scores().is_some_and(|scores| {
+            scores
+                .windows(2)
+                .all(|w| lpm_order(&w[0], &w[1]) != std::cmp::Ordering::Greater)
+        })
     }
 
     /// Admits prefill chunks from the head of the queue; see the module docs.
@@ -797,6 +833,17 @@ impl SglangEngine {
         (can_run, isl, prefix_total, oom)
     }
 
+    /// The pages the first `n` quiet passes take: a request's room grows by a page at the
+    /// pass whose token would pass its end, and every page's worth of passes after.
+    fn grown(&self, n: u32) -> u64 {
+        self.running
+            .iter()
+            .map(|r| r.allocated - r.len())
+            .filter(|&d| n > d)
+            .map(|d| u64::from((n - 1 - d) / self.page + 1))
+            .sum()
+    }
+
     /// The pages of a fresh request AISimulate matches against the tree: all but the one
     /// holding its last token, which is always computed.
     fn matchable(&self, req: &Req) -> usize {
@@ -870,12 +917,6 @@ impl SglangEngine {
         let s = &self.args.sglang;
         let refused = |r: &Req| self.args.refuses_prompt(r.prompt_len);
         if self.args.max_model_len.is_some() && self.waiting.iter().any(refused) {
-            return None;
-        }
-        let sorts = s.schedule_policy == SglangPolicy::Lpm
-            && self.prefix_caching
-            && self.waiting.len() <= LPM_FALLBACK;
-        if sorts && self.ordered_for != Some(self.cache.generation()) {
             return None;
         }
         if self.running.len() >= self.max_running {
