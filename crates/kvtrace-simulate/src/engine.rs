@@ -170,11 +170,17 @@ pub(crate) trait Coast {
     /// The most passes `quiet` allows.
     fn passes(quiet: &Self::Quiet) -> u32;
     /// When the `n`th quiet pass of the plan, started at `at`, ends on this engine; `None`
-    /// where that pass is not quiet after all. Asked of passes in order.
+    /// where that pass is not quiet after all. Asked of passes in order: an engine may
+    /// apply the passes before the `n`th here, to check the `n`th against their outcome.
     fn quiet_pass_end(&mut self, quiet: &mut Self::Quiet, n: u64, at: f64) -> Option<f64>;
-    /// Applies the quiet passes that ended at `ends`; `tokens(id, times)` hears each
-    /// request's tokens.
-    fn run_quiet(&mut self, ends: &[f64], tokens: &mut dyn FnMut(RequestId, &[f64]));
+    /// Applies the quiet passes of the plan that ended at `ends` (those not applied yet);
+    /// `tokens(id, times)` hears each request's tokens.
+    fn run_quiet(
+        &mut self,
+        quiet: Self::Quiet,
+        ends: &[f64],
+        tokens: &mut dyn FnMut(RequestId, &[f64]),
+    );
     /// The buffer of the last step's pass ends, kept from step to step.
     fn coast_ends(&mut self) -> &mut Vec<f64>;
 }
@@ -196,7 +202,7 @@ pub(crate) fn coast<E: Coast>(
     quiet_ends(&mut ends, passes, start, before, |n, at| {
         engine.quiet_pass_end(&mut quiet, n, at)
     });
-    engine.run_quiet(&ends, tokens);
+    engine.run_quiet(quiet, &ends, tokens);
     let step = Some(ends.len() as u64).zip(ends.last().copied());
     *engine.coast_ends() = ends;
     step
@@ -226,8 +232,8 @@ pub(crate) fn coast_ranks<E: Coast>(
         }
         Some(end)
     });
-    for (r, _) in &quiet {
-        ranks[*r].run_quiet(&ends, tokens);
+    for (r, q) in quiet {
+        ranks[r].run_quiet(q, &ends, tokens);
     }
     Some((ends.len() as u64, *ends.last()?))
 }

@@ -136,9 +136,6 @@ pub struct SglangEngine {
     next_unique: u64,
     /// When each pass of the last quiet step ended ([`Coast::coast_ends`]).
     coast_ends: Vec<f64>,
-    /// The (pass, running request) pairs of the last quiet step that took or cached a page
-    /// ([`SglangEngine::run_page_steps`]), kept from step to step.
-    page_steps: Vec<(u32, u32)>,
 }
 
 /// The quiet passes an engine may run as one step (see [`Coast`]): at most
@@ -147,20 +144,24 @@ pub(crate) struct Quiet {
     passes: u32,
     batch: u64,
     context: u64,
+    /// The passes whose pages are taken and cached already.
+    applied: u32,
+    /// The first pass from `applied` on that takes, grows or caches a page: the passes
+    /// before it only count tokens.
+    next_page: u32,
     /// Where requests wait: the head of the queue, which each pass must still refuse.
     blocked: Option<Blocked>,
 }
 
-/// What the head of the queue asks of the memory left, and what each pass leaves it:
-/// free pages (less those earlier passes took) and evictable tokens, less what the running
-/// requests are still expected to generate at the pass's new-token ratio.
+/// What the head of the queue asks of the memory left, and the new-token ratio a pass
+/// reserves the running requests' output at.
 struct Blocked {
     /// The head's chunk rounded up to pages plus its output reserve, which the memory left
     /// must exceed; `None` where it is refused whatever the memory (no slot for it, a
     /// budget it exceeds, nothing to compute).
     need: Option<f64>,
-    free_pages: u64,
-    evictable: u64,
+    /// The tree's generation the need and the queue's order were read at.
+    generation: u64,
     /// The new-token ratio at the start of pass `next`, the next pass to be checked.
     ratio: f64,
     next: u64,
@@ -202,22 +203,19 @@ impl Coast for SglangEngine {
 
     /// How many quiet passes may run from `start` (see [`Coast`]), with the batch and its
     /// context; `None` when the next pass would not be quiet. A quiet pass changes little
-    /// but token counts and the new-token ratio: no request is admitted or finishes, and
-    /// none takes, fills or caches a page, except as below.
+    /// but token counts and the new-token ratio: no request is admitted, retracted or
+    /// finishes, and none takes, fills or caches a page, except as below.
     ///
-    /// Where no router hears the tree's stores and removals, a quiet pass may take a page
-    /// from the free ones and cache the pages it completes: both only change this tree, in
-    /// an order the step keeps. The passes then stop before the one whose pages the free
-    /// ones, as the step began, could not give: a pass short of them would evict, or
-    /// retract.
+    /// Where no router hears the tree's stores and removals, a quiet pass may take pages
+    /// (evicting as a pass would) and cache the pages it completes: both only change this
+    /// tree, in an order the step keeps. Each pass is then checked against the passes
+    /// before it ([`Coast::quiet_pass_end`]): the step stops before one that would retract.
     ///
     /// Requests may wait, as they do under memory pressure for most passes, where the head
     /// of the queue is refused pass after pass without a trace: it was tried before (its
-    /// keys are those an admission reads), no prompt waits to be rejected, the queue's
-    /// order stands (it is in `lpm` order for this tree, and the pages the passes cache are
-    /// generated ones no waiting prompt holds), and nothing a pass caches can free a page
-    /// (the passes stop before the first page whose key the trace gave).
-    /// [`Coast::quiet_pass_end`] then checks each pass's refusal as admission would.
+    /// keys are those an admission reads), no prompt waits to be rejected, and the queue is
+    /// in the order a pass would put it in (`lpm`'s, for the tree as it is). Each pass
+    /// checks the refusal as admission would, and the order again where the tree changed.
     fn quiet(&self, start: f64, before: f64) -> Option<Quiet> {
         let quiet = !self.prefill_only
             && self.prebuilt.is_empty()
@@ -232,44 +230,23 @@ impl Coast for SglangEngine {
         let fills = self.published.is_none();
         let mut passes = u32::MAX;
         let mut context = 0u64;
-        let waits = !self.waiting.is_empty();
         for req in &self.running {
             // The first token has effects beyond the engine (the router's prefill load).
             if req.generated == 0 || req.lease.node.is_none() || req.allocated < req.len() {
                 return None;
-            }
-            let growth = req.allocated - req.len();
-            let to_cached_page = (req.lease.cached + page - 1).saturating_sub(req.materialized);
-            // A generated page a later prompt repeats (a key the trace gave) may be in the
-            // tree already: caching it frees the request's copy, and a waiting prompt may
-            // match it. While requests wait, the passes stop before the first such page.
-            let shared = req.prompt_pages + req.output_keys.len();
-            if waits && self.prefix_caching && shared > (req.lease.cached / page) as usize {
-                passes = passes.min(to_cached_page);
             }
             if !fills {
                 let into_page = req.lease.tokens % page;
                 // The pass that starts a page takes one; the one that completes a page
                 // caches it.
                 let to_new_page = if into_page == 0 { 0 } else { page - into_page };
-                passes = passes.min(to_new_page).min(to_cached_page).min(growth);
+                let to_cached_page = (req.lease.cached + page - 1).saturating_sub(req.materialized);
+                let to_growth = req.allocated - req.len();
+                passes = passes.min(to_new_page).min(to_cached_page).min(to_growth);
             }
             let to_last_token = req.output_len.saturating_sub(req.generated + 1);
             passes = passes.min(to_last_token);
             context += u64::from(req.len());
-        }
-        let room = u64::from(self.cache.pool.available());
-        if fills && self.grown(passes) > room {
-            // The most passes whose pages the free ones give.
-            let (mut fit, mut over) = (0, passes);
-            while over - fit > 1 {
-                let mid = fit + (over - fit) / 2;
-                match self.grown(mid) <= room {
-                    true => fit = mid,
-                    false => over = mid,
-                }
-            }
-            passes = fit;
         }
         if passes == 0 {
             return None;
@@ -278,11 +255,10 @@ impl Coast for SglangEngine {
             None => None,
             Some(head) => {
                 let need = self.head_need(head)?;
-                let (evictable, ratio) = (self.cache.evictable, self.new_token_ratio);
+                let ratio = self.new_token_ratio;
                 // The first pass admits it (checked before the queue's order, which costs
                 // a match of every waiting prompt).
-                let free = room * u64::from(page);
-                if need.is_some_and(|need| need < self.memory_left(free, evictable, 0, ratio)) {
+                if need.is_some_and(|need| need < self.memory_left(0, ratio)) {
                     return None;
                 }
                 let sorted =
@@ -292,8 +268,7 @@ impl Coast for SglangEngine {
                 }
                 Some(Blocked {
                     need,
-                    free_pages: room,
-                    evictable,
+                    generation: self.cache.generation(),
                     ratio,
                     next: 0,
                 })
@@ -303,28 +278,55 @@ impl Coast for SglangEngine {
             passes,
             batch: self.running.len() as u64,
             context,
+            applied: 0,
+            next_page: self.next_page_pass(0),
             blocked,
         })
     }
 
     /// Timed as [`SglangEngine::pass_into`] times a decode pass; `None` where the pass
-    /// would admit the head of the queue.
+    /// would admit the head of the queue, or retract. The passes before it are applied
+    /// first, so that it is checked against the pages they took, cached and evicted.
     fn quiet_pass_end(&mut self, quiet: &mut Quiet, n: u64, at: f64) -> Option<f64> {
+        let n = n as u32;
+        self.apply_quiet(quiet, n);
+        // A pass retracts where the free and evictable pages cannot give its pages.
+        if n == quiet.next_page {
+            let growth = self
+                .running
+                .iter()
+                .filter(|r| r.len() + n >= r.allocated)
+                .count();
+            let room = self.cache.available_tokens() + self.cache.evictable;
+            if room < growth as u64 * u64::from(self.page) {
+                return None;
+            }
+        }
         if let Some(blocked) = quiet.blocked.as_mut() {
-            while blocked.next < n {
+            while blocked.next < u64::from(n) {
                 blocked.ratio = self.decayed(blocked.ratio);
                 blocked.next += 1;
             }
-            if let Some(need) = blocked.need {
-                let taken = self.grown(n as u32);
-                let free = blocked.free_pages.saturating_sub(taken) * u64::from(self.page);
-                // Admission refuses the head where its need reaches the memory left.
-                if need < self.memory_left(free, blocked.evictable, n as u32, blocked.ratio) {
+            let generation = self.cache.generation();
+            if generation != blocked.generation {
+                // The pages cached or evicted may have moved the queue's order, or what
+                // its head finds in the tree.
+                if self.sorts_waiting() && !self.in_lpm_order() {
                     return None;
                 }
+                let head = self.waiting.front().expect("requests wait");
+                blocked.need = self.head_need(head)?;
+                blocked.generation = generation;
+            }
+            // Admission refuses the head where its need reaches the memory left.
+            if blocked
+                .need
+                .is_some_and(|need| need < self.memory_left(n, blocked.ratio))
+            {
+                return None;
             }
         }
-        let context = quiet.context + quiet.batch * n;
+        let context = quiet.context + quiet.batch * u64::from(n);
         Some(pass_end_ms(
             at,
             0.0,
@@ -336,11 +338,14 @@ impl Coast for SglangEngine {
     /// Applies quiet passes that ended at `ends`: every running request gains a token each,
     /// each pass's pages are taken and cached in the order a pass takes and caches them, and
     /// the new-token ratio decays once a pass.
-    fn run_quiet(&mut self, ends: &[f64], tokens: &mut dyn FnMut(RequestId, &[f64])) {
+    fn run_quiet(
+        &mut self,
+        mut quiet: Quiet,
+        ends: &[f64],
+        tokens: &mut dyn FnMut(RequestId, &[f64]),
+    ) {
         let ran = ends.len() as u32;
-        if self.published.is_none() {
-            self.run_page_steps(ran);
-        }
+        self.apply_quiet(&mut quiet, ran);
         for req in &mut self.running {
             req.lease.tokens += ran;
             req.generated += ran;
@@ -384,7 +389,6 @@ impl SglangEngine {
             capacity_generation: 0,
             next_unique: 0,
             coast_ends: Vec::new(),
-            page_steps: Vec::new(),
             args,
         }
     }
@@ -751,12 +755,7 @@ impl SglangEngine {
     /// Admits prefill chunks from the head of the queue; see the module docs.
     fn admit(&mut self, out: &mut PassOutput) -> (Vec<Req>, u64, u64, bool) {
         let s = &self.args.sglang;
-        let mut rem_total = self.memory_left(
-            self.cache.available_tokens(),
-            self.cache.evictable,
-            0,
-            self.new_token_ratio,
-        );
+        let mut rem_total = self.memory_left(0, self.new_token_ratio);
         let mut rem_input = s.max_prefill_tokens as f64;
         let mut rem_chunk = s.chunked_prefill_size as f64;
         let slots = self.max_running.saturating_sub(self.running.len());
@@ -833,17 +832,6 @@ impl SglangEngine {
         (can_run, isl, prefix_total, oom)
     }
 
-    /// The pages the first `n` quiet passes take: a request's room grows by a page at the
-    /// pass whose token would pass its end, and every page's worth of passes after.
-    fn grown(&self, n: u32) -> u64 {
-        self.running
-            .iter()
-            .map(|r| r.allocated - r.len())
-            .filter(|&d| n > d)
-            .map(|d| u64::from((n - 1 - d) / self.page + 1))
-            .sum()
-    }
-
     /// The pages of a fresh request AISimulate matches against the tree: all but the one
     /// holding its last token, which is always computed.
     fn matchable(&self, req: &Req) -> usize {
@@ -894,10 +882,10 @@ impl SglangEngine {
         })
     }
 
-    /// The memory admission may give, in tokens: `free` and `evictable` tokens less what the
-    /// running requests are expected to generate, `n` passes on (each of them a token
+    /// The memory admission may give, in tokens: the free and evictable tokens less what
+    /// the running requests are expected to generate, `n` passes on (each of them a token
     /// nearer its end) at new-token ratio `ratio`, each request's part clipped.
-    fn memory_left(&self, free: u64, evictable: u64, n: u32, ratio: f64) -> f64 {
+    fn memory_left(&self, n: u32, ratio: f64) -> f64 {
         let clip = self.args.sglang.clip_max_new_tokens;
         let reserved: f64 = self
             .running
@@ -906,7 +894,7 @@ impl SglangEngine {
                 u64::from(r.output_len.saturating_sub(r.generated + n)).min(clip) as f64 * ratio
             })
             .sum();
-        (free + evictable) as f64 - reserved
+        (self.cache.available_tokens() + self.cache.evictable) as f64 - reserved
     }
 
     /// What the head of the queue needs of the memory left (its chunk's pages and output
@@ -1067,76 +1055,82 @@ impl SglangEngine {
         req.materialized += 1;
     }
 
-    /// The page work of `ran` quiet passes ([`Coast::quiet`]), as [`SglangEngine::step`]
-    /// does it: pass by pass, each pass's pages reserved at once and, within the pass, taken
-    /// and cached in running order (the tree's clock, the free list's order and the unique
-    /// keys of generated pages all follow that order). Only the requests a pass takes, grows
-    /// or caches for are visited; their token counts are put back afterwards, for
-    /// [`Coast::run_quiet`] to add the passes to every request alike.
-    fn run_page_steps(&mut self, ran: u32) {
+    /// Applies the page work of a step's quiet passes up to (not including) pass `to`.
+    fn apply_quiet(&mut self, quiet: &mut Quiet, to: u32) {
+        while quiet.applied < to {
+            if quiet.applied == quiet.next_page {
+                self.page_pass(quiet.applied);
+                quiet.next_page = self.next_page_pass(quiet.applied + 1);
+            }
+            quiet.applied += 1;
+        }
+    }
+
+    /// The first quiet pass from pass `from` of a step on (the running requests' token
+    /// counts standing at the step's start) whose token takes a page, needs a page more of
+    /// room, or completes a page to cache.
+    fn next_page_pass(&self, from: u32) -> u32 {
         let page = self.page;
-        let mut steps = std::mem::take(&mut self.page_steps);
-        steps.clear();
-        for (i, req) in self.running.iter().enumerate() {
-            let (len, tokens, computed) = (req.len(), req.lease.tokens, req.materialized);
-            // Pass `k` grows the room where token `len + k + 1` passes it, takes a page where
-            // token `tokens + k` starts one, and caches from the first pass whose computed
-            // tokens reach a page past the cached prefix, then where they complete a page.
-            // A pass listed that does none of these only counts the token.
-            let grow = req.allocated - len;
-            let take = (page - tokens % page) % page;
-            let complete = (page - (computed + 1) % page) % page;
-            for first in [grow, take, complete] {
-                steps.extend((first..ran).step_by(page as usize).map(|k| (k, i as u32)));
-            }
-            let first_cached = (req.lease.cached + page - 1).saturating_sub(computed);
-            if first_cached < ran {
-                steps.push((first_cached, i as u32));
-            }
-        }
-        if steps.is_empty() {
-            self.page_steps = steps;
-            return;
-        }
-        steps.sort_unstable();
-        steps.dedup();
+        let first = |r: &Req| {
+            let grows = (r.allocated - r.len()).max(from);
+            let takes = from + (page - (r.lease.tokens + from) % page) % page;
+            let completes = match self.prefix_caching {
+                true => (r.lease.cached + page - 1)
+                    .saturating_sub(r.materialized)
+                    .max(from),
+                false => u32::MAX,
+            };
+            grows.min(takes).min(completes)
+        };
+        self.running.iter().map(first).min().unwrap_or(u32::MAX)
+    }
+
+    /// The page work of quiet pass `k` of a step ([`Coast::quiet`]), as
+    /// [`SglangEngine::decode`] does it: the pages the free ones lack evicted, the pass's
+    /// pages reserved at once and, in running order, taken and the completed ones cached
+    /// (the tree's clock, the free list's order and the keys made for generated pages all
+    /// follow that order). The running requests' token counts stand at the step's start
+    /// until [`Coast::run_quiet`] adds the passes; here a request's are moved to pass `k`
+    /// while its pages are taken, then put back.
+    fn page_pass(&mut self, k: u32) {
+        let page = self.page;
         let mut running = std::mem::take(&mut self.running);
-        let bases: Vec<(u32, u32, u32)> = running
+        let growth = running
             .iter()
-            .map(|r| (r.lease.tokens, r.generated, r.materialized))
-            .collect();
-        for pass in steps.chunk_by(|a, b| a.0 == b.0) {
-            let k = pass[0].0;
-            let mut need = 0;
-            for &(_, i) in pass {
-                let req = &mut running[i as usize];
-                let (tokens, generated, materialized) = bases[i as usize];
-                req.lease.tokens = tokens + k;
-                req.generated = generated + k;
-                req.materialized = materialized + k;
-                need += u32::from(req.len() + 1 > req.allocated);
-            }
-            let mut reservation = self
-                .cache
-                .pool
-                .allocate(need)
-                .expect("a quiet pass's pages were counted in the free ones");
-            reservation.reverse();
-            for &(_, i) in pass {
-                let req = &mut running[i as usize];
-                self.take_token(req, &mut reservation);
-                self.cache_computed(req);
-            }
-            reservation.reverse();
-            self.cache.pool.free(&reservation);
+            .filter(|r| r.len() + k >= r.allocated)
+            .count() as u32;
+        let (available, need) = (self.cache.available_tokens(), u64::from(growth * page));
+        if available < need {
+            self.evict(need - available);
         }
-        for (req, &(tokens, generated, materialized)) in running.iter_mut().zip(&bases) {
+        let mut reservation = self
+            .cache
+            .pool
+            .allocate(growth)
+            .expect("a quiet pass's pages were counted in the room");
+        reservation.reverse();
+        for req in &mut running {
+            let (tokens, generated, materialized) =
+                (req.lease.tokens, req.generated, req.materialized);
+            let takes = (tokens + k).is_multiple_of(page);
+            let grows = req.len() + k >= req.allocated;
+            let completes =
+                self.prefix_caching && (materialized + k + 1) / page * page > req.lease.cached;
+            if !(takes || grows || completes) {
+                continue;
+            }
+            req.lease.tokens = tokens + k;
+            req.generated = generated + k;
+            req.materialized = materialized + k;
+            self.take_token(req, &mut reservation);
+            self.cache_computed(req);
             req.lease.tokens = tokens;
             req.generated = generated;
             req.materialized = materialized;
         }
+        reservation.reverse();
+        self.cache.pool.free(&reservation);
         self.running = running;
-        self.page_steps = steps;
     }
 
     /// AISimulate's prefill pass gives the requests whose prompt it completed their first

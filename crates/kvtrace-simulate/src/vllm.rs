@@ -343,7 +343,12 @@ impl Coast for VllmEngine {
     /// Applies quiet passes that ended at `ends`: every running request gains a token each,
     /// and each pass's blocks are taken and filled in the order a pass takes and fills
     /// them. None of them left a request waiting for room (nothing waits).
-    fn run_quiet(&mut self, ends: &[f64], tokens: &mut dyn FnMut(RequestId, &[f64])) {
+    fn run_quiet(
+        &mut self,
+        _quiet: Quiet,
+        ends: &[f64],
+        tokens: &mut dyn FnMut(RequestId, &[f64]),
+    ) {
         if ends.is_empty() {
             return;
         }
