@@ -549,14 +549,15 @@ mod tests {
     }
 
     /// [`token_times`] for a worker of several ranks, whose passes start together and end
-    /// with the slowest; arrivals go to the ranks in turn.
+    /// with the slowest; arrivals go to the ranks in turn. The worker's wave step counts
+    /// its passes as the event loop's does (vLLM's prefill cadence reads it).
     fn worker_token_times(
         mut ranks: Vec<Engine>,
         mut arrivals: VecDeque<(f64, Request)>,
         coast: bool,
     ) -> Seen {
         let mut seen = Seen::default();
-        let (mut now, mut next_rank) = (0.0, 0);
+        let (mut now, mut next_rank, mut wave) = (0.0, 0, 0);
         let mut outs: Vec<PassOutput> = ranks.iter().map(|_| PassOutput::default()).collect();
         loop {
             while arrivals.front().is_some_and(|(t, _)| *t <= now) {
@@ -570,14 +571,19 @@ mod tests {
             let stepped = coast.then(|| Engine::coast_ranks(&mut ranks, now, before, &mut hear));
             if let Some((passes, end)) = stepped.flatten() {
                 seen.coasted += passes;
+                wave += passes;
+                Engine::settle_wave(&ranks, &mut wave);
                 now = end;
                 continue;
             }
             let mut end: Option<f64> = None;
             for (engine, out) in ranks.iter_mut().zip(&mut outs) {
+                engine.set_wave_step(wave);
                 if !engine.is_idle() && engine.pass_into(None, out) {
                     end = Some(end.map_or(out.end_ms(now), |e: f64| e.max(out.end_ms(now))));
                     seen.preempted += out.preempted.len();
+                    seen.rejected
+                        .extend(out.rejected.iter().map(|&id| (id, now)));
                 } else {
                     out.clear();
                 }
@@ -588,6 +594,8 @@ mod tests {
                         hear(id, &[end]);
                     }
                 }
+                wave += 1;
+                Engine::settle_wave(&ranks, &mut wave);
                 now = end;
             } else if let Some(&(t, _)) = arrivals.front() {
                 now = t;
@@ -723,10 +731,12 @@ mod tests {
     #[test]
     fn passes_that_refuse_the_head_of_the_queue_run_as_one_step_too() {
         // Under memory pressure most passes refuse the head of the queue and change nothing
-        // else. Random workloads (seeded) in pools of 450–1,000 tokens: both SGLang schedulers,
-        // `lpm` and FIFO, prefix caching on and off, prompts past `max_model_len` arriving
-        // mid-decode, and conversations whose next turn repeats the last answer while it is
-        // still being generated, with and without a listening router.
+        // else. Random workloads (seeded) in pools of 450–1,000 tokens: the three engines
+        // under both references' schedulers, one to three attention-DP ranks (vLLM's with
+        // its prefill cadence), SGLang's `lpm` and FIFO, prefix caching on and off, prompts
+        // past `max_model_len` arriving mid-decode, and conversations whose next turn
+        // repeats the last answer while it is still being generated, with and without a
+        // listening router.
         let mut next = 0x9E37_79B9_7F4A_7C15u64;
         let mut draw = |m: u32| {
             next ^= next << 13;
@@ -735,13 +745,24 @@ mod tests {
             (next % u64::from(m)) as u32
         };
         let mut coasted = 0;
-        for seed in 0..64 {
+        for seed in 0..180 {
+            let engine_type =
+                [EngineType::Sglang, EngineType::Vllm, EngineType::Trtllm][draw(3) as usize];
+            let sglang = engine_type == EngineType::Sglang;
             let version =
                 [EngineVersion::Dynamo142, EngineVersion::Aisimulate013][draw(2) as usize];
             let page = [4, 16, 32][draw(3) as usize];
-            let prefix_caching = version == EngineVersion::Dynamo142 || draw(3) > 0;
+            let prefix_caching = version == EngineVersion::Dynamo142 && sglang || draw(3) > 0;
+            // Attention-DP ranks, vLLM's with its prefill cadence.
+            let dp_size = [1, 1, 2, 3][draw(4) as usize];
+            let cadence = match engine_type {
+                EngineType::Vllm if version == EngineVersion::Aisimulate013 => 1 + draw(3),
+                _ => 1,
+            };
             let args = EngineArgs {
-                engine_type: EngineType::Sglang,
+                engine_type,
+                dp_size,
+                prefill_schedule_interval: cadence,
                 block_size: page,
                 num_gpu_blocks: u64::from((450 + draw(550)) / page),
                 engine_version: version,
@@ -794,9 +815,13 @@ mod tests {
             }
             for events in [true, false] {
                 let case = format!("seed {seed}: {args:?}, events {events}");
-                let engine = || Engine::new(args.clone(), events, false);
-                let one_by_one = token_times(engine(), arrivals.clone(), false);
-                let stepped = token_times(engine(), arrivals.clone(), true);
+                let ranks = || {
+                    (0..dp_size)
+                        .map(|_| Engine::new(args.clone(), events, false))
+                        .collect()
+                };
+                let one_by_one = worker_token_times(ranks(), arrivals.clone(), false);
+                let stepped = worker_token_times(ranks(), arrivals.clone(), true);
                 assert_same_times(&case, &one_by_one, &stepped, None);
                 coasted += stepped.coasted;
             }

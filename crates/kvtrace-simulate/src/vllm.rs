@@ -253,9 +253,12 @@ impl Coast for VllmEngine {
     /// (it is cached) or take one (evicting as a pass would): both only change this pool,
     /// in an order the step keeps. The passes then stop before the one whose block the
     /// free room and the inactive copies could not give, where a pass would preempt.
+    ///
+    /// Requests may wait where every pass would refuse the head of the queue
+    /// ([`VllmEngine::refuses_head_throughout`]), as under memory pressure most passes do.
     fn quiet(&self, start: f64, before: f64) -> Option<Quiet> {
         let quiet = !self.prefill_only
-            && self.waiting.is_empty()
+            && self.refuses_head_throughout()
             && self.destinations.is_empty()
             && self.reserved.is_empty()
             && !self.running.is_empty()
@@ -364,7 +367,8 @@ impl Coast for VllmEngine {
             seq.prompt_scheduled = false;
             tokens(seq.id, ends);
         }
-        self.prefill_capacity_bound = false;
+        // A pass that did not defer prefills finds the queue as it leaves it.
+        self.prefill_capacity_bound = !self.waiting.is_empty();
     }
 }
 
@@ -759,6 +763,51 @@ impl VllmEngine {
             seq.generated = generated;
         }
         self.block_steps = steps;
+    }
+
+    /// Whether every quiet pass from now on would refuse the head of the queue, changing
+    /// nothing (an empty queue is refused nothing): no request may start (`max_num_seqs`),
+    /// or the head, which neither waits to be rejected nor arrived with its KV, does not
+    /// fit the pool. Quiet passes only take blocks, so a head that does not fit now does
+    /// not fit later: vLLM's free blocks only shrink, and TRT-LLM's room for one more
+    /// request to complete stays as it is (each block a running request takes was counted
+    /// in what it needed to finish). The head's blocks in use by running requests stay the
+    /// same unless a running request's generated blocks are ones a later prompt repeats,
+    /// which may be the head's. Where prefills may be deferred (vLLM's attention-DP cadence),
+    /// whether a pass defers them depends on its wave step: only a queue the last pass left
+    /// waiting (`prefill_capacity_bound`), which no pass defers, qualifies.
+    fn refuses_head_throughout(&self) -> bool {
+        let Some(head) = self.waiting.front() else {
+            return true;
+        };
+        let cadence = self.args.dp_size > 1
+            && self.args.engine_type == EngineType::Vllm
+            && self.args.prefill_schedule_interval > 1;
+        if cadence && !self.prefill_capacity_bound {
+            return false;
+        }
+        if self
+            .args
+            .max_num_seqs
+            .is_some_and(|m| self.running.len() as u64 >= m)
+        {
+            return true;
+        }
+        let repeated = |s: &Sequence| s.output_hashes.len() > s.decode_hashes.len();
+        if head.prefilled
+            || self.args.refuses_prompt(head.prompt_len)
+            || self.running.iter().any(repeated)
+        {
+            return false;
+        }
+        let too_big = match self.args.engine_type {
+            EngineType::Trtllm => {
+                !head.preempted && head.blocks_to_end(self.args.block_size) > self.pool.capacity()
+            }
+            _ => self.blocks_for(head.len()) as u64 > self.pool.capacity(),
+        };
+        let (_, active_cached) = self.prefix_cost(head);
+        !too_big && !self.fits(head, active_cached)
     }
 
     /// Running requests whose every token is computed: they emit this pass.
