@@ -731,7 +731,7 @@ mod tests {
     #[test]
     fn passes_that_refuse_the_head_of_the_queue_run_as_one_step_too() {
         // Under memory pressure most passes refuse the head of the queue and change nothing
-        // else. Random workloads (seeded) in pools of 450–1,000 tokens: the three engines
+        // else. Random workloads (a fixed seed) in pools of 450–1,000 tokens: the three engines
         // under both references' schedulers, one to three attention-DP ranks (vLLM's with
         // its prefill cadence), SGLang's `lpm` and FIFO, prefix caching on and off, prompts
         // past `max_model_len` arriving mid-decode, and conversations whose next turn
@@ -745,7 +745,7 @@ mod tests {
             (next % u64::from(m)) as u32
         };
         let mut coasted = 0;
-        for seed in 0..180 {
+        for workload in 0..180 {
             let engine_type =
                 [EngineType::Sglang, EngineType::Vllm, EngineType::Trtllm][draw(3) as usize];
             let sglang = engine_type == EngineType::Sglang;
@@ -814,7 +814,7 @@ mod tests {
                 arrivals.push_back((at, request));
             }
             for events in [true, false] {
-                let case = format!("seed {seed}: {args:?}, events {events}");
+                let case = format!("workload {workload}: {args:?}, events {events}");
                 let ranks = || {
                     (0..dp_size)
                         .map(|_| Engine::new(args.clone(), events, false))

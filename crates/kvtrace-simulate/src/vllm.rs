@@ -258,11 +258,11 @@ impl Coast for VllmEngine {
     /// ([`VllmEngine::refuses_head_throughout`]), as under memory pressure most passes do.
     fn quiet(&self, start: f64, before: f64) -> Option<Quiet> {
         let quiet = !self.prefill_only
-            && self.refuses_head_throughout()
             && self.destinations.is_empty()
             && self.reserved.is_empty()
             && !self.running.is_empty()
-            && start < before;
+            && start < before
+            && self.refuses_head_throughout();
         let batch = self.running.len() as u64;
         // A budget smaller than the batch leaves requests out of a pass.
         if !quiet || self.args.max_num_batched_tokens.is_some_and(|b| b < batch) {
@@ -800,14 +800,20 @@ impl VllmEngine {
         {
             return false;
         }
-        let too_big = match self.args.engine_type {
-            EngineType::Trtllm => {
-                !head.preempted && head.blocks_to_end(self.args.block_size) > self.pool.capacity()
-            }
-            _ => self.blocks_for(head.len()) as u64 > self.pool.capacity(),
-        };
         let (_, active_cached) = self.prefix_cost(head);
-        !too_big && !self.fits(head, active_cached)
+        !self.too_big(head) && !self.fits(head, active_cached)
+    }
+
+    /// A sequence larger than the pool can never run again: rejected, where the reference
+    /// mocker checks fresh requests only and dead-ends on a preempted one. TRT-LLM's fresh
+    /// request reserves its KV to completion.
+    fn too_big(&self, seq: &Sequence) -> bool {
+        match self.args.engine_type {
+            EngineType::Trtllm => {
+                !seq.preempted && seq.blocks_to_end(self.args.block_size) > self.pool.capacity()
+            }
+            _ => self.blocks_for(seq.len()) as u64 > self.pool.capacity(),
+        }
     }
 
     /// Running requests whose every token is computed: they emit this pass.
@@ -1149,14 +1155,7 @@ impl VllmEngine {
                 }
                 continue;
             }
-            let to_end = seq.blocks_to_end(self.args.block_size);
-            // A sequence larger than the pool can never run again: rejected, where the
-            // reference mocker checks fresh requests only and dead-ends on a preempted one.
-            let too_big = match self.args.engine_type {
-                EngineType::Trtllm => !seq.preempted && to_end > self.pool.capacity(),
-                _ => self.blocks_for(seq.len()) as u64 > self.pool.capacity(),
-            };
-            if too_big {
+            if self.too_big(seq) {
                 let seq = self.waiting.pop_front().expect("front");
                 out.rejected.push(seq.id);
                 continue;
