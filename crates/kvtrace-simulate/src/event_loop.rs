@@ -420,7 +420,14 @@ pub fn simulate(
             ..
         })
     );
-    let lead = arrival_lead(workload, config.concurrency);
+    // An arrival not yet made comes of another request's end, at the end of a pass that is
+    // never part of a step: a worker alone meets none in the middle of its own step, so
+    // every arrival that can reach it before the step ends is made already.
+    let alone = workers_per_pool == [1];
+    let lead = match alone {
+        true => f64::INFINITY,
+        false => arrival_lead(workload, config.concurrency),
+    };
     let coasting = (!config.online
         && config.prefill.is_none()
         && offload.is_none()
