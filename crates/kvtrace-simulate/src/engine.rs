@@ -548,6 +548,14 @@ mod tests {
         }
     }
 
+    /// The hashes of the first `blocks` blocks of sequence `id`'s prompt and output: a
+    /// later prompt that repeats them shares them.
+    fn blocks_of(id: u32, blocks: u32) -> Arc<[u64]> {
+        (0..blocks)
+            .map(|b| u64::from(id) << 32 | u64::from(b))
+            .collect()
+    }
+
     /// [`token_times`] for a worker of several ranks, whose passes start together and end
     /// with the slowest; arrivals go to the ranks in turn. The worker's wave step counts
     /// its passes as the event loop's does (vLLM's prefill cadence reads it).
@@ -678,12 +686,6 @@ mod tests {
             };
             let shared: Arc<[u64]> = Arc::from(vec![7u64, 8, 9]);
             let lengths = |id: u32| (20 + (id * 37) % 90, 1 + (id * 53) % 150);
-            // The hashes of the first `blocks` blocks of request `id`'s prompt and output.
-            let blocks_of = |id: u32, blocks: u32| -> Arc<[u64]> {
-                (0..blocks)
-                    .map(|b| u64::from(id) << 32 | u64::from(b))
-                    .collect()
-            };
             let arrivals: VecDeque<(f64, Request)> = (0..24u32)
                 .map(|id| {
                     let (prompt, output) = lengths(id);
@@ -777,11 +779,6 @@ mod tests {
                     ..SglangArgs::default()
                 },
                 ..EngineArgs::default()
-            };
-            let blocks_of = |id: u32, blocks: u32| -> Arc<[u64]> {
-                (0..blocks)
-                    .map(|b| u64::from(id) << 32 | u64::from(b))
-                    .collect()
             };
             let mut at = 0.0;
             // The last conversation's first turn: its id, prompt and answer lengths.

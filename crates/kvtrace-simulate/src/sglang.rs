@@ -292,13 +292,8 @@ impl Coast for SglangEngine {
         self.apply_quiet(quiet, n);
         // A pass retracts where the free and evictable pages cannot give its pages.
         if n == quiet.next_page {
-            let growth = self
-                .running
-                .iter()
-                .filter(|r| r.len() + n >= r.allocated)
-                .count();
             let room = self.cache.available_tokens() + self.cache.evictable;
-            if room < growth as u64 * u64::from(self.page) {
+            if room < u64::from(self.pages_grown_at(n) * self.page) {
                 return None;
             }
         }
@@ -314,8 +309,10 @@ impl Coast for SglangEngine {
                 if self.sorts_waiting() && !self.in_lpm_order() {
                     return None;
                 }
+                // What `head_need` checks besides stands through the step: the queue and
+                // the running requests' count are as they were.
                 let head = self.waiting.front().expect("requests wait");
-                blocked.need = self.head_need(head)?;
+                blocked.need = self.admission_need(head);
                 blocked.generation = generation;
             }
             // Admission refuses the head where its need reaches the memory left.
@@ -897,30 +894,48 @@ impl SglangEngine {
         (self.cache.available_tokens() + self.cache.evictable) as f64 - reserved
     }
 
-    /// What the head of the queue needs of the memory left (its chunk's pages and output
-    /// reserve) for admission to refuse it, the next passes' condition for being quiet;
-    /// `Some(None)` where admission refuses it whatever the memory, and `None` where a pass
-    /// might do more than refuse it (see [`Coast::quiet`]).
+    /// [`SglangEngine::admission_need`] of the head of the queue, the next passes'
+    /// condition for being quiet; `None` where a pass might do more than refuse it (see
+    /// [`Coast::quiet`]): a prompt waits to be rejected, or the head, which admission
+    /// would look at, was never tried (its keys are not made).
     fn head_need(&self, head: &Req) -> Option<Option<f64>> {
-        let s = &self.args.sglang;
         let refused = |r: &Req| self.args.refuses_prompt(r.prompt_len);
         if self.args.max_model_len.is_some() && self.waiting.iter().any(refused) {
             return None;
         }
-        if self.running.len() >= self.max_running {
-            return Some(None);
-        }
-        if self.aisimulate && head.materialized == 0 && head.keys.len() < self.matchable(head) {
+        let untried = self.aisimulate && head.materialized == 0;
+        if untried
+            && self.running.len() < self.max_running
+            && head.keys.len() < self.matchable(head)
+        {
             return None;
         }
-        let rem_chunk = s.chunked_prefill_size as f64;
-        let Some(chunk) = self.chunk_of(head, rem_chunk) else {
-            return Some(None);
-        };
-        if chunk.charged > s.max_prefill_tokens as f64 || chunk.charged > rem_chunk {
-            return Some(None);
+        Some(self.admission_need(head))
+    }
+
+    /// What waiting request `head` needs of the memory left (its chunk's pages and output
+    /// reserve) for admission to refuse it; `None` where admission refuses it whatever the
+    /// memory (no slot for it, a budget it exceeds, nothing to compute).
+    fn admission_need(&self, head: &Req) -> Option<f64> {
+        if self.running.len() >= self.max_running {
+            return None;
         }
-        Some(Some(chunk.charged + chunk.output_reserve as f64))
+        let s = &self.args.sglang;
+        let rem_chunk = s.chunked_prefill_size as f64;
+        let chunk = self.chunk_of(head, rem_chunk)?;
+        if chunk.charged > s.max_prefill_tokens as f64 || chunk.charged > rem_chunk {
+            return None;
+        }
+        Some(chunk.charged + chunk.output_reserve as f64)
+    }
+
+    /// The running requests whose page room quiet pass `k` of a step grows by a page (their
+    /// token counts standing at the step's start).
+    fn pages_grown_at(&self, k: u32) -> u32 {
+        self.running
+            .iter()
+            .filter(|r| r.len() + k >= r.allocated)
+            .count() as u32
     }
 
     /// Page room the running requests need to grow by one token each.
@@ -1094,11 +1109,8 @@ impl SglangEngine {
     /// while its pages are taken, then put back.
     fn page_pass(&mut self, k: u32) {
         let page = self.page;
+        let growth = self.pages_grown_at(k);
         let mut running = std::mem::take(&mut self.running);
-        let growth = running
-            .iter()
-            .filter(|r| r.len() + k >= r.allocated)
-            .count() as u32;
         let (available, need) = (self.cache.available_tokens(), u64::from(growth * page));
         if available < need {
             self.evict(need - available);

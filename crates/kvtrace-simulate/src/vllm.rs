@@ -345,7 +345,8 @@ impl Coast for VllmEngine {
 
     /// Applies quiet passes that ended at `ends`: every running request gains a token each,
     /// and each pass's blocks are taken and filled in the order a pass takes and fills
-    /// them. None of them left a request waiting for room (nothing waits).
+    /// them. None of them preempted or admitted a request; after them, a queue still
+    /// waiting was left waiting for room.
     fn run_quiet(
         &mut self,
         _quiet: Quiet,
@@ -425,11 +426,18 @@ impl VllmEngine {
     /// waiting for room.
     fn defers_prefills(&self) -> bool {
         let interval = u64::from(self.args.prefill_schedule_interval);
-        self.args.dp_size > 1
-            && self.args.engine_type == EngineType::Vllm
+        self.has_prefill_cadence()
             && !self.wave_step.is_multiple_of(interval)
             && !self.prefill_capacity_bound
             && self.running.iter().any(Sequence::prompt_built)
+    }
+
+    /// Some passes may defer prefills ([`VllmEngine::defers_prefills`]): vLLM's
+    /// attention-DP ranks with a `prefill_schedule_interval` over 1.
+    fn has_prefill_cadence(&self) -> bool {
+        self.args.dp_size > 1
+            && self.args.engine_type == EngineType::Vllm
+            && self.args.prefill_schedule_interval > 1
     }
 
     pub fn enqueue(&mut self, r: Request) {
@@ -780,10 +788,7 @@ impl VllmEngine {
         let Some(head) = self.waiting.front() else {
             return true;
         };
-        let cadence = self.args.dp_size > 1
-            && self.args.engine_type == EngineType::Vllm
-            && self.args.prefill_schedule_interval > 1;
-        if cadence && !self.prefill_capacity_bound {
+        if self.has_prefill_cadence() && !self.prefill_capacity_bound {
             return false;
         }
         if self
