@@ -183,6 +183,32 @@ pub(crate) trait Coast {
     );
     /// The buffer of the last step's pass ends, kept from step to step.
     fn coast_ends(&mut self) -> &mut Vec<f64>;
+    /// How many passes from the next on are certain to end no request and reject none,
+    /// each a decode pass of at least [`Coast::least_pass_ms`], where no request arrives: a
+    /// lower bound, zero where the next pass may.
+    fn passes_before_an_end(&self) -> u32;
+    /// The least time a pass [`Coast::passes_before_an_end`] counts takes.
+    fn least_pass_ms(&self) -> f64;
+}
+
+/// Past this many milliseconds of virtual time the spacing of `f64`s could eat
+/// [`earliest_end`]'s margin: no lookahead there (about eleven days).
+const LOOKAHEAD_MS: f64 = 1e9;
+
+/// The earliest a request held by `engine` can end (finish, or be rejected) where its
+/// next pass starts at `from` and no request arrives before: `from` plus the passes that
+/// certainly end none, each at its least; infinite where it holds none. Each pass's time
+/// is charged a nanosecond and a billionth less, for the rounding of the sums that time
+/// the real passes.
+fn earliest_end<E: Coast>(engine: &E, from: f64) -> f64 {
+    if engine.is_drained() {
+        return f64::INFINITY;
+    }
+    let step = engine.least_pass_ms() * (1.0 - 1e-9) - 1e-6;
+    if !(from < LOOKAHEAD_MS && step > 0.0) {
+        return from;
+    }
+    from + f64::from(engine.passes_before_an_end()) * step
 }
 
 /// Runs `engine`'s quiet passes from `start` as one step, each starting before `before`:
@@ -405,6 +431,19 @@ impl Engine {
             (true, false) => coast_ranks(&mut sglang, start, before, tokens),
             _ => None,
         }
+    }
+
+    /// The earliest any of a worker's `ranks` can end a request (finish it, or reject it)
+    /// where their next pass starts at `from` and none arrives before; infinite where they
+    /// hold none. The ranks' passes start together, so each pass counts on every rank.
+    pub fn earliest_end(ranks: &[Engine], from: f64) -> f64 {
+        ranks
+            .iter()
+            .map(|engine| match engine {
+                Engine::Vllm(e) => earliest_end(e, from),
+                Engine::Sglang(e) => earliest_end(e, from),
+            })
+            .fold(f64::INFINITY, f64::min)
     }
 
     /// No request to schedule (held sources and destinations not yet activated wait on the

@@ -108,11 +108,45 @@ struct Worker {
     /// Ranks whose output waits for the pass to end.
     ran: Vec<usize>,
     busy: bool,
+    /// When the pass or step in flight ends, while `busy`.
+    until: f64,
+    /// [`Worker::earliest_end`], once asked, until the worker's ranks change: it is
+    /// forgotten where a pass starts or a request is placed here (the other changes come
+    /// of handoffs, which run no steps).
+    earliest_end: Option<f64>,
     /// Passes since the worker last held no request (AISimulate's wave step).
     wave_step: u64,
 }
 
 impl Worker {
+    /// The earliest this worker can end a request (finish it, or reject it) where none
+    /// reaches it meanwhile: when its pass in flight ends, where that pass ends one; else
+    /// the passes its ranks are certain to end none in ([`Engine::earliest_end`]). `now`
+    /// where it is between passes with work to do.
+    fn earliest_end(&mut self, now: f64) -> f64 {
+        if !self.busy {
+            return match self.ranks.iter().all(Engine::is_drained) {
+                true => f64::INFINITY,
+                false => now,
+            };
+        }
+        if let Some(end) = self.earliest_end {
+            return end;
+        }
+        let ends_one = self.ran.iter().any(|&rank| {
+            let out = &self.outputs[rank];
+            out.emitted.iter().any(|&(_, last)| last)
+                || !out.rejected.is_empty()
+                || !out.held.is_empty()
+        });
+        let end = match ends_one {
+            true => self.until,
+            false => Engine::earliest_end(&self.ranks, self.until),
+        };
+        self.earliest_end = Some(end);
+        end
+    }
+
     /// The wave starts over once the worker holds no request, as AISimulate's does.
     fn settle_wave(&mut self) {
         Engine::settle_wave(&self.ranks, &mut self.wave_step);
@@ -185,6 +219,8 @@ impl Pool {
                     outputs: (0..dp).map(|_| PassOutput::default()).collect(),
                     ran: Vec::new(),
                     busy: false,
+                    until: 0.0,
+                    earliest_end: None,
                     wave_step: 0,
                 })
                 .collect(),
@@ -253,9 +289,12 @@ struct Simulation<'a> {
     /// Workers may run their quiet decode passes as one step ([`Engine::coast_ranks`]) when
     /// nothing but an arrival brings a worker work: a worker's passes before the next
     /// arrival are then its own business. The arrivals not yet in `arrivals` are made by
-    /// events at least this long before them (see [`arrival_lead`]), so none of those comes
-    /// before `now` plus it.
+    /// requests' ends at least this long before them (see [`arrival_lead`]), so none of
+    /// those comes before the earliest another worker can end a request plus it
+    /// ([`Simulation::unmade`]).
     coasting: Option<f64>,
+    /// Steps run (each of one or more quiet passes).
+    steps: u64,
 }
 
 /// What each session of an agentic workload releases, and what each still waits for.
@@ -360,6 +399,18 @@ pub fn simulate(
     offload: Option<&mut Offload>,
     progress: &mut dyn FnMut(f64, usize),
 ) -> crate::Result<SimResult> {
+    run_simulation(workload, config, offload, progress, true).map(|(result, _)| result)
+}
+
+/// [`simulate`], its workers' quiet passes run as steps where they may (`steps`) or every
+/// pass on its own, which gives the same run; also how many steps ran.
+fn run_simulation(
+    workload: &Workload,
+    config: &SimConfig,
+    offload: Option<&mut Offload>,
+    progress: &mut dyn FnMut(f64, usize),
+    steps: bool,
+) -> crate::Result<(SimResult, u64)> {
     let began = Instant::now();
     let mut pools = Vec::new();
     if let Some(p) = &config.prefill {
@@ -420,20 +471,12 @@ pub fn simulate(
             ..
         })
     );
-    // An arrival not yet made comes of another request's end, at the end of a pass that is
-    // never part of a step: a worker alone meets none in the middle of its own step, so
-    // every arrival that can reach it before the step ends is made already.
-    let alone = workers_per_pool == [1];
-    let lead = match alone {
-        true => f64::INFINITY,
-        false => arrival_lead(workload, config.concurrency),
-    };
-    let coasting = (!config.online
+    let coasting = (steps
+        && !config.online
         && config.prefill.is_none()
         && offload.is_none()
-        && !router_queues
-        && lead > 0.0)
-        .then_some(lead);
+        && !router_queues)
+        .then(|| arrival_lead(workload, config.concurrency));
     let mut sim = Simulation {
         workload,
         config,
@@ -462,6 +505,7 @@ pub fn simulate(
             config.engine.engine_version == EngineVersion::Aisimulate013,
         ),
         coasting,
+        steps: 0,
     };
     for (i, s) in workload.sessions.iter().enumerate() {
         if sim.dependents.as_ref().is_some_and(|d| d.remaining[i] > 0) {
@@ -494,7 +538,8 @@ pub fn simulate(
         Some(p) => (u64::from(p.workers.max(1)), p.engine.gpus_per_worker()),
         None => (0, 0),
     };
-    Ok(SimResult {
+    let steps = sim.steps;
+    let result = SimResult {
         collector: sim.collector,
         provision: Provision {
             prefill_workers,
@@ -516,7 +561,8 @@ pub fn simulate(
             .map_or(0, |d| d.skipped.iter().filter(|&&s| s).count() as u64),
         plays,
         lifecycle,
-    })
+    };
+    Ok((result, steps))
 }
 
 impl Simulation<'_> {
@@ -981,6 +1027,7 @@ impl Simulation<'_> {
             f.prefill_at = Some((worker, rank));
         }
         let w = &mut p.workers[worker];
+        w.earliest_end = None;
         match w.live.as_mut() {
             Some(live) => live.enqueue(rank, request),
             None => w.ranks[rank].enqueue(request),
@@ -1174,8 +1221,10 @@ impl Simulation<'_> {
     /// Starts a pass on worker `w` of `pool`; returns when it ends, or `None` when no rank
     /// had anything to do.
     fn start_pass(&mut self, pool: usize, w: usize, now: f64) -> Option<f64> {
+        self.pools[pool].workers[w].earliest_end = None;
         if let Some(lead) = self.coasting {
-            if let Some(end) = self.coast(pool, w, now, now + lead) {
+            let unmade = self.unmade(pool, w, now, lead);
+            if let Some(end) = self.coast(pool, w, now, unmade) {
                 return Some(end);
             }
         }
@@ -1228,11 +1277,38 @@ impl Simulation<'_> {
         self.passes += 1;
         if end > now {
             worker.busy = true;
+            worker.until = end;
             self.order += 1;
             self.completions
                 .push(Reverse((Time(end), self.order, pool as u8, w as u32)));
         }
         Some(end)
+    }
+
+    /// The time before which no arrival not yet made can reach worker `w` of `pool`, which
+    /// starts a pass at `now`: `lead` after the earliest any other worker can end a
+    /// request, as every such arrival comes of a request's end at least `lead` before it
+    /// (an end here comes after the worker's step, which holds none). Each worker's ends
+    /// are bounded where no request reaches it, which holds until the earliest of them
+    /// and the arrivals made already. The other workers are asked only where the next
+    /// arrival made already would not end the step first.
+    fn unmade(&mut self, pool: usize, w: usize, now: f64, lead: f64) -> f64 {
+        let next = self
+            .arrivals
+            .peek()
+            .map_or(f64::INFINITY, |Reverse((t, _))| t.0);
+        if now + lead >= next {
+            return now + lead;
+        }
+        let mut end = f64::INFINITY;
+        for (p, other) in self.pools.iter_mut().enumerate() {
+            for (v, worker) in other.workers.iter_mut().enumerate() {
+                if (p, v) != (pool, w) {
+                    end = end.min(worker.earliest_end(now));
+                }
+            }
+        }
+        end.max(now) + lead
     }
 
     /// Runs worker `w`'s quiet decode passes from `now` to before the next arrival (and
@@ -1252,7 +1328,9 @@ impl Simulation<'_> {
                 collector.tokens(id, times);
             })?;
         worker.busy = true;
+        worker.until = end;
         worker.wave_step += passes;
+        self.steps += 1;
         self.passes += passes;
         self.order += 1;
         self.completions
@@ -1441,5 +1519,98 @@ mod tests {
             ..Workload::default()
         };
         assert_eq!(arrival_lead(&graph, None), 12.5);
+    }
+
+    #[test]
+    fn workers_step_up_to_the_earliest_end_another_worker_can_make() {
+        // Several workers, where a request's end makes an arrival at once (turns without a
+        // delay, a closed loop): each steps as far as no other worker can end a request.
+        // Random workloads (a fixed seed) on the three engines under both references'
+        // schedulers, one or two attention-DP ranks, pools from tight to roomy, both
+        // routers; every record must be the one a run of single passes gives.
+        let mut next = 0x2545_F491_4F6C_DD1Du64;
+        let mut draw = |m: u32| {
+            next ^= next << 13;
+            next ^= next >> 7;
+            next ^= next << 17;
+            (next % u64::from(m)) as u32
+        };
+        let (mut steps, mut runs) = (0, 0);
+        for workload in 0..120 {
+            let engine_type =
+                [EngineType::Sglang, EngineType::Vllm, EngineType::Trtllm][draw(3) as usize];
+            let engine_version =
+                [EngineVersion::Dynamo142, EngineVersion::Aisimulate013][draw(2) as usize];
+            let block_size = [16, 32][draw(2) as usize];
+            let dp_size = 1 + draw(2);
+            let engine = EngineArgs {
+                engine_type,
+                engine_version,
+                block_size,
+                dp_size,
+                prefill_schedule_interval: 1 + draw(2),
+                num_gpu_blocks: [40, 120, 16384][draw(3) as usize],
+                ..EngineArgs::default()
+            };
+            let sessions = (0..4 + draw(10))
+                .map(|s| Session {
+                    id: None,
+                    start_ms: f64::from(draw(400)),
+                    turns: (0..1 + draw(4))
+                        .map(|_| {
+                            let len = 10 + draw(300);
+                            // Half the prompts open with one of two shared blocks.
+                            let first = [draw(2), 1000 + s][draw(2) as usize];
+                            // Some answers short enough to end within a few passes.
+                            let most = [4, 120][draw(2) as usize];
+                            Turn {
+                                prompt: Prompt::from_blocks(&[first], block_size, len),
+                                output_length: 1 + draw(most),
+                                output_content: None,
+                                delay_ms: [0.0, 0.0, 3.5, 40.0][draw(4) as usize],
+                                request_id: None,
+                                priority: 0,
+                                strict_priority: 0,
+                            }
+                        })
+                        .collect(),
+                })
+                .collect();
+            let workload_ = Workload {
+                sessions,
+                ..Workload::default()
+            };
+            let config = SimConfig {
+                engine,
+                workers: 2 + draw(3),
+                prefill: None,
+                router: match draw(2) {
+                    0 => RouterMode::RoundRobin,
+                    _ => RouterMode::KvRouter(KvRouterConfig::default()),
+                },
+                concurrency: [None, Some(2), Some(6)][draw(3) as usize],
+                seed: 7,
+                online: false,
+                observer: None,
+            };
+            let run = |with_steps| {
+                let (result, steps) =
+                    run_simulation(&workload_, &config, None, &mut |_, _| {}, with_steps)
+                        .expect("a run");
+                (
+                    format!("{:?}", result.collector.records),
+                    result.passes,
+                    steps,
+                )
+            };
+            let (one_by_one, passes, _) = run(false);
+            let (stepped, stepped_passes, n) = run(true);
+            let case = format!("workload {workload}: {:?}", config.engine);
+            assert!(one_by_one == stepped, "{case}: the records differ");
+            assert_eq!(passes, stepped_passes, "{case}");
+            steps += n;
+            runs += 1;
+        }
+        assert!(steps > 1_000, "{steps} steps over {runs} runs");
     }
 }

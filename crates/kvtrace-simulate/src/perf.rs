@@ -31,6 +31,13 @@ pub fn decode_ms(batch: u64, active_kv_tokens: u64, total_kv_tokens: u64) -> f64
     (-25.74 * (u * u) + 54.01 * u + 5.74).max(1.0)
 }
 
+/// The least [`decode_ms`] gives any batch of one or more: an empty pool's, as the
+/// polynomial rises over the whole range of occupancy. A request's remaining tokens, one a
+/// decode pass, then bound how soon it can end (the event loop's lookahead).
+pub fn least_decode_ms() -> f64 {
+    decode_ms(1, 0, 1)
+}
+
 /// A phase's milliseconds as the reference engine carries them: a `Duration` of whole
 /// nanoseconds, divided by `divisor` (a speedup; zero or negative means none) into another
 /// `Duration`. Reproducing that rounding, not just the formula, is what keeps a long trace's
@@ -202,5 +209,23 @@ mod tests {
             "no pool counts as full"
         );
         assert_eq!(prefill_ms(0, 10, 0) + decode_ms(0, 1, 2), 0.0);
+    }
+
+    #[test]
+    fn no_decode_pass_is_faster_than_the_least() {
+        let least = least_decode_ms();
+        assert_eq!(least, 5.74);
+        for total in [0, 1, 7, 1000, 16384 * 512] {
+            for step in 0..=4096u64 {
+                let active = total * step / 4096;
+                for batch in [1, 2, 300] {
+                    assert!(
+                        decode_ms(batch, active, total) >= least,
+                        "{active} of {total}"
+                    );
+                    assert!(decode_ms(batch, active + total, total) >= least);
+                }
+            }
+        }
     }
 }

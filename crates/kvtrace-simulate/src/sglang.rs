@@ -284,6 +284,38 @@ impl Coast for SglangEngine {
         })
     }
 
+    /// Where nothing waits and every running request decodes, the passes before the first
+    /// request's last token, as far as the free and evictable pages give each request its
+    /// tokens and a page more: no pass before then admits, retracts or ends a request.
+    /// (`quiet`'s count is an upper bound, checked pass by pass as a step applies them.)
+    fn passes_before_an_end(&self) -> u32 {
+        let still = self.prefill_only
+            || !self.prebuilt.is_empty()
+            || !self.destinations.is_empty()
+            || !self.reserved.is_empty()
+            || !self.waiting.is_empty()
+            || self.running.is_empty();
+        if still {
+            return 0;
+        }
+        let mut passes = u32::MAX;
+        for req in &self.running {
+            if req.generated == 0 || req.lease.node.is_none() || req.allocated < req.len() {
+                return 0;
+            }
+            passes = passes.min(req.output_len.saturating_sub(req.generated + 1));
+        }
+        let room = self.cache.available_tokens() + self.cache.evictable;
+        let each = room / self.running.len() as u64;
+        let fed = each.saturating_sub(u64::from(self.page));
+        passes.min(u32::try_from(fed).unwrap_or(u32::MAX))
+    }
+
+    fn least_pass_ms(&self) -> f64 {
+        let speedup = self.args.speedup_ratio * self.args.decode_speedup_ratio;
+        perf::quantized(perf::least_decode_ms(), speedup)
+    }
+
     /// Timed as [`SglangEngine::pass_into`] times a decode pass; `None` where the pass
     /// would admit the head of the queue, or retract. The passes before it are applied
     /// first, so that it is checked against the pages they took, cached and evicted.

@@ -319,6 +319,16 @@ impl Coast for VllmEngine {
         })
     }
 
+    /// Quiet passes end no request, and refuse the head of the queue without rejecting it.
+    fn passes_before_an_end(&self) -> u32 {
+        self.quiet(0.0, f64::INFINITY).map_or(0, |q| q.passes)
+    }
+
+    fn least_pass_ms(&self) -> f64 {
+        let speedup = self.args.speedup_ratio * self.args.decode_speedup_ratio;
+        perf::quantized(perf::least_decode_ms(), speedup)
+    }
+
     /// Timed as [`VllmEngine::pass_into`] times a decode pass.
     fn quiet_pass_end(&mut self, quiet: &mut Quiet, n: u64, at: f64) -> Option<f64> {
         let speedup = self.args.speedup_ratio;
