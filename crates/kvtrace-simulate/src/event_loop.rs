@@ -98,6 +98,65 @@ impl Ord for Time {
     }
 }
 
+/// Turns that fall due: `(time, session)`, taken in that order. Turns due together go in
+/// session order, as Dynamo's workload driver releases them (a session has one turn due at
+/// a time). Those known from the start are kept sorted, so that a worker under round robin
+/// can tell which of them is the first it gets ([`Simulation::quiet_until`]); those made
+/// as the run goes wait in a heap.
+#[derive(Default)]
+struct Arrivals {
+    /// Latest first: the next is the last.
+    known: Vec<(Time, u32)>,
+    made: BinaryHeap<Reverse<(Time, u32)>>,
+}
+
+impl Arrivals {
+    /// The turns due from the start, in any order.
+    fn known(mut due: Vec<(Time, u32)>) -> Arrivals {
+        due.sort_unstable_by(|a, b| b.cmp(a));
+        Arrivals {
+            known: due,
+            made: BinaryHeap::new(),
+        }
+    }
+
+    fn push(&mut self, at: f64, session: u32) {
+        self.made.push(Reverse((Time(at), session)));
+    }
+
+    fn peek(&self) -> Option<(Time, u32)> {
+        let made = self.made.peek().map(|Reverse(next)| *next);
+        match (self.known.last().copied(), made) {
+            (Some(known), Some(made)) => Some(known.min(made)),
+            (known, made) => known.or(made),
+        }
+    }
+
+    /// The next turn, if it is due by `now`.
+    fn pop_due(&mut self, now: f64) -> Option<u32> {
+        let next = self.peek().filter(|(t, _)| t.0 <= now)?;
+        match self.known.last() == Some(&next) {
+            true => self.known.pop(),
+            false => self.made.pop().map(|Reverse(next)| next),
+        };
+        Some(next.1)
+    }
+
+    /// When the `j`th turn from the next (0: the next) falls due, or the first made during
+    /// the run, if that comes first: before it, the turns come in the order known.
+    fn nth(&self, j: usize) -> f64 {
+        let made = self
+            .made
+            .peek()
+            .map_or(f64::INFINITY, |Reverse((t, _))| t.0);
+        let known = match self.known.len().checked_sub(j + 1) {
+            Some(i) => self.known[i].0 .0,
+            None => f64::INFINITY,
+        };
+        known.min(made)
+    }
+}
+
 struct Worker {
     /// The engines, unless a live worker thread owns them.
     ranks: Vec<Engine>,
@@ -263,9 +322,7 @@ struct Simulation<'a> {
     config: &'a SimConfig,
     collector: Collector,
     pools: Vec<Pool>,
-    /// Turns that fall due: `(time, session)`. Turns due together go in session order, as
-    /// Dynamo's workload driver releases them (a session has one turn due at a time).
-    arrivals: BinaryHeap<Reverse<(Time, u32)>>,
+    arrivals: Arrivals,
     /// Pass ends: `(time, order, pool, worker)`.
     completions: BinaryHeap<Reverse<(Time, u64, u8, u32)>>,
     /// KV transfers that complete: `(time, order, request)`.
@@ -482,7 +539,7 @@ fn run_simulation(
         config,
         collector,
         pools,
-        arrivals: BinaryHeap::new(),
+        arrivals: Arrivals::default(),
         completions: BinaryHeap::new(),
         transfers: BinaryHeap::new(),
         order: 0,
@@ -507,16 +564,18 @@ fn run_simulation(
         coasting,
         steps: 0,
     };
+    let mut due = Vec::new();
     for (i, s) in workload.sessions.iter().enumerate() {
         if sim.dependents.as_ref().is_some_and(|d| d.remaining[i] > 0) {
             continue;
         }
         match config.concurrency {
             Some(c) if i >= c as usize => sim.waiting_sessions.push_back(i as u32),
-            Some(_) => sim.schedule_arrival(0.0, i as u32),
-            None => sim.schedule_arrival(s.start_ms, i as u32),
+            Some(_) => due.push((Time(0.0), i as u32)),
+            None => due.push((Time(s.start_ms), i as u32)),
         }
     }
+    sim.arrivals = Arrivals::known(due);
     if config.online {
         let (tx, rx) = crossbeam_channel::unbounded();
         for (p, pool) in sim.pools.iter_mut().enumerate() {
@@ -579,14 +638,14 @@ impl Simulation<'_> {
     }
 
     fn schedule_arrival(&mut self, at: f64, session: u32) {
-        self.arrivals.push(Reverse((Time(at), session)));
+        self.arrivals.push(at, session);
     }
 
     fn run(&mut self, progress: &mut dyn FnMut(f64, usize)) {
         let mut next_report = 0;
         loop {
             let next = [
-                self.arrivals.peek().map(|Reverse((t, _))| *t),
+                self.arrivals.peek().map(|(t, _)| t),
                 self.completions.peek().map(|Reverse((t, ..))| *t),
                 self.transfers.peek().map(|Reverse((t, ..))| *t),
             ];
@@ -626,11 +685,7 @@ impl Simulation<'_> {
                 self.transferred(id);
                 changed = true;
             }
-            while let Some(&Reverse((t, s))) = self.arrivals.peek() {
-                if t.0 > now {
-                    break;
-                }
-                self.arrivals.pop();
+            while let Some(s) = self.arrivals.pop_due(now) {
                 self.arrive(s, now);
                 changed = true;
             }
@@ -713,11 +768,7 @@ impl Simulation<'_> {
                 self.transfers.pop();
                 self.transferred(id);
             }
-            while let Some(&Reverse((t, s))) = self.arrivals.peek() {
-                if t.0 > now {
-                    break;
-                }
-                self.arrivals.pop();
+            while let Some(s) = self.arrivals.pop_due(now) {
                 self.arrive(s, now);
             }
             self.run_actions(now);
@@ -734,7 +785,7 @@ impl Simulation<'_> {
             }
             let busy = self.pools.iter().flat_map(|p| &p.workers).any(|w| w.busy);
             let next = [
-                self.arrivals.peek().map(|Reverse((t, _))| *t),
+                self.arrivals.peek().map(|(t, _)| t),
                 self.transfers.peek().map(|Reverse((t, ..))| *t),
             ]
             .into_iter()
@@ -1223,8 +1274,8 @@ impl Simulation<'_> {
     fn start_pass(&mut self, pool: usize, w: usize, now: f64) -> Option<f64> {
         self.pools[pool].workers[w].earliest_end = None;
         if let Some(lead) = self.coasting {
-            let unmade = self.unmade(pool, w, now, lead);
-            if let Some(end) = self.coast(pool, w, now, unmade) {
+            let before = self.quiet_until(pool, w, now, lead);
+            if let Some(end) = self.coast(pool, w, now, before) {
                 return Some(end);
             }
         }
@@ -1285,20 +1336,34 @@ impl Simulation<'_> {
         Some(end)
     }
 
-    /// The time before which no arrival not yet made can reach worker `w` of `pool`, which
-    /// starts a pass at `now`: `lead` after the earliest any other worker can end a
-    /// request, as every such arrival comes of a request's end at least `lead` before it
-    /// (an end here comes after the worker's step, which holds none). Each worker's ends
-    /// are bounded where no request reaches it, which holds until the earliest of them
-    /// and the arrivals made already. The other workers are asked only where the next
-    /// arrival made already would not end the step first.
-    fn unmade(&mut self, pool: usize, w: usize, now: f64, lead: f64) -> f64 {
-        let next = self
-            .arrivals
-            .peek()
-            .map_or(f64::INFINITY, |Reverse((t, _))| t.0);
-        if now + lead >= next {
-            return now + lead;
+    /// The time before which no request can reach worker `w` of `pool`, which starts a
+    /// pass at `now`: its passes until then are its own business.
+    ///
+    /// - Of the arrivals made already, the first it gets. Under round robin the workers
+    ///   take requests in turn, whatever they hold, so that is the one its turn falls on,
+    ///   where no arrival yet to be made comes before it; otherwise (and where a request
+    ///   graph's arrivals may send nothing) the first.
+    /// - `lead` after the earliest a request can end elsewhere, as an arrival yet to be
+    ///   made comes of a request's end at least `lead` before it ([`arrival_lead`]; an end
+    ///   here comes after the worker's step, which holds none). A worker no request reaches
+    ///   ends none before [`Worker::earliest_end`]; one that another arrival reaches first
+    ///   may end one from then on.
+    ///
+    /// The other workers are asked only where the arrivals do not end the step first.
+    fn quiet_until(&mut self, pool: usize, w: usize, now: f64, lead: f64) -> f64 {
+        let first = self.arrivals.nth(0);
+        let turns = match self.dependents {
+            Some(_) => None,
+            None => self.pools[pool].router.turns_before(w),
+        };
+        let reach = turns.map_or(first, |j| self.arrivals.nth(j));
+        let elsewhere = match reach > first {
+            true => first + lead,
+            false => f64::INFINITY,
+        };
+        let bound = reach.min(elsewhere);
+        if now + lead >= bound {
+            return bound;
         }
         let mut end = f64::INFINITY;
         for (p, other) in self.pools.iter_mut().enumerate() {
@@ -1308,19 +1373,15 @@ impl Simulation<'_> {
                 }
             }
         }
-        end.max(now) + lead
+        bound.min(end.max(now) + lead)
     }
 
-    /// Runs worker `w`'s quiet decode passes from `now` to before the next arrival (and
-    /// before `unmade`, which no arrival yet to be made precedes) as one step (see
+    /// Runs worker `w`'s quiet decode passes from `now` to before `before` (which no
+    /// request reaches it before, [`Simulation::quiet_until`]) as one step (see
     /// [`Engine::coast_ranks`]), their tokens recorded at once; the step ends with
     /// an event that applies nothing, after which the worker's next pass starts in the
     /// loop's order. Returns when the step ends, or `None` when no pass qualifies.
-    fn coast(&mut self, pool: usize, w: usize, now: f64, unmade: f64) -> Option<f64> {
-        let before = self
-            .arrivals
-            .peek()
-            .map_or(unmade, |Reverse((t, _))| t.0.min(unmade));
+    fn coast(&mut self, pool: usize, w: usize, now: f64, before: f64) -> Option<f64> {
         let worker = &mut self.pools[pool].workers[w];
         let collector = &mut self.collector;
         let (passes, end) =
@@ -1449,7 +1510,7 @@ impl Simulation<'_> {
             d.remaining[t] -= 1;
             if d.remaining[t] == 0 {
                 let at = d.ready_after[t];
-                self.arrivals.push(Reverse((Time(at), target)));
+                self.arrivals.push(at, target);
             }
         }
     }
@@ -1524,8 +1585,9 @@ mod tests {
     #[test]
     fn workers_step_up_to_the_earliest_end_another_worker_can_make() {
         // Several workers, where a request's end makes an arrival at once (turns without a
-        // delay, a closed loop): each steps as far as no other worker can end a request.
-        // Random workloads (a fixed seed) on the three engines under both references'
+        // delay, a closed loop): each steps as far as no other worker can end a request,
+        // and under round robin past the arrivals that go to other workers. Random
+        // workloads (a fixed seed) on the three engines under both references'
         // schedulers, one or two attention-DP ranks, pools from tight to roomy, both
         // routers; every record must be the one a run of single passes gives.
         let mut next = 0x2545_F491_4F6C_DD1Du64;
@@ -1552,11 +1614,14 @@ mod tests {
                 num_gpu_blocks: [40, 120, 16384][draw(3) as usize],
                 ..EngineArgs::default()
             };
-            let sessions = (0..4 + draw(10))
+            // A third of the workloads single turns only: every arrival known from the
+            // start, which round robin hands to the workers in turn.
+            let most_turns = [1, 4, 4][draw(3) as usize];
+            let sessions = (0..4 + draw(20))
                 .map(|s| Session {
                     id: None,
                     start_ms: f64::from(draw(400)),
-                    turns: (0..1 + draw(4))
+                    turns: (0..1 + draw(most_turns))
                         .map(|_| {
                             let len = 10 + draw(300);
                             // Half the prompts open with one of two shared blocks.

@@ -250,6 +250,19 @@ impl Router {
         self
     }
 
+    /// How many requests go to other workers before worker `worker` gets one, where the
+    /// router takes the workers in turn (round robin), whatever they hold; `None` where
+    /// it reads them.
+    pub fn turns_before(&self, worker: usize) -> Option<usize> {
+        match self.mode {
+            RouterMode::RoundRobin => {
+                let workers = (self.loads.len() / self.ranks).max(1);
+                Some((worker + workers - self.next % workers) % workers)
+            }
+            RouterMode::KvRouter(_) => None,
+        }
+    }
+
     pub fn mode(&self) -> &RouterMode {
         &self.mode
     }
@@ -476,6 +489,28 @@ impl Router {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn round_robin_tells_each_worker_its_turn() {
+        for (workers, ranks) in [(1, 1), (2, 1), (3, 2), (4, 3)] {
+            let mut r =
+                Router::new(RouterMode::RoundRobin, workers * ranks, 16, 7).with_ranks(ranks);
+            let mut placed = Vec::new();
+            let mut told = Vec::new();
+            for id in 0..30 {
+                told.push((0..workers).map(|w| r.turns_before(w)).collect::<Vec<_>>());
+                placed.push(r.route(id, Arc::from(vec![1]), 16).candidate / ranks);
+            }
+            for (i, turns) in told.iter().enumerate().take(30 - workers) {
+                for (w, turn) in turns.iter().enumerate() {
+                    let gets = placed[i..].iter().position(|&p| p == w);
+                    assert_eq!(*turn, gets, "{workers} × {ranks}, request {i}, worker {w}");
+                }
+            }
+        }
+        let kv = Router::new(RouterMode::KvRouter(KvRouterConfig::default()), 2, 16, 7);
+        assert_eq!(kv.turns_before(0), None);
+    }
 
     #[test]
     fn kv_router_prefers_the_cached_prefix_and_is_seeded() {
