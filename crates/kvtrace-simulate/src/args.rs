@@ -531,6 +531,18 @@ impl EngineArgs {
             .saturating_mul(u64::from(self.block_size))
     }
 
+    /// What a decode pass's model milliseconds are divided by: the speed-up, and the
+    /// decode's own on top of it.
+    pub fn decode_divisor(&self) -> f64 {
+        self.speedup_ratio * self.decode_speedup_ratio
+    }
+
+    /// The least time a decode pass of any batch takes ([`crate::perf::least_decode_ms`],
+    /// quantized as the engines quantize a decode pass).
+    pub fn least_decode_pass_ms(&self) -> f64 {
+        crate::perf::quantized(crate::perf::least_decode_ms(), self.decode_divisor())
+    }
+
     /// GPUs one worker stands for in the gpu-hours figures.
     pub fn gpus_per_worker(&self) -> u64 {
         u64::from(self.tp_size) * u64::from(self.dp_size)

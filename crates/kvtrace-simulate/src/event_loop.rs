@@ -348,7 +348,7 @@ struct Simulation<'a> {
     /// arrival are then its own business. The arrivals not yet in `arrivals` are made by
     /// requests' ends at least this long before them (see [`arrival_lead`]), so none of
     /// those comes before the earliest another worker can end a request plus it
-    /// ([`Simulation::unmade`]).
+    /// ([`Simulation::quiet_until`]).
     coasting: Option<f64>,
     /// Steps run (each of one or more quiet passes).
     steps: u64,
@@ -1590,13 +1590,8 @@ mod tests {
         // workloads (a fixed seed) on the three engines under both references'
         // schedulers, one or two attention-DP ranks, pools from tight to roomy, both
         // routers; every record must be the one a run of single passes gives.
-        let mut next = 0x2545_F491_4F6C_DD1Du64;
-        let mut draw = |m: u32| {
-            next ^= next << 13;
-            next ^= next >> 7;
-            next ^= next << 17;
-            (next % u64::from(m)) as u32
-        };
+        let mut rng = crate::rng::SplitMix64::new(0x2545_F491_4F6C_DD1D);
+        let mut draw = |m: u32| rng.range(0, u64::from(m) - 1) as u32;
         let (mut steps, mut runs) = (0, 0);
         for workload in 0..120 {
             let engine_type =

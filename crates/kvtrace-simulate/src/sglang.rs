@@ -312,8 +312,7 @@ impl Coast for SglangEngine {
     }
 
     fn least_pass_ms(&self) -> f64 {
-        let speedup = self.args.speedup_ratio * self.args.decode_speedup_ratio;
-        perf::quantized(perf::least_decode_ms(), speedup)
+        self.args.least_decode_pass_ms()
     }
 
     /// Timed as [`SglangEngine::pass_into`] times a decode pass; `None` where the pass
@@ -1040,7 +1039,7 @@ impl SglangEngine {
     fn decode_step_ms(&self, batch: u64, context: u64) -> f64 {
         let total_kv = self.cache.total_tokens();
         let ms = perf::decode_ms(batch, context.min(total_kv), total_kv);
-        perf::quantized(ms, self.args.speedup_ratio * self.args.decode_speedup_ratio)
+        perf::quantized(ms, self.args.decode_divisor())
     }
 
     /// AISimulate's `new_token_ratio` after a retraction, from the requests that stay:

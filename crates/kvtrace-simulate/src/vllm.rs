@@ -325,13 +325,11 @@ impl Coast for VllmEngine {
     }
 
     fn least_pass_ms(&self) -> f64 {
-        let speedup = self.args.speedup_ratio * self.args.decode_speedup_ratio;
-        perf::quantized(perf::least_decode_ms(), speedup)
+        self.args.least_decode_pass_ms()
     }
 
     /// Timed as [`VllmEngine::pass_into`] times a decode pass.
     fn quiet_pass_end(&mut self, quiet: &mut Quiet, n: u64, at: f64) -> Option<f64> {
-        let speedup = self.args.speedup_ratio;
         let batch = quiet.batch;
         let context = quiet.context + batch * n;
         let model = match &quiet.occupancy {
@@ -344,11 +342,11 @@ impl Coast for VllmEngine {
         };
         let decode_ms = self
             .decode_time
-            .quantized(model, speedup * self.args.decode_speedup_ratio);
+            .quantized(model, self.args.decode_divisor());
         Some(pass_end_ms(
             at,
             0.0,
-            perf::quantized(0.0, speedup),
+            perf::quantized(0.0, self.args.speedup_ratio),
             decode_ms,
         ))
     }
@@ -705,7 +703,7 @@ impl VllmEngine {
         out.prefill_tokens = prefill.computed;
         out.decode_ms = self
             .decode_time
-            .quantized(decode_ms, speedup * self.args.decode_speedup_ratio);
+            .quantized(decode_ms, self.args.decode_divisor());
         self.emit(out);
         self.pool.move_events_to(&mut out.kv_events);
         true
