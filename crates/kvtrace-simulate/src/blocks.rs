@@ -300,6 +300,12 @@ impl BlockPool {
         }
     }
 
+    /// Events made since the last [`BlockPool::move_events_to`] (a reservation's evictions,
+    /// between passes) that the next pass's output is to publish.
+    pub fn has_unpublished_events(&self) -> bool {
+        self.events.as_ref().is_some_and(|e| !e.is_empty())
+    }
+
     /// Moves the events since the last call (none unless tracking) to the end of `to`,
     /// keeping both buffers for the next pass.
     pub fn move_events_to(&mut self, to: &mut Vec<KvEvent>) {

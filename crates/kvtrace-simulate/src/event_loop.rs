@@ -169,9 +169,11 @@ struct Worker {
     busy: bool,
     /// When the pass or step in flight ends, while `busy`.
     until: f64,
-    /// [`Worker::earliest_end`], once asked, until the worker's ranks change: it is
-    /// forgotten where a pass starts or a request is placed here (the other changes come
-    /// of handoffs, which run no steps).
+    /// [`Worker::earliest_end`], once asked, until the worker's ranks change while it is
+    /// busy (it is asked of a busy worker only): it is forgotten where a pass starts, a
+    /// request is placed here, a handoff asks for room here or frees a prompt here (a
+    /// refused handoff frees its prompt at once). An activation, and the release that
+    /// follows one, wait for a busy worker's pass to end.
     earliest_end: Option<f64>,
     /// Passes since the worker last held no request (AISimulate's wave step).
     wave_step: u64,
@@ -181,13 +183,18 @@ impl Worker {
     /// The earliest this worker can end a request (finish it, or reject it) where none
     /// reaches it meanwhile: when its pass in flight ends, where that pass ends one; else
     /// the passes its ranks are certain to end none in ([`Engine::earliest_end`]). `now`
-    /// where it is between passes with work to do.
-    fn earliest_end(&mut self, now: f64) -> f64 {
+    /// where it is between passes with work to do. Where handoff actions wait for its pass
+    /// to end (`handed`), the pass's end: an activation there may bring a request whose
+    /// first pass is its last.
+    fn earliest_end(&mut self, now: f64, handed: bool) -> f64 {
         if !self.busy {
             return match self.ranks.iter().all(Engine::is_drained) {
                 true => f64::INFINITY,
                 false => now,
             };
+        }
+        if handed {
+            return self.until;
         }
         if let Some(end) = self.earliest_end {
             return end;
@@ -206,6 +213,17 @@ impl Worker {
         end
     }
 
+    /// The earliest its next pass can end: the one in flight's end, `now` where it is
+    /// between passes with a request to schedule, infinite where it has none. A prefill
+    /// worker's pass may hold a prompt for its handoff, which then reaches the decode pool.
+    fn next_pass_end(&self, now: f64) -> f64 {
+        match (self.busy, self.ranks.iter().all(Engine::is_idle)) {
+            (true, _) => self.until,
+            (false, false) => now,
+            (false, true) => f64::INFINITY,
+        }
+    }
+
     /// The wave starts over once the worker holds no request, as AISimulate's does.
     fn settle_wave(&mut self) {
         Engine::settle_wave(&self.ranks, &mut self.wave_step);
@@ -217,6 +235,7 @@ impl Worker {
             Some(live) => live.release_source(rank, id),
             None => {
                 self.ranks[rank].release_source(id);
+                self.earliest_end = None;
                 self.settle_wave();
             }
         }
@@ -344,11 +363,11 @@ struct Simulation<'a> {
     /// An agentic workload's dependencies, released as requests are sent and end.
     dependents: Option<Dependents>,
     /// Workers may run their quiet decode passes as one step ([`Engine::coast_ranks`]) when
-    /// nothing but an arrival brings a worker work: a worker's passes before the next
-    /// arrival are then its own business. The arrivals not yet in `arrivals` are made by
-    /// requests' ends at least this long before them (see [`arrival_lead`]), so none of
-    /// those comes before the earliest another worker can end a request plus it
-    /// ([`Simulation::quiet_until`]).
+    /// nothing but an arrival (or, to a decode worker, a handoff) brings a worker work: a
+    /// worker's passes before the next arrival are then its own business. The arrivals not
+    /// yet in `arrivals` are made by requests' ends at least this long before them (see
+    /// [`arrival_lead`]), so none of those comes before the earliest another worker can end
+    /// a request plus it ([`Simulation::quiet_until`]).
     coasting: Option<f64>,
     /// Steps run (each of one or more quiet passes).
     steps: u64,
@@ -518,9 +537,10 @@ fn run_simulation(
     // With a second core, the pooled token gaps are folded beside the simulation.
     let mut collector = Collector::beside();
     collector.records.reserve_exact(turns);
-    // A request the router queues is released when another worker's pass ends, and a
-    // handoff's or an offload store's work runs between passes: any of them could reach a
-    // worker in the middle of its step.
+    // A request the router queues is released when another worker's pass ends, and an
+    // offload store's work runs between passes: either could reach a worker in the middle
+    // of its step. A handoff reaches the decode pool only where a prompt arrives, a prefill
+    // pass ends or a transfer completes, which bound a decode worker's step.
     let router_queues = matches!(
         &config.router,
         RouterMode::KvRouter(KvRouterConfig {
@@ -528,11 +548,7 @@ fn run_simulation(
             ..
         })
     );
-    let coasting = (steps
-        && !config.online
-        && config.prefill.is_none()
-        && offload.is_none()
-        && !router_queues)
+    let coasting = (steps && !config.online && offload.is_none() && !router_queues)
         .then(|| arrival_lead(workload, config.concurrency));
     let mut sim = Simulation {
         workload,
@@ -1196,6 +1212,7 @@ impl Simulation<'_> {
             }
             None => {
                 let between_passes = !worker.busy;
+                worker.earliest_end = None;
                 worker.ranks[rank].reserve_destination(request, between_passes)
             }
         };
@@ -1273,7 +1290,11 @@ impl Simulation<'_> {
     /// had anything to do.
     fn start_pass(&mut self, pool: usize, w: usize, now: f64) -> Option<f64> {
         self.pools[pool].workers[w].earliest_end = None;
-        if let Some(lead) = self.coasting {
+        // A prefill worker runs no quiet decode passes (`Coast::quiet`).
+        let steps = self
+            .coasting
+            .filter(|_| !self.disaggregated() || pool == DECODE);
+        if let Some(lead) = steps {
             let before = self.quiet_until(pool, w, now, lead);
             if let Some(end) = self.coast(pool, w, now, before) {
                 return Some(end);
@@ -1341,27 +1362,33 @@ impl Simulation<'_> {
     ///
     /// - Of the arrivals made already, the first it gets. Under round robin the workers
     ///   take requests in turn, whatever they hold, so that is the one its turn falls on,
-    ///   where no arrival yet to be made comes before it; otherwise (and where a request
-    ///   graph's arrivals may send nothing) the first.
+    ///   where no arrival yet to be made comes before it; otherwise (where a request
+    ///   graph's arrivals may send nothing, and for a decode worker, whose requests come of
+    ///   handoffs) the first.
     /// - `lead` after the earliest a request can end elsewhere, as an arrival yet to be
     ///   made comes of a request's end at least `lead` before it ([`arrival_lead`]; an end
     ///   here comes after the worker's step, which holds none). A worker no request reaches
     ///   ends none before [`Worker::earliest_end`]; one that another arrival reaches first
     ///   may end one from then on.
+    /// - For a decode worker of a disaggregated run, the earliest a handoff can reach the
+    ///   decode pool, whose router reads every decode worker ([`Simulation::handoff_bound`]).
     ///
     /// The other workers are asked only where the arrivals do not end the step first.
     fn quiet_until(&mut self, pool: usize, w: usize, now: f64, lead: f64) -> f64 {
         let first = self.arrivals.nth(0);
-        let turns = match self.dependents {
-            Some(_) => None,
-            None => self.pools[pool].router.turns_before(w),
+        let turns = match (&self.dependents, pool) {
+            (None, ENTRY) => self.pools[pool].router.turns_before(w),
+            _ => None,
         };
         let reach = turns.map_or(first, |j| self.arrivals.nth(j));
         let elsewhere = match reach > first {
             true => first + lead,
             false => f64::INFINITY,
         };
-        let bound = reach.min(elsewhere);
+        let mut bound = reach.min(elsewhere);
+        if pool == DECODE {
+            bound = bound.min(self.handoff_bound(now));
+        }
         if now + lead >= bound {
             return bound;
         }
@@ -1369,11 +1396,35 @@ impl Simulation<'_> {
         for (p, other) in self.pools.iter_mut().enumerate() {
             for (v, worker) in other.workers.iter_mut().enumerate() {
                 if (p, v) != (pool, w) {
-                    end = end.min(worker.earliest_end(now));
+                    let handed = self.actions.waits_on(p, v);
+                    end = end.min(worker.earliest_end(now, handed));
                 }
             }
         }
         bound.min(end.max(now) + lead)
+    }
+
+    /// The earliest a handoff can next reach the decode pool (route a request there, or
+    /// reserve, activate or release one on a decode worker), from `now`: at once while
+    /// actions wait to run; otherwise when the first transfer completes or the first
+    /// prefill pass ends (which may hold a prompt, the rest of whose handoff follows at
+    /// once), whichever comes first. A prefill worker between passes with a prompt to run
+    /// could start one at once. A destination-first handoff starts at its arrival, which
+    /// [`Simulation::quiet_until`] counts; an action deferred to a decode worker's pass
+    /// end waits on a worker that is busy, never on one that starts a step.
+    fn handoff_bound(&self, now: f64) -> f64 {
+        if !self.actions.is_empty() {
+            return now;
+        }
+        let transfer = self
+            .transfers
+            .peek()
+            .map_or(f64::INFINITY, |Reverse((t, ..))| t.0);
+        self.pools[ENTRY]
+            .workers
+            .iter()
+            .map(|worker| worker.next_pass_end(now))
+            .fold(transfer, f64::min)
     }
 
     /// Runs worker `w`'s quiet decode passes from `now` to before `before` (which no
@@ -1519,6 +1570,7 @@ impl Simulation<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::args::WorkerType;
     use crate::workload::{Graph, Prompt, Session, Turn, Wait};
 
     fn session(delays: &[f64]) -> Session {
@@ -1582,6 +1634,87 @@ mod tests {
         assert_eq!(arrival_lead(&graph, None), 12.5);
     }
 
+    /// A random workload of 4 to 23 sessions starting within 400 ms: a third single turns
+    /// only (every arrival known from the start), the rest up to four turns each, some
+    /// without a delay; half the prompts open with one of two shared blocks, some answers
+    /// short enough to end within a few passes.
+    fn random_sessions(draw: &mut impl FnMut(u32) -> u32, block_size: u32) -> Workload {
+        let most_turns = [1, 4, 4][draw(3) as usize];
+        let sessions = (0..4 + draw(20))
+            .map(|s| Session {
+                id: None,
+                start_ms: f64::from(draw(400)),
+                turns: (0..1 + draw(most_turns))
+                    .map(|_| {
+                        let len = 10 + draw(300);
+                        let first = [draw(2), 1000 + s][draw(2) as usize];
+                        let most = [4, 120][draw(2) as usize];
+                        Turn {
+                            prompt: Prompt::from_blocks(&[first], block_size, len),
+                            output_length: 1 + draw(most),
+                            output_content: None,
+                            delay_ms: [0.0, 0.0, 3.5, 40.0][draw(4) as usize],
+                            request_id: None,
+                            priority: 0,
+                            strict_priority: 0,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        Workload {
+            sessions,
+            ..Workload::default()
+        }
+    }
+
+    /// A run of `workers` workers of `engine` (and `prefill`) under a router and an arrival
+    /// loop drawn at random: either router, open loop or two or six sessions at a time.
+    fn random_config(
+        engine: EngineArgs,
+        workers: u32,
+        prefill: Option<PrefillPool>,
+        draw: &mut impl FnMut(u32) -> u32,
+    ) -> SimConfig {
+        SimConfig {
+            engine,
+            workers,
+            prefill,
+            router: match draw(2) {
+                0 => RouterMode::RoundRobin,
+                _ => RouterMode::KvRouter(KvRouterConfig::default()),
+            },
+            concurrency: [None, Some(2), Some(6)][draw(3) as usize],
+            seed: 7,
+            online: false,
+            observer: None,
+        }
+    }
+
+    /// Runs `config` one pass at a time and in steps: the two must give the same records
+    /// and passes. Returns how many steps ran.
+    fn steps_change_nothing(workload: &Workload, config: &SimConfig, case: &str) -> u64 {
+        let run = |with_steps| {
+            let (result, steps) =
+                run_simulation(workload, config, None, &mut |_, _| {}, with_steps).expect("a run");
+            let records: Vec<String> = result
+                .collector
+                .records
+                .iter()
+                .map(|r| format!("{r:?}"))
+                .collect();
+            (records, result.passes, steps)
+        };
+        let (one_by_one, passes, _) = run(false);
+        let (stepped, stepped_passes, steps) = run(true);
+        if let Some((a, b)) = one_by_one.iter().zip(&stepped).find(|(a, b)| a != b) {
+            panic!("{case}: a record differs\none pass at a time: {a}\nin steps: {b}");
+        }
+        assert_eq!(one_by_one.len(), stepped.len(), "{case}");
+        assert_eq!(passes, stepped_passes, "{case}");
+        steps
+    }
+
     #[test]
     fn workers_step_up_to_the_earliest_end_another_worker_can_make() {
         // Several workers, where a request's end makes an arrival at once (turns without a
@@ -1609,68 +1742,122 @@ mod tests {
                 num_gpu_blocks: [40, 120, 16384][draw(3) as usize],
                 ..EngineArgs::default()
             };
-            // A third of the workloads single turns only: every arrival known from the
-            // start, which round robin hands to the workers in turn.
-            let most_turns = [1, 4, 4][draw(3) as usize];
-            let sessions = (0..4 + draw(20))
-                .map(|s| Session {
-                    id: None,
-                    start_ms: f64::from(draw(400)),
-                    turns: (0..1 + draw(most_turns))
-                        .map(|_| {
-                            let len = 10 + draw(300);
-                            // Half the prompts open with one of two shared blocks.
-                            let first = [draw(2), 1000 + s][draw(2) as usize];
-                            // Some answers short enough to end within a few passes.
-                            let most = [4, 120][draw(2) as usize];
-                            Turn {
-                                prompt: Prompt::from_blocks(&[first], block_size, len),
-                                output_length: 1 + draw(most),
-                                output_content: None,
-                                delay_ms: [0.0, 0.0, 3.5, 40.0][draw(4) as usize],
-                                request_id: None,
-                                priority: 0,
-                                strict_priority: 0,
-                            }
-                        })
-                        .collect(),
-                })
-                .collect();
-            let workload_ = Workload {
-                sessions,
-                ..Workload::default()
+            let workload_ = random_sessions(&mut draw, block_size);
+            let config = random_config(engine, 2 + draw(3), None, &mut draw);
+            let case = format!("workload {workload}: {:?}", config.engine);
+            steps += steps_change_nothing(&workload_, &config, &case);
+            runs += 1;
+        }
+        assert!(steps > 1_000, "{steps} steps over {runs} runs");
+    }
+
+    #[test]
+    fn decode_workers_step_up_to_the_next_handoff() {
+        // Disaggregated: a decode worker steps as far as no handoff can reach the decode
+        // pool (a prompt arrives, a prefill pass ends, a transfer completes) and no other
+        // worker can end a request, beside the prompts reserved room on it that wait for
+        // their transfer. Random workloads on the three engines (TRT-LLM under AISimulate's
+        // scheduler only, as Dynamo 1.4.2 refuses it disaggregated), one to three workers a
+        // pool, one or two ranks, transfers instant, fast and slow, of the whole prompt or
+        // what the decode worker lacks, decode pools from too small for some prompts to
+        // roomy, open and closed loops; every record must be the one a run of single
+        // passes gives.
+        let mut rng = crate::rng::SplitMix64::new(0x9E37_79B9_7F4A_7C15);
+        let mut draw = |m: u32| rng.range(0, u64::from(m) - 1) as u32;
+        let (mut steps, mut runs) = (0, 0);
+        for workload in 0..240 {
+            let engine_type =
+                [EngineType::Sglang, EngineType::Vllm, EngineType::Trtllm][draw(3) as usize];
+            let engine_version = match engine_type {
+                EngineType::Trtllm => EngineVersion::Aisimulate013,
+                _ => [EngineVersion::Dynamo142, EngineVersion::Aisimulate013][draw(2) as usize],
             };
+            let block_size = [16, 32][draw(2) as usize];
+            let mut engine = |worker_type| EngineArgs {
+                engine_type,
+                engine_version,
+                worker_type,
+                block_size,
+                dp_size: 1 + draw(2),
+                num_gpu_blocks: [12, 40, 120, 16384][draw(4) as usize],
+                ..EngineArgs::default()
+            };
+            let decode = engine(WorkerType::Decode);
+            let mut prefill = engine(WorkerType::Prefill);
+            // Prefill pools from one prompt's room up, transfers that keep prompts held.
+            prefill.num_gpu_blocks = [24, 40, 120][draw(3) as usize];
+            prefill.kv_bytes_per_token = Some(131_072);
+            prefill.kv_transfer_bandwidth =
+                [None, Some(0.05), Some(0.5), Some(20.0)][draw(4) as usize];
+            prefill.kv_transfer_timing = [
+                TransferTiming::FullPrompt,
+                TransferTiming::DestinationMissing,
+            ][draw(2) as usize];
+            let workload_ = random_sessions(&mut draw, block_size);
+            let prefill = PrefillPool {
+                engine: prefill,
+                workers: 1 + draw(2),
+            };
+            let config = random_config(decode, 1 + draw(3), Some(prefill), &mut draw);
+            let case = format!("workload {workload}: {:?}", config.prefill);
+            steps += steps_change_nothing(&workload_, &config, &case);
+            runs += 1;
+        }
+        assert!(steps > 1_000, "{steps} steps over {runs} runs");
+    }
+
+    #[test]
+    fn decode_workers_step_through_a_mooncake_slice_as_its_passes_one_by_one() {
+        // The first 300 requests of Mooncake's conversation trace, 20× faster, in closed
+        // loops: prompts of thousands of tokens held on small prefill pools while their KV
+        // moves, so that a transfer often completes during a decode worker's pass and its
+        // activation waits for the pass to end; the request it brings may end within a
+        // few passes, and the closed loop sends the next at once. A step elsewhere must
+        // count that end among the ones it waits for.
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../testdata/mooncake/conversation_head300.jsonl"
+        );
+        let file = std::fs::File::open(path).expect("the bundled slice");
+        let mut workload =
+            crate::mooncake::read_mooncake(std::io::BufReader::new(file), 512).expect("a trace");
+        workload.speed_up_arrivals(20.0);
+        let mut steps = 0;
+        for (engine_type, prefill_dp, decode_blocks, concurrency) in [
+            (EngineType::Trtllm, 3, 1500, 20),
+            (EngineType::Trtllm, 2, 16384, 6),
+            (EngineType::Vllm, 3, 1500, 20),
+            (EngineType::Sglang, 2, 1500, 20),
+        ] {
+            let engine = |worker_type, dp_size, num_gpu_blocks| EngineArgs {
+                engine_type,
+                engine_version: EngineVersion::Aisimulate013,
+                worker_type,
+                block_size: 512,
+                dp_size,
+                num_gpu_blocks,
+                ..EngineArgs::default()
+            };
+            let mut prefill = engine(WorkerType::Prefill, prefill_dp, 37);
+            prefill.kv_bytes_per_token = Some(131_072);
+            prefill.kv_transfer_bandwidth = Some(20.0);
             let config = SimConfig {
-                engine,
-                workers: 2 + draw(3),
-                prefill: None,
-                router: match draw(2) {
-                    0 => RouterMode::RoundRobin,
-                    _ => RouterMode::KvRouter(KvRouterConfig::default()),
-                },
-                concurrency: [None, Some(2), Some(6)][draw(3) as usize],
+                engine: engine(WorkerType::Decode, 1, decode_blocks),
+                workers: 2,
+                prefill: Some(PrefillPool {
+                    engine: prefill,
+                    workers: 2,
+                }),
+                router: RouterMode::RoundRobin,
+                concurrency: Some(concurrency),
                 seed: 7,
                 online: false,
                 observer: None,
             };
-            let run = |with_steps| {
-                let (result, steps) =
-                    run_simulation(&workload_, &config, None, &mut |_, _| {}, with_steps)
-                        .expect("a run");
-                (
-                    format!("{:?}", result.collector.records),
-                    result.passes,
-                    steps,
-                )
-            };
-            let (one_by_one, passes, _) = run(false);
-            let (stepped, stepped_passes, n) = run(true);
-            let case = format!("workload {workload}: {:?}", config.engine);
-            assert!(one_by_one == stepped, "{case}: the records differ");
-            assert_eq!(passes, stepped_passes, "{case}");
-            steps += n;
-            runs += 1;
+            let case =
+                format!("{engine_type:?}, prefill dp {prefill_dp}, decode pool {decode_blocks}");
+            steps += steps_change_nothing(&workload, &config, &case);
         }
-        assert!(steps > 1_000, "{steps} steps over {runs} runs");
+        assert!(steps > 1_000, "{steps} steps");
     }
 }

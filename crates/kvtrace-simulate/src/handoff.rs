@@ -197,6 +197,14 @@ impl ActionQueue {
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
     }
+
+    /// Actions wait for a pass of `worker` of `pool` to end.
+    pub fn waits_on(&self, pool: usize, worker: usize) -> bool {
+        self.deferred
+            .get(pool)
+            .and_then(|p| p.get(worker))
+            .is_some_and(|list| !list.is_empty())
+    }
 }
 
 #[cfg(test)]

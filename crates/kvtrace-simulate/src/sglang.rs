@@ -216,11 +216,16 @@ impl Coast for SglangEngine {
     /// keys are those an admission reads), no prompt waits to be rejected, and the queue is
     /// in the order a pass would put it in (`lpm`'s, for the tree as it is). Each pass
     /// checks the refusal as admission would, and the order again where the tree changed.
+    ///
+    /// Prompts of a handoff may hold reserved pages (taken, their prefix locked); their
+    /// activation waits on a transfer, which ends a step. A prompt still waiting for room,
+    /// or activated and not yet admitted, is a pass's business: none may. So is what a
+    /// reservation evicted, which the next pass's output publishes to the router.
     fn quiet(&self, start: f64, before: f64) -> Option<Quiet> {
         let quiet = !self.prefill_only
             && self.prebuilt.is_empty()
             && self.destinations.is_empty()
-            && self.reserved.is_empty()
+            && self.events.is_empty()
             && !self.running.is_empty()
             && start < before;
         if !quiet {
@@ -1402,5 +1407,66 @@ impl SglangEngine {
             && out.emitted.is_empty()
             && out.preempted.is_empty()
             && out.kv_events.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::EngineType;
+
+    #[test]
+    fn what_a_reservation_evicted_is_published_by_a_pass_before_any_step() {
+        // A decode worker under a KV-aware router: a finished request leaves its prompt
+        // pages in the tree; a handoff's reservation then evicts some, between passes.
+        // The worker was quiet before it, and a reserved prompt alone leaves it quiet: the
+        // removals, which the next pass's output publishes, are what a step must wait for.
+        let args = EngineArgs {
+            engine_type: EngineType::Sglang,
+            block_size: 16,
+            num_gpu_blocks: 8,
+            worker_type: WorkerType::Decode,
+            ..EngineArgs::default()
+        };
+        let mut engine = SglangEngine::new(args, true, false);
+        let hashes = |first: u64, n: u64| -> Arc<[u64]> { (first..first + n).collect() };
+        let hand_over = |engine: &mut SglangEngine, r: Request| {
+            let id = r.id;
+            engine
+                .reserve_destination(r, true)
+                .expect("fits")
+                .expect("room");
+            engine.activate(id);
+        };
+        hand_over(&mut engine, Request::prefilled(0, 64, 1, hashes(1, 4)));
+        hand_over(&mut engine, Request::prefilled(1, 32, 40, hashes(10, 2)));
+        let mut out = PassOutput::default();
+        let mut quiet_within = |engine: &mut SglangEngine, most: u32| {
+            for _ in 0..most {
+                if engine.quiet(0.0, f64::INFINITY).is_some() {
+                    return true;
+                }
+                assert!(engine.pass_into(&mut out), "a pass");
+            }
+            false
+        };
+        assert!(quiet_within(&mut engine, 40), "quiet once both decode");
+        let r = engine.reserve_destination(Request::prefilled(2, 64, 5, hashes(20, 4)), true);
+        assert!(
+            matches!(r, Ok(Some(_))),
+            "room for the prompt, made by evicting"
+        );
+        assert!(engine.quiet(0.0, f64::INFINITY).is_none());
+        let mut out = PassOutput::default();
+        assert!(engine.pass_into(&mut out), "a pass");
+        assert!(out
+            .kv_events
+            .iter()
+            .any(|e| matches!(e, KvEvent::Removed(_))));
+        assert!(
+            quiet_within(&mut engine, 16),
+            "quiet again beside the reserved prompt"
+        );
+        assert_eq!(engine.reserved.len(), 1);
     }
 }

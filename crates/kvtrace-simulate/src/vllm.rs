@@ -256,10 +256,15 @@ impl Coast for VllmEngine {
     ///
     /// Requests may wait where every pass would refuse the head of the queue
     /// ([`VllmEngine::refuses_head_throughout`]), as under memory pressure most passes do.
+    /// Prompts of a handoff may hold reserved room: it is taken from the pool already, and
+    /// their activation waits on a transfer, which ends a step (no pass changes them). A
+    /// prompt still waiting for room is tried again where a pass ends: none may wait. What
+    /// a reservation evicted is published with the next pass's output, which a router
+    /// hears: not a step's.
     fn quiet(&self, start: f64, before: f64) -> Option<Quiet> {
         let quiet = !self.prefill_only
             && self.destinations.is_empty()
-            && self.reserved.is_empty()
+            && !self.pool.has_unpublished_events()
             && !self.running.is_empty()
             && start < before
             && self.refuses_head_throughout();
@@ -1266,6 +1271,7 @@ impl VllmEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blocks::KvEvent;
 
     fn seq(id: RequestId, prompt: u32, output: u32) -> Request {
         Request::new(id, prompt, output, Arc::from(Vec::new()))
@@ -1365,6 +1371,50 @@ mod tests {
             "three 100-token sequences cannot share 192 tokens of KV"
         );
         assert_eq!(tokens, [40, 40, 40], "recompute never re-emits a token");
+    }
+
+    #[test]
+    fn what_a_reservation_evicted_is_published_by_a_pass_before_any_step() {
+        // A decode worker under a KV-aware router: a finished request leaves its prompt
+        // blocks cached and inactive; a handoff's reservation then evicts some, between
+        // passes. Those removals go out with the next pass's output, so that pass may not
+        // be part of a step, whose passes publish nothing; the one after it may.
+        let args = EngineArgs {
+            block_size: 16,
+            num_gpu_blocks: 8,
+            worker_type: WorkerType::Decode,
+            ..EngineArgs::default()
+        };
+        let mut engine = VllmEngine::new(args, true, false);
+        let hashes = |first: u64, n: u64| -> Arc<[u64]> { (first..first + n).collect() };
+        let hand_over = |engine: &mut VllmEngine, r: Request| {
+            let id = r.id;
+            engine
+                .reserve_destination(r, true)
+                .expect("fits")
+                .expect("room");
+            engine.activate(id);
+        };
+        hand_over(&mut engine, Request::prefilled(0, 64, 1, hashes(1, 4)));
+        hand_over(&mut engine, Request::prefilled(1, 32, 40, hashes(10, 2)));
+        while engine.quiet(0.0, f64::INFINITY).is_none() {
+            pass(&mut engine).expect("a pass");
+        }
+        let r = engine.reserve_destination(Request::prefilled(2, 64, 5, hashes(20, 4)), true);
+        assert!(
+            matches!(r, Ok(Some(_))),
+            "room for the prompt, made by evicting"
+        );
+        assert!(engine.quiet(0.0, f64::INFINITY).is_none());
+        let out = pass(&mut engine).expect("a pass");
+        assert!(out
+            .kv_events
+            .iter()
+            .any(|e| matches!(e, KvEvent::Removed(_))));
+        assert!(
+            engine.quiet(0.0, f64::INFINITY).is_some(),
+            "quiet again beside the reserved prompt"
+        );
     }
 
     #[test]
