@@ -134,12 +134,12 @@ impl PassOutput {
 
 /// Fills `ends` (emptied first) with when each of up to `passes` quiet passes from `start`
 /// ends, `end_of(n, at)` timing the `n`th started at `at` (`None`: it is not quiet after
-/// all); each starts before `before`.
+/// all); each starts before `before` and ends by `ends_by`.
 pub(crate) fn quiet_ends(
     ends: &mut Vec<f64>,
     passes: u32,
     start: f64,
-    before: f64,
+    (before, ends_by): (f64, f64),
     mut end_of: impl FnMut(u64, f64) -> Option<f64>,
 ) {
     ends.clear();
@@ -149,7 +149,7 @@ pub(crate) fn quiet_ends(
             break;
         };
         // A pass that takes no time ends where it starts: the event loop's to apply.
-        if end <= at {
+        if end <= at || end > ends_by {
             break;
         }
         ends.push(end);
@@ -211,21 +211,22 @@ fn earliest_end<E: Coast>(engine: &E, from: f64) -> f64 {
     from + f64::from(engine.passes_before_an_end()) * step
 }
 
-/// Runs `engine`'s quiet passes from `start` as one step, each starting before `before`:
-/// the state left and every token's time are the same as had the passes run one by one.
+/// Runs `engine`'s quiet passes from `start` as one step, each starting before `before` and
+/// ending by `ends_by` (`window`): the state left and every token's time are the same as
+/// had the passes run one by one.
 /// A long decode is mostly such passes, and each is a few additions per request: run one by
 /// one through the event loop they were most of a simulation's time. Returns how many
 /// passes ran and when the last ended; `None` when not even one qualifies.
 pub(crate) fn coast<E: Coast>(
     engine: &mut E,
     start: f64,
-    before: f64,
+    window: (f64, f64),
     tokens: &mut dyn FnMut(RequestId, &[f64]),
 ) -> Option<(u64, f64)> {
-    let mut quiet = engine.quiet(start, before)?;
+    let mut quiet = engine.quiet(start, window.0)?;
     let mut ends = std::mem::take(engine.coast_ends());
     let passes = E::passes(&quiet);
-    quiet_ends(&mut ends, passes, start, before, |n, at| {
+    quiet_ends(&mut ends, passes, start, window, |n, at| {
         engine.quiet_pass_end(&mut quiet, n, at)
     });
     engine.run_quiet(quiet, &ends, tokens);
@@ -240,18 +241,18 @@ pub(crate) fn coast<E: Coast>(
 pub(crate) fn coast_ranks<E: Coast>(
     ranks: &mut [&mut E],
     start: f64,
-    before: f64,
+    window: (f64, f64),
     tokens: &mut dyn FnMut(RequestId, &[f64]),
 ) -> Option<(u64, f64)> {
     let mut quiet = Vec::with_capacity(ranks.len());
     for (r, engine) in ranks.iter().enumerate() {
         if !engine.is_drained() {
-            quiet.push((r, engine.quiet(start, before)?));
+            quiet.push((r, engine.quiet(start, window.0)?));
         }
     }
     let passes = quiet.iter().map(|(_, q)| E::passes(q)).min()?;
     let mut ends = Vec::new();
-    quiet_ends(&mut ends, passes, start, before, |n, at| {
+    quiet_ends(&mut ends, passes, start, window, |n, at| {
         let mut end = at;
         for (r, q) in &mut quiet {
             end = end.max(ranks[*r].quiet_pass_end(q, n, at)?);
@@ -368,17 +369,18 @@ impl Engine {
         }
     }
 
-    /// Runs the passes from `start` that would change little but token counts as one step
-    /// ([`coast`]; which passes qualify: `VllmEngine::quiet`, `SglangEngine::quiet`).
+    /// Runs the passes from `start` that would change little but token counts as one step,
+    /// each starting before `window.0` and ending by `window.1` ([`coast`]; which passes
+    /// qualify: `VllmEngine::quiet`, `SglangEngine::quiet`).
     pub fn coast(
         &mut self,
         start: f64,
-        before: f64,
+        window: (f64, f64),
         tokens: &mut dyn FnMut(RequestId, &[f64]),
     ) -> Option<(u64, f64)> {
         match self {
-            Engine::Vllm(e) => coast(e, start, before, tokens),
-            Engine::Sglang(e) => coast(e, start, before, tokens),
+            Engine::Vllm(e) => coast(e, start, window, tokens),
+            Engine::Sglang(e) => coast(e, start, window, tokens),
         }
     }
 
@@ -412,11 +414,11 @@ impl Engine {
     pub fn coast_ranks(
         ranks: &mut [Engine],
         start: f64,
-        before: f64,
+        window: (f64, f64),
         tokens: &mut dyn FnMut(RequestId, &[f64]),
     ) -> Option<(u64, f64)> {
         if let [engine] = ranks {
-            return engine.coast(start, before, tokens);
+            return engine.coast(start, window, tokens);
         }
         // A worker's ranks are all of one engine type.
         let (mut vllm, mut sglang) = (Vec::new(), Vec::new());
@@ -427,8 +429,8 @@ impl Engine {
             }
         }
         match (vllm.is_empty(), sglang.is_empty()) {
-            (false, true) => coast_ranks(&mut vllm, start, before, tokens),
-            (true, false) => coast_ranks(&mut sglang, start, before, tokens),
+            (false, true) => coast_ranks(&mut vllm, start, window, tokens),
+            (true, false) => coast_ranks(&mut sglang, start, window, tokens),
             _ => None,
         }
     }
@@ -545,7 +547,8 @@ mod tests {
             let before = arrivals.front().map_or(f64::INFINITY, |(t, _)| *t);
             let times = &mut seen.times;
             let mut hear = |id, at: &[f64]| times.entry(id).or_default().extend_from_slice(at);
-            let stepped = coast.then(|| engine.coast(now, before, &mut hear));
+            let window = (before, f64::INFINITY);
+            let stepped = coast.then(|| engine.coast(now, window, &mut hear));
             if let Some((passes, end)) = stepped.flatten() {
                 seen.coasted += passes;
                 now = end;
@@ -615,7 +618,8 @@ mod tests {
             let before = arrivals.front().map_or(f64::INFINITY, |(t, _)| *t);
             let times = &mut seen.times;
             let mut hear = |id, at: &[f64]| times.entry(id).or_default().extend_from_slice(at);
-            let stepped = coast.then(|| Engine::coast_ranks(&mut ranks, now, before, &mut hear));
+            let window = (before, f64::INFINITY);
+            let stepped = coast.then(|| Engine::coast_ranks(&mut ranks, now, window, &mut hear));
             if let Some((passes, end)) = stepped.flatten() {
                 seen.coasted += passes;
                 wave += passes;

@@ -1296,7 +1296,14 @@ impl Simulation<'_> {
             .filter(|_| !self.disaggregated() || pool == DECODE);
         if let Some(lead) = steps {
             let before = self.quiet_until(pool, w, now, lead);
-            if let Some(end) = self.coast(pool, w, now, before) {
+            // What reaches a decode worker in the middle of a pass acts where the pass
+            // ends (a prompt tried for room, an activation), in the order of the passes
+            // that end together: a step, which is ordered where it starts, ends by then.
+            let ends_by = match pool {
+                DECODE => before,
+                _ => f64::INFINITY,
+            };
+            if let Some(end) = self.coast(pool, w, now, (before, ends_by)) {
                 return Some(end);
             }
         }
@@ -1427,16 +1434,17 @@ impl Simulation<'_> {
             .fold(transfer, f64::min)
     }
 
-    /// Runs worker `w`'s quiet decode passes from `now` to before `before` (which no
-    /// request reaches it before, [`Simulation::quiet_until`]) as one step (see
-    /// [`Engine::coast_ranks`]), their tokens recorded at once; the step ends with
-    /// an event that applies nothing, after which the worker's next pass starts in the
-    /// loop's order. Returns when the step ends, or `None` when no pass qualifies.
-    fn coast(&mut self, pool: usize, w: usize, now: f64, before: f64) -> Option<f64> {
+    /// Runs worker `w`'s quiet decode passes from `now`, each starting before `window.0`
+    /// (which no request reaches it before, [`Simulation::quiet_until`]) and ending by
+    /// `window.1`, as one step (see [`Engine::coast_ranks`]), their tokens recorded at
+    /// once; the step ends with an event that applies nothing, after which the worker's
+    /// next pass starts in the loop's order. Returns when the step ends, or `None` when no
+    /// pass qualifies.
+    fn coast(&mut self, pool: usize, w: usize, now: f64, window: (f64, f64)) -> Option<f64> {
         let worker = &mut self.pools[pool].workers[w];
         let collector = &mut self.collector;
         let (passes, end) =
-            Engine::coast_ranks(&mut worker.ranks, now, before, &mut |id, times| {
+            Engine::coast_ranks(&mut worker.ranks, now, window, &mut |id, times| {
                 collector.tokens(id, times);
             })?;
         worker.busy = true;
@@ -1859,5 +1867,56 @@ mod tests {
             steps += steps_change_nothing(&workload, &config, &case);
         }
         assert!(steps > 1_000, "{steps} steps");
+    }
+
+    #[test]
+    fn decode_steps_end_by_the_pass_a_handoff_reaches() {
+        // Fifty identical three-turn sessions, ten at a time: the two decode workers run
+        // in lockstep, their passes ending together. A prompt that reaches a busy decode
+        // worker is tried for room where its pass ends, and the two workers' tries go in
+        // the order their passes were started; a step, ordered where it starts, must end
+        // by the pass the prompt reaches, or the tries, and so the prefill ranks of the
+        // prompts, swap.
+        let workload = crate::workload::SyntheticSpec {
+            input_tokens: 500,
+            output_tokens: 200,
+            count: 50,
+            turns: 3,
+            shared_prefix_ratio: 0.0,
+            prefix_groups: 0,
+            inter_turn_delay_ms: 50.0,
+            block_size: 16,
+            arrivals: crate::workload::SyntheticArrivals::Burst,
+            seed: 42,
+            carry_history: false,
+        }
+        .build();
+        let engine = |worker_type, dp_size| EngineArgs {
+            engine_type: EngineType::Sglang,
+            engine_version: EngineVersion::Dynamo142,
+            worker_type,
+            block_size: 16,
+            dp_size,
+            num_gpu_blocks: 12_000,
+            ..EngineArgs::default()
+        };
+        let mut prefill = engine(WorkerType::Prefill, 2);
+        prefill.kv_bytes_per_token = Some(131_072);
+        prefill.kv_transfer_bandwidth = Some(20.0);
+        let config = SimConfig {
+            engine: engine(WorkerType::Decode, 1),
+            workers: 2,
+            prefill: Some(PrefillPool {
+                engine: prefill,
+                workers: 2,
+            }),
+            router: RouterMode::RoundRobin,
+            concurrency: Some(10),
+            seed: 7,
+            online: false,
+            observer: None,
+        };
+        let steps = steps_change_nothing(&workload, &config, "lockstep sessions");
+        assert!(steps > 100, "{steps} steps");
     }
 }
