@@ -1417,8 +1417,9 @@ impl Simulation<'_> {
     /// prefill pass ends (which may hold a prompt, the rest of whose handoff follows at
     /// once), whichever comes first. A prefill worker between passes with a prompt to run
     /// could start one at once. A destination-first handoff starts at its arrival, which
-    /// [`Simulation::quiet_until`] counts; an action deferred to a decode worker's pass
-    /// end waits on a worker that is busy, never on one that starts a step.
+    /// [`Simulation::quiet_until`] counts; an activation deferred to another decode
+    /// worker's pass end counts as that worker ending a request there
+    /// ([`Worker::earliest_end`]); the worker that asks, between passes, has none deferred.
     fn handoff_bound(&self, now: f64) -> f64 {
         if !self.actions.is_empty() {
             return now;
