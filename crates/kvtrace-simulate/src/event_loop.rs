@@ -1291,9 +1291,7 @@ impl Simulation<'_> {
     fn start_pass(&mut self, pool: usize, w: usize, now: f64) -> Option<f64> {
         self.pools[pool].workers[w].earliest_end = None;
         // A prefill worker runs no quiet decode passes (`Coast::quiet`).
-        let steps = self
-            .coasting
-            .filter(|_| !self.disaggregated() || pool == DECODE);
+        let steps = self.coasting.filter(|_| !self.pools[pool].prefill_only);
         if let Some(lead) = steps {
             let before = self.quiet_until(pool, w, now, lead);
             // What reaches a decode worker in the middle of a pass acts where the pass
