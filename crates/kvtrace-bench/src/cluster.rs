@@ -6,7 +6,7 @@
 //! as [`CHUNK`]-sized values `<prefix>:{<key hex>}:<i>` and a header `<prefix>:{<key hex>}`
 //! holding its length, written last: a reader that finds the header finds a whole entry.
 //! The braces are a hash tag, so an entry's values share one slot and each batch of
-//! [`GROUP`] chunks is one pipeline to one node; a worker never holds more than a batch.
+//! `GROUP` chunks is one pipeline to one node; a worker never holds more than a batch.
 //! Routing, `MOVED`/`ASK` and timeouts are [`kvtrace_cache::storage::cluster`]'s.
 //!
 //! Workers take a connection from a pool and put it back after the operation: each

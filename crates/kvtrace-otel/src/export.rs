@@ -144,7 +144,7 @@ impl SpanExport {
 
     /// Sends what is queued, writes the file into place and stops the exporter thread;
     /// what was built, delivered, written, and the first failure. After a signal it waits
-    /// [`INTERRUPTED_WAIT`] at most, and says so when the thread was still busy.
+    /// `INTERRUPTED_WAIT` at most, and says so when the thread was still busy.
     pub fn finish(mut self) -> ExportSummary {
         self.keep_file.store(true, Ordering::SeqCst);
         self.stop()

@@ -1,8 +1,8 @@
 //! The export layer every command shares. A command's typed report implements [`Report`]:
 //! its JSON document, its tables and its terminal text. One [`Exporter`] per format, one
 //! small file each — [`json`], [`jsonl`], [`csv`], [`xlsx`], [`svg`], [`terminal`] — turns
-//! any report into bytes, and [`write`] puts them where the user asked, through a temporary
-//! name.
+//! any report into bytes, and [`write`](fn@write) puts them where the user asked, through a
+//! temporary name.
 
 #![warn(unreachable_pub)]
 

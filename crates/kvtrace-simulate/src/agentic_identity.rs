@@ -5,7 +5,7 @@
 //! lowered as AISimulate lowers them), ordered by id, times from the earliest request,
 //! each request's dependencies ordered, as compact JSON under BLAKE3.
 //!
-//! The records are taken from the rows as read ([`canonical_v2`], [`canonical_legacy`]),
+//! The records are taken from the rows as read (`canonical_v2`, `canonical_legacy`),
 //! after the reader has checked them; a request's play is filled in once the plays are
 //! known.
 

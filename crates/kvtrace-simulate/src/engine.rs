@@ -132,16 +132,43 @@ impl PassOutput {
     }
 }
 
+/// Where the passes of one step may lie: what could change a worker's passes reaches it no
+/// sooner than `starts_before`, and what reaches it mid-pass acts where that pass ends, in
+/// the order of the passes that end together, so a step (ordered where it starts) must not
+/// run past `ends_by` either.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepWindow {
+    /// Every pass of the step starts before this.
+    pub starts_before: f64,
+    /// Every pass of the step ends by this.
+    pub ends_by: f64,
+}
+
+impl StepWindow {
+    /// Passes that start before `starts_before` and may end at any time: what reaches the
+    /// worker then only queues there.
+    pub fn before(starts_before: f64) -> StepWindow {
+        StepWindow {
+            starts_before,
+            ends_by: f64::INFINITY,
+        }
+    }
+}
+
 /// Fills `ends` (emptied first) with when each of up to `passes` quiet passes from `start`
 /// ends, `end_of(n, at)` timing the `n`th started at `at` (`None`: it is not quiet after
-/// all); each starts before `before` and ends by `ends_by`.
+/// all), every pass within `window`.
 pub(crate) fn quiet_ends(
     ends: &mut Vec<f64>,
     passes: u32,
     start: f64,
-    (before, ends_by): (f64, f64),
+    window: StepWindow,
     mut end_of: impl FnMut(u64, f64) -> Option<f64>,
 ) {
+    let StepWindow {
+        starts_before: before,
+        ends_by,
+    } = window;
     ends.clear();
     let mut at = start;
     while (ends.len() as u32) < passes && at < before {
@@ -211,19 +238,18 @@ fn earliest_end<E: Coast>(engine: &E, from: f64) -> f64 {
     from + f64::from(engine.passes_before_an_end()) * step
 }
 
-/// Runs `engine`'s quiet passes from `start` as one step, each starting before `before` and
-/// ending by `ends_by` (`window`): the state left and every token's time are the same as
-/// had the passes run one by one.
+/// Runs `engine`'s quiet passes from `start` as one step, each within `window`: the state
+/// left and every token's time are the same as had the passes run one by one.
 /// A long decode is mostly such passes, and each is a few additions per request: run one by
 /// one through the event loop they were most of a simulation's time. Returns how many
 /// passes ran and when the last ended; `None` when not even one qualifies.
 pub(crate) fn coast<E: Coast>(
     engine: &mut E,
     start: f64,
-    window: (f64, f64),
+    window: StepWindow,
     tokens: &mut dyn FnMut(RequestId, &[f64]),
 ) -> Option<(u64, f64)> {
-    let mut quiet = engine.quiet(start, window.0)?;
+    let mut quiet = engine.quiet(start, window.starts_before)?;
     let mut ends = std::mem::take(engine.coast_ends());
     let passes = E::passes(&quiet);
     quiet_ends(&mut ends, passes, start, window, |n, at| {
@@ -241,13 +267,13 @@ pub(crate) fn coast<E: Coast>(
 pub(crate) fn coast_ranks<E: Coast>(
     ranks: &mut [&mut E],
     start: f64,
-    window: (f64, f64),
+    window: StepWindow,
     tokens: &mut dyn FnMut(RequestId, &[f64]),
 ) -> Option<(u64, f64)> {
     let mut quiet = Vec::with_capacity(ranks.len());
     for (r, engine) in ranks.iter().enumerate() {
         if !engine.is_drained() {
-            quiet.push((r, engine.quiet(start, window.0)?));
+            quiet.push((r, engine.quiet(start, window.starts_before)?));
         }
     }
     let passes = quiet.iter().map(|(_, q)| E::passes(q)).min()?;
@@ -370,12 +396,12 @@ impl Engine {
     }
 
     /// Runs the passes from `start` that would change little but token counts as one step,
-    /// each starting before `window.0` and ending by `window.1` ([`coast`]; which passes
-    /// qualify: `VllmEngine::quiet`, `SglangEngine::quiet`).
+    /// each within `window` (which passes qualify: `VllmEngine::quiet`,
+    /// `SglangEngine::quiet`).
     pub fn coast(
         &mut self,
         start: f64,
-        window: (f64, f64),
+        window: StepWindow,
         tokens: &mut dyn FnMut(RequestId, &[f64]),
     ) -> Option<(u64, f64)> {
         match self {
@@ -410,11 +436,11 @@ impl Engine {
     }
 
     /// [`Engine::coast`] for the ranks of one worker, whose passes end with the slowest:
-    /// one rank's own, or its attention-DP ranks together ([`coast_ranks`]).
+    /// one rank's own, or its attention-DP ranks together (the crate's `coast_ranks`).
     pub fn coast_ranks(
         ranks: &mut [Engine],
         start: f64,
-        window: (f64, f64),
+        window: StepWindow,
         tokens: &mut dyn FnMut(RequestId, &[f64]),
     ) -> Option<(u64, f64)> {
         if let [engine] = ranks {
@@ -547,7 +573,7 @@ mod tests {
             let before = arrivals.front().map_or(f64::INFINITY, |(t, _)| *t);
             let times = &mut seen.times;
             let mut hear = |id, at: &[f64]| times.entry(id).or_default().extend_from_slice(at);
-            let window = (before, f64::INFINITY);
+            let window = StepWindow::before(before);
             let stepped = coast.then(|| engine.coast(now, window, &mut hear));
             if let Some((passes, end)) = stepped.flatten() {
                 seen.coasted += passes;
@@ -618,7 +644,7 @@ mod tests {
             let before = arrivals.front().map_or(f64::INFINITY, |(t, _)| *t);
             let times = &mut seen.times;
             let mut hear = |id, at: &[f64]| times.entry(id).or_default().extend_from_slice(at);
-            let window = (before, f64::INFINITY);
+            let window = StepWindow::before(before);
             let stepped = coast.then(|| Engine::coast_ranks(&mut ranks, now, window, &mut hear));
             if let Some((passes, end)) = stepped.flatten() {
                 seen.coasted += passes;

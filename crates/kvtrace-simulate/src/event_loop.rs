@@ -20,7 +20,7 @@ use crossbeam_channel::Receiver;
 
 use super::args::{EngineArgs, EngineType, EngineVersion, TransferTiming};
 use super::collector::{Collector, Provision, RequestRecord, Status};
-use super::engine::{Engine, KvConnector, PassOutput, Request, RequestId, Reserved};
+use super::engine::{Engine, KvConnector, PassOutput, Request, RequestId, Reserved, StepWindow};
 use super::handoff::{Action, ActionQueue, Handoff, HandoffOrder};
 use super::lifecycle;
 use super::live::{Done, LiveWorker};
@@ -1297,11 +1297,14 @@ impl Simulation<'_> {
             // What reaches a decode worker in the middle of a pass acts where the pass
             // ends (a prompt tried for room, an activation), in the order of the passes
             // that end together: a step, which is ordered where it starts, ends by then.
-            let ends_by = match pool {
-                DECODE => before,
-                _ => f64::INFINITY,
+            let window = match pool {
+                DECODE => StepWindow {
+                    starts_before: before,
+                    ends_by: before,
+                },
+                _ => StepWindow::before(before),
             };
-            if let Some(end) = self.coast(pool, w, now, (before, ends_by)) {
+            if let Some(end) = self.coast(pool, w, now, window) {
                 return Some(end);
             }
         }
@@ -1433,13 +1436,12 @@ impl Simulation<'_> {
             .fold(transfer, f64::min)
     }
 
-    /// Runs worker `w`'s quiet decode passes from `now`, each starting before `window.0`
-    /// (which no request reaches it before, [`Simulation::quiet_until`]) and ending by
-    /// `window.1`, as one step (see [`Engine::coast_ranks`]), their tokens recorded at
+    /// Runs worker `w`'s quiet decode passes from `now`, each within `window` (whose start
+    /// bound no request reaches it before, [`Simulation::quiet_until`]), as one step (see [`Engine::coast_ranks`]), their tokens recorded at
     /// once; the step ends with an event that applies nothing, after which the worker's
     /// next pass starts in the loop's order. Returns when the step ends, or `None` when no
     /// pass qualifies.
-    fn coast(&mut self, pool: usize, w: usize, now: f64, window: (f64, f64)) -> Option<f64> {
+    fn coast(&mut self, pool: usize, w: usize, now: f64, window: StepWindow) -> Option<f64> {
         let worker = &mut self.pools[pool].workers[w];
         let collector = &mut self.collector;
         let (passes, end) =

@@ -113,7 +113,7 @@ pub struct SizeRun {
     pub lru_immediate: bool,
     /// LMCache's periodic controller ran the L1's evictions.
     pub periodic: bool,
-    /// A sample's mean hit rate over [`SAMPLE_PHASES`] phases of the controller, where it
+    /// A sample's mean hit rate over `SAMPLE_PHASES` phases of the controller, where it
     /// evicted: what the sample's rate is read as (`Estimate`).
     pub hit_rate_over_phases: Option<f64>,
     /// What the plan says once, whatever the size ([`said_once`]): the trace's warnings (a

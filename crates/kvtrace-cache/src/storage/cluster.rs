@@ -12,8 +12,8 @@
 //! the object's length, 0 when absent) rather than this process's own records, and an
 //! object another rank wrote is a hit ([`super::TierStats::cross_rank_hits`]).
 //!
-//! A node that stops answering fails the call within [`RESPONSE_TIMEOUT`] times
-//! [`RETRIES`] plus the client's short backoff, with one line naming the cluster; what
+//! A node that stops answering fails the call within `RESPONSE_TIMEOUT` times
+//! `RETRIES` plus the client's short backoff, with one line naming the cluster; what
 //! earlier calls wrote stays in the cluster and in the report.
 
 use std::io;

@@ -4,7 +4,7 @@
 //! length against the bytes actually present, and allocates nothing. Accessors on a validated
 //! view therefore cannot run off the end; they still return `Option` instead of panicking.
 //!
-//! [`write`] is the encoder, [`view`] the reader.
+//! [`write`](mod@write) is the encoder, [`view`] the reader.
 
 pub mod view;
 pub mod write;

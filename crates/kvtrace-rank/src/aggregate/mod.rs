@@ -1,5 +1,5 @@
 //! `kvtrace aggregate`: the per-rank reports of one run merged into one — replay summaries
-//! ([`replay`]) or bench results ([`bench`]), told apart by their shape.
+//! ([`replay`]) or bench results ([`bench`](mod@bench)), told apart by their shape.
 //!
 //! Both follow the same rules. The reports must be one run's: the same world size, each
 //! rank once, none missing. Counts add up; rates are recomputed from the sums; the run's
