@@ -695,13 +695,8 @@ mod tests {
     /// order of sizes, unknowns and repeats.
     #[test]
     fn the_files_keys_answer_as_a_map_of_sizes() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |m: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % m
-        };
+        let mut rng = crate::rng::SplitMix64::new(7);
+        let mut next = |m: u64| rng.range(0, m - 1);
         for round in 0..50 {
             let (mut file, mut model) = (FileKeys::default(), KeyMap::<u64>::default());
             for _ in 0..400 {
