@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The sampled planner's error, measured: one full `kvtrace plan` of a trace and sampled plans
 # of the same sizes for several seeds, each sampled curve's mean absolute and worst error
-# against the full one, with wall time and peak RSS (docs/commands/plan.md, "Sampled curves").
+# against the full one, with wall time and peak RSS, then the mean over the seeds and, per
+# size, the mean signed error (the bias the seeds share) (docs/commands/plan.md, "Sampled
+# curves").
 #
 #   tools/plan-sample-error.sh [TRACE.lct]
 #
@@ -43,11 +45,23 @@ python3 - "$WORK" $SEEDS <<'EOF'
 import json, sys
 work, seeds = sys.argv[1], sys.argv[2:]
 full = {p["l1_size_gb"]: p["hit_rate"] for p in json.load(open(f"{work}/full.json"))["curve"]}
+signed, means = {}, []
 for seed in seeds:
     plan = json.load(open(f"{work}/seed{seed}.json"))
-    errors = [abs(p["hit_rate"] - full[p["l1_size_gb"]]) for p in plan["curve"] if p["l1_size_gb"] in full]
+    errors = [p["hit_rate"] - full[p["l1_size_gb"]] for p in plan["curve"] if p["l1_size_gb"] in full]
+    for p in plan["curve"]:
+        if p["l1_size_gb"] in full:
+            signed.setdefault(p["l1_size_gb"], []).append(p["hit_rate"] - full[p["l1_size_gb"]])
     sample = plan["sample"]
+    mean = sum(map(abs, errors)) / len(errors)
+    means.append(mean)
     print(f"seed {seed}: {sample['prefix_trees_kept']} of {sample['prefix_trees']} trees, "
-          f"{len(errors)} sizes, mean absolute error {100 * sum(errors) / len(errors):.2f} pp, "
-          f"worst {100 * max(errors):.2f} pp")
+          f"{len(errors)} sizes, mean absolute error {100 * mean:.2f} pp, "
+          f"worst {100 * max(map(abs, errors)):.2f} pp")
+print(f"over {len(seeds)} seeds: mean absolute error {100 * sum(means) / len(means):.3f} pp")
+# A bias the seeds share shows as a signed error of one sign at a size; noise averages out.
+print("size (GiB)  full hit rate  mean signed error over the seeds")
+for gib in sorted(signed):
+    errors = signed[gib]
+    print(f"{gib:10.2f}  {100 * full[gib]:12.2f} %  {100 * sum(errors) / len(errors):+8.2f} pp")
 EOF
