@@ -48,10 +48,12 @@ full = {p["l1_size_gb"]: p["hit_rate"] for p in json.load(open(f"{work}/full.jso
 signed, means = {}, []
 for seed in seeds:
     plan = json.load(open(f"{work}/seed{seed}.json"))
-    errors = [p["hit_rate"] - full[p["l1_size_gb"]] for p in plan["curve"] if p["l1_size_gb"] in full]
+    errors = []
     for p in plan["curve"]:
         if p["l1_size_gb"] in full:
-            signed.setdefault(p["l1_size_gb"], []).append(p["hit_rate"] - full[p["l1_size_gb"]])
+            error = p["hit_rate"] - full[p["l1_size_gb"]]
+            errors.append(error)
+            signed.setdefault(p["l1_size_gb"], []).append(error)
     sample = plan["sample"]
     mean = sum(map(abs, errors)) / len(errors)
     means.append(mean)

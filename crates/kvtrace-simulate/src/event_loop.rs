@@ -1437,8 +1437,8 @@ impl Simulation<'_> {
     }
 
     /// Runs worker `w`'s quiet decode passes from `now`, each within `window` (whose start
-    /// bound no request reaches it before, [`Simulation::quiet_until`]), as one step (see [`Engine::coast_ranks`]), their tokens recorded at
-    /// once; the step ends with an event that applies nothing, after which the worker's
+    /// bound no request reaches it before, [`Simulation::quiet_until`]), as one step (see
+    /// [`Engine::coast_ranks`]), their tokens recorded at once; the step ends with an event that applies nothing, after which the worker's
     /// next pass starts in the loop's order. Returns when the step ends, or `None` when no
     /// pass qualifies.
     fn coast(&mut self, pool: usize, w: usize, now: f64, window: StepWindow) -> Option<f64> {

@@ -701,7 +701,7 @@ mod tests {
             let (mut file, mut model) = (FileKeys::default(), KeyMap::<u64>::default());
             for _ in 0..400 {
                 let key = KeyId(u128::from(next(60)));
-                // Mostly one size, some another (a round in five has none of the first).
+                // Unknown, a rare size (7), or the common one (4096; 9 in a round of five).
                 match next(10) {
                     0..=2 => {
                         file.note(key);
